@@ -1,0 +1,11 @@
+"""reshard: convert, merge, split and reshard MindSpore distributed checkpoints without MindSpore.
+
+The package is layered one way: ``formats`` (bytes <-> tensor index) -> ``layout`` (which box of
+the full tensor each rank holds) -> ``plan`` (plain-data copy lists) -> ``execute`` (moves bytes)
+-> faces (``api``, ``cli``, ``mindspore``).
+"""
+
+from reshard.errors import ReshardError
+
+__version__ = "0.1.0"
+__all__ = ["ReshardError", "__version__"]

@@ -1,0 +1,98 @@
+"""The one dtype table: MindSpore tensor_type names <-> safetensors codes <-> numpy dtypes.
+
+MindSpore writes ``str(mindspore_dtype)`` into ``.ckpt`` files ("Float32", "BFloat16", ...);
+safetensors uses short codes ("F32", "BF16", ...). bf16 and fp8 have no numpy builtin, so they
+come from ``ml_dtypes``. ``Int4`` (MindSpore qint4x2: two 4-bit values per byte) is carried as raw
+bytes (int8); safetensors files mark it with a ``"<name>": "Int4"`` metadata entry, as MindSpore does.
+
+``ckpt_loadable`` says whether MindSpore's ``load_checkpoint`` accepts the name (spec 1.3): we can
+read and write the others but warn nobody else will load them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from reshard.errors import FormatError
+
+
+@dataclass(frozen=True)
+class DType:
+    ms_name: str  # tensor_type in .ckpt files
+    st_code: str | None  # safetensors dtype code (None: not representable)
+    numpy: np.dtype  # element type of numpy views
+    ckpt_loadable: bool = True
+
+    @property
+    def itemsize(self) -> int:
+        return self.numpy.itemsize
+
+    def __str__(self) -> str:
+        return self.ms_name
+
+
+def _d(ms: str, st: str | None, np_type: object, loadable: bool = True) -> DType:
+    return DType(ms, st, np.dtype(np_type), loadable)
+
+
+BOOL = _d("Bool", "BOOL", np.bool_)
+INT8 = _d("Int8", "I8", np.int8)
+UINT8 = _d("UInt8", "U8", np.uint8)
+INT16 = _d("Int16", "I16", np.int16)
+UINT16 = _d("UInt16", "U16", np.uint16)
+INT32 = _d("Int32", "I32", np.int32)
+UINT32 = _d("UInt32", "U32", np.uint32)
+INT64 = _d("Int64", "I64", np.int64)
+UINT64 = _d("UInt64", "U64", np.uint64)
+FLOAT16 = _d("Float16", "F16", np.float16)
+FLOAT32 = _d("Float32", "F32", np.float32)
+FLOAT64 = _d("Float64", "F64", np.float64)
+BFLOAT16 = _d("BFloat16", "BF16", ml_dtypes.bfloat16)
+INT4 = _d("Int4", "I8", np.int8)  # qint4x2 bytes; see module docstring
+FLOAT8_E4M3 = _d("Float8E4M3FN", "F8_E4M3", ml_dtypes.float8_e4m3fn, loadable=False)
+FLOAT8_E5M2 = _d("Float8E5M2", "F8_E5M2", ml_dtypes.float8_e5m2, loadable=False)
+COMPLEX64 = _d("Complex64", None, np.complex64, loadable=False)
+COMPLEX128 = _d("Complex128", None, np.complex128, loadable=False)
+# A python string: .ckpt stores it with dims [0] and UTF-32-LE code points; never a numpy view.
+STR = _d("str", None, np.dtype("<U1"))
+
+ALL: tuple[DType, ...] = (
+    BOOL, INT8, UINT8, INT16, UINT16, INT32, UINT32, INT64, UINT64,
+    FLOAT16, FLOAT32, FLOAT64, BFLOAT16, INT4, FLOAT8_E4M3, FLOAT8_E5M2, COMPLEX64, COMPLEX128, STR,
+)
+
+_BY_MS = {d.ms_name: d for d in ALL}
+# INT4 shares I8 with INT8: the code maps back to INT8 (Int4 is restored from metadata).
+_BY_ST = {d.st_code: d for d in reversed(ALL) if d.st_code is not None}
+_BY_ST["I8"] = INT8
+_BY_NUMPY = {d.numpy: d for d in reversed(ALL) if d not in (INT4, STR)}
+
+
+def from_ms_name(name: str, path: str | None = None) -> DType:
+    """The dtype of a ``.ckpt`` ``tensor_type`` string."""
+    try:
+        return _BY_MS[name]
+    except KeyError:
+        raise FormatError(f"unknown MindSpore tensor type {name!r}", path) from None
+
+
+def from_st_code(code: str, path: str | None = None) -> DType:
+    """The dtype of a safetensors ``dtype`` code."""
+    try:
+        return _BY_ST[code]
+    except KeyError:
+        raise FormatError(f"unknown safetensors dtype {code!r}", path) from None
+
+
+def from_numpy(dtype: np.dtype | type, path: str | None = None) -> DType:
+    """The dtype of a numpy array (bf16/fp8 via ml_dtypes)."""
+    key = np.dtype(dtype)
+    if key.kind == "U":
+        return STR
+    try:
+        return _BY_NUMPY[key.newbyteorder("=") if key.byteorder == ">" else key]
+    except KeyError:
+        raise FormatError(f"numpy dtype {key} has no MindSpore equivalent", path) from None

@@ -1,0 +1,259 @@
+"""Format-neutral pieces shared by every reader and writer.
+
+Readers produce a ``TensorIndex``: for every tensor its dtype, shape and the byte *segments* of
+its raw little-endian C-order content inside one buffer (a read-only mmap of the file, or the
+decrypted plaintext). A tensor has one segment unless the format chunks it (``.ckpt`` splits
+tensors over 512 MiB into several records), so ``array()`` is a zero-copy view in the common case.
+
+Writers are split in two steps, which is what lets the executor write a multi-GB output without
+building it in memory: ``layout(specs) -> FileLayout`` computes the final size, the framing bytes
+(headers, protobuf keys, lengths) at their offsets, and where each tensor's bytes go; then
+``write_file`` preallocates a temporary file, writes the framing, lets a ``fill`` callback put
+tensor bytes in place, runs an optional ``finish`` step (crc trailer) and renames atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from reshard import dtypes
+from reshard.dtypes import DType
+from reshard.errors import FormatError, ReshardError, UsageError
+
+Segment = tuple[int, int]  # (offset, length) in bytes
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor of a file: where its raw bytes are, in tensor byte order."""
+
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    segments: tuple[Segment, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(length for _, length in self.segments)
+
+    @property
+    def is_string(self) -> bool:
+        return self.dtype is dtypes.STR
+
+
+@dataclass
+class TensorIndex:
+    """The tensors of one checkpoint file, in file order, over a read-only buffer."""
+
+    path: str
+    format: str  # "ckpt" | "safetensors"
+    buffer: Any  # mmap.mmap | bytes | memoryview: supports the buffer protocol
+    entries: dict[str, TensorEntry]
+    metadata: dict[str, str] = field(default_factory=dict)
+    _closer: Callable[[], None] | None = None
+
+    def __enter__(self) -> TensorIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._closer is not None:
+            closer, self._closer = self._closer, None
+            with contextlib.suppress(BufferError):  # live numpy views keep the map alive
+                closer()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def raw(self, name: str) -> memoryview | bytes:
+        """The raw bytes of a tensor: a zero-copy memoryview when it is one segment."""
+        entry = self.entries[name]
+        view = memoryview(self.buffer)
+        if len(entry.segments) == 1:
+            offset, length = entry.segments[0]
+            return view[offset : offset + length]
+        return b"".join(view[o : o + n] for o, n in entry.segments)
+
+    def array(self, name: str) -> np.ndarray:
+        """A read-only numpy array of the tensor (zero-copy unless chunked)."""
+        entry = self.entries[name]
+        if entry.is_string:
+            raise UsageError(f"{name!r} is a string, not a tensor", self.path)
+        data = np.frombuffer(self.raw(name), dtype=entry.dtype.numpy)
+        return data.reshape(entry.shape)
+
+    def value(self, name: str) -> np.ndarray | str:
+        """A tensor as numpy, or a string entry as ``str``."""
+        entry = self.entries[name]
+        if entry.is_string:
+            return decode_string(bytes(self.raw(name)), self.path)
+        return self.array(name)
+
+
+def decode_string(raw: bytes, path: str | None = None) -> str:
+    """MindSpore stores strings as UTF-32-LE code points (``np.array(s).tobytes()``)."""
+    if len(raw) % 4:
+        raise FormatError("string entry length is not a multiple of 4", path)
+    try:
+        return raw.decode("utf-32-le").rstrip("\x00")
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"string entry is not valid UTF-32: {exc.reason}", path) from None
+
+
+def encode_string(value: str) -> bytes:
+    return value.encode("utf-32-le")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What a writer needs to know about one output tensor before any data exists."""
+
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    nbytes: int = -1  # computed from shape unless given (strings)
+
+    def __post_init__(self) -> None:
+        if self.nbytes < 0:
+            object.__setattr__(self, "nbytes", int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize)
+
+    @classmethod
+    def of(cls, name: str, value: np.ndarray | str) -> TensorSpec:
+        """The spec of an in-memory value (numpy array or python string)."""
+        if isinstance(value, str):
+            return cls(name, dtypes.STR, (0,), 4 * len(value))
+        arr = np.asarray(value)
+        return cls(name, dtypes.from_numpy(arr.dtype), tuple(int(d) for d in arr.shape))
+
+
+@dataclass(frozen=True)
+class FileLayout:
+    """Every byte position of an output file, decided before any tensor data is read."""
+
+    size: int
+    framing: tuple[tuple[int, bytes], ...]  # (offset, bytes) of headers / protobuf framing
+    placements: dict[str, tuple[Segment, ...]]  # tensor name -> file segments, tensor byte order
+    order: tuple[str, ...]  # tensor names in the order the format stores them
+
+
+def value_bytes(value: np.ndarray | str) -> bytes | memoryview:
+    """Raw content of an in-memory value as the formats store it."""
+    if isinstance(value, str):
+        return encode_string(value)
+    arr = np.ascontiguousarray(value)
+    return memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else b""
+
+
+def fill_from_values(values: Mapping[str, np.ndarray | str]) -> Callable[[int, FileLayout], None]:
+    """A ``fill`` callback for ``write_file`` that copies in-memory values into place."""
+
+    def fill(fd: int, layout: FileLayout) -> None:
+        for name, segments in layout.placements.items():
+            data = value_bytes(values[name])
+            pos = 0
+            for offset, length in segments:
+                pwrite_all(fd, memoryview(data)[pos : pos + length], offset)
+                pos += length
+
+    return fill
+
+
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """``os.pwrite`` until every byte is written (short writes happen on large buffers)."""
+    view = memoryview(data).cast("B")
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+
+
+@contextlib.contextmanager
+def atomic_path(final: str | os.PathLike[str]) -> Iterator[str]:
+    """Yield a temporary path next to ``final``; rename onto it only if the block succeeds.
+
+    The temporary name starts with a dot and ends in ``.reshard-tmp`` so that an interrupted run
+    never leaves a file that looks complete.
+    """
+    final = os.fspath(final)
+    directory = os.path.dirname(os.path.abspath(final))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(final)}.", suffix=".reshard-tmp", dir=directory)
+    except OSError as exc:
+        raise UsageError(f"cannot write here: {exc.strerror}", final) from None
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_file(
+    path: str | os.PathLike[str],
+    layout: FileLayout,
+    fill: Callable[[int, FileLayout], None],
+    finish: Callable[[int, FileLayout], None] | None = None,
+) -> None:
+    """Write ``layout`` to ``path`` atomically: preallocate, framing, ``fill`` data, ``finish``."""
+    with atomic_path(path) as tmp:
+        fd = os.open(tmp, os.O_RDWR)
+        try:
+            _write_with_errors(fd, layout, fill, finish, os.fspath(path))
+        finally:
+            os.close(fd)
+
+
+def _write_with_errors(
+    fd: int,
+    layout: FileLayout,
+    fill: Callable[[int, FileLayout], None],
+    finish: Callable[[int, FileLayout], None] | None,
+    path: str,
+) -> None:
+    try:
+        os.ftruncate(fd, layout.size)
+        for offset, data in layout.framing:
+            pwrite_all(fd, data, offset)
+        fill(fd, layout)
+        if finish is not None:
+            finish(fd, layout)
+    except OSError as exc:
+        raise ReshardError(f"write failed: {exc.strerror or exc}", path) from None
+
+
+def map_file(path: str | os.PathLike[str]) -> tuple[Any, Callable[[], None], int]:
+    """Read-only memory map of a whole file: (buffer, closer, size). Empty files give ``b""``."""
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise FormatError(f"cannot open: {exc.strerror}", path) from None
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return b"", lambda: None, 0
+        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except OSError as exc:
+        raise FormatError(f"cannot map: {exc.strerror}", path) from None
+    finally:
+        os.close(fd)
+    return mm, mm.close, size

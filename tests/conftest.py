@@ -1,0 +1,14 @@
+"""Shared fixtures. Oracle tests need the MindSpore venv; it is built on first use, never skipped."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.oracle import oracle_python, run_oracle
+
+
+@pytest.fixture(scope="session")
+def oracle():
+    """``oracle(code, args)`` runs code in the MindSpore 2.10 venv and returns its ``out()`` value."""
+    oracle_python()
+    return run_oracle
