@@ -1,0 +1,524 @@
+"""MindSpore ``.ckpt`` files: a hand-written protobuf wire-format reader and writer (spec 1.1-1.9).
+
+A ``.ckpt`` is a concatenation of one-Value ``Checkpoint`` messages (one per parameter, or per
+512 MiB chunk of a large parameter), optionally followed by a 17-byte CRC trailer. Why not the
+protobuf runtime? It can only parse a whole message from one bytes object, i.e. hold the entire
+multi-GB file in memory and copy every tensor into Python ``bytes`` (which is what MindSpore does,
+spec 7 item 1). The schema is tiny (three fields per message), so instead:
+
+* the reader walks the wire format over a read-only mmap and records, per parameter, only the
+  byte *segments* of its content: no tensor byte is copied, and a file bigger than RAM is fine;
+* the writer computes every framing byte (keys, lengths, dims, type) by arithmetic from the
+  shapes (``ckpt_layout``) so the executor can fill tensor data in place; its output is
+  byte-identical to MindSpore's ``save_checkpoint`` tensor path (ascending field order, unpacked
+  proto2 dims, one record per ``SLICE_BYTES`` chunk with the full dims in every chunk).
+
+Deliberate choices, each checked against MindSpore 2.10:
+
+* MindSpore's synchronous save silently *drops* empty tensors (zero chunks of an empty byte
+  string); we write one record with empty content instead, as its async path does, and its
+  ``load_checkpoint`` reads that back. Strings are never chunked (MindSpore's loader would
+  decode only the last chunk's length) and are stored as ``np.array(s).tobytes()`` (so ``""``
+  is four zero bytes: MindSpore cannot load empty ``str`` content).
+* The reader is stricter than MindSpore where that costs nothing: chunk sizes must add up to the
+  shape, ``crc_check=True`` without a trailer is an error (MindSpore only warns), and malformed
+  bytes raise ``FormatError`` with the byte offset. Unknown fields are skipped (forward
+  compatible). Non-consecutive repeats of a tag overwrite the earlier entry but keep its
+  position, like MindSpore's dict assignment.
+* ``MapTensor`` entries (embedding hash maps, spec 1.8) are refused with ``UnsupportedError``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import struct
+import tempfile
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from reshard import dtypes
+from reshard.dtypes import DType
+from reshard.errors import (
+    CryptoError,
+    FormatError,
+    IntegrityError,
+    ReshardError,
+    UnsupportedError,
+    UsageError,
+)
+from reshard.formats.base import (
+    FileLayout,
+    Segment,
+    TensorEntry,
+    TensorIndex,
+    TensorSpec,
+    atomic_path,
+    fill_from_values,
+    map_file,
+    pwrite_all,
+    write_file,
+)
+
+SLICE_BYTES = 512 * 1024 * 1024  # MindSpore SLICE_SIZE (512 * 1024 KiB): tensor-path chunk size
+CRC_MARK = b"crc_num"  # trailer = mark + crc32 as a 10-byte big-endian integer (spec 1.6)
+CRC_DIGITS = 10
+CRC_TRAILER_BYTES = len(CRC_MARK) + CRC_DIGITS
+CRC_BLOCK_BYTES = 16 * 1024 * 1024  # read-back block for the crc: bounded memory, large reads
+ENCRYPTED_MAGICS = {0x7F3A5ED8: "AES-GCM", 0x7F3A5ED9: "AES-CBC", 0x7F3A5EDA: "SM4-CBC"}  # spec 1.7
+
+# Protobuf wire types and the field numbers of checkpoint.proto (spec 1.1).
+VARINT, FIXED64, LEN, FIXED32 = 0, 1, 2, 5
+MAX_VARINT_BYTES = 10  # a 64-bit value needs at most 10 groups of 7 bits
+CHECKPOINT_VALUE = 1
+VALUE_TAG, VALUE_TENSOR, VALUE_MAPTENSOR = 1, 2, 3
+TENSOR_DIMS, TENSOR_TYPE, TENSOR_CONTENT = 1, 2, 3
+_FIXED_SIZES = {FIXED64: 8, FIXED32: 4}
+
+
+# --------------------------------------------------------------------------------------- reader
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """One ``Checkpoint.Value`` record: a whole tensor or one chunk of it."""
+
+    tag: str
+    dims: tuple[int, ...]
+    type_name: str
+    content: Segment
+    offset: int  # where the record starts, for error messages
+
+
+class _Scanner:
+    """Protobuf wire-format primitives over a buffer; every error names the byte offset."""
+
+    def __init__(self, buf: Any, path: str) -> None:
+        self.buf = buf
+        self.path = path
+
+    def error(self, message: str, offset: int) -> FormatError:
+        return FormatError(f"{message} at byte {offset}", self.path)
+
+    def varint(self, pos: int, end: int) -> tuple[int, int]:
+        result = 0
+        for i in range(MAX_VARINT_BYTES):
+            if pos + i >= end:
+                raise self.error("truncated varint", pos)
+            byte = self.buf[pos + i]
+            result |= (byte & 0x7F) << (7 * i)
+            if byte < 0x80:
+                if result >> 64:
+                    raise self.error("varint exceeds 64 bits", pos)
+                return result, pos + i + 1
+        raise self.error("varint longer than 10 bytes", pos)
+
+    def key(self, pos: int, end: int) -> tuple[int, int, int]:
+        """(field number, wire type, position after the key)."""
+        key, after = self.varint(pos, end)
+        field, wire = key >> 3, key & 7
+        if field == 0:
+            raise self.error("field number 0", pos)
+        return field, wire, after
+
+    def delimited(self, pos: int, end: int) -> tuple[int, int]:
+        """(start, stop) of a length-delimited payload whose length varint is at ``pos``."""
+        length, start = self.varint(pos, end)
+        if length > end - start:
+            raise self.error(f"length {length} runs past the end of its message", pos)
+        return start, start + length
+
+    def skip(self, wire: int, pos: int, end: int, at: int) -> int:
+        """Skip the payload of an unknown field (forward compatibility)."""
+        if wire == VARINT:
+            return self.varint(pos, end)[1]
+        if wire == LEN:
+            return self.delimited(pos, end)[1]
+        if wire in _FIXED_SIZES:
+            if pos + _FIXED_SIZES[wire] > end:
+                raise self.error("truncated fixed-size field", pos)
+            return pos + _FIXED_SIZES[wire]
+        raise self.error(f"unsupported wire type {wire}", at)
+
+    def expect(self, wire: int, wanted: int, what: str, at: int) -> None:
+        if wire != wanted:
+            raise self.error(f"{what} has wire type {wire}, expected {wanted}", at)
+
+    def text(self, start: int, stop: int, what: str) -> str:
+        try:
+            return bytes(self.buf[start:stop]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.error(f"{what} is not valid UTF-8", start) from None
+
+
+def read_ckpt(
+    path: str | os.PathLike[str],
+    *,
+    crc_check: bool = False,
+    dec_key: bytes | None = None,
+    dec_mode: str = "AES-GCM",
+) -> TensorIndex:
+    """Index a ``.ckpt`` file (zero-copy over an mmap; decrypted into a temp file with ``dec_key``)."""
+    path = os.fspath(path)
+    buf, closer, size = map_file(path)
+    try:
+        mode = _encryption_mode(buf, size)
+        if mode is not None and dec_key is None:
+            raise FormatError(f"encrypted ({mode}); give the key (dec_key)", path)
+        if dec_key is not None:
+            if mode is None:
+                raise CryptoError("dec_key given but the file is not an encrypted checkpoint", path)
+            plain, plain_closer, size = _decrypt(buf, dec_key, dec_mode, path)
+            closer()
+            buf, closer = plain, plain_closer
+        end = _payload_end(buf, size, crc_check, path)
+        entries = _index(_Scanner(buf, path), end)
+    except BaseException:
+        closer()
+        raise
+    return TensorIndex(path, "ckpt", buf, entries, _closer=closer)
+
+
+def _encryption_mode(buf: Any, size: int) -> str | None:
+    if size < 4:
+        return None
+    return ENCRYPTED_MAGICS.get(struct.unpack("<I", buf[:4])[0])
+
+
+def _decrypt(buf: Any, key: bytes, mode: str, path: str) -> tuple[Any, Callable[[], None], int]:
+    """Plaintext of an encrypted file in an anonymous temp file, memory-mapped.
+
+    The map keeps the (already unlinked) temp file alive until it is closed.
+    """
+    from reshard.formats import crypto  # lazy: only encrypted files need it
+
+    try:
+        with tempfile.TemporaryFile() as tmp:
+            crypto.decrypt_stream(buf, tmp, key, mode, path)
+            tmp.flush()
+            size = os.fstat(tmp.fileno()).st_size
+            if size == 0:
+                return b"", lambda: None, 0
+            plain = mmap.mmap(tmp.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as exc:
+        raise ReshardError(f"cannot buffer the decrypted checkpoint: {exc.strerror or exc}", path) from None
+    return plain, plain.close, size
+
+
+def _payload_end(buf: Any, size: int, crc_check: bool, path: str) -> int:
+    """Where the protobuf bytes end: before the CRC trailer if there is one (checked on request)."""
+    if size >= CRC_TRAILER_BYTES and buf[size - CRC_TRAILER_BYTES : size - CRC_DIGITS] == CRC_MARK:
+        end = size - CRC_TRAILER_BYTES
+        if crc_check:
+            stored = int.from_bytes(buf[size - CRC_DIGITS : size], "big")
+            actual = _crc_of_buffer(buf, end)
+            if stored != actual:
+                raise IntegrityError(f"crc mismatch: trailer says {stored}, content has {actual}", path)
+        return end
+    if crc_check:
+        raise IntegrityError("crc_check requested but the file has no crc trailer", path)
+    return size
+
+
+def _crc_of_buffer(buf: Any, end: int) -> int:
+    crc = 0
+    with memoryview(buf) as view:
+        for start in range(0, end, CRC_BLOCK_BYTES):
+            crc = zlib.crc32(view[start : min(end, start + CRC_BLOCK_BYTES)], crc)
+    return crc
+
+
+def _index(scan: _Scanner, end: int) -> dict[str, TensorEntry]:
+    """All tensors of the file: consecutive records with one tag joined, file order kept."""
+    chunks = list(_records(scan, end))
+    if not chunks:
+        raise FormatError("no parameters in the checkpoint (empty or not a .ckpt)", scan.path)
+    entries: dict[str, TensorEntry] = {}
+    for tag, group in itertools.groupby(chunks, key=lambda chunk: chunk.tag):
+        entries[tag] = _entry(scan, list(group))  # a repeated tag overwrites, keeping its slot
+    return entries
+
+
+def _records(scan: _Scanner, end: int) -> Iterator[_Chunk]:
+    """The ``Checkpoint.value`` records of the top-level message, in file order."""
+    pos = 0
+    while pos < end:
+        at = pos
+        field, wire, pos = scan.key(pos, end)
+        if field != CHECKPOINT_VALUE:
+            pos = scan.skip(wire, pos, end, at)
+            continue
+        scan.expect(wire, LEN, "Checkpoint.value", at)
+        start, pos = scan.delimited(pos, end)
+        yield _value(scan, start, pos)
+
+
+def _value(scan: _Scanner, pos: int, end: int) -> _Chunk:
+    """Parse one ``Checkpoint.Value``: tag + tensor (a MapTensor is refused)."""
+    record = pos
+    tag: str | None = None
+    tensor: tuple[tuple[int, ...], str, Segment] | None = None
+    while pos < end:
+        at = pos
+        field, wire, pos = scan.key(pos, end)
+        if field == VALUE_TAG:
+            scan.expect(wire, LEN, "Value.tag", at)
+            start, pos = scan.delimited(pos, end)
+            tag = scan.text(start, pos, "parameter name")
+        elif field == VALUE_TENSOR:
+            scan.expect(wire, LEN, "Value.tensor", at)
+            start, pos = scan.delimited(pos, end)
+            tensor = _tensor(scan, start, pos)
+        elif field == VALUE_MAPTENSOR:
+            raise UnsupportedError(f"MapTensor entry (MapParameter) at byte {at} is not supported", scan.path)
+        else:
+            pos = scan.skip(wire, pos, end, at)
+    if tag is None:
+        raise scan.error("Value without a tag", record)
+    if tensor is None:
+        raise scan.error(f"Value {tag!r} without a tensor", record)
+    dims, type_name, content = tensor
+    return _Chunk(tag, dims, type_name, content, record)
+
+
+def _tensor(scan: _Scanner, pos: int, end: int) -> tuple[tuple[int, ...], str, Segment]:
+    """Parse one ``TensorProto``: dims (unpacked or packed), tensor_type, content segment."""
+    message = pos
+    dims: list[int] = []
+    type_name: str | None = None
+    content: Segment | None = None
+    while pos < end:
+        at = pos
+        field, wire, pos = scan.key(pos, end)
+        if field == TENSOR_DIMS and wire == VARINT:
+            dim, pos = scan.varint(pos, end)
+            dims.append(_dim(scan, dim, at))
+        elif field == TENSOR_DIMS and wire == LEN:  # packed encoding: legal protobuf for any writer
+            start, pos = scan.delimited(pos, end)
+            while start < pos:
+                dim, after = scan.varint(start, pos)
+                dims.append(_dim(scan, dim, start))
+                start = after
+        elif field == TENSOR_DIMS:
+            raise scan.error(f"TensorProto.dims has wire type {wire}", at)
+        elif field == TENSOR_TYPE:
+            scan.expect(wire, LEN, "TensorProto.tensor_type", at)
+            start, pos = scan.delimited(pos, end)
+            type_name = scan.text(start, pos, "tensor_type")
+        elif field == TENSOR_CONTENT:
+            scan.expect(wire, LEN, "TensorProto.tensor_content", at)
+            start, pos = scan.delimited(pos, end)
+            content = (start, pos - start)
+        else:
+            pos = scan.skip(wire, pos, end, at)
+    if type_name is None:
+        raise scan.error("TensorProto without tensor_type", message)
+    if content is None:
+        raise scan.error("TensorProto without tensor_content", message)
+    return tuple(dims), type_name, content
+
+
+def _dim(scan: _Scanner, raw: int, at: int) -> int:
+    if raw >> 63:  # int64 two's complement: a negative dimension
+        raise scan.error(f"negative dimension {raw - (1 << 64)}", at)
+    return raw
+
+
+def _entry(scan: _Scanner, chunks: list[_Chunk]) -> TensorEntry:
+    """Join the chunks of one parameter and check that their sizes add up to the shape."""
+    first = chunks[0]
+    where = f"parameter {first.tag!r} at byte {first.offset}"
+    try:
+        dtype = dtypes.from_ms_name(first.type_name, scan.path)
+    except FormatError as exc:
+        raise FormatError(f"{where}: {exc.detail}", scan.path) from None
+    for chunk in chunks[1:]:
+        if (chunk.dims, chunk.type_name) != (first.dims, first.type_name):
+            raise scan.error(f"chunk of {first.tag!r} disagrees on dims or type", chunk.offset)
+    segments = tuple(chunk.content for chunk in chunks)
+    nbytes = sum(length for _, length in segments)
+    _check_size(scan, where, dtype, first.dims, nbytes)
+    return TensorEntry(first.tag, dtype, first.dims, segments)
+
+
+def _check_size(scan: _Scanner, where: str, dtype: DType, dims: tuple[int, ...], nbytes: int) -> None:
+    if dtype is dtypes.STR:
+        if nbytes % 4:
+            raise FormatError(f"{where}: string content of {nbytes} bytes is not UTF-32", scan.path)
+        return
+    expected = dtype.itemsize
+    for dim in dims:
+        expected *= dim
+    if nbytes != expected:
+        raise FormatError(
+            f"{where}: {nbytes} content bytes, but {dtype} {list(dims)} needs {expected}", scan.path
+        )
+
+
+# --------------------------------------------------------------------------------------- writer
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _key(field: int, wire: int) -> bytes:
+    return _varint(field << 3 | wire)
+
+
+def _delimited(field: int, payload: bytes) -> bytes:
+    return _key(field, LEN) + _varint(len(payload)) + payload
+
+
+def _record_head(tag: bytes, dims: Sequence[int], type_name: bytes, nbytes: int) -> bytes:
+    """Every byte of one record before its ``nbytes`` of content (spec 1.2)."""
+    tensor_head = b"".join(_key(TENSOR_DIMS, VARINT) + _varint(dim) for dim in dims)
+    tensor_head += _delimited(TENSOR_TYPE, type_name) + _key(TENSOR_CONTENT, LEN) + _varint(nbytes)
+    tensor_len = len(tensor_head) + nbytes
+    value_head = _delimited(VALUE_TAG, tag) + _key(VALUE_TENSOR, LEN) + _varint(tensor_len)
+    value_len = len(value_head) + tensor_len
+    return _key(CHECKPOINT_VALUE, LEN) + _varint(value_len) + value_head + tensor_head
+
+
+def _chunk_lengths(spec: TensorSpec, chunk_bytes: int) -> list[int]:
+    """Content bytes per record: full chunks then the rest; empty tensors and strings: one record."""
+    if spec.dtype is dtypes.STR or spec.nbytes == 0:
+        return [spec.nbytes]
+    full, rest = divmod(spec.nbytes, chunk_bytes)
+    return [chunk_bytes] * full + ([rest] if rest else [])
+
+
+def _check_spec(spec: TensorSpec) -> None:
+    if spec.dtype is dtypes.STR:
+        if spec.nbytes % 4:
+            raise UsageError(f"string {spec.name!r}: {spec.nbytes} bytes is not UTF-32")
+        return
+    if any(dim < 0 for dim in spec.shape):
+        raise UsageError(f"tensor {spec.name!r}: negative dimension in {list(spec.shape)}")
+    expected = int(np.prod(spec.shape, dtype=object)) * spec.dtype.itemsize
+    if spec.nbytes != expected:
+        raise UsageError(f"tensor {spec.name!r}: nbytes {spec.nbytes} != {expected} for its shape")
+
+
+def ckpt_layout(specs: Sequence[TensorSpec], *, chunk_bytes: int = SLICE_BYTES) -> FileLayout:
+    """Exact byte layout of MindSpore's ``save_checkpoint`` output for ``specs`` (no data needed)."""
+    if chunk_bytes <= 0:
+        raise UsageError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    framing: list[tuple[int, bytes]] = []
+    placements: dict[str, tuple[Segment, ...]] = {}
+    pos = 0
+    for spec in specs:
+        if spec.name in placements:
+            raise UsageError(f"parameter {spec.name!r} appears twice")
+        _check_spec(spec)
+        dims = (0,) if spec.dtype is dtypes.STR else spec.shape
+        tag, type_name = spec.name.encode("utf-8"), spec.dtype.ms_name.encode("ascii")
+        heads: dict[int, bytes] = {}  # all full chunks share one head
+        segments = []
+        for length in _chunk_lengths(spec, chunk_bytes):
+            if length not in heads:
+                heads[length] = _record_head(tag, dims, type_name, length)
+            head = heads[length]
+            framing.append((pos, head))
+            pos += len(head)
+            segments.append((pos, length))
+            pos += length
+        placements[spec.name] = tuple(segments)
+    return FileLayout(pos, tuple(framing), placements, tuple(placements))
+
+
+def crc_finish(fd: int, layout: FileLayout) -> None:
+    """``write_file`` finish step: crc32 of the written bytes (read back in blocks) as a trailer."""
+    crc, pos = 0, 0
+    while pos < layout.size:
+        block = os.pread(fd, min(CRC_BLOCK_BYTES, layout.size - pos), pos)
+        if not block:
+            raise IntegrityError(f"file ends at byte {pos}, layout says {layout.size}")
+        crc = zlib.crc32(block, crc)
+        pos += len(block)
+    pwrite_all(fd, CRC_MARK + crc.to_bytes(CRC_DIGITS, "big"), layout.size)
+
+
+SaveValue = np.ndarray | str  # what save_ckpt accepts per parameter
+
+
+def _prepare(name: str, value: SaveValue) -> tuple[TensorSpec, np.ndarray]:
+    """The spec and the exact content bytes/array MindSpore would store for ``value``."""
+    if not isinstance(name, str):
+        raise UsageError(f"parameter names must be strings, got {name!r}")
+    if isinstance(value, np.ndarray) and value.dtype.kind == "U" and value.ndim == 0:
+        value = str(value)
+    if isinstance(value, str):
+        content = np.frombuffer(np.array(value).tobytes(), np.uint8)  # "" -> 4 zero bytes, as MindSpore
+        return TensorSpec(name, dtypes.STR, (0,), content.size), content
+    arr = np.asarray(value)
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    try:
+        dtype = dtypes.from_numpy(arr.dtype)
+    except FormatError as exc:
+        raise UsageError(f"parameter {name!r}: {exc.detail}") from None
+    if dtype is dtypes.STR:
+        raise UsageError(f"parameter {name!r}: only 0-d string arrays can be saved")
+    return TensorSpec(name, dtype, tuple(int(d) for d in arr.shape)), arr
+
+
+def save_ckpt(
+    path: str | os.PathLike[str],
+    tensors: Mapping[str, SaveValue] | Sequence[tuple[str, SaveValue]],
+    *,
+    crc_check: bool = False,
+    chunk_bytes: int = SLICE_BYTES,
+    enc_key: bytes | None = None,
+    enc_mode: str = "AES-GCM",
+) -> None:
+    """Write ``tensors`` (in order) as MindSpore's ``save_checkpoint`` would, atomically."""
+    if crc_check and enc_key is not None:
+        raise UsageError("crc_check and enc_key are mutually exclusive (as in MindSpore)", path)
+    items = list(tensors.items()) if isinstance(tensors, Mapping) else list(tensors)
+    specs, values = [], {}
+    for name, value in items:
+        if name in values:
+            raise UsageError(f"parameter {name!r} appears twice", path)
+        spec, values[name] = _prepare(name, value)
+        specs.append(spec)
+    layout = ckpt_layout(specs, chunk_bytes=chunk_bytes)
+    fill = fill_from_values(values)
+    if enc_key is None:
+        write_file(path, layout, fill, crc_finish if crc_check else None)
+    else:
+        _save_encrypted(os.fspath(path), layout, fill, enc_key, enc_mode)
+
+
+def _save_encrypted(
+    path: str, layout: FileLayout, fill: Callable[[int, FileLayout], None], key: bytes, mode: str
+) -> None:
+    """Plaintext into an anonymous temp file beside the output, then encrypted into place."""
+    from reshard.formats import crypto  # lazy: only encrypted output needs it
+
+    with atomic_path(path) as tmp:
+        try:
+            with tempfile.TemporaryFile(dir=os.path.dirname(tmp)) as plain:
+                fd = plain.fileno()
+                os.ftruncate(fd, layout.size)
+                for offset, data in layout.framing:
+                    pwrite_all(fd, data, offset)
+                fill(fd, layout)
+                plain.seek(0)
+                with open(tmp, "wb") as out:
+                    crypto.encrypt_stream(plain, out, key, mode)
+        except OSError as exc:
+            raise ReshardError(f"write failed: {exc.strerror or exc}", path) from None
+
+
+__all__ = ["SLICE_BYTES", "ckpt_layout", "crc_finish", "read_ckpt", "save_ckpt"]
