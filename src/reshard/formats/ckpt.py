@@ -31,6 +31,7 @@ Deliberate choices, each checked against MindSpore 2.10:
 from __future__ import annotations
 
 import itertools
+import math
 import mmap
 import os
 import struct
@@ -255,12 +256,11 @@ def _records(scan: _Scanner, end: int) -> Iterator[_Chunk]:
             continue
         scan.expect(wire, LEN, "Checkpoint.value", at)
         start, pos = scan.delimited(pos, end)
-        yield _value(scan, start, pos)
+        yield _value(scan, start, pos, at)
 
 
-def _value(scan: _Scanner, pos: int, end: int) -> _Chunk:
-    """Parse one ``Checkpoint.Value``: tag + tensor (a MapTensor is refused)."""
-    record = pos
+def _value(scan: _Scanner, pos: int, end: int, record: int) -> _Chunk:
+    """Parse one ``Checkpoint.Value`` (its record starts at ``record``): tag + tensor, no MapTensor."""
     tag: str | None = None
     tensor: tuple[tuple[int, ...], str, Segment] | None = None
     while pos < end:
@@ -351,9 +351,7 @@ def _check_size(scan: _Scanner, where: str, dtype: DType, dims: tuple[int, ...],
         if nbytes % 4:
             raise FormatError(f"{where}: string content of {nbytes} bytes is not UTF-32", scan.path)
         return
-    expected = dtype.itemsize
-    for dim in dims:
-        expected *= dim
+    expected = math.prod(dims) * dtype.itemsize
     if nbytes != expected:
         raise FormatError(
             f"{where}: {nbytes} content bytes, but {dtype} {list(dims)} needs {expected}", scan.path
@@ -405,9 +403,16 @@ def _check_spec(spec: TensorSpec) -> None:
         return
     if any(dim < 0 for dim in spec.shape):
         raise UsageError(f"tensor {spec.name!r}: negative dimension in {list(spec.shape)}")
-    expected = int(np.prod(spec.shape, dtype=object)) * spec.dtype.itemsize
+    expected = math.prod(spec.shape) * spec.dtype.itemsize
     if spec.nbytes != expected:
         raise UsageError(f"tensor {spec.name!r}: nbytes {spec.nbytes} != {expected} for its shape")
+
+
+def _utf8_name(name: str) -> bytes:
+    try:
+        return name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"parameter name {name!r} cannot be encoded as UTF-8") from None
 
 
 def ckpt_layout(specs: Sequence[TensorSpec], *, chunk_bytes: int = SLICE_BYTES) -> FileLayout:
@@ -422,7 +427,7 @@ def ckpt_layout(specs: Sequence[TensorSpec], *, chunk_bytes: int = SLICE_BYTES) 
             raise UsageError(f"parameter {spec.name!r} appears twice")
         _check_spec(spec)
         dims = (0,) if spec.dtype is dtypes.STR else spec.shape
-        tag, type_name = spec.name.encode("utf-8"), spec.dtype.ms_name.encode("ascii")
+        tag, type_name = _utf8_name(spec.name), spec.dtype.ms_name.encode("ascii")
         heads: dict[int, bytes] = {}  # all full chunks share one head
         segments = []
         for length in _chunk_lengths(spec, chunk_bytes):
