@@ -166,7 +166,7 @@ def _parse_record(view: memoryview, offset: int, mode: str, path: str | None) ->
     (cipher_len,) = _INT.unpack_from(view, pos + IV_BYTES)
     pos += IV_BYTES + _INT.size
     _check_cipher_len(cipher_len, block_size, mode, offset, path)
-    _need(view, pos, cipher_len, f"{cipher_len} cipher bytes", offset, path)
+    _need(view, pos, cipher_len, "the ciphertext", offset, path)
     return _Record(offset, tag, iv, pos, cipher_len)
 
 
