@@ -1,0 +1,297 @@
+"""The native Python API: one function per operation, each "plan, then execute".
+
+Every operation first builds a :class:`~reshard.plan.Plan` from file headers and strategies (so
+``dry_run=True`` returns it without writing a byte), then runs it with the local executor.
+Paths are checked before anything is written: the destination may not lie inside a source
+folder, and an existing non-empty destination is refused unless ``overwrite=True`` (then only
+the files the plan writes are replaced; nothing is deleted).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from reshard.errors import UsageError
+from reshard.execute import local
+from reshard.formats import layout_dir
+from reshard.formats.base import TensorIndex
+from reshard.formats.ckpt import read_ckpt
+from reshard.formats.safetensors import read_safetensors
+from reshard.formats.strategy import StrategyFile, load_strategy
+from reshard.plan import (
+    ChoiceFunc,
+    Plan,
+    SourceFile,
+    SourceTensor,
+    plan_convert,
+    plan_split,
+    plan_transform,
+    plan_unify,
+)
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How to open source checkpoints (decryption, crc checking)."""
+
+    dec_key: bytes | None = None
+    dec_mode: str = "AES-GCM"
+    crc_check: bool = False
+
+
+@dataclass
+class Report:
+    """What an operation did: its plan, and notes for the user (e.g. files passed over)."""
+
+    plan: Plan
+    notes: list[str] = field(default_factory=list)
+
+
+def open_checkpoint(path: str, options: ReadOptions | None = None) -> TensorIndex:
+    """Index a ``.ckpt`` or ``.safetensors`` file (zero-copy views over a memory map)."""
+    options = options or ReadOptions()
+    fmt = layout_dir.detect_format(path)
+    if not os.path.isfile(path):
+        raise UsageError("no such file", path)
+    if fmt == "ckpt":
+        return read_ckpt(path, crc_check=options.crc_check, dec_key=options.dec_key, dec_mode=options.dec_mode)
+    return read_safetensors(path)
+
+
+def source_file(path: str, rank: int = 0, options: ReadOptions | None = None) -> SourceFile:
+    """Header facts of one checkpoint (dtypes, shapes, metadata) for planning."""
+    with open_checkpoint(path, options) as index:
+        tensors = {name: SourceTensor(e.dtype, e.shape, e.nbytes) for name, e in index.entries.items()}
+        strings = {name: str(index.value(name)) for name, e in index.entries.items() if e.is_string}
+        return SourceFile(path, rank, tensors, dict(index.metadata), strings)
+
+
+def rank_sources(
+    model_dir: str,
+    fmt: str | None = None,
+    rule: str | None = None,
+    file_suffix: str | None = None,
+    options: ReadOptions | None = None,
+    notes: list[str] | None = None,
+) -> tuple[str, dict[int, SourceFile]]:
+    """The chosen checkpoint of every ``rank_<r>`` folder, as planning facts."""
+    fmt, chosen = layout_dir.collect_rank_files(model_dir, fmt, rule, file_suffix)
+    if notes is not None:
+        for picked in chosen.values():
+            if picked.ignored:
+                ignored = ", ".join(os.path.basename(p) for p in picked.ignored)
+                notes.append(f"rank {picked.rank}: using {os.path.basename(picked.path)}, ignoring {ignored}")
+    return fmt, {r: source_file(p.path, r, options) for r, p in chosen.items()}
+
+
+def _strategy(value: str | StrategyFile | None) -> StrategyFile | None:
+    if value is None or isinstance(value, StrategyFile):
+        return value
+    return load_strategy(value)
+
+
+def _sources_for(src: str, options: ReadOptions | None, notes: list[str]) -> tuple[str, dict[int, SourceFile]]:
+    """A full checkpoint file is rank 0 of a one-rank job; a folder holds rank_<r> folders."""
+    if os.path.isfile(src):
+        return layout_dir.detect_format(src), {0: source_file(src, 0, options)}
+    return rank_sources(src, options=options, notes=notes)
+
+
+def check_destination(dst: str, sources: Sequence[str], overwrite: bool) -> None:
+    """Refuse a destination inside a source folder, or a non-empty one without ``overwrite``."""
+    dst_abs = os.path.realpath(dst)
+    for src in sources:
+        src_abs = os.path.realpath(src)
+        folder = src_abs if os.path.isdir(src_abs) else os.path.dirname(src_abs)
+        if os.path.isdir(src_abs) and (dst_abs == folder or dst_abs.startswith(folder + os.sep)):
+            raise UsageError(f"destination lies inside the source folder {src}", dst)
+    if os.path.isfile(dst):
+        raise UsageError("destination exists and is a file", dst)
+    if os.path.isdir(dst) and os.listdir(dst) and not overwrite:
+        raise UsageError("destination is not empty (use --overwrite to replace the files this run writes)", dst)
+
+
+def execute(plan: Plan, options: ReadOptions | None = None, run: local.Options | None = None) -> None:
+    local.run_plan(plan, lambda path: open_checkpoint(path, options), run)
+
+
+def transform(
+    src: str,
+    dst_dir: str,
+    src_strategy: str | StrategyFile | None = None,
+    dst_strategy: str | StrategyFile | None = None,
+    *,
+    prefix: str = "checkpoint_",
+    output_format: str | None = None,
+    ranks: Sequence[int] | None = None,
+    read: ReadOptions | None = None,
+    run: local.Options | None = None,
+    overwrite: bool = False,
+    dry_run: bool = False,
+) -> Report:
+    """Move a distributed (or full) checkpoint to another layout: full->N, N->M, N->full.
+
+    ``src`` is a folder of ``rank_<r>`` folders, or one full checkpoint file (then
+    ``src_strategy`` must be None). Strategies may be files or folders of per-stage files (merged
+    in memory). ``ranks`` restricts the output to some destination ranks (multi-node runs).
+    """
+    notes: list[str] = []
+    fmt, sources = _sources_for(src, read, notes)
+    src_sf, dst_sf = _strategy(src_strategy), _strategy(dst_strategy)
+    if src_sf is None and len(sources) > 1:
+        raise UsageError("several rank folders but no source strategy; give --src-strategy", src)
+    plan = plan_transform(sources, src_sf, dst_sf, dst_dir, prefix, output_format or fmt, ranks)
+    if not dry_run:
+        check_destination(dst_dir, [src], overwrite)
+        execute(plan, read, run)
+    return Report(plan, notes)
+
+
+def needed_ranks(
+    rank_id: int, src_strategy: str | StrategyFile | None, dst_strategy: str | StrategyFile | None = None
+) -> list[int]:
+    """Source ranks whose files destination ``rank_id`` needs (MindSpore's ``rank_list_for_transform``)."""
+    from reshard import layout
+    from reshard.formats.strategy import layout_map
+
+    src_sf, dst_sf = _strategy(src_strategy), _strategy(dst_strategy)
+    if src_sf is None:
+        return [0]
+    dst_map = layout_map(dst_sf, rank_id) if dst_sf is not None else None
+    return layout.rank_list_for_transform(rank_id, layout_map(src_sf), dst_map)
+
+
+def unify(
+    src_dir: str,
+    src_strategy: str | StrategyFile,
+    dst_dir: str,
+    *,
+    file_suffix: str | None = None,
+    choice_func: ChoiceFunc | None = None,
+    split_dst_file: tuple[int, int] | tuple[()] = (),
+    read: ReadOptions | None = None,
+    run: local.Options | None = None,
+    overwrite: bool = False,
+    dry_run: bool = False,
+) -> Report:
+    """Merge N rank shards into full tensors: ``part<j>.safetensors`` + ``param_name_map.json``."""
+    notes: list[str] = []
+    _, sources = rank_sources(src_dir, "safetensors", None, file_suffix, read, notes)
+    sf = _strategy(src_strategy)
+    if sf is None:
+        raise UsageError("unify needs the source strategy")
+    plan = plan_unify(sources, sf, dst_dir, choice_func, split_dst_file)
+    if not dry_run:
+        check_destination(dst_dir, [src_dir], overwrite)
+        execute(plan, read, run)
+    return Report(plan, notes)
+
+
+def unified_index(unified_dir: str) -> tuple[dict[str, SourceFile], dict[str, str], SourceFile | None]:
+    """The part files of a unified folder, the name -> part map, and ``hyper_param.safetensors``."""
+    import json
+
+    if not os.path.isdir(unified_dir):
+        raise UsageError("not a folder", unified_dir)
+    names = sorted(n for n in os.listdir(unified_dir) if n.endswith(".safetensors"))
+    if not names:
+        raise UsageError("no .safetensors files", unified_dir)
+    files = {n: source_file(os.path.join(unified_dir, n)) for n in names}
+    hyper = files.pop("hyper_param.safetensors", None)
+    index_path = os.path.join(unified_dir, "param_name_map.json")
+    if len(names) == 1:
+        (only,) = names
+        mapping = {k: only for k in source_file(os.path.join(unified_dir, only)).tensors}
+        files[only] = source_file(os.path.join(unified_dir, only))
+        hyper = None if only == "hyper_param.safetensors" else hyper
+    else:
+        if not os.path.isfile(index_path):
+            raise UsageError("several .safetensors files but no param_name_map.json", unified_dir)
+        try:
+            with open(index_path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"unreadable index: {exc}", index_path) from None
+        mapping = data.get("weight_map", data) if isinstance(data, dict) else None
+        if not isinstance(mapping, dict):
+            raise UsageError("index has no weight_map object", index_path)
+    return files, mapping, hyper
+
+
+def split(
+    unified_dir: str,
+    dst_strategy: str | StrategyFile,
+    dst_dir: str,
+    *,
+    ranks: Sequence[int] | None = None,
+    output_format: str = "safetensors",
+    name_map: Mapping[str, str] | None = None,
+    run: local.Options | None = None,
+    overwrite: bool = False,
+    dry_run: bool = False,
+) -> Report:
+    """Slice a unified (full) model into ``dst_dir/rank_<r>/net.<fmt>`` for a target strategy."""
+    files, mapping, hyper = unified_index(unified_dir)
+    sf = _strategy(dst_strategy)
+    if sf is None:
+        raise UsageError("split needs the destination strategy")
+    plan = plan_split(files, mapping, hyper, sf, dst_dir, output_format, ranks, name_map)
+    if not dry_run:
+        check_destination(dst_dir, [unified_dir], overwrite)
+        execute(plan, None, run)
+    return Report(plan, [])
+
+
+def convert_targets(src: str, dst: str | None, to: str, file_regex: str | None = None) -> list[tuple[str, str]]:
+    """(input, output) pairs of a convert: a file, or every matching file of the ``rank*`` folders."""
+    import re
+
+    src_ext = ".ckpt" if to == "safetensors" else ".safetensors"
+    dst_ext = "." + to
+    pattern = re.compile(file_regex) if file_regex else None
+    if os.path.isfile(src):
+        if not src.endswith(src_ext):
+            raise UsageError(f"expected a {src_ext} file", src)
+        if pattern and not pattern.findall(src):
+            return []
+        out_dir = dst or os.path.dirname(os.path.abspath(src))
+        return [(src, os.path.join(out_dir, os.path.basename(src).replace(src_ext, dst_ext)))]
+    if not os.path.isdir(src):
+        raise UsageError("no such file or folder", src)
+    pairs = []
+    subdirs = sorted(d for d in os.listdir(src) if d.startswith("rank") and os.path.isdir(os.path.join(src, d)))
+    if not subdirs:
+        raise UsageError("no rank* sub-folders", src)
+    for sub in subdirs:
+        folder = os.path.join(src, sub)
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(src_ext) and (pattern is None or pattern.search(name)):
+                out_dir = os.path.join(dst, sub) if dst else folder
+                pairs.append((os.path.join(folder, name), os.path.join(out_dir, name.replace(src_ext, dst_ext))))
+    return pairs
+
+
+def convert(
+    src: str,
+    dst: str | None,
+    to: str,
+    *,
+    name_map: Mapping[str, str] | None = None,
+    file_regex: str | None = None,
+    read: ReadOptions | None = None,
+    run: local.Options | None = None,
+    dry_run: bool = False,
+) -> Report:
+    """Convert ``.ckpt`` <-> ``.safetensors`` for one file or a folder of ``rank*`` folders."""
+    if to not in layout_dir.FORMATS:
+        raise UsageError(f"--to must be ckpt or safetensors, not {to!r}")
+    pairs = convert_targets(src, dst, to, file_regex)
+    plan = plan_convert([(source_file(i, 0, read), o, to) for i, o in pairs], name_map)
+    if not dry_run:
+        execute(plan, read, run)
+    return Report(plan, [])
+
+
+ProgressFn = Callable[[int], None]

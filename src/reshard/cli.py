@@ -1,0 +1,299 @@
+"""The ``reshard`` command.
+
+Every user-facing failure is a ``ReshardError``: it becomes one line on stderr and exit code 2.
+Anything else is a bug; it is still reported as one line (set ``RESHARD_DEBUG=1`` for the
+traceback) so scripts never parse a Python stack. ``transform`` accepts MindFormers'
+``transform_ckpt.py`` flags verbatim (``--src_ckpt_strategy`` ...) as well as hyphenated forms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from reshard import api
+from reshard.errors import ReshardError, UsageError
+from reshard.execute import local
+from reshard.plan import Plan
+
+EXIT_USAGE = 2
+EXIT_BUG = 1
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _parse_memory(text: str) -> int:
+    units = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+    t = text.strip().lower().rstrip("ib").rstrip("b") if text.strip().lower()[-1:] == "b" else text.strip().lower()
+    try:
+        if t and t[-1] in units:
+            return int(float(t[:-1]) * units[t[-1]])
+        return int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 512M or 2G)") from None
+
+
+def _parse_ranks(text: str) -> list[int]:
+    ranks: list[int] = []
+    try:
+        for part in text.split(","):
+            if "-" in part:
+                a, b = part.split("-")
+                ranks.extend(range(int(a), int(b) + 1))
+            elif part.strip():
+                ranks.append(int(part))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a rank list: {text!r} (try 0,1,4-7)") from None
+    return ranks
+
+
+def _console():  # imported lazily: rich is only needed for human output
+    from rich.console import Console
+
+    return Console(stderr=False, highlight=False)
+
+
+def print_plan(plan: Plan, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(plan.to_json(), indent=1))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"plan: {plan.operation}")
+    for col in ("output", "rank", "format", "tensors", "copies", "size"):
+        table.add_column(col, justify="right" if col in ("tensors", "copies", "size", "rank") else "left")
+    for f in plan.files:
+        copies = sum(len(t.copies) for t in f.tensors)
+        rank = "" if f.rank is None else str(f.rank)
+        table.add_row(f.path, rank, f.format, str(len(f.tensors)), str(copies), _size(f.nbytes))
+    console = _console()
+    console.print(table)
+    s = plan.summary()
+    console.print(
+        f"{s['outputs']} files, {s['tensors']} tensors from {s['sources']} source files; "
+        f"read {_size(plan.bytes_read)}, write {_size(plan.bytes_written)}, "
+        f"largest tensor {_size(plan.largest_tensor)}"
+    )
+
+
+def _run_options(args: argparse.Namespace) -> local.Options:
+    return local.Options(workers=args.workers, max_memory=args.max_memory)
+
+
+def _notes(report: api.Report) -> None:
+    for note in report.notes:
+        print(f"reshard: note: {note}", file=sys.stderr)
+
+
+def _finish(report: api.Report, args: argparse.Namespace) -> None:
+    _notes(report)
+    if getattr(args, "dry_run", False) or getattr(args, "json", False):
+        print_plan(report.plan, getattr(args, "json", False))
+    else:
+        p = report.plan
+        print(f"wrote {len(p.files)} files ({_size(p.bytes_written)})")
+
+
+# ------------------------------------------------------------------------------------ commands
+
+
+def cmd_transform(args: argparse.Namespace) -> None:
+    if not args.src:
+        raise UsageError("give the source with --src_ckpt_dir")
+    if not args.dst:
+        raise UsageError("give the destination with --dst_ckpt_dir")
+    report = api.transform(
+        args.src, args.dst, _none(args.src_strategy), _none(args.dst_strategy), prefix=args.prefix,
+        output_format=args.output_format, ranks=args.ranks, run=_run_options(args),
+        overwrite=args.overwrite, dry_run=args.dry_run or args.command == "plan",
+    )
+    if args.command == "plan":
+        args.dry_run = True
+    _finish(report, args)
+
+
+def _none(value: str | None) -> str | None:
+    return None if value in (None, "", "None", "none") else value
+
+
+def cmd_unify(args: argparse.Namespace) -> None:
+    split = tuple(int(x) for x in args.split.split("/")) if args.split else ()
+    report = api.unify(args.src, args.strategy, args.dst, file_suffix=args.file_suffix,
+                       split_dst_file=split, run=_run_options(args), overwrite=args.overwrite,
+                       dry_run=args.dry_run)  # type: ignore[arg-type]
+    _finish(report, args)
+
+
+def cmd_split(args: argparse.Namespace) -> None:
+    name_map = _load_json(args.name_map) if args.name_map else None
+    report = api.split(args.src, args.strategy, args.dst, ranks=args.ranks, output_format=args.output_format,
+                       name_map=name_map, run=_run_options(args), overwrite=args.overwrite, dry_run=args.dry_run)
+    _finish(report, args)
+
+
+def cmd_rank_list(args: argparse.Namespace) -> None:
+    ranks = api.needed_ranks(args.rank, _none(args.src_strategy), _none(args.dst_strategy))
+    print(json.dumps([int(r) for r in ranks]) if args.json else " ".join(str(r) for r in ranks))
+
+
+def _load_json(path: str) -> dict[str, str]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read JSON: {exc}", path) from None
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise UsageError("expected a JSON object of old name -> new name", path)
+    return data
+
+
+def cmd_convert(args: argparse.Namespace) -> None:
+    name_map = _load_json(args.name_map) if args.name_map else None
+    report = api.convert(args.src, args.dst, args.to, name_map=name_map, file_regex=args.file_regex,
+                         run=_run_options(args), dry_run=args.dry_run)
+    _finish(report, args)
+
+
+def cmd_merge_strategies(args: argparse.Namespace) -> None:
+    from reshard.formats.strategy import merge_pipeline_strategies
+
+    out = merge_pipeline_strategies(args.src, args.dst)
+    print(f"wrote {out}")
+
+
+def cmd_inspect(args: argparse.Namespace) -> None:
+    from reshard import inspect as inspect_mod
+
+    inspect_mod.main(args.path, as_json=args.json, strategy=args.strategy)
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from reshard import demo
+
+    demo.main(args.dir)
+
+
+# ------------------------------------------------------------------------------------ parser
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1), help="parallel output files")
+    p.add_argument("--max-memory", "--max_memory", type=_parse_memory, default=local.DEFAULT_MAX_MEMORY,
+                   help="bound on staging bytes in flight (e.g. 512M, 2G)")
+    p.add_argument("--dry-run", "--dry_run", action="store_true", help="print the plan, write nothing")
+
+
+def _add_transform_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--src_ckpt_dir", "--src-ckpt-dir", "--src", dest="src", help="rank_<r> folders or a full file")
+    p.add_argument("--dst_ckpt_dir", "--dst-ckpt-dir", "--dst", dest="dst", help="output folder")
+    p.add_argument("--src_ckpt_strategy", "--src-ckpt-strategy", "--src-strategy", dest="src_strategy",
+                   help="source strategy file or folder of per-stage files (None: full weights)")
+    p.add_argument("--dst_ckpt_strategy", "--dst-ckpt-strategy", "--dst-strategy", dest="dst_strategy",
+                   help="destination strategy file or folder (None: full weights)")
+    p.add_argument("--prefix", default="checkpoint_", help="output name prefix (default checkpoint_)")
+    p.add_argument("--output_format", "--output-format", dest="output_format", choices=("ckpt", "safetensors"))
+    p.add_argument("--ranks", type=_parse_ranks, help="only these destination ranks, e.g. 0,1,4-7")
+    p.add_argument("--overwrite", action="store_true", help="replace files in a non-empty destination")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="reshard", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("demo", help="build an 8-rank example model and show what reshard does")
+    p.add_argument("--dir", help="work folder (default: a temporary one)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("inspect", help="tensors of a checkpoint, a rank folder tree or a strategy file")
+    p.add_argument("path")
+    p.add_argument("--strategy", help="strategy file or folder, to show full shapes and layouts")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("convert", help="convert .ckpt <-> .safetensors (a file or rank* folders)")
+    p.add_argument("src")
+    p.add_argument("dst", nargs="?", help="output folder (default: next to the input)")
+    p.add_argument("--to", required=True, choices=("safetensors", "ckpt"))
+    p.add_argument("--name-map", "--name_map", help="JSON file: old name -> new name")
+    p.add_argument("--file-regex", "--file_name_regex", dest="file_regex", help="only files matching this regex")
+    p.add_argument("--json", action="store_true")
+    _add_run_flags(p)
+    p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("merge-strategies", help="merge per-stage strategy files into one")
+    p.add_argument("src", help="folder of per-stage strategy files")
+    p.add_argument("dst", help="merged strategy file to write")
+    p.set_defaults(func=cmd_merge_strategies)
+
+    for name, help_text in (("transform", "move a checkpoint to another parallel layout"),
+                            ("plan", "print the transform plan without writing anything")):
+        p = sub.add_parser(name, help=help_text)
+        _add_transform_flags(p)
+        _add_run_flags(p)
+        p.set_defaults(func=cmd_transform)
+
+    p = sub.add_parser("unify", help="merge rank shards into full safetensors parts + param_name_map.json")
+    p.add_argument("src", help="folder of rank_<r> folders (safetensors)")
+    p.add_argument("dst", help="output folder")
+    p.add_argument("--strategy", "--src-strategy", required=True, help="source strategy file or folder")
+    p.add_argument("--file-suffix", "--file_suffix", dest="file_suffix")
+    p.add_argument("--split", help="produce only part group i of n, as i/n")
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--json", action="store_true")
+    _add_run_flags(p)
+    p.set_defaults(func=cmd_unify)
+
+    p = sub.add_parser("split", help="slice a unified model into per-rank files for a strategy")
+    p.add_argument("src", help="unified folder (part files + param_name_map.json)")
+    p.add_argument("dst", help="output folder")
+    p.add_argument("--strategy", "--dst-strategy", required=True, help="destination strategy file or folder")
+    p.add_argument("--ranks", type=_parse_ranks)
+    p.add_argument("--output-format", "--output_format", dest="output_format", default="safetensors",
+                   choices=("ckpt", "safetensors"))
+    p.add_argument("--name-map", "--name_map", help="JSON file: strategy name -> unified name")
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--json", action="store_true")
+    _add_run_flags(p)
+    p.set_defaults(func=cmd_split)
+
+    p = sub.add_parser("rank-list", help="source ranks a destination rank needs")
+    p.add_argument("rank", type=int)
+    p.add_argument("--src-strategy", "--src_ckpt_strategy", dest="src_strategy", required=True)
+    p.add_argument("--dst-strategy", "--dst_ckpt_strategy", dest="dst_strategy")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_rank_list)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except ReshardError as exc:
+        print(f"reshard: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("reshard: interrupted; no output file was completed from the interrupted step", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: still one line, unless debugging
+        if os.environ.get("RESHARD_DEBUG"):
+            raise
+        print(f"reshard: internal error: {type(exc).__name__}: {exc} (RESHARD_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return EXIT_BUG
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

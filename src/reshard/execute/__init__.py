@@ -1,0 +1,1 @@
+"""Executors run plans. ``local`` runs on this machine with threads; ``ray`` spreads files over a cluster."""

@@ -1,0 +1,184 @@
+"""Run a plan on this machine: headers first, then every box copied straight into place.
+
+Why this shape (see design.md, "Techniques the peers proved"):
+
+* Sources are memory-mapped (``TensorIndex`` views), so a copy reads only the bytes it needs and
+  never a whole file. After each output tensor the source pages it touched are handed back to the
+  kernel (``madvise(MADV_DONTNEED)``), so resident memory does not grow with the model.
+* Outputs are preallocated with their framing already written (``FileLayout``); tensor bytes go
+  in with ``os.pwrite`` at their final offset. A tensor that is one unchanged source tensor (a
+  convert, a replicated parameter, a row split) is written straight from the source map: one
+  kernel copy, no staging. Anything else is assembled in a staging buffer of at most
+  ``max_memory / workers`` bytes (row blocks along dim 0), one strided numpy copy per box, then
+  written — so no full tensor ever exists unless the destination is that full tensor's block.
+* Independent output files run on worker threads: numpy copies and ``pwrite`` release the GIL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from reshard import dtypes
+from reshard.formats import base, ckpt, safetensors
+from reshard.formats.base import FileLayout, TensorIndex, TensorSpec, pwrite_all
+from reshard.plan import FilePlan, Plan, TensorPlan
+
+DEFAULT_MAX_MEMORY = 1024**3  # bytes in flight across all workers (staging buffers)
+_PAGE = mmap.PAGESIZE
+
+
+@dataclass(frozen=True)
+class Options:
+    workers: int = 1
+    max_memory: int = DEFAULT_MAX_MEMORY
+    crc_check: bool = False  # write crc trailers on .ckpt outputs
+    chunk_bytes: int = ckpt.SLICE_BYTES
+    progress: Callable[[int], None] | None = None  # called with bytes written
+
+
+Opener = Callable[[str], TensorIndex]
+
+
+class SourceCache:
+    """Opens each source file once (thread-safe) and releases touched pages."""
+
+    def __init__(self, opener: Opener) -> None:
+        self._opener = opener
+        self._open: dict[str, TensorIndex] = {}
+        self._lock = threading.Lock()
+
+    def get(self, path: str) -> TensorIndex:
+        with self._lock:
+            if path not in self._open:
+                self._open[path] = self._opener(path)
+            return self._open[path]
+
+    def release(self, path: str, name: str) -> None:
+        """Drop the resident pages of one tensor from this process (the page cache keeps them)."""
+        index = self._open.get(path)
+        if index is None or not isinstance(index.buffer, mmap.mmap):
+            return
+        for offset, length in index.entries[name].segments:
+            start = offset - offset % _PAGE
+            with contextlib.suppress(OSError, ValueError):
+                index.buffer.madvise(mmap.MADV_DONTNEED, start, offset + length - start)
+
+    def close(self) -> None:
+        for index in self._open.values():
+            index.close()
+        self._open.clear()
+
+
+def file_layout(file: FilePlan, options: Options) -> FileLayout:
+    specs = [TensorSpec(t.name, t.dtype, t.shape, t.nbytes) for t in file.tensors]
+    if file.format == "ckpt":
+        return ckpt.ckpt_layout(specs, chunk_bytes=options.chunk_bytes)
+    return safetensors.safetensors_layout(specs, dict(file.metadata))
+
+
+def _write_at(fd: int, segments: tuple[base.Segment, ...], start: int, data: memoryview) -> None:
+    """Write ``data`` at tensor byte offset ``start`` of a tensor stored in ``segments``."""
+    pos = 0
+    for offset, length in segments:
+        if start >= pos + length:
+            pos += length
+            continue
+        if not data:
+            return
+        skip = max(0, start - pos)
+        n = min(length - skip, len(data))
+        pwrite_all(fd, data[:n], offset + skip)
+        data = data[n:]
+        start += n
+        pos += length
+
+
+def _row_blocks(t: TensorPlan, budget: int) -> Iterator[tuple[int, int]]:
+    if not t.shape:
+        yield 0, 0
+        return
+    rows = t.shape[0]
+    row_bytes = max(1, t.nbytes // rows) if rows else 1
+    step = max(1, budget // row_bytes)
+    for r0 in range(0, max(rows, 1), step):
+        yield r0, min(rows, r0 + step)
+
+
+def _box(first: int, rows: int, starts: tuple[int, ...], lengths: tuple[int, ...]) -> tuple[slice, ...]:
+    """Index of a box: ``rows`` rows from ``first`` on dim 0, then ``starts``/``lengths``."""
+    return (slice(first, first + rows), *(slice(s, s + n) for s, n in zip(starts, lengths, strict=True)))
+
+
+def _fill_tensor(fd: int, t: TensorPlan, segments: tuple[base.Segment, ...], sources: SourceCache,
+                 plan: Plan, budget: int) -> None:
+    if t.literal is not None:
+        _write_at(fd, segments, 0, memoryview(t.literal))
+        return
+    if t.whole_copy:
+        c = t.copies[0]
+        index = sources.get(plan.sources[c.source])
+        _write_at(fd, segments, 0, memoryview(index.raw(c.tensor)).cast("B"))
+        return
+    for r0, r1 in _row_blocks(t, budget):
+        block_shape = (r1 - r0, *t.shape[1:]) if t.shape else ()
+        staging = np.empty(block_shape, dtype=t.dtype.numpy)
+        for c in t.copies:
+            lo, hi = max(r0, c.dst_start[0]), min(r1, c.dst_start[0] + c.lengths[0])
+            if lo >= hi:
+                continue
+            src = sources.get(plan.sources[c.source]).array(c.tensor)
+            shift = lo - c.dst_start[0]
+            src_sel = _box(c.src_start[0] + shift, hi - lo, c.src_start[1:], c.lengths[1:])
+            dst_sel = _box(lo - r0, hi - lo, c.dst_start[1:], c.lengths[1:])
+            np.copyto(staging[dst_sel], src[src_sel])
+        row_bytes = t.nbytes // t.shape[0] if t.shape and t.shape[0] else 0
+        _write_at(fd, segments, r0 * row_bytes, memoryview(staging.reshape(-1).view(np.uint8)))
+
+
+def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options, budget: int) -> None:
+    """Write one output file of the plan atomically."""
+    layout = file_layout(file, options)
+    by_name = {t.name: t for t in file.tensors}
+
+    def fill(fd: int, lay: FileLayout) -> None:
+        for name in lay.order:
+            t = by_name[name]
+            _fill_tensor(fd, t, lay.placements[name], sources, plan, budget)
+            for c in t.copies:
+                sources.release(plan.sources[c.source], c.tensor)
+            if options.progress is not None:
+                options.progress(t.nbytes)
+
+    finish = ckpt.crc_finish if (options.crc_check and file.format == "ckpt") else None
+    base.write_file(file.path, layout, fill, finish)
+
+
+def run_plan(plan: Plan, opener: Opener, options: Options | None = None) -> None:
+    """Execute every output of ``plan``; text outputs (index JSON) are written last."""
+    options = options or Options()
+    workers = max(1, min(options.workers, len(plan.files) or 1))
+    budget = max(_PAGE, options.max_memory // workers)
+    sources = SourceCache(opener)
+    try:
+        if workers == 1:
+            for f in plan.files:
+                run_file(f, plan, sources, options, budget)
+        else:
+            with ThreadPoolExecutor(workers) as pool:
+                for future in [pool.submit(run_file, f, plan, sources, options, budget) for f in plan.files]:
+                    future.result()
+    finally:
+        sources.close()
+    for text in plan.texts:
+        with base.atomic_path(text.path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text.text)
+
+
+__all__ = ["DEFAULT_MAX_MEMORY", "Options", "SourceCache", "dtypes", "run_plan"]

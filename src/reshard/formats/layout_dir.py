@@ -1,0 +1,147 @@
+"""The one place that knows how distributed checkpoints sit on disk.
+
+MindSpore keeps one folder per rank, ``model_dir/rank_<r>/<name>.{ckpt,safetensors}``, and the
+converters write ``dst/rank_<r>/<prefix><r>.<fmt>``. A rank folder often holds several checkpoints
+(one per saved step), and MindSpore's converters choose among them by three different rules
+(spec 3.9, 4.0, 6.1): the lexicographically last name (``.ckpt`` transform), the largest "last two
+numbers in the name" (safetensors flows), or the newest mtime (MindFormers by-rank). We implement
+each rule by name so the drop-in functions pick the same file, and we always *report* the files we
+ignored, because silently picking a stale checkpoint is a classic way to ship the wrong weights.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from reshard.errors import UsageError
+
+FORMATS = ("ckpt", "safetensors")
+_RANK_DIR = re.compile(r"rank_(\d+)$")
+_DIGITS = re.compile(r"\d+")
+
+
+@dataclass(frozen=True)
+class RankFile:
+    """The checkpoint chosen for one rank, and the candidates that were passed over."""
+
+    rank: int
+    path: str
+    ignored: tuple[str, ...] = field(default=())
+
+
+def rank_dirs(model_dir: str) -> dict[int, str]:
+    """``{rank: folder}`` for every ``rank_<digits>`` sub-folder (sorted by rank)."""
+    if not os.path.isdir(model_dir):
+        raise UsageError("not a folder", model_dir)
+    found: dict[int, str] = {}
+    for name in os.listdir(model_dir):
+        match = _RANK_DIR.search(name)
+        path = os.path.join(model_dir, name)
+        if match and name.startswith("rank_") and os.path.isdir(path):
+            found[int(match.group(1))] = path
+    return dict(sorted(found.items()))
+
+
+def detect_format(path: str) -> str:
+    """``ckpt`` or ``safetensors`` from a file name."""
+    for fmt in FORMATS:
+        if path.endswith("." + fmt):
+            return fmt
+    raise UsageError("not a .ckpt or .safetensors file", path)
+
+
+def files_in(folder: str, fmt: str, suffix: str | None = None) -> list[str]:
+    """Checkpoint files of one format directly in ``folder`` (sorted by name)."""
+    pattern = f"*{suffix}.{fmt}" if suffix else f"*.{fmt}"
+    return sorted(p for p in glob.glob(os.path.join(glob.escape(folder), pattern)) if os.path.isfile(p))
+
+
+def _last_two_numbers(path: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in _DIGITS.findall(path)[-2:])
+
+
+PICK_RULES: dict[str, Callable[[list[str]], str]] = {
+    # transform_checkpoints on .ckpt: glob + sort, last one
+    "name": lambda files: sorted(files)[-1],
+    # safetensors flows (unified_safetensors, transform on safetensors): largest last two numbers
+    "numbers": lambda files: max(files, key=_last_two_numbers),
+    # MindFormers by-rank transform: newest modification time
+    "mtime": lambda files: max(files, key=lambda p: (os.path.getmtime(p), p)),
+}
+
+
+def _suffix_matches(files: list[str], fmt: str, suffix: str) -> list[str]:
+    """MindSpore's ``file_suffix`` matching (spec 4.0): exact tail, shortest basename wins."""
+    tail = suffix if suffix.startswith(("_", "-")) else None
+    candidates = []
+    for path in files:
+        base = os.path.basename(path)
+        if tail is not None:
+            ok = base.endswith(f"{tail}.{fmt}") and not base.endswith(f"rank{tail}.{fmt}")
+        else:
+            ok = any(base.endswith(f"{sep}{suffix}.{fmt}") for sep in ("_", "-"))
+        if ok:
+            candidates.append(path)
+    return candidates
+
+
+def pick_file(folder: str, fmt: str, rule: str = "name", file_suffix: str | None = None) -> RankFile | None:
+    """Choose the checkpoint of ``fmt`` in a rank folder; None when the folder has none."""
+    files = files_in(folder, fmt)
+    if file_suffix:
+        files = _suffix_matches(files, fmt, file_suffix)
+        if not files:
+            raise UsageError(f"no *{file_suffix}.{fmt} file", folder)
+        shortest = min(len(os.path.basename(p)) for p in files)
+        best = [p for p in files if len(os.path.basename(p)) == shortest]
+        if len(best) > 1:
+            raise UsageError(f"several files match suffix {file_suffix!r}: {', '.join(best)}", folder)
+        chosen = best[0]
+    elif not files:
+        return None
+    else:
+        chosen = PICK_RULES[rule](files)
+    rank = int(_RANK_DIR.search(os.path.basename(folder.rstrip("/"))).group(1))  # type: ignore[union-attr]
+    return RankFile(rank, chosen, tuple(p for p in files_in(folder, fmt) if p != chosen))
+
+
+def collect_rank_files(
+    model_dir: str, fmt: str | None = None, rule: str | None = None, file_suffix: str | None = None
+) -> tuple[str, dict[int, RankFile]]:
+    """The format and the chosen file of every rank folder of a distributed checkpoint.
+
+    ``fmt=None`` detects it: a folder tree holding both formats is refused (as MindSpore does).
+    ``rule=None`` uses MindSpore's rule for that format (``name`` for ckpt, ``numbers`` for
+    safetensors).
+    """
+    dirs = rank_dirs(model_dir)
+    if not dirs:
+        raise UsageError("no rank_<r> sub-folders", model_dir)
+    if fmt is None:
+        present = {f for f in FORMATS for d in dirs.values() if files_in(d, f)}
+        if len(present) > 1:
+            raise UsageError("rank folders hold both .ckpt and .safetensors files; choose one", model_dir)
+        if not present:
+            raise UsageError("rank folders hold no .ckpt or .safetensors files", model_dir)
+        fmt = present.pop()
+    rule = rule or ("name" if fmt == "ckpt" else "numbers")
+    chosen = {}
+    for rank, folder in dirs.items():
+        picked = pick_file(folder, fmt, rule, file_suffix)
+        if picked is not None:
+            chosen[rank] = picked
+    return fmt, chosen
+
+
+def rank_dir(dst_dir: str, rank: int) -> str:
+    return os.path.join(dst_dir, f"rank_{rank}")
+
+
+def rank_output(dst_dir: str, rank: int, prefix: str, fmt: str, part: int | None = None) -> str:
+    """``dst/rank_<r>/<prefix><r>[_part<stage>].<fmt>`` as MindSpore's converters name outputs."""
+    tail = f"_part{part}" if part is not None else ""
+    return os.path.join(rank_dir(dst_dir, rank), f"{prefix}{rank}{tail}.{fmt}")

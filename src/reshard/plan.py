@@ -1,0 +1,552 @@
+"""Transfer plans: plain data that says where every output byte comes from.
+
+A plan is computed from file *headers* and strategy files only, never from tensor data, so it
+can be printed (``reshard plan``), tested without IO and shipped to other machines (Ray). Like
+torch.distributed.checkpoint's ``ReadItem``, a copy is three tuples: the box start inside the
+source tensor, the box start inside the destination tensor, and the box lengths. The executor
+turns each copy into one strided numpy copy.
+
+The planners here reproduce MindSpore's choices that decide *which* bytes land *where*: which
+parameters an output file holds and in which order (spec 3.6, 3.9), which redundant source copy
+supplies each element (spec 3.5), how ``unified_safetensors`` packs parts (spec 4.1), and how a
+unified model is split per rank (spec 4.3). Layout arithmetic lives in ``reshard.layout``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from reshard import dtypes, layout
+from reshard.dtypes import DType
+from reshard.errors import LayoutError, UsageError
+from reshard.formats import layout_dir
+from reshard.formats.strategy import ParamLayout, StagedLayout, StrategyFile, device_num, layout_map, stage_count
+
+Box = tuple[tuple[int, int], ...]
+PART_BYTES = 3 * 1024**3  # unified_safetensors' part size (spec 4.1 step 6)
+REDUNDANT_STATE_PREFIXES = ("accu_grads", "adam_v", "adam_m")
+
+
+@dataclass(frozen=True)
+class Copy:
+    """Copy one box: ``lengths`` elements per dim from ``src_start`` in the source tensor to ``dst_start``."""
+
+    source: int  # index into Plan.sources
+    tensor: str  # tensor name inside that source file
+    src_start: tuple[int, ...]
+    dst_start: tuple[int, ...]
+    lengths: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    copies: tuple[Copy, ...]
+    nbytes: int
+    literal: bytes | None = None  # content given in the plan itself (strings restored from metadata)
+
+    @property
+    def whole_copy(self) -> bool:
+        """True when the tensor is one source tensor copied unchanged (also strings, scalars)."""
+        return len(self.copies) == 1 and self.copies[0].lengths == self.shape and not any(self.copies[0].src_start)
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    path: str
+    format: str
+    tensors: tuple[TensorPlan, ...]
+    metadata: tuple[tuple[str, str], ...] = ()
+    rank: int | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+
+@dataclass(frozen=True)
+class TextOutput:
+    """A small text file a plan writes after its tensor files (index JSON, manifests)."""
+
+    path: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    operation: str
+    sources: tuple[str, ...]
+    files: tuple[FilePlan, ...]
+    texts: tuple[TextOutput, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def bytes_written(self) -> int:
+        return sum(f.nbytes for f in self.files)
+
+    @property
+    def bytes_read(self) -> int:
+        total = 0
+        for f in self.files:
+            for t in f.tensors:
+                per_elem = t.dtype.itemsize if t.dtype is not dtypes.STR else 1
+                total += sum(math.prod(c.lengths) * per_elem for c in t.copies) if t.shape else t.nbytes
+        return total
+
+    @property
+    def largest_tensor(self) -> int:
+        return max((t.nbytes for f in self.files for t in f.tensors), default=0)
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "operation": self.operation,
+            "sources": len(self.sources),
+            "outputs": len(self.files),
+            "tensors": sum(len(f.tensors) for f in self.files),
+            "copies": sum(len(t.copies) for f in self.files for t in f.tensors),
+            "bytes_read": self.bytes_read,
+            "bytes_written": self.bytes_written,
+            "largest_tensor": self.largest_tensor,
+        }
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            **self.summary(),
+            "source_files": list(self.sources),
+            "files": [
+                {
+                    "path": f.path,
+                    "format": f.format,
+                    "rank": f.rank,
+                    "bytes": f.nbytes,
+                    "tensors": [
+                        {
+                            "name": t.name,
+                            "dtype": t.dtype.ms_name,
+                            "shape": list(t.shape),
+                            "copies": [
+                                [self.sources[c.source], c.tensor, list(c.src_start), list(c.dst_start),
+                                 list(c.lengths)]
+                                for c in t.copies
+                            ],
+                        }
+                        for t in f.tensors
+                    ],
+                }
+                for f in self.files
+            ],
+            "texts": [t.path for t in self.texts],
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class SourceTensor:
+    dtype: DType
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass
+class SourceFile:
+    """What planning needs from one source file: its tensors' dtypes and shapes, in file order."""
+
+    path: str
+    rank: int
+    tensors: dict[str, SourceTensor]
+    metadata: dict[str, str] = field(default_factory=dict)
+    strings: dict[str, str] = field(default_factory=dict)  # values of string entries (small)
+
+
+class _Sources:
+    """Interns source paths into the plan's ``sources`` tuple."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        self._ids: dict[str, int] = {}
+
+    def id(self, path: str) -> int:
+        if path not in self._ids:
+            self._ids[path] = len(self.paths)
+            self.paths.append(path)
+        return self._ids[path]
+
+
+def _whole(sources: _Sources, src: SourceFile, name: str, out_name: str | None = None) -> TensorPlan:
+    t = src.tensors[name]
+    zeros = (0,) * len(t.shape)
+    copy = Copy(sources.id(src.path), name, zeros, zeros, t.shape)
+    return TensorPlan(out_name or name, t.dtype, t.shape, (copy,), t.nbytes)
+
+
+def _box_start(box: Box) -> tuple[int, ...]:
+    return tuple(a for a, _ in box)
+
+
+def _assembled(
+    sources: _Sources,
+    name: str,
+    out_name: str,
+    pieces: Iterable[tuple[SourceFile, Box, Box]],
+    dst_box: Box,
+    dtype: DType,
+) -> TensorPlan:
+    """A tensor assembled from (source file, box held by that file, piece box) triples."""
+    dst_origin = _box_start(dst_box)
+    copies = []
+    for src, held, piece in pieces:
+        held_origin = _box_start(held)
+        copies.append(
+            Copy(
+                sources.id(src.path),
+                name,
+                tuple(a - o for (a, _), o in zip(piece, held_origin, strict=True)),
+                tuple(a - o for (a, _), o in zip(piece, dst_origin, strict=True)),
+                tuple(b - a for a, b in piece),
+            )
+        )
+    shape = tuple(b - a for a, b in dst_box)
+    return TensorPlan(out_name, dtype, shape, tuple(copies), math.prod(shape) * dtype.itemsize)
+
+
+# --------------------------------------------------------------------------------------------
+# transform (spec 3.6, 3.9, 4.2)
+
+
+@dataclass(frozen=True)
+class StageCut:
+    """Which names a destination rank keeps (spec 3.7/3.9 stage filtering)."""
+
+    src: dict[str, StagedLayout] | None
+    dst: dict[str, StagedLayout] | None
+    dropped: frozenset[str]
+
+    def keeps(self, name: str) -> bool:
+        not_local_src = self.src is None or (name in self.src and name in self.dropped)
+        not_local_dst = self.dst is None or name in self.dropped
+        return not (not_local_src and not_local_dst)
+
+    def transforms(self, name: str) -> bool:
+        in_src = self.src is None or (name in self.src and name not in self.dropped)
+        in_dst = self.dst is None or (name in self.dst and name not in self.dropped)
+        return in_src and in_dst
+
+
+def _stage_cut(src_map: dict[str, StagedLayout] | None, dst_map: dict[str, StagedLayout] | None,
+               stage: int) -> StageCut:
+    dropped = frozenset(n for n, s in (dst_map or {}).items() if stage not in s.stages)
+    return StageCut(src_map, dst_map, dropped)
+
+
+class TransformPlanner:
+    """Plans MindSpore's ``transform_checkpoints`` (all-stage mode) for any set of destination ranks."""
+
+    def __init__(self, sources: Mapping[int, SourceFile], src: StrategyFile | None, dst: StrategyFile | None):
+        self.files = dict(sorted(sources.items()))
+        self.src = src
+        self.dst = dst
+        self.src_map = layout_map(src) if src is not None else None
+        self.n_src = device_num(src) if src is not None else 1
+        self.n_dst = device_num(dst) if dst is not None else 1
+        self.dst_total = self.n_dst * stage_count(dst) if dst is not None else 1
+        self._dst_maps: dict[int, dict[str, StagedLayout]] = {}
+
+    def dst_map(self, rank: int) -> dict[str, StagedLayout] | None:
+        if self.dst is None:
+            return None
+        key = rank // self.n_dst  # the rank-aware choice only depends on the stage
+        if key not in self._dst_maps:
+            self._dst_maps[key] = layout_map(self.dst, rank)
+        return self._dst_maps[key]
+
+    def needed(self, rank: int) -> list[int]:
+        """Source ranks needed by destination ``rank`` (MindSpore's rank_list_for_transform)."""
+        if self.src is None:
+            return [0]
+        return layout.rank_list_for_transform(rank, self.src_map, self.dst_map(rank))
+
+    def plan_rank(self, rank: int, sources: _Sources) -> tuple[tuple[TensorPlan, ...], list[int]]:
+        needed = self.needed(rank)
+        missing = [r for r in needed if r not in self.files]
+        if missing:
+            raise UsageError(f"destination rank {rank} needs the checkpoint of source rank(s) "
+                             f"{', '.join(map(str, sorted(missing)))}, which is missing")
+        holders: dict[str, dict[int, SourceFile]] = {}
+        for r in needed:  # descending: lower ranks overwrite (lowest pipeline stage wins)
+            f = self.files[r]
+            for name in f.tensors:
+                holders.setdefault(name, {})[r % self.n_src] = f
+        dst_map = self.dst_map(rank)
+        cut = _stage_cut(self.src_map, dst_map, rank // self.n_dst)
+        local = rank % self.n_dst
+        transformed: list[TensorPlan] = []
+        deferred: list[str] = []
+        device_n: int | None = None
+        for name, by_key in holders.items():
+            if not cut.keeps(name):
+                continue
+            if not cut.transforms(name):
+                deferred.append(name)
+                continue
+            src_p = self.src_map[name].layout if self.src_map is not None else None
+            dst_p = dst_map[name].layout if dst_map is not None else None
+            device_n = src_p.device_num if src_p is not None else 1
+            transformed.append(self._transform_one(name, src_p, dst_p, by_key, local, sources))
+        if device_n is None:
+            raise LayoutError("none of the checkpoint's parameters is in the source or destination strategy")
+        for name in deferred:
+            key = local % device_n
+            if key not in holders[name]:
+                raise UsageError(f"parameter {name!r} is missing from the checkpoint of source rank {key}")
+            transformed.append(_whole(sources, holders[name][key], name))
+        return tuple(transformed), needed
+
+    def _transform_one(self, name: str, src_p: ParamLayout | None, dst_p: ParamLayout | None,
+                       by_key: dict[int, SourceFile], local: int, sources: _Sources) -> TensorPlan:
+        first = next(iter(by_key.values())).tensors[name]
+        full = layout.full_shape(src_p, first.shape) if src_p is not None else first.shape
+        dst_box = layout.rank_box(dst_p, full, local) if dst_p is not None else tuple((0, d) for d in full)
+        triples = []
+        for key, piece in layout.transfer_pieces(src_p, dst_p, full, local):
+            src = by_key.get(key)
+            if src is None:
+                raise UsageError(f"the checkpoint of source rank {key} is missing (needed for {name!r})")
+            held = layout.rank_box(src_p, full, key) if src_p is not None else tuple((0, d) for d in full)
+            if src.tensors[name].shape != tuple(b - a for a, b in held):
+                raise LayoutError(
+                    f"{name!r} has shape {list(src.tensors[name].shape)}, but the strategy gives this rank "
+                    f"a slice of {[b - a for a, b in held]}", src.path)
+            triples.append((src, held, piece))
+        return _assembled(sources, name, name, triples, dst_box, first.dtype)
+
+
+def plan_transform(
+    sources: Mapping[int, SourceFile],
+    src: StrategyFile | None,
+    dst: StrategyFile | None,
+    dst_dir: str,
+    prefix: str,
+    output_format: str,
+    ranks: Sequence[int] | None = None,
+) -> Plan:
+    """Plan a transform of a distributed (or full) checkpoint into ``dst_dir/rank_<r>/``."""
+    planner = TransformPlanner(sources, src, dst)
+    wanted = list(range(planner.dst_total)) if ranks is None else list(ranks)
+    bad = [r for r in wanted if not 0 <= r < planner.dst_total]
+    if bad:
+        raise UsageError(f"destination rank(s) {bad} out of range 0..{planner.dst_total - 1}")
+    interned = _Sources()
+    files = []
+    for rank in wanted:
+        tensors, _ = planner.plan_rank(rank, interned)
+        path = layout_dir.rank_output(dst_dir, rank, prefix, output_format)
+        meta = (("format", "ms"),) if output_format == "safetensors" else ()
+        files.append(FilePlan(path, output_format, tensors, meta, rank))
+    return Plan("transform", tuple(interned.paths), tuple(files))
+
+
+# --------------------------------------------------------------------------------------------
+# unify (spec 4.1)
+
+ChoiceFunc = Callable[[str], object]
+
+
+def _bin_pack(sizes: Sequence[tuple[str, int]], groups: int) -> list[list[str]]:
+    """Greedy: largest first (stable), each into the group with the smallest total (first on ties)."""
+    order = sorted(sizes, key=lambda item: -item[1])
+    bins: list[list[str]] = [[] for _ in range(groups)]
+    totals = [0] * groups
+    for name, size in order:
+        i = totals.index(min(totals))
+        bins[i].append(name)
+        totals[i] += size
+    return bins
+
+
+def _choice(choice_func: ChoiceFunc | None, name: str) -> object:
+    if choice_func is None:
+        return True
+    result = choice_func(name)
+    if not isinstance(result, (bool, str)):
+        raise UsageError(f"choice_func must return bool or str, got {type(result).__name__} for {name!r}")
+    return result
+
+
+def plan_unify(
+    sources: Mapping[int, SourceFile],
+    src: StrategyFile,
+    dst_dir: str,
+    choice_func: ChoiceFunc | None = None,
+    split_dst_file: tuple[int, int] | tuple[()] = (),
+    part_bytes: int = PART_BYTES,
+) -> Plan:
+    """Plan ``unified_safetensors``: full tensors in ~3 GiB parts, an index, and hyper parameters."""
+    planner = TransformPlanner(sources, src, None)
+    needed = planner.needed(0)
+    missing = [r for r in needed if r not in planner.files]
+    if missing:
+        raise UsageError(f"the checkpoint of rank(s) {sorted(missing)} is missing")
+    src_map = planner.src_map or {}
+    actual = {n for f in planner.files.values() for n in f.tensors}
+    name_set = {n for n in actual & set(src_map) if not n.startswith("accu_grads")}
+    sizes: dict[str, int] = {}
+    renamed: dict[str, str] = {}
+    rejected: set[str] = set()
+    for f in planner.files.values():
+        for name, t in f.tensors.items():
+            if name not in name_set or name in sizes or name in rejected:
+                continue
+            choice = _choice(choice_func, name)
+            if choice is False:
+                rejected.add(name)
+                continue
+            if isinstance(choice, str):
+                renamed[name] = choice
+            full = layout.full_shape(src_map[name].layout, t.shape)
+            sizes[name] = math.prod(full) * t.dtype.itemsize
+    name_set -= rejected
+    total = sum(sizes.values())
+    split_num = max(1, min(math.ceil(total / part_bytes), len(sizes))) if sizes else 1
+    groups = _bin_pack(list(sizes.items()), split_num)
+    selected = _split_selection(len(groups), split_dst_file)
+    interned = _Sources()
+    files: list[FilePlan] = []
+    texts: list[TextOutput] = []
+    holders: dict[str, dict[int, SourceFile]] = {}
+    for r in needed:
+        for name in planner.files[r].tensors:
+            holders.setdefault(name, {})[r % planner.n_src] = planner.files[r]
+    for j in selected:
+        tensors = [
+            planner._transform_one(name, src_map[name].layout, None, holders[name], 0, interned)
+            for name in groups[j]
+        ]
+        tensors = [TensorPlan(renamed.get(t.name, t.name), t.dtype, t.shape, t.copies, t.nbytes) for t in tensors]
+        meta: dict[str, str] = {"format": "ms"}
+        for path in {planner.files[r].path for r in needed}:
+            meta.update(next(f for f in planner.files.values() if f.path == path).metadata)
+        if "remove_redundancy" in meta:
+            meta["remove_redundancy"] = "False"
+        files.append(FilePlan(os.path.join(dst_dir, f"part{j}.safetensors"), "safetensors", tuple(tensors),
+                              tuple(meta.items())))
+    if not split_dst_file or split_dst_file[0] == 1:
+        rank0 = planner.files.get(0)
+        if rank0 is not None:
+            hyper = tuple(_whole(interned, rank0, n) for n in rank0.tensors if n not in name_set)
+            if hyper:
+                files.append(FilePlan(os.path.join(dst_dir, "hyper_param.safetensors"), "safetensors", hyper,
+                                      (("format", "ms"),)))
+        weight_map = {renamed.get(n, n): f"part{j}.safetensors" for j, g in enumerate(groups) for n in g}
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        texts.append(TextOutput(os.path.join(dst_dir, "param_name_map.json"), json.dumps(index, indent=4)))
+    return Plan("unify", tuple(interned.paths), tuple(files), tuple(texts))
+
+
+def _split_selection(count: int, split_dst_file: tuple[int, int] | tuple[()]) -> list[int]:
+    if not split_dst_file:
+        return list(range(count))
+    index, parts = split_dst_file
+    if not (isinstance(index, int) and isinstance(parts, int) and 1 <= index <= parts):
+        raise UsageError(f"split_dst_file must be (i, n) with 1 <= i <= n, got {split_dst_file}")
+    base, extra = divmod(count, parts)
+    start = (index - 1) * base + min(index - 1, extra)
+    stop = start + base + (1 if index - 1 < extra else 0)
+    return list(range(start, stop))
+
+
+# --------------------------------------------------------------------------------------------
+# split a unified model into per-rank files (spec 4.3)
+
+
+def plan_split(
+    unified: Mapping[str, SourceFile],
+    name_to_file: Mapping[str, str],
+    hyper: SourceFile | None,
+    dst: StrategyFile,
+    dst_dir: str,
+    output_format: str,
+    ranks: Sequence[int] | None = None,
+    name_map: Mapping[str, str] | None = None,
+    file_name: str = "net",
+) -> Plan:
+    """Plan ``load_distributed_checkpoint`` save mode: slice full tensors for every destination rank."""
+    n_dst = device_num(dst)
+    total = n_dst * stage_count(dst)
+    wanted = list(range(total)) if ranks is None else list(ranks)
+    bad = [r for r in wanted if not 0 <= r < total]
+    if bad:
+        raise UsageError(f"destination rank(s) {bad} out of range 0..{total - 1}")
+    interned = _Sources()
+    files = []
+    for rank in wanted:
+        dst_map = layout_map(dst, rank)
+        stage = rank // n_dst
+        tensors: dict[str, TensorPlan] = {}
+        for name, staged in dst_map.items():
+            if stage not in staged.stages:
+                continue
+            key = name_map.get(name, name) if name_map else name
+            file_id = name_to_file.get(key)
+            if file_id is None or file_id not in unified or key not in unified[file_id].tensors:
+                continue
+            src = unified[file_id]
+            full = src.tensors[key].shape
+            box = layout.rank_box(staged.layout, full, rank % n_dst)
+            full_box = tuple((0, d) for d in full)
+            tensors[name] = _assembled(interned, key, name, [(src, full_box, box)], box, src.tensors[key].dtype)
+        if hyper is not None:
+            for name in hyper.tensors:
+                tensors[name] = _whole(interned, hyper, name)
+        path = os.path.join(layout_dir.rank_dir(dst_dir, rank), f"{file_name}.{output_format}")
+        meta = (("format", "ms"),) if output_format == "safetensors" else ()
+        ordered = tuple(tensors[n] for n in sorted(tensors))
+        files.append(FilePlan(path, output_format, ordered, meta, rank))
+    return Plan("split", tuple(interned.paths), tuple(files))
+
+
+# --------------------------------------------------------------------------------------------
+# convert (spec 5): one file to the other format, names optionally mapped
+
+
+STRING_META_PREFIX = "reshard.str:"  # safetensors cannot hold strings; we keep them in the metadata
+
+
+def plan_convert(pairs: Sequence[tuple[SourceFile, str, str]], name_map: Mapping[str, str] | None = None) -> Plan:
+    """Plan format conversion of whole files: (source, output path, output format) triples.
+
+    MindSpore's ``safetensors_to_ckpt`` writes parameters in sorted-name order (its loader sorts),
+    ``ckpt_to_safetensors`` keeps file order (irrelevant: safetensors orders by dtype and name).
+    MindSpore cannot convert a ``.ckpt`` holding strings; we store each string in the safetensors
+    metadata under ``reshard.str:<name>`` and restore it on the way back. Files without strings get
+    exactly MindSpore's bytes.
+    """
+    interned = _Sources()
+    files = []
+    rename = dict(name_map or {})
+    for src, out_path, out_fmt in pairs:
+        from_st = src.path.endswith(".safetensors")
+        names = sorted(src.tensors) if out_fmt == "ckpt" and from_st else list(src.tensors)
+        tensors: list[TensorPlan] = []
+        meta: dict[str, str] = {"format": "ms"} if out_fmt == "safetensors" else {}
+        strings = _metadata_strings(src) if out_fmt == "ckpt" and from_st else {}
+        for name in sorted(set(names) | set(strings)) if strings else names:
+            out = rename.get(name, name)
+            if name in strings:
+                raw = strings[name].encode("utf-32-le")
+                tensors.append(TensorPlan(out, dtypes.STR, (0,), (), len(raw), raw))
+            elif src.tensors[name].dtype is dtypes.STR and out_fmt == "safetensors":
+                meta[STRING_META_PREFIX + out] = src.strings[name]
+            else:
+                tensors.append(_whole(interned, src, name, out))
+        files.append(FilePlan(out_path, out_fmt, tuple(tensors), tuple(meta.items())))
+    return Plan("convert", tuple(interned.paths), tuple(files))
+
+
+def _metadata_strings(src: SourceFile) -> dict[str, str]:
+    return {k[len(STRING_META_PREFIX):]: v for k, v in src.metadata.items() if k.startswith(STRING_META_PREFIX)}

@@ -1,0 +1,100 @@
+"""Run MindSpore's converters on prepared folders (oracle side) and compare output trees.
+
+One oracle call runs a list of jobs in order, so a test case pays MindSpore's import once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from reshard.formats.strategy import ParamLayout, make_strategy, write_strategy
+
+JOBS_SCRIPT = """
+import mindspore.parallel as mp_
+results = []
+for job in ARGS["jobs"]:
+    op = job.pop("op")
+    if op == "transform":
+        ms.transform_checkpoints(**job)
+        results.append(None)
+    elif op == "rank_list":
+        results.append([int(r) for r in ms.rank_list_for_transform(**job)])
+    elif op == "by_rank":
+        job["checkpoint_files_map"] = {int(k): v for k, v in job["checkpoint_files_map"].items()}
+        ms.transform_checkpoint_by_rank(**job)
+        results.append(None)
+    elif op == "unify":
+        ms.unified_safetensors(**job)
+        results.append(None)
+    elif op == "split":
+        ms.load_distributed_checkpoint(None, format="safetensors", **job)
+        results.append(None)
+    elif op == "ckpt_to_safetensors":
+        ms.ckpt_to_safetensors(**job)
+        results.append(None)
+    elif op == "safetensors_to_ckpt":
+        ms.safetensors_to_ckpt(**job)
+        results.append(None)
+    elif op == "merge":
+        ms.merge_pipeline_strategys(**job)
+        results.append(None)
+    else:
+        raise ValueError(op)
+out(results)
+"""
+
+
+def run_ms_jobs(oracle: Callable[..., Any], jobs: Sequence[Mapping[str, Any]]) -> list[Any]:
+    return oracle(JOBS_SCRIPT, {"jobs": [dict(j) for j in jobs]})
+
+
+def tree_files(root: str) -> dict[str, str]:
+    """relative path -> sha256 of every file below root."""
+    out = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as fh:
+                out[os.path.relpath(path, root)] = hashlib.sha256(fh.read()).hexdigest()
+    return dict(sorted(out.items()))
+
+
+def assert_same_tree(ours: str, theirs: str) -> None:
+    a, b = tree_files(ours), tree_files(theirs)
+    assert sorted(a) == sorted(b), f"file names differ:\nours   {sorted(a)}\ntheirs {sorted(b)}"
+    differing = [k for k in a if a[k] != b[k]]
+    assert not differing, f"bytes differ: {differing} ({describe_difference(ours, theirs, differing[0])})"
+
+
+def describe_difference(ours: str, theirs: str, rel: str) -> str:
+    from reshard.api import open_checkpoint
+
+    with open_checkpoint(os.path.join(ours, rel)) as x, open_checkpoint(os.path.join(theirs, rel)) as y:
+        if list(x) != list(y):
+            return f"order/names: ours {list(x)} theirs {list(y)}"
+        for name in x:
+            vx, vy = x.value(name), y.value(name)
+            if isinstance(vx, str) or isinstance(vy, str):
+                if vx != vy:
+                    return f"{name}: {vx!r} vs {vy!r}"
+                continue
+            if vx.dtype != vy.dtype or vx.shape != vy.shape or not np.array_equal(vx, vy):
+                return f"{name}: {vx.dtype}{vx.shape} vs {vy.dtype}{vy.shape}"
+        return f"same tensors, different metadata: {x.metadata} vs {y.metadata}"
+
+
+StageLayouts = Sequence[Mapping[str, ParamLayout]]
+
+
+def write_stages(folder: str, stages: StageLayouts, fmt: str = "ckpt") -> str:
+    """Per-stage strategy files in ``folder``; returns the folder."""
+    os.makedirs(folder, exist_ok=True)
+    for stage, layouts in enumerate(stages):
+        write_strategy(os.path.join(folder, f"stage_{stage}.{'json' if fmt == 'json' else 'ckpt'}"),
+                       make_strategy(layouts, stage=stage))
+    return folder
