@@ -1,12 +1,48 @@
 """Strategy files (protobuf ``.ckpt`` and ``.json``) -> per-parameter layouts.
 
-(Being written: the reader/writer/merger land here. The data classes below are the contract the
-layout engine builds on.)
+A strategy file records, per parameter, how it is sharded (spec 2.1-2.4). This module reads and
+writes both on-disk forms, merges per-pipeline-stage files the way ``merge_pipeline_strategys`` does
+(spec 2.5) and turns a file into the name -> layout map MindSpore's ``_convert_to_list`` builds.
+
+Why it is built this way:
+
+* **No generated code.** The protobuf classes of ``node_strategy.proto`` are built at import time
+  from a ``FileDescriptorProto`` written out below (field numbers and labels exactly as spec 2.1) in
+  a *private* descriptor pool, so they never clash with another copy of the same proto (e.g.
+  MindSpore's own ``node_strategy_pb2``) in the same process. Serialization then comes from the same
+  protobuf runtime MindSpore uses, which is what makes our bytes identical to theirs.
+* **Two levels.** Merging works on the raw messages / raw JSON dicts, so unknown protobuf fields and
+  extra JSON keys (``tensor_shape``, ``zzz``...) pass through untouched and the merged file is byte-
+  (protobuf) or text- (JSON) identical to MindSpore's. Everything else works on the plain
+  ``StrategyFile`` dataclass, which holds only what converters need.
+* **Tensor maps as stored.** One ``TensorMap`` gives a flat tuple of ints; several give a tuple of
+  tuples with empty ones dropped, exactly like ``_convert_to_list``. An entry with a single device
+  axis stays a 1-tuple ``(v,)`` (the layout engine treats it like ``v``); we do not normalise it, so a
+  read/write round trip reproduces the file.
+* **Safer than MindSpore, never different on valid input.** Candidates are merged in sorted name
+  order (MindSpore uses directory order, which is filesystem dependent), the destination file is
+  never merged into itself, nothing is deleted, output appears atomically, and the inputs MindSpore
+  mishandles (parameter names containing ``-``, mixed ``.ckpt``/``.json`` folders, empty files) get
+  one clear error instead of a corrupted merge.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import hashlib
+import json
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import Message
+
+from reshard.errors import FormatError, LayoutError, UnsupportedError, UsageError
+from reshard.formats.base import atomic_path
 
 TensorMapEntry = int | tuple[int, ...]
 
@@ -47,3 +83,669 @@ class StagedLayout:
 
     layout: ParamLayout
     stages: tuple[int, ...]
+
+
+# --------------------------------------------------------------------------------------------
+# Constants
+
+PROTOBUF = "protobuf"
+JSON = "json"
+FORMATS = (PROTOBUF, JSON)
+JSON_SUFFIX = ".json"  # MindSpore: a strategy file is JSON iff its name ends with ".json"
+PROTOBUF_SUFFIX = ".ckpt"  # merge candidates: glob("*.ckpt") and glob("*.json") (spec 2.5)
+
+# The C++ writer stores a save counter, not a stage, in ``current_stage`` (spec 2.2): 1 for a fresh
+# save. ``merge_pipeline_strategys`` stores 1 in merged files.
+FRESH_CURRENT_STAGE = 1
+MERGED_CURRENT_STAGE = 1
+
+# Merged files name each layout item "<stage>-<param>" (spec 2.5).
+STAGE_SEPARATOR = "-"
+_STAGE_PREFIX = re.compile(r"[0-9]+")
+
+# Hand-built strategy files need at least one ``parallel_strategy_item``: it is the only place a
+# file records its pipeline stage, and merging refuses files without one. One placeholder operator
+# with a trivial strategy carries the stage.
+DEFAULT_OP_NAME = "reshard_stage_marker"
+DEFAULT_OP_STRATEGY: tuple[tuple[int, ...], ...] = ((1,),)
+
+# Fallback permission bits of written files when the umask cannot be read (rw-r--r--).
+_FALLBACK_FILE_MODE = 0o644
+
+# --------------------------------------------------------------------------------------------
+# Protobuf classes, built at runtime from a descriptor (spec 2.1)
+
+_PROTO_FILE = "node_strategy.proto"
+_PROTO_PACKAGE = "mindspore.straspb"
+_REQ = descriptor_pb2.FieldDescriptorProto.LABEL_REQUIRED
+_REP = descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
+_T = descriptor_pb2.FieldDescriptorProto
+# message -> [(field name, number, label, type, message type name or None)]
+_SCHEMA: dict[str, list[tuple[str, int, int, int, str | None]]] = {
+    "ParallelStrategy": [("dim", 1, _REP, _T.TYPE_UINT32, None)],
+    "ParallelStrategys": [
+        ("stage", 1, _REQ, _T.TYPE_UINT32, None),
+        ("parallel_strategy", 2, _REP, _T.TYPE_MESSAGE, "ParallelStrategy"),
+    ],
+    "ParallelStrategyItem": [
+        ("node_name", 1, _REQ, _T.TYPE_STRING, None),
+        ("parallel_strategys", 2, _REQ, _T.TYPE_MESSAGE, "ParallelStrategys"),
+    ],
+    "DevMatrix": [("dim", 1, _REP, _T.TYPE_UINT32, None)],
+    "TensorMap": [("dim", 1, _REP, _T.TYPE_INT32, None)],
+    "ParamSplitShape": [("dim", 1, _REP, _T.TYPE_INT64, None)],
+    "IndicesOffset": [("dim", 1, _REP, _T.TYPE_INT64, None)],
+    "ParallelLayouts": [
+        ("dev_matrix", 1, _REP, _T.TYPE_MESSAGE, "DevMatrix"),
+        ("tensor_map", 2, _REP, _T.TYPE_MESSAGE, "TensorMap"),
+        ("param_split_shape", 3, _REP, _T.TYPE_MESSAGE, "ParamSplitShape"),
+        ("indices_offset", 4, _REP, _T.TYPE_MESSAGE, "IndicesOffset"),
+        ("field", 5, _REQ, _T.TYPE_INT32, None),
+        ("opt_weight_shard_step", 6, _REQ, _T.TYPE_INT32, None),
+        ("opt_weight_shard_size", 7, _REQ, _T.TYPE_INT32, None),
+    ],
+    "ParallelLayoutItem": [
+        ("param_name", 1, _REQ, _T.TYPE_STRING, None),
+        ("parallel_layouts", 2, _REQ, _T.TYPE_MESSAGE, "ParallelLayouts"),
+    ],
+    "ParallelGroupRanks": [("dim", 1, _REP, _T.TYPE_UINT32, None)],
+    "ParallelGroupItem": [
+        ("group_name", 1, _REQ, _T.TYPE_STRING, None),
+        ("parallel_group_ranks", 2, _REQ, _T.TYPE_MESSAGE, "ParallelGroupRanks"),
+    ],
+    "ParallelGroupMap": [
+        ("parallel_group_item", 1, _REP, _T.TYPE_MESSAGE, "ParallelGroupItem"),
+        ("ckpt_restore_rank_list", 2, _REQ, _T.TYPE_MESSAGE, "ParallelGroupRanks"),
+    ],
+    "ParallelStrategyMap": [
+        ("current_stage", 1, _REQ, _T.TYPE_UINT32, None),
+        ("parallel_strategy_item", 2, _REP, _T.TYPE_MESSAGE, "ParallelStrategyItem"),
+        ("parallel_layout_item", 3, _REP, _T.TYPE_MESSAGE, "ParallelLayoutItem"),
+    ],
+}
+
+
+def _file_descriptor() -> descriptor_pb2.FileDescriptorProto:
+    fdp = descriptor_pb2.FileDescriptorProto(name=_PROTO_FILE, package=_PROTO_PACKAGE, syntax="proto2")
+    for msg_name, fields in _SCHEMA.items():
+        msg = fdp.message_type.add(name=msg_name)
+        for name, number, label, ftype, type_name in fields:
+            fd = msg.field.add(name=name, number=number, label=label, type=ftype)
+            if type_name is not None:
+                fd.type_name = f".{_PROTO_PACKAGE}.{type_name}"
+    return fdp
+
+
+@functools.cache
+def message_classes() -> dict[str, type[Message]]:
+    """The ``node_strategy.proto`` message classes, from a private descriptor pool."""
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(_file_descriptor())
+    return {
+        name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PROTO_PACKAGE}.{name}"))
+        for name in _SCHEMA
+    }
+
+
+def _new_map() -> Any:
+    return message_classes()["ParallelStrategyMap"]()
+
+
+# --------------------------------------------------------------------------------------------
+# Data classes
+
+
+@dataclass
+class StrategyItem:
+    """One ``parallel_strategy_item``: an operator, its pipeline stage and its input strategies."""
+
+    node_name: str
+    stage: int
+    strategies: list[list[int]] = field(default_factory=list)
+
+
+@dataclass
+class StrategyFile:
+    """The parts of a strategy file converters use.
+
+    ``layouts`` keeps the parameter names as stored (``"0-emb"`` in merged files) in file order; a
+    name stored twice keeps its first position and its last layout (a dict, as MindSpore builds it).
+    ``tensor_shapes`` holds JSON ``tensor_shape`` values when present; nothing interprets them.
+    """
+
+    path: str | None
+    format: str  # PROTOBUF | JSON
+    current_stage: int
+    strategy_items: list[StrategyItem]
+    layouts: dict[str, ParamLayout]
+    tensor_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    @property
+    def stage(self) -> int | None:
+        """The file's pipeline stage: the stage of its first strategy item (None if it has none)."""
+        return self.strategy_items[0].stage if self.strategy_items else None
+
+
+def make_strategy(
+    layouts: Mapping[str, ParamLayout],
+    stage: int = 0,
+    ops: Mapping[str, Sequence[Sequence[int]]] | None = None,
+    current_stage: int = FRESH_CURRENT_STAGE,
+    tensor_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> StrategyFile:
+    """A strategy file from plain Python, e.g. for hand-built test or demo strategies.
+
+    ``ops`` maps operator names to their input strategies (all in ``stage``); by default one
+    placeholder operator records the stage so that the file can be merged.
+    """
+    op_map = ops if ops is not None else {DEFAULT_OP_NAME: DEFAULT_OP_STRATEGY}
+    items = [StrategyItem(name, stage, [list(s) for s in strategy]) for name, strategy in op_map.items()]
+    shapes = {k: tuple(v) for k, v in (tensor_shapes or {}).items()}
+    return StrategyFile(None, PROTOBUF, current_stage, items, dict(layouts), shapes)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading
+
+
+def format_of(path: str | os.PathLike[str]) -> str:
+    """``json`` if the file name ends with ``.json`` (as MindSpore decides), else ``protobuf``."""
+    return JSON if os.fspath(path).endswith(JSON_SUFFIX) else PROTOBUF
+
+
+def read_strategy(path: str | os.PathLike[str]) -> StrategyFile:
+    """Read a strategy file (JSON by extension, else protobuf)."""
+    path = os.fspath(path)
+    data = _read_bytes(path)
+    if format_of(path) == JSON:
+        return _from_json(_parse_json(data, path), path)
+    return _from_message(_parse_message(data, path), path)
+
+
+def _read_bytes(path: str) -> bytes:
+    if os.path.isdir(path):
+        raise UsageError("is a directory, expected a strategy file", path)
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise FormatError(f"cannot read strategy file: {exc.strerror}", path) from None
+
+
+def _parse_message(data: bytes, path: str) -> Any:
+    msg = _new_map()
+    try:
+        msg.ParseFromString(data)
+    except Exception as exc:  # DecodeError, or runtime-specific errors on garbage
+        raise FormatError(f"not a protobuf strategy file ({_one_line(exc)})", path) from None
+    if not msg.IsInitialized():  # the upb runtime parses messages that lack required fields
+        missing = ", ".join(msg.FindInitializationErrors()[:3])
+        raise FormatError(f"not a protobuf strategy file (missing required fields: {missing})", path)
+    return msg
+
+
+def _parse_json(data: bytes, path: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FormatError(f"not a JSON strategy file ({_one_line(exc)})", path) from None
+    if not isinstance(obj, dict):
+        raise FormatError("JSON strategy file must hold an object", path)
+    return obj
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def _from_message(msg: Any, path: str | None) -> StrategyFile:
+    items = [
+        StrategyItem(
+            it.node_name,
+            it.parallel_strategys.stage,
+            [list(ps.dim) for ps in it.parallel_strategys.parallel_strategy],
+        )
+        for it in msg.parallel_strategy_item
+    ]
+    layouts: dict[str, ParamLayout] = {}
+    for item in msg.parallel_layout_item:
+        layouts[item.param_name] = _layout_from_message(item.param_name, item.parallel_layouts, path)
+    return StrategyFile(path, PROTOBUF, msg.current_stage, items, layouts)
+
+
+def _layout_from_message(name: str, pl: Any, path: str | None) -> ParamLayout:
+    if not pl.dev_matrix:
+        raise FormatError(f"parameter {name!r} has no dev_matrix", path)
+    maps = pl.tensor_map
+    # Layout-API list maps have one TensorMap per dim; empty ones (1-D padding) are dropped (2.4).
+    tensor_map: tuple[TensorMapEntry, ...] = (
+        tuple(maps[0].dim) if len(maps) == 1 else tuple(tuple(tm.dim) for tm in maps if len(tm.dim))
+    )
+    return ParamLayout(
+        dev_matrix=tuple(pl.dev_matrix[0].dim),
+        tensor_map=tensor_map,
+        opt_shard_step=pl.opt_weight_shard_step,
+        opt_shard_size=pl.opt_weight_shard_size,
+        field=pl.field,
+        split_shape=tuple(pl.param_split_shape[0].dim) if pl.param_split_shape else (),
+        indices_offset=tuple(pl.indices_offset[0].dim) if pl.indices_offset else (),
+    )
+
+
+def _from_json(obj: Mapping[str, Any], path: str | None) -> StrategyFile:
+    current = obj.get("current_stage", 0)
+    _check_int(current, "current_stage", path)
+    ops = obj.get("parallel_strategy_item", {})
+    if not isinstance(ops, dict):
+        raise FormatError("parallel_strategy_item must be an object", path)
+    items = [_json_op(name, value, path) for name, value in ops.items()]
+    if "parallel_layout_item" not in obj:
+        raise FormatError("missing parallel_layout_item", path)
+    raw_layouts = obj["parallel_layout_item"]
+    if not isinstance(raw_layouts, dict):
+        raise FormatError("parallel_layout_item must be an object", path)
+    layouts: dict[str, ParamLayout] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, value in raw_layouts.items():
+        layouts[name] = _json_layout(name, value, path)
+        if isinstance(value, dict) and "tensor_shape" in value:
+            shapes[name] = _int_tuple(value["tensor_shape"], f"{name}.tensor_shape", path)
+    return StrategyFile(path, JSON, current, items, layouts, shapes)
+
+
+def _json_op(name: str, value: Any, path: str | None) -> StrategyItem:
+    if not isinstance(value, dict) or "stage" not in value:
+        raise FormatError(f"strategy item {name!r} has no stage", path)
+    _check_int(value["stage"], f"{name}.stage", path)
+    strategies = value.get("parallel_strategy", [])
+    if not isinstance(strategies, list):
+        raise FormatError(f"{name}.parallel_strategy must be a list of lists of ints", path)
+    rows = [list(_int_tuple(s, f"{name}.parallel_strategy", path)) for s in strategies]
+    return StrategyItem(name, value["stage"], rows)
+
+
+_JSON_REQUIRED = ("dev_matrix", "tensor_map", "field", "opt_weight_shard_step", "opt_weight_shard_size")
+
+
+def _json_layout(name: str, value: Any, path: str | None) -> ParamLayout:
+    if not isinstance(value, dict):
+        raise FormatError(f"layout of {name!r} must be an object", path)
+    for key in _JSON_REQUIRED:
+        if key not in value:
+            raise FormatError(f"layout of {name!r} has no {key}", path)
+    for key in ("field", "opt_weight_shard_step", "opt_weight_shard_size"):
+        _check_int(value[key], f"{name}.{key}", path)
+    tmap = value["tensor_map"]
+    if isinstance(tmap, list) and any(isinstance(v, list) for v in tmap):
+        raise FormatError(f"{name}.tensor_map: JSON strategy files hold flat tensor maps only", path)
+    return ParamLayout(
+        dev_matrix=_int_tuple(value["dev_matrix"], f"{name}.dev_matrix", path),
+        tensor_map=_int_tuple(tmap, f"{name}.tensor_map", path),
+        opt_shard_step=value["opt_weight_shard_step"],
+        opt_shard_size=value["opt_weight_shard_size"],
+        field=value["field"],
+        split_shape=_int_tuple(value.get("param_split_shape", []), f"{name}.param_split_shape", path),
+        indices_offset=_int_tuple(value.get("indices_offset", []), f"{name}.indices_offset", path),
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(value: Any, what: str, path: str | None) -> None:
+    if not _is_int(value):
+        raise FormatError(f"{what} must be an integer, got {value!r}", path)
+
+
+def _int_tuple(value: Any, what: str, path: str | None) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(_is_int(v) for v in value):
+        raise FormatError(f"{what} must be a list of integers, got {value!r}", path)
+    return tuple(value)
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+
+
+def encode_strategy(sf: StrategyFile, format: str = PROTOBUF) -> bytes:
+    """The bytes of a strategy file: protobuf as MindSpore's pb2 classes, JSON as ``json.dump``."""
+    if format == PROTOBUF:
+        return _to_message(sf).SerializeToString()
+    if format == JSON:
+        return json.dumps(_to_json(sf)).encode("ascii")
+    raise UsageError(f"unknown strategy format {format!r} (expected one of {', '.join(FORMATS)})")
+
+
+def write_strategy(path: str | os.PathLike[str], sf: StrategyFile, format: str | None = None) -> None:
+    """Write ``sf`` atomically; the format follows the file extension unless given."""
+    path = os.fspath(path)
+    _write_bytes(path, encode_strategy(sf, format or format_of(path)))
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    if os.path.isdir(path):
+        raise UsageError("is a directory, cannot write a strategy file here", path)
+    with atomic_path(path) as tmp:
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, _default_file_mode())
+        except OSError as exc:
+            raise UsageError(f"cannot write strategy file: {exc.strerror}", path) from None
+
+
+def _default_file_mode() -> int:
+    """``0o666 & ~umask``: what a plain ``open(path, "w")`` would give (mkstemp gives 0o600)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return _FALLBACK_FILE_MODE
+
+
+def _to_message(sf: StrategyFile) -> Any:
+    msg = _new_map()
+    try:
+        msg.current_stage = sf.current_stage
+        for op in sf.strategy_items:
+            item = msg.parallel_strategy_item.add()
+            item.node_name = op.node_name
+            item.parallel_strategys.stage = op.stage
+            for strategy in op.strategies:
+                item.parallel_strategys.parallel_strategy.add().dim.extend(strategy)
+        for name, layout in sf.layouts.items():
+            item = msg.parallel_layout_item.add()
+            item.param_name = name
+            _fill_layouts(item.parallel_layouts, name, layout, sf.path)
+    except (ValueError, TypeError) as exc:
+        raise LayoutError(f"cannot store strategy: {_one_line(exc)}", sf.path) from None
+    return msg
+
+
+def _fill_layouts(pl: Any, name: str, layout: ParamLayout, path: str | None) -> None:
+    pl.dev_matrix.add().dim.extend(layout.dev_matrix)
+    for dims in _tensor_map_messages(name, layout, path):
+        pl.tensor_map.add().dim.extend(dims)
+    pl.param_split_shape.add().dim.extend(layout.split_shape)
+    pl.indices_offset.add().dim.extend(layout.indices_offset)
+    pl.field = layout.field
+    pl.opt_weight_shard_step = layout.opt_shard_step
+    pl.opt_weight_shard_size = layout.opt_shard_size
+
+
+def _tensor_map_messages(name: str, layout: ParamLayout, path: str | None) -> list[list[int]]:
+    """One TensorMap for flat maps; one per dim for list maps, plus an empty one for 1-D (2.2)."""
+    if not layout.is_list_map:
+        return [list(layout.tensor_map)]  # type: ignore[arg-type]
+    dims = [list(e) if isinstance(e, tuple) else [e] for e in layout.tensor_map]
+    if any(not d for d in dims):
+        raise LayoutError(f"parameter {name!r}: a list tensor map entry is empty", path)
+    if len(dims) == 1:
+        dims.append([])
+    return dims
+
+
+def _to_json(sf: StrategyFile) -> dict[str, Any]:
+    ops = {
+        op.node_name: {"stage": op.stage, "parallel_strategy": [list(s) for s in op.strategies]}
+        for op in sf.strategy_items
+    }
+    layouts: dict[str, Any] = {}
+    for name, layout in sf.layouts.items():
+        if layout.is_list_map:
+            raise UnsupportedError(
+                f"parameter {name!r} has a list tensor map, which JSON strategy files cannot hold;"
+                " write a protobuf (.ckpt) strategy file instead",
+                sf.path,
+            )
+        entry: dict[str, Any] = {"dev_matrix": list(layout.dev_matrix), "tensor_map": list(layout.tensor_map)}
+        if name in sf.tensor_shapes:
+            entry["tensor_shape"] = list(sf.tensor_shapes[name])
+        entry.update(
+            field=layout.field,
+            opt_weight_shard_step=layout.opt_shard_step,
+            opt_weight_shard_size=layout.opt_shard_size,
+        )
+        if layout.split_shape or layout.indices_offset:
+            entry.update(
+                param_split_shape=list(layout.split_shape), indices_offset=list(layout.indices_offset)
+            )
+        layouts[name] = entry
+    return {"current_stage": sf.current_stage, "parallel_strategy_item": ops, "parallel_layout_item": layouts}
+
+
+# --------------------------------------------------------------------------------------------
+# Merging pipeline stages (spec 2.5)
+
+
+def find_strategy_files(
+    directory: str | os.PathLike[str], exclude: str | os.PathLike[str] | None = None
+) -> list[str]:
+    """The per-stage strategy files a merge of ``directory`` considers, sorted by name.
+
+    Like MindSpore: every regular ``*.ckpt`` and ``*.json`` file directly in the directory (no hidden
+    files), all of one kind. Unlike MindSpore (directory order), the order is sorted, and ``exclude``
+    (the merge destination) is left out.
+    """
+    directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        raise UsageError("strategy directory does not exist or is not a directory", directory)
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError as exc:
+        raise UsageError(f"cannot list strategy directory: {exc.strerror}", directory) from None
+    files = [
+        os.path.join(directory, n)
+        for n in names
+        if not n.startswith(".")
+        and n.endswith((PROTOBUF_SUFFIX, JSON_SUFFIX))
+        and os.path.isfile(os.path.join(directory, n))
+    ]
+    if exclude is not None:
+        files = [f for f in files if not _same_file(f, os.fspath(exclude))]
+    if not files:
+        raise UsageError("no strategy files (*.ckpt or *.json) to merge", directory)
+    kinds = {format_of(f) for f in files}
+    if len(kinds) > 1:
+        raise UsageError("strategy files must be all .ckpt or all .json, found both", directory)
+    return files
+
+
+def _same_file(a: str, b: str) -> bool:
+    if os.path.abspath(a) == os.path.abspath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def merge_strategy_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[str, bytes]:
+    """Merge per-stage files in the given order: ``(format, bytes of the merged file)``.
+
+    The bytes equal what ``merge_pipeline_strategys`` writes when its glob yields this order.
+    """
+    files = [os.fspath(p) for p in paths]
+    if not files:
+        raise UsageError("no strategy files to merge")
+    fmt = _merge_format(files)
+    if fmt == PROTOBUF:
+        return fmt, _merge_messages(files).SerializeToString()
+    return fmt, json.dumps(_merge_json(files)).encode("ascii")
+
+
+def merge_pipeline_strategies(src_dir: str | os.PathLike[str], dst_file: str | os.PathLike[str]) -> str:
+    """``merge_pipeline_strategys`` (spec 2.5): merge every per-stage file of ``src_dir`` into ``dst_file``.
+
+    Returns the destination path. The destination must have the sources' kind (``.json`` for JSON
+    sources, anything else for protobuf) so that it can be read back.
+    """
+    dst = os.fspath(dst_file)
+    files = find_strategy_files(src_dir, exclude=dst)
+    fmt, data = merge_strategy_files(files)
+    if format_of(dst) != fmt:
+        want = "end with .json" if fmt == JSON else "not end with .json"
+        raise UsageError(f"the merged {fmt} strategy file name must {want}", dst)
+    _write_bytes(dst, data)
+    return dst
+
+
+def load_strategy(path_or_dir: str | os.PathLike[str]) -> StrategyFile:
+    """A strategy file, or a directory of per-stage files merged in memory (nothing is written)."""
+    path = os.fspath(path_or_dir)
+    if not os.path.isdir(path):
+        return read_strategy(path)
+    files = find_strategy_files(path)
+    if _merge_format(files) == PROTOBUF:
+        return _from_message(_merge_messages(files), path)
+    return _from_json(_merge_json(files), path)
+
+
+def _merge_format(files: Sequence[str]) -> str:
+    kinds = {format_of(f) for f in files}
+    if len(kinds) > 1:
+        raise UsageError(
+            "strategy files must be all .ckpt or all .json, found both", os.path.dirname(files[0])
+        )
+    return kinds.pop()
+
+
+def _merge_messages(files: Sequence[str]) -> Any:
+    merged = _new_map()
+    merged.current_stage = MERGED_CURRENT_STAGE
+    seen_bytes: set[bytes] = set()
+    seen_stages: set[int] = set()
+    for path in files:
+        data = _read_bytes(path)
+        digest = hashlib.sha256(data).digest()
+        if digest in seen_bytes:  # byte-identical copy of a file already merged
+            continue
+        seen_bytes.add(digest)
+        msg = _parse_message(data, path)
+        if not msg.parallel_strategy_item or not msg.parallel_layout_item:
+            raise FormatError("strategy file is empty (no strategy items or no layout items)", path)
+        _from_message(msg, path)  # validates every layout before anything is merged
+        for item in msg.parallel_layout_item:  # checked even in skipped files: order-independent
+            _check_unprefixed(item.param_name, path)
+        stage = msg.parallel_strategy_item[0].parallel_strategys.stage
+        if stage in seen_stages:  # first file of a stage wins
+            continue
+        seen_stages.add(stage)
+        merged.parallel_strategy_item.extend(msg.parallel_strategy_item)
+        for item in msg.parallel_layout_item:
+            renamed = merged.parallel_layout_item.add()
+            renamed.CopyFrom(item)
+            renamed.param_name = f"{stage}{STAGE_SEPARATOR}{item.param_name}"
+    return merged
+
+
+def _merge_json(files: Sequence[str]) -> dict[str, Any]:
+    ops: dict[str, Any] = {}
+    layouts: dict[str, Any] = {}
+    seen_stages: set[int] = set()
+    for path in files:
+        obj = _parse_json(_read_bytes(path), path)
+        sf = _from_json(obj, path)  # validates every field before anything is merged
+        if not sf.strategy_items or not sf.layouts:
+            raise FormatError("strategy file is empty (no strategy items or no layout items)", path)
+        for name in sf.layouts:  # checked even in skipped files: order-independent
+            _check_unprefixed(name, path)
+        stage = sf.strategy_items[0].stage
+        if stage in seen_stages:  # first file of a stage wins
+            continue
+        seen_stages.add(stage)
+        ops.update(obj["parallel_strategy_item"])  # same op names across stages overwrite (2.5)
+        for name, value in obj["parallel_layout_item"].items():
+            layouts[f"{stage}{STAGE_SEPARATOR}{name}"] = value
+    return {
+        "current_stage": MERGED_CURRENT_STAGE,
+        "parallel_strategy_item": ops,
+        "parallel_layout_item": layouts,
+    }
+
+
+def _check_unprefixed(name: str, path: str) -> None:
+    if STAGE_SEPARATOR in name:
+        raise FormatError(
+            f"parameter name {name!r} contains '-': either the file is already merged or the name cannot"
+            " survive a merge (MindSpore splits merged names at '-')",
+            path,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Layout map (spec 2.4) and stage helpers (2.5.6, 3.7)
+
+
+def split_stage_name(name: str, path: str | None = None) -> tuple[int, str]:
+    """``"3-emb"`` -> ``(3, "emb")``; a name without ``-`` is stage 0."""
+    if STAGE_SEPARATOR not in name:
+        return 0, name
+    parts = name.split(STAGE_SEPARATOR)
+    if len(parts) != 2 or not _STAGE_PREFIX.fullmatch(parts[0]) or not parts[1]:
+        raise LayoutError(
+            f"parameter name {name!r} is not '<stage>-<name>': names containing '-' cannot be used in"
+            " strategy files (MindSpore splits them at '-')",
+            path,
+        )
+    return int(parts[0]), parts[1]
+
+
+def layout_map(sf: StrategyFile, rank_id: int | None = None) -> dict[str, StagedLayout]:
+    """``_convert_to_list``: origin name -> layout + every stage holding it, in first-appearance order.
+
+    A parameter present in several stages (``0-emb``, ``1-emb``) accumulates the stages; the kept
+    layout is, on each later occurrence with stage ``s`` and ``n = prod(its dev matrix)``:
+    without ``rank_id`` the new one if ``s`` is the smallest stage so far; with ``rank_id`` the new one
+    if ``rank_id // n == 0 and s == 0`` or ``rank_id // n > 0 and s > 0`` (MindSpore's rule,
+    verified against ``_convert_to_list``).
+    """
+    layouts: dict[str, ParamLayout] = {}
+    stages: dict[str, list[int]] = {}
+    for name, layout in sf.layouts.items():
+        stage, origin = split_stage_name(name, sf.path)
+        if origin not in layouts:
+            layouts[origin], stages[origin] = layout, [stage]
+            continue
+        seen = stages[origin]
+        seen.append(stage)
+        if _replaces(stage, seen, layout, rank_id, sf.path):
+            layouts[origin] = layout
+    return {name: StagedLayout(layouts[name], tuple(stages[name])) for name in layouts}
+
+
+def _replaces(
+    stage: int, seen: list[int], layout: ParamLayout, rank_id: int | None, path: str | None
+) -> bool:
+    if rank_id is None:
+        return stage <= min(seen)
+    n = layout.device_num
+    if n <= 0:
+        raise LayoutError(f"device matrix {list(layout.dev_matrix)} has a zero dimension", path)
+    group = rank_id // n
+    return (group == 0 and stage == 0) or (group > 0 and stage > 0)
+
+
+def stage_count(sf: StrategyFile) -> int:
+    """Number of pipeline stages: distinct stages over all layouts, which must be exactly 0..k-1."""
+    found = {s for staged in layout_map(sf).values() for s in staged.stages}
+    if not found:
+        raise LayoutError("strategy has no parameter layouts", sf.path)
+    if found != set(range(len(found))):
+        raise LayoutError(f"pipeline stages {sorted(found)} are not 0..{len(found) - 1}", sf.path)
+    return len(found)
+
+
+def device_num(sf: StrategyFile) -> int:
+    """Devices per stage: ``prod(dev_matrix)`` of the first layout item (MindSpore's rule, 2.5.6)."""
+    if not sf.layouts:
+        raise LayoutError("strategy has no parameter layouts", sf.path)
+    name, first = next(iter(sf.layouts.items()))
+    if not first.dev_matrix:
+        raise LayoutError(f"parameter {name!r} has an empty device matrix", sf.path)
+    return math.prod(first.dev_matrix)
