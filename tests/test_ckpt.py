@@ -274,6 +274,37 @@ def test_key_for_plain_file(tmp_path: Path) -> None:
         read_ckpt(write(tmp_path, V1), dec_key=bytes(16))
 
 
+KEYS = {"AES-GCM": bytes(range(32)), "AES-CBC": bytes(range(16)), "SM4-CBC": bytes(range(16, 32))}
+
+
+@pytest.mark.parametrize("mode", list(KEYS))
+def test_encrypted_round_trip(tmp_path: Path, mode: str) -> None:
+    items = [("w", W), ("c", sample(dtypes.INT16, (900,))), ("s", "hé")]
+    save_ckpt(tmp_path / "plain.ckpt", items, chunk_bytes=1024)
+    save_ckpt(tmp_path / "enc.ckpt", items, chunk_bytes=1024, enc_key=KEYS[mode], enc_mode=mode)
+    assert sorted(os.listdir(tmp_path)) == ["enc.ckpt", "plain.ckpt"]  # no plaintext left behind
+    encrypted = (tmp_path / "enc.ckpt").read_bytes()
+    assert (tmp_path / "plain.ckpt").read_bytes()[:64] not in encrypted
+    got = values_of(tmp_path / "enc.ckpt", dec_key=KEYS[mode], dec_mode=mode)
+    assert list(got) == ["w", "c", "s"]
+    for name, value in items:
+        assert_same(got[name], value)
+    with pytest.raises(FormatError, match=rf"encrypted \({mode}\); give the key"):
+        read_ckpt(tmp_path / "enc.ckpt")
+
+
+def test_encrypted_wrong_key_or_mode(tmp_path: Path) -> None:
+    save_ckpt(tmp_path / "g.ckpt", {"w": W}, enc_key=KEYS["AES-GCM"])
+    with pytest.raises(CryptoError):
+        read_ckpt(tmp_path / "g.ckpt", dec_key=bytes(32))
+    with pytest.raises(CryptoError):
+        read_ckpt(tmp_path / "g.ckpt", dec_key=bytes(16), dec_mode="AES-CBC")
+    save_ckpt(tmp_path / "c.ckpt", {"w": W}, enc_key=KEYS["AES-CBC"], enc_mode="AES-CBC")
+    for key in (bytes([k]) * 16 for k in range(8)):  # garbage plaintext or bad padding: never raw errors
+        with pytest.raises(CryptoError, match="wrong key or mode"):
+            read_ckpt(tmp_path / "c.ckpt", dec_key=key, dec_mode="AES-CBC")
+
+
 # -------------------------------------------------------------------- structure and malformed
 
 
@@ -363,6 +394,8 @@ def test_missing_file(tmp_path: Path) -> None:
         ({"a": np.array(["x", "y"])}, {}, "0-d string"),
         ({"\udc80": W}, {}, "UTF-8"),
         ([(1, W)], {}, "names must be strings"),
+        ({"a": W}, {"enc_key": bytes(15)}, "16 or 24 or 32-byte key"),
+        ({"a": W}, {"enc_key": bytes(16), "enc_mode": "DES-CBC"}, "unknown encryption mode"),
     ],
 )
 def test_save_usage_errors(tmp_path: Path, tensors: object, kwargs: dict, message: str) -> None:
@@ -411,9 +444,7 @@ def tensor_sets(draw: st.DrawFn) -> list[tuple[str, np.ndarray | str]]:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(items=tensor_sets(), chunk=st.sampled_from([SLICE_BYTES, 1, 5, 16]), crc=st.booleans())
-def test_round_trip_property(
-    tmp_path: Path, items: list[tuple[str, np.ndarray | str]], chunk: int, crc: bool
-) -> None:
+def test_round_trip_property(tmp_path: Path, items: list[tuple[str, np.ndarray | str]], chunk: int, crc: bool) -> None:
     path = tmp_path / "p.ckpt"
     if not items:
         save_ckpt(path, items)

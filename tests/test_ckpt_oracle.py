@@ -6,6 +6,7 @@ chunks by patching ``SLICE_SIZE``) and loads every file we wrote.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from reshard import dtypes
+from reshard.formats import crypto
 from reshard.formats.base import TensorSpec, fill_from_values, write_file
 from reshard.formats.ckpt import ckpt_layout, read_ckpt, save_ckpt
 
@@ -41,6 +43,8 @@ def wire(name: str, arr: np.ndarray) -> dict[str, Any]:
             "hex": arr.tobytes().hex()}  # fmt: skip
 
 
+KEYS = {"AES-GCM": bytes(range(32)), "AES-CBC": bytes(range(16)), "SM4-CBC": bytes(range(16, 32))}
+
 # Each case: tensors saved via the list form, then append_dict items ([name, kind, value]).
 APPEND = [["epoch_num", "int", 7], ["lr", "float", 0.125], ["flag", "bool", True], ["note", "str", "hé€😀 x"]]
 
@@ -64,6 +68,11 @@ def build_cases() -> dict[str, dict[str, Any]]:
         "chunks_crc": {"tensors": chunky[:2], "append": [], "slice": 1, "crc": True},
         # MindSpore's sync save drops empty tensors (we keep them): compared without "e" below.
         "empty_dropped": {"tensors": [every[0], ("e", np.zeros((0, 3), np.float32)), every[1]], "append": []},
+        # Encrypted: random IVs, so MindSpore's plaintext is compared with ours, and each side reads the other.
+        **{
+            f"enc_{mode}": {"tensors": every[:3] + chunky[:1], "append": APPEND, "enc": [mode, key.hex()]}
+            for mode, key in KEYS.items()
+        },
     }
 
 
@@ -97,8 +106,9 @@ for name, case in ARGS["save"].items():
     ser.SLICE_SIZE = case.get("slice") or default_slice
     path = os.path.join(ARGS["dir"], "ms_" + name + ".ckpt")
     append = {n: v for n, _, v in case["append"]} or None
+    enc = {"enc_key": bytes.fromhex(case["enc"][1]), "enc_mode": case["enc"][0]} if case.get("enc") else {}
     ms.save_checkpoint([{"name": t["name"], "data": tensor(t)} for t in case["tensors"]], path,
-                       append_dict=append, crc_check=case.get("crc", False))
+                       append_dict=append, crc_check=case.get("crc", False), **enc)
     saved[name] = open(path, "rb").read().hex()
 ser.SLICE_SIZE = default_slice
 
@@ -109,8 +119,9 @@ def describe(value):
     return {"dtype": str(value.dtype), "shape": list(value.shape), "hex": arr.tobytes().hex()}
 
 loaded = {}
-for name, crc in ARGS["load"].items():
-    params = ms.load_checkpoint(os.path.join(ARGS["dir"], name), crc_check=crc)
+for name, how in ARGS["load"].items():
+    dec = {"dec_key": bytes.fromhex(how["enc"][1]), "dec_mode": how["enc"][0]} if how.get("enc") else {}
+    params = ms.load_checkpoint(os.path.join(ARGS["dir"], name), crc_check=how.get("crc", False), **dec)
     loaded[name] = [[key, describe(value)] for key, value in params.items()]
 
 q = ms.Tensor(np.array([[1, 2], [3, 4]], np.int8), ms.qint4x2)
@@ -128,18 +139,22 @@ def expected_load(items: list[tuple[str, np.ndarray | str]]) -> list[list[Any]]:
     ]
 
 
-def save_ours(path: Path, case: dict[str, Any], drop_empty: bool = False) -> None:
+def save_ours(path: Path, case: dict[str, Any], drop_empty: bool = False, plain: bool = False) -> None:
     """Our save of a case; MindSpore's patched ``SLICE_SIZE = 1`` (KiB) is ``chunk_bytes=1024``."""
-    chunk = {"chunk_bytes": 1024 * case["slice"]} if case.get("slice") else {}
-    save_ckpt(path, our_items(case, drop_empty), crc_check=case.get("crc", False), **chunk)
+    options: dict[str, Any] = {"crc_check": case.get("crc", False)}
+    if case.get("slice"):
+        options["chunk_bytes"] = 1024 * case["slice"]
+    if case.get("enc") and not plain:
+        options.update(enc_key=bytes.fromhex(case["enc"][1]), enc_mode=case["enc"][0])
+    save_ckpt(path, our_items(case, drop_empty), **options)
 
 
 def test_bytes_and_loads_match_mindspore(tmp_path: Path, oracle: Any) -> None:
     cases = build_cases()
-    load: dict[str, bool] = {}
+    load: dict[str, dict[str, Any]] = {}
     for name, case in cases.items():
         save_ours(tmp_path / f"ours_{name}.ckpt", case)
-        load[f"ours_{name}.ckpt"] = case.get("crc", False)
+        load[f"ours_{name}.ckpt"] = {"crc": case.get("crc", False), "enc": case.get("enc")}
     extras = [
         ("e0", np.zeros((0, 3), np.float32)),
         ("e1", np.zeros((2, 0), ml_dtypes.bfloat16)),
@@ -147,15 +162,20 @@ def test_bytes_and_loads_match_mindspore(tmp_path: Path, oracle: Any) -> None:
         ("w", sample(dtypes.FLOAT16, (2, 3), 9)),
     ]
     save_ckpt(tmp_path / "ours_extras.ckpt", extras)
-    load["ours_extras.ckpt"] = False
+    load["ours_extras.ckpt"] = {}
 
     save = {name: {**case, "tensors": [wire(n, a) for n, a in case["tensors"]]} for name, case in cases.items()}
     args = {"dir": str(tmp_path), "save": save, "load": load}
     result = oracle(ORACLE, args)
 
-    for name, case in cases.items():  # 1. MindSpore's bytes == ours
-        save_ours(tmp_path / "cmp.ckpt", case, drop_empty=True)
-        assert result["saved"][name] == (tmp_path / "cmp.ckpt").read_bytes().hex(), name
+    for name, case in cases.items():  # 1. MindSpore's bytes (plaintext bytes if encrypted) == ours
+        save_ours(tmp_path / "cmp.ckpt", case, drop_empty=True, plain=True)
+        theirs = bytes.fromhex(result["saved"][name])
+        if case.get("enc"):
+            plaintext = io.BytesIO()
+            crypto.decrypt_stream(theirs, plaintext, bytes.fromhex(case["enc"][1]), case["enc"][0])
+            theirs = plaintext.getvalue()
+        assert theirs == (tmp_path / "cmp.ckpt").read_bytes(), name
 
     for name, case in cases.items():  # 2. MindSpore loads ours with identical values and order
         assert result["loaded"][f"ours_{name}.ckpt"] == expected_load(our_items(case)), name
@@ -166,8 +186,8 @@ def test_bytes_and_loads_match_mindspore(tmp_path: Path, oracle: Any) -> None:
     assert result["int4"] == (tmp_path / "q.ckpt").read_bytes().hex()
 
     for name, case in cases.items():  # 4. we read MindSpore's files back to the same values
-        (tmp_path / f"ms_{name}.ckpt").chmod(0o600)
-        with read_ckpt(tmp_path / f"ms_{name}.ckpt", crc_check=case.get("crc", False)) as index:
+        dec = {"dec_key": bytes.fromhex(case["enc"][1]), "dec_mode": case["enc"][0]} if case.get("enc") else {}
+        with read_ckpt(tmp_path / f"ms_{name}.ckpt", crc_check=case.get("crc", False), **dec) as index:
             got = [[n, {"str": index.value(n)}] if index.entries[n].is_string else
                    [n, {"dtype": index.entries[n].dtype.ms_name, "shape": list(index.entries[n].shape),
                         "hex": bytes(index.raw(n)).hex()}] for n in index]  # fmt: skip

@@ -178,7 +178,15 @@ def read_ckpt(
             closer()
             buf, closer = plain, plain_closer
         end = _payload_end(buf, size, crc_check, path)
-        entries = _index(_Scanner(buf, path), end)
+        try:
+            entries = _index(_Scanner(buf, path), end)
+        except FormatError as exc:
+            if dec_key is None:
+                raise
+            # CBC has no authentication: a wrong key usually only shows up as garbage plaintext.
+            raise CryptoError(
+                f"decrypted bytes are not a checkpoint (wrong key or mode?): {exc.detail}", path
+            ) from None
     except BaseException:
         closer()
         raise
@@ -353,9 +361,7 @@ def _check_size(scan: _Scanner, where: str, dtype: DType, dims: tuple[int, ...],
         return
     expected = math.prod(dims) * dtype.itemsize
     if nbytes != expected:
-        raise FormatError(
-            f"{where}: {nbytes} content bytes, but {dtype} {list(dims)} needs {expected}", scan.path
-        )
+        raise FormatError(f"{where}: {nbytes} content bytes, but {dtype} {list(dims)} needs {expected}", scan.path)
 
 
 # --------------------------------------------------------------------------------------- writer
@@ -511,6 +517,7 @@ def _save_encrypted(
     """Plaintext into an anonymous temp file beside the output, then encrypted into place."""
     from reshard.formats import crypto  # lazy: only encrypted output needs it
 
+    crypto.check_key(key, mode, path)
     with atomic_path(path) as tmp:
         try:
             with tempfile.TemporaryFile(dir=os.path.dirname(tmp)) as plain:
