@@ -493,7 +493,11 @@ def save_ckpt(
     enc_key: bytes | None = None,
     enc_mode: str = "AES-GCM",
 ) -> None:
-    """Write ``tensors`` (in order) as MindSpore's ``save_checkpoint`` would, atomically."""
+    """Write ``tensors`` (in order) as MindSpore's ``save_checkpoint`` would, atomically.
+
+    Values are numpy arrays (bf16/fp8 from ``ml_dtypes``) or strings. Python scalars follow numpy
+    (``2.5`` -> Float64), not ``append_dict`` (Float32): pass ``np.float32(2.5)`` for that.
+    """
     if crc_check and enc_key is not None:
         raise UsageError("crc_check and enc_key are mutually exclusive (as in MindSpore)", path)
     items = list(tensors.items()) if isinstance(tensors, Mapping) else list(tensors)
