@@ -394,7 +394,7 @@ def test_merge_never_merges_its_own_output(tmp_path: Path) -> None:
     assert sorted(p.name for p in src.iterdir()) == ["a.ckpt", "b.ckpt", "merged.ckpt"]
     # a stale merged file under another name is refused clearly rather than merged
     (src / "old_merged.ckpt").write_bytes(first)
-    with pytest.raises(FormatError, match="contains '-'.*already merged"):
+    with pytest.raises(FormatError, match=r"contains '-'.*already merged"):
         merge_pipeline_strategies(src, tmp_path / "m.ckpt")
 
 
@@ -523,9 +523,9 @@ def test_merge_errors(tmp_path: Path) -> None:
     (tmp_path / "empty" / "sub.ckpt").mkdir()
     _check(UsageError, tmp_path / "empty", "no strategy files", func=find_strategy_files)
     mixed = write_stages(tmp_path / "mixed", {"a.ckpt": s0, "b.json": s1})
-    _check(UsageError, mixed, "all .ckpt or all .json", func=find_strategy_files)
-    _check(UsageError, mixed, "all .ckpt or all .json", func=load_strategy)
-    with pytest.raises(UsageError, match="all .ckpt or all .json"):
+    _check(UsageError, mixed, r"all \.ckpt or all \.json", func=find_strategy_files)
+    _check(UsageError, mixed, r"all \.ckpt or all \.json", func=load_strategy)
+    with pytest.raises(UsageError, match=r"all \.ckpt or all \.json"):
         merge_strategy_files([mixed / "a.ckpt", mixed / "b.json"])
     with pytest.raises(UsageError, match="no strategy files"):
         merge_strategy_files([])
@@ -542,10 +542,10 @@ def test_merge_errors(tmp_path: Path) -> None:
         (broken / f"a.{ext}").write_bytes(b"\xff{")
         _check(FormatError, broken / f"a.{ext}", "not a", func=load_strategy_dir)
     src = write_stages(tmp_path / "ok", {"a.ckpt": s0})
-    with pytest.raises(UsageError, match="must not end with .json"):
+    with pytest.raises(UsageError, match=r"must not end with \.json"):
         merge_pipeline_strategies(src, tmp_path / "m.json")
     src = write_stages(tmp_path / "okj", {"a.json": s0})
-    with pytest.raises(UsageError, match="must end with .json"):
+    with pytest.raises(UsageError, match=r"must end with \.json"):
         merge_pipeline_strategies(src, tmp_path / "m.ckpt")
     assert not (tmp_path / "m.json").exists() and not (tmp_path / "m.ckpt").exists()
 

@@ -512,9 +512,7 @@ def _to_json(sf: StrategyFile) -> dict[str, Any]:
             opt_weight_shard_size=layout.opt_shard_size,
         )
         if layout.split_shape or layout.indices_offset:
-            entry.update(
-                param_split_shape=list(layout.split_shape), indices_offset=list(layout.indices_offset)
-            )
+            entry.update(param_split_shape=list(layout.split_shape), indices_offset=list(layout.indices_offset))
         layouts[name] = entry
     return {"current_stage": sf.current_stage, "parallel_strategy_item": ops, "parallel_layout_item": layouts}
 
@@ -523,9 +521,7 @@ def _to_json(sf: StrategyFile) -> dict[str, Any]:
 # Merging pipeline stages (spec 2.5)
 
 
-def find_strategy_files(
-    directory: str | os.PathLike[str], exclude: str | os.PathLike[str] | None = None
-) -> list[str]:
+def find_strategy_files(directory: str | os.PathLike[str], exclude: str | os.PathLike[str] | None = None) -> list[str]:
     """The per-stage strategy files a merge of ``directory`` considers, sorted by name.
 
     Like MindSpore: every regular ``*.ckpt`` and ``*.json`` file directly in the directory (no hidden
@@ -609,9 +605,7 @@ def load_strategy(path_or_dir: str | os.PathLike[str]) -> StrategyFile:
 def _merge_format(files: Sequence[str]) -> str:
     kinds = {format_of(f) for f in files}
     if len(kinds) > 1:
-        raise UsageError(
-            "strategy files must be all .ckpt or all .json, found both", os.path.dirname(files[0])
-        )
+        raise UsageError("strategy files must be all .ckpt or all .json, found both", os.path.dirname(files[0]))
     return kinds.pop()
 
 
@@ -719,9 +713,7 @@ def layout_map(sf: StrategyFile, rank_id: int | None = None) -> dict[str, Staged
     return {name: StagedLayout(layouts[name], tuple(stages[name])) for name in layouts}
 
 
-def _replaces(
-    stage: int, seen: list[int], layout: ParamLayout, rank_id: int | None, path: str | None
-) -> bool:
+def _replaces(stage: int, seen: list[int], layout: ParamLayout, rank_id: int | None, path: str | None) -> bool:
     if rank_id is None:
         return stage <= min(seen)
     n = layout.device_num
@@ -742,10 +734,15 @@ def stage_count(sf: StrategyFile) -> int:
 
 
 def device_num(sf: StrategyFile) -> int:
-    """Devices per stage: ``prod(dev_matrix)`` of the first layout item (MindSpore's rule, 2.5.6)."""
-    if not sf.layouts:
+    """Devices per stage: ``prod(dev_matrix)`` of the first parameter of ``layout_map(sf)``.
+
+    That is MindSpore's ``_get_device_num_from_strategy`` (verified): the first entry of the
+    converted map, whose layout is its smallest stage's, not necessarily the first item of the file.
+    """
+    lmap = layout_map(sf)
+    if not lmap:
         raise LayoutError("strategy has no parameter layouts", sf.path)
-    name, first = next(iter(sf.layouts.items()))
-    if not first.dev_matrix:
+    name, first = next(iter(lmap.items()))
+    if not first.layout.dev_matrix:
         raise LayoutError(f"parameter {name!r} has an empty device matrix", sf.path)
-    return math.prod(first.dev_matrix)
+    return math.prod(first.layout.dev_matrix)
