@@ -96,6 +96,15 @@ def _umask() -> int:
     return mask
 
 
+def test_message_classes_live_in_a_private_pool() -> None:
+    from google.protobuf import descriptor_pool
+
+    cls = message_classes()["ParallelStrategyMap"]
+    assert cls.DESCRIPTOR.full_name == "mindspore.straspb.ParallelStrategyMap"
+    assert cls.DESCRIPTOR.file.pool is not descriptor_pool.Default()
+    assert cls.DESCRIPTOR.file.name == "node_strategy.proto"
+
+
 def test_make_strategy_defaults() -> None:
     sf = make_strategy({"w": ParamLayout((2,), (0,))}, stage=3)
     assert sf.stage == 3 and sf.current_stage == 1 and sf.path is None and sf.format == "protobuf"

@@ -578,8 +578,14 @@ def merge_strategy_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[str, 
 def merge_pipeline_strategies(src_dir: str | os.PathLike[str], dst_file: str | os.PathLike[str]) -> str:
     """``merge_pipeline_strategys`` (spec 2.5): merge every per-stage file of ``src_dir`` into ``dst_file``.
 
-    Returns the destination path. The destination must have the sources' kind (``.json`` for JSON
-    sources, anything else for protobuf) so that it can be read back.
+    Same output as MindSpore for the same candidate order: per file, byte-identical copies are
+    skipped, the first file of each stage wins, layout items become ``"<stage>-<name>"``. Different
+    on purpose: candidates are taken in sorted name order (MindSpore: directory order), ``dst_file``
+    is never a candidate, every candidate (even one skipped for its stage) must have names without
+    ``-`` (so a stale merged file is refused whatever the order), an empty folder is an error (MindSpore
+    writes an empty merge), nothing is deleted, the parent directory gets normal permissions and the
+    file appears atomically. The destination must have the sources' kind (``.json`` for JSON
+    sources, anything else for protobuf) so that it can be read back. Returns the destination path.
     """
     dst = os.fspath(dst_file)
     files = find_strategy_files(src_dir, exclude=dst)
