@@ -28,6 +28,7 @@ from reshard.plan import (
     plan_convert,
     plan_split,
     plan_transform,
+    plan_transform_by_rank,
     plan_unify,
 )
 
@@ -75,9 +76,10 @@ def rank_sources(
     file_suffix: str | None = None,
     options: ReadOptions | None = None,
     notes: list[str] | None = None,
+    listing_order: bool = False,
 ) -> tuple[str, dict[int, SourceFile]]:
     """The chosen checkpoint of every ``rank_<r>`` folder, as planning facts."""
-    fmt, chosen = layout_dir.collect_rank_files(model_dir, fmt, rule, file_suffix)
+    fmt, chosen = layout_dir.collect_rank_files(model_dir, fmt, rule, file_suffix, listing_order)
     if notes is not None:
         for picked in chosen.values():
             if picked.ignored:
@@ -149,6 +151,25 @@ def transform(
     return Report(plan, notes)
 
 
+def transform_by_rank(
+    rank: int,
+    files_map: Mapping[int, str],
+    out_file: str,
+    src_strategy: str | StrategyFile | None = None,
+    dst_strategy: str | StrategyFile | None = None,
+    *,
+    read: ReadOptions | None = None,
+    run: local.Options | None = None,
+    dry_run: bool = False,
+) -> Report:
+    """Write only destination ``rank``'s file from ``{source rank: file}`` (multi-node building block)."""
+    sources = {int(r): source_file(p, int(r), read) for r, p in files_map.items()}
+    plan = plan_transform_by_rank(rank, sources, out_file, _strategy(src_strategy), _strategy(dst_strategy))
+    if not dry_run:
+        execute(plan, read, run)
+    return Report(plan, [])
+
+
 def needed_ranks(
     rank_id: int, src_strategy: str | StrategyFile | None, dst_strategy: str | StrategyFile | None = None
 ) -> list[int]:
@@ -175,10 +196,15 @@ def unify(
     run: local.Options | None = None,
     overwrite: bool = False,
     dry_run: bool = False,
+    mindspore_order: bool = False,
 ) -> Report:
-    """Merge N rank shards into full tensors: ``part<j>.safetensors`` + ``param_name_map.json``."""
+    """Merge N rank shards into full tensors: ``part<j>.safetensors`` + ``param_name_map.json``.
+
+    Parts are packed from the rank folders in rank order; ``mindspore_order=True`` uses the
+    folder listing order as MindSpore does (same packing and index order as its output).
+    """
     notes: list[str] = []
-    _, sources = rank_sources(src_dir, "safetensors", None, file_suffix, read, notes)
+    _, sources = rank_sources(src_dir, "safetensors", None, file_suffix, read, notes, mindspore_order)
     sf = _strategy(src_strategy)
     if sf is None:
         raise UsageError("unify needs the source strategy")

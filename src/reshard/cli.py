@@ -206,9 +206,17 @@ def _add_transform_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (``reshard: error: ...``) and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"reshard: error: {self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="reshard", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = _Parser(prog="reshard", description="Convert, merge, split and reshard MindSpore checkpoints.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("demo", help="build an 8-rank example model and show what reshard does")
     p.add_argument("--dir", help="work folder (default: a temporary one)")

@@ -40,6 +40,7 @@ class Copy:
     src_start: tuple[int, ...]
     dst_start: tuple[int, ...]
     lengths: tuple[int, ...]
+    whole_source: bool = False  # the box is the entire source tensor
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class TensorPlan:
     @property
     def whole_copy(self) -> bool:
         """True when the tensor is one source tensor copied unchanged (also strings, scalars)."""
-        return len(self.copies) == 1 and self.copies[0].lengths == self.shape and not any(self.copies[0].src_start)
+        return len(self.copies) == 1 and self.copies[0].whole_source and self.copies[0].lengths == self.shape
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,7 @@ class _Sources:
 def _whole(sources: _Sources, src: SourceFile, name: str, out_name: str | None = None) -> TensorPlan:
     t = src.tensors[name]
     zeros = (0,) * len(t.shape)
-    copy = Copy(sources.id(src.path), name, zeros, zeros, t.shape)
+    copy = Copy(sources.id(src.path), name, zeros, zeros, t.shape, whole_source=True)
     return TensorPlan(out_name or name, t.dtype, t.shape, (copy,), t.nbytes)
 
 
@@ -202,13 +203,15 @@ def _assembled(
     copies = []
     for src, held, piece in pieces:
         held_origin = _box_start(held)
+        lengths = tuple(b - a for a, b in piece)
         copies.append(
             Copy(
                 sources.id(src.path),
                 name,
                 tuple(a - o for (a, _), o in zip(piece, held_origin, strict=True)),
                 tuple(a - o for (a, _), o in zip(piece, dst_origin, strict=True)),
-                tuple(b - a for a, b in piece),
+                lengths,
+                whole_source=lengths == src.tensors[name].shape,
             )
         )
     shape = tuple(b - a for a, b in dst_box)
@@ -248,7 +251,7 @@ class TransformPlanner:
     """Plans MindSpore's ``transform_checkpoints`` (all-stage mode) for any set of destination ranks."""
 
     def __init__(self, sources: Mapping[int, SourceFile], src: StrategyFile | None, dst: StrategyFile | None):
-        self.files = dict(sorted(sources.items()))
+        self.files = dict(sources)
         self.src = src
         self.dst = dst
         self.src_map = layout_map(src) if src is not None else None
@@ -271,14 +274,22 @@ class TransformPlanner:
             return [0]
         return layout.rank_list_for_transform(rank, self.src_map, self.dst_map(rank))
 
-    def plan_rank(self, rank: int, sources: _Sources) -> tuple[tuple[TensorPlan, ...], list[int]]:
-        needed = self.needed(rank)
-        missing = [r for r in needed if r not in self.files]
-        if missing:
-            raise UsageError(f"destination rank {rank} needs the checkpoint of source rank(s) "
-                             f"{', '.join(map(str, sorted(missing)))}, which is missing")
+    def plan_rank(self, rank: int, sources: _Sources, load_order: Sequence[int] | None = None
+                  ) -> tuple[TensorPlan, ...]:
+        """The tensors of destination ``rank``'s file.
+
+        Source files are "loaded" in ``load_order`` (default: the needed ranks, descending, as
+        ``transform_checkpoints`` does); a later file overwrites an earlier one's slice with the
+        same local rank (so the lowest pipeline stage wins), and names keep their first position.
+        """
+        if load_order is None:
+            load_order = self.needed(rank)
+            missing = [r for r in load_order if r not in self.files]
+            if missing:
+                raise UsageError(f"destination rank {rank} needs the checkpoint of source rank(s) "
+                                 f"{', '.join(map(str, sorted(missing)))}, which is missing")
         holders: dict[str, dict[int, SourceFile]] = {}
-        for r in needed:  # descending: lower ranks overwrite (lowest pipeline stage wins)
+        for r in load_order:
             f = self.files[r]
             for name in f.tensors:
                 holders.setdefault(name, {})[r % self.n_src] = f
@@ -305,7 +316,7 @@ class TransformPlanner:
             if key not in holders[name]:
                 raise UsageError(f"parameter {name!r} is missing from the checkpoint of source rank {key}")
             transformed.append(_whole(sources, holders[name][key], name))
-        return tuple(transformed), needed
+        return tuple(transformed)
 
     def _transform_one(self, name: str, src_p: ParamLayout | None, dst_p: ParamLayout | None,
                        by_key: dict[int, SourceFile], local: int, sources: _Sources) -> TensorPlan:
@@ -344,11 +355,33 @@ def plan_transform(
     interned = _Sources()
     files = []
     for rank in wanted:
-        tensors, _ = planner.plan_rank(rank, interned)
         path = layout_dir.rank_output(dst_dir, rank, prefix, output_format)
-        meta = (("format", "ms"),) if output_format == "safetensors" else ()
-        files.append(FilePlan(path, output_format, tensors, meta, rank))
+        files.append(FilePlan(path, output_format, planner.plan_rank(rank, interned), _meta(output_format), rank))
     return Plan("transform", tuple(interned.paths), tuple(files))
+
+
+def _meta(fmt: str) -> tuple[tuple[str, str], ...]:
+    return (("format", "ms"),) if fmt == "safetensors" else ()
+
+
+def plan_transform_by_rank(
+    rank: int,
+    files_map: Mapping[int, SourceFile],
+    out_path: str,
+    src: StrategyFile | None,
+    dst: StrategyFile | None,
+) -> Plan:
+    """Plan ``transform_checkpoint_by_rank``: one destination file from the given source files.
+
+    Files are taken in the map's order (a later file overwrites the same local slice of an
+    earlier one), exactly as MindSpore loads them.
+    """
+    planner = TransformPlanner(files_map, src, dst)
+    order = list(files_map)
+    interned = _Sources()
+    fmt = layout_dir.detect_format(out_path)
+    tensors = planner.plan_rank(rank, interned, order)
+    return Plan("transform", tuple(interned.paths), (FilePlan(out_path, fmt, tensors, _meta(fmt), rank),))
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ tensor bytes in place, runs an optional ``finish`` step (crc trailer) and rename
 from __future__ import annotations
 
 import contextlib
+import functools
 import mmap
 import os
 import tempfile
@@ -117,7 +118,8 @@ def decode_string(raw: bytes, path: str | None = None) -> str:
 
 
 def encode_string(value: str) -> bytes:
-    return value.encode("utf-32-le")
+    """``np.array(s).tobytes()``: an empty string is one NUL code point (MindSpore cannot load 0 bytes)."""
+    return value.encode("utf-32-le") if value else bytes(4)
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,7 @@ class TensorSpec:
     def of(cls, name: str, value: np.ndarray | str) -> TensorSpec:
         """The spec of an in-memory value (numpy array or python string)."""
         if isinstance(value, str):
-            return cls(name, dtypes.STR, (0,), 4 * len(value))
+            return cls(name, dtypes.STR, (0,), len(encode_string(value)))
         arr = np.asarray(value)
         return cls(name, dtypes.from_numpy(arr.dtype), tuple(int(d) for d in arr.shape))
 
@@ -183,6 +185,14 @@ def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
         offset += written
 
 
+@functools.cache
+def default_file_mode() -> int:
+    """``0o666 & ~umask``: the mode ``open()`` would give a new file (umask read once, at first use)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 @contextlib.contextmanager
 def atomic_path(final: str | os.PathLike[str]) -> Iterator[str]:
     """Yield a temporary path next to ``final``; rename onto it only if the block succeeds.
@@ -199,6 +209,7 @@ def atomic_path(final: str | os.PathLike[str]) -> Iterator[str]:
         raise UsageError(f"cannot write here: {exc.strerror}", final) from None
     os.close(fd)
     try:
+        os.chmod(tmp, default_file_mode())  # mkstemp makes 0o600; outputs get the usual umask mode
         yield tmp
         os.replace(tmp, final)
     except BaseException:

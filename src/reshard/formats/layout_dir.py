@@ -33,8 +33,13 @@ class RankFile:
     ignored: tuple[str, ...] = field(default=())
 
 
-def rank_dirs(model_dir: str) -> dict[int, str]:
-    """``{rank: folder}`` for every ``rank_<digits>`` sub-folder (sorted by rank)."""
+def rank_dirs(model_dir: str, listing_order: bool = False) -> dict[int, str]:
+    """``{rank: folder}`` for every ``rank_<digits>`` sub-folder, sorted by rank.
+
+    ``listing_order=True`` keeps the directory's listing order instead: MindSpore's
+    ``unified_safetensors`` globs without sorting, and that order decides its part packing and
+    the order of ``param_name_map.json``; the drop-in functions reproduce it.
+    """
     if not os.path.isdir(model_dir):
         raise UsageError("not a folder", model_dir)
     found: dict[int, str] = {}
@@ -43,7 +48,7 @@ def rank_dirs(model_dir: str) -> dict[int, str]:
         path = os.path.join(model_dir, name)
         if match and name.startswith("rank_") and os.path.isdir(path):
             found[int(match.group(1))] = path
-    return dict(sorted(found.items()))
+    return found if listing_order else dict(sorted(found.items()))
 
 
 def detect_format(path: str) -> str:
@@ -110,7 +115,11 @@ def pick_file(folder: str, fmt: str, rule: str = "name", file_suffix: str | None
 
 
 def collect_rank_files(
-    model_dir: str, fmt: str | None = None, rule: str | None = None, file_suffix: str | None = None
+    model_dir: str,
+    fmt: str | None = None,
+    rule: str | None = None,
+    file_suffix: str | None = None,
+    listing_order: bool = False,
 ) -> tuple[str, dict[int, RankFile]]:
     """The format and the chosen file of every rank folder of a distributed checkpoint.
 
@@ -118,7 +127,7 @@ def collect_rank_files(
     ``rule=None`` uses MindSpore's rule for that format (``name`` for ckpt, ``numbers`` for
     safetensors).
     """
-    dirs = rank_dirs(model_dir)
+    dirs = rank_dirs(model_dir, listing_order)
     if not dirs:
         raise UsageError("no rank_<r> sub-folders", model_dir)
     if fmt is None:

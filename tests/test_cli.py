@@ -1,0 +1,149 @@
+"""End-to-end tests of the ``reshard`` command: real processes, real files, exit codes, stderr."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from reshard import api
+from reshard.formats.ckpt import save_ckpt
+from reshard.formats.strategy import merge_pipeline_strategies
+from reshard.synthetic import ModelShape, full_model, stage_strategies, write_stage_strategies
+
+SHAPE = ModelShape(vocab=32, hidden=8, ffn=16, layers=2)
+
+
+def run(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "reshard.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+def snapshot(root: str) -> dict[str, tuple[str, int, float]]:
+    """sha256, mode and mtime of every file below root: inputs must never change."""
+    out = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            st = os.stat(path)
+            with open(path, "rb") as fh:
+                out[path] = (hashlib.sha256(fh.read()).hexdigest(), st.st_mode, st.st_mtime)
+    return out
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """An 8-rank pipelined checkpoint (dp2 mp2 pp2, opt shards) and a 4-rank target strategy."""
+    root = str(tmp_path_factory.mktemp("job"))
+    model = full_model(SHAPE)
+    full = os.path.join(root, "full", "model.ckpt")
+    save_ckpt(full, model)
+    write_stage_strategies(f"{root}/s8", stage_strategies(SHAPE, 2, 2, 2, True), 4)
+    write_stage_strategies(f"{root}/s4", stage_strategies(SHAPE, 1, 2, 2, False), 2)
+    merge_pipeline_strategies(f"{root}/s8", f"{root}/merged/s8.ckpt")
+    merge_pipeline_strategies(f"{root}/s4", f"{root}/merged/s4.ckpt")
+    api.transform(full, f"{root}/r8", None, f"{root}/merged/s8.ckpt")
+    np.save(f"{root}/emb.npy", model["model.tok_embeddings.embedding_weight"])
+    return {"root": root, "full": full, "r8": f"{root}/r8", "s8": f"{root}/merged/s8.ckpt",
+            "s4": f"{root}/merged/s4.ckpt", "s8dir": f"{root}/s8"}
+
+
+def test_transform_with_mindformers_flags(job: dict[str, str], tmp_path) -> None:
+    before = snapshot(job["r8"])
+    out = tmp_path / "r4"
+    proc = run("transform", "--src_ckpt_dir", job["r8"], "--dst_ckpt_dir", str(out), "--src_ckpt_strategy",
+               job["s8"], "--dst_ckpt_strategy", job["s4"], "--prefix", "ck_")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(os.listdir(out)) == [f"rank_{r}" for r in range(4)]
+    assert os.listdir(out / "rank_3") == ["ck_3.ckpt"]
+    assert snapshot(job["r8"]) == before
+
+
+def test_transform_hyphenated_flags_strategy_folder_and_full(job: dict[str, str], tmp_path) -> None:
+    out = tmp_path / "full"
+    proc = run("transform", "--src-ckpt-dir", job["r8"], "--dst-ckpt-dir", str(out), "--src-ckpt-strategy",
+               job["s8dir"], "--dst-ckpt-strategy", "None", "--output-format", "safetensors")
+    assert proc.returncode == 0, proc.stderr
+    with api.open_checkpoint(str(out / "rank_0" / "checkpoint_0.safetensors")) as index:
+        emb = index.array("model.tok_embeddings.embedding_weight")
+        assert np.array_equal(emb, np.load(f"{job['root']}/emb.npy"))
+
+
+def test_by_rank_and_rank_list(job: dict[str, str], tmp_path) -> None:
+    proc = run("rank-list", "2", "--src-strategy", job["s8"], "--dst-strategy", job["s4"], "--json")
+    assert proc.returncode == 0, proc.stderr
+    needed = json.loads(proc.stdout)
+    assert needed == sorted(needed, reverse=True) and needed
+    out = tmp_path / "one"
+    proc = run("transform", "--src", job["r8"], "--dst", str(out), "--src-strategy", job["s8"], "--dst-strategy",
+               job["s4"], "--ranks", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert os.listdir(out) == ["rank_2"]
+
+
+def test_plan_prints_and_writes_nothing(job: dict[str, str], tmp_path) -> None:
+    out = tmp_path / "never"
+    proc = run("plan", "--src", job["r8"], "--dst", str(out), "--src-strategy", job["s8"], "--dst-strategy",
+               job["s4"], "--json")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["outputs"] == 4 and plan["bytes_written"] > 0
+    assert not out.exists()
+    proc = run("plan", "--src", job["r8"], "--dst", str(out), "--src-strategy", job["s8"], "--dst-strategy", job["s4"])
+    assert proc.returncode == 0 and "4 files" in proc.stdout
+
+
+def test_inspect_file_folder_strategy(job: dict[str, str]) -> None:
+    for target in (job["full"], job["r8"], job["s8"]):
+        proc = run("inspect", target, "--json")
+        assert proc.returncode == 0, proc.stderr
+        json.loads(proc.stdout)
+    proc = run("inspect", os.path.join(job["r8"], "rank_0", "checkpoint_0.ckpt"), "--strategy", job["s8"])
+    assert proc.returncode == 0 and "global_step" in proc.stdout
+
+
+def test_convert_round_trip_folder(job: dict[str, str], tmp_path) -> None:
+    st, back = tmp_path / "st", tmp_path / "back"
+    assert run("convert", job["r8"], str(st), "--to", "safetensors").returncode == 0
+    assert run("convert", str(st), str(back), "--to", "ckpt").returncode == 0
+    assert sorted(os.listdir(back)) == [f"rank_{r}" for r in range(8)]
+
+
+def test_demo_runs(tmp_path) -> None:
+    proc = run("demo", "--dir", str(tmp_path / "demo"))
+    assert proc.returncode == 0, proc.stderr
+    assert "equal the original" in proc.stdout
+
+
+BAD_CASES = [
+    ("missing source", ["transform", "--src", "/nonexistent/x", "--dst", "{tmp}/o"]),
+    ("no strategy for several ranks", ["transform", "--src", "{r8}", "--dst", "{tmp}/o"]),
+    ("strategy not matching files", ["transform", "--src", "{r8}", "--dst", "{tmp}/o", "--src-strategy", "{s4}",
+                                     "--dst-strategy", "{s8}"]),
+    ("garbage strategy", ["transform", "--src", "{r8}", "--dst", "{tmp}/o", "--src-strategy", "{garbage}"]),
+    ("garbage checkpoint", ["inspect", "{garbage}"]),
+    ("unknown flag", ["transform", "--bogus"]),
+    ("rank out of range", ["transform", "--src", "{r8}", "--dst", "{tmp}/o", "--src-strategy", "{s8}",
+                           "--dst-strategy", "{s4}", "--ranks", "9"]),
+    ("dst inside src", ["transform", "--src", "{r8}", "--dst", "{r8}/rank_0/out", "--src-strategy", "{s8}"]),
+]
+
+
+@pytest.mark.parametrize("args", [c[1] for c in BAD_CASES], ids=[c[0] for c in BAD_CASES])
+def test_bad_input_one_line_exit_2_nothing_written(job: dict[str, str], tmp_path, args: list[str]) -> None:
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"\x0a\xff\xff\xff\x0fnot a checkpoint")
+    subst = {"tmp": str(tmp_path), "garbage": str(garbage), **job}
+    before = snapshot(job["root"])
+    proc = run(*[a.format(**subst) for a in args])
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("reshard: error:"), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "o").exists()
+    assert snapshot(job["root"]) == before
