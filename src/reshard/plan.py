@@ -260,6 +260,16 @@ class TransformPlanner:
         self.dst_total = self.n_dst * stage_count(dst) if dst is not None else 1
         self._dst_maps: dict[int, dict[str, StagedLayout]] = {}
 
+    def check_rank_count(self) -> None:
+        """The source strategy must describe exactly the rank folders present."""
+        expected = self.n_src * stage_count(self.src) if self.src is not None else 1
+        found = sorted(self.files)
+        if found != list(range(expected)):
+            where = self.src.path if self.src is not None else None
+            raise LayoutError(
+                f"the source strategy describes {expected} rank(s) (0..{expected - 1}) but the checkpoint has "
+                f"{len(found)} rank folder(s) ({_ranges(found)})", where)
+
     def dst_map(self, rank: int) -> dict[str, StagedLayout] | None:
         if self.dst is None:
             return None
@@ -337,6 +347,17 @@ class TransformPlanner:
         return _assembled(sources, name, name, triples, dst_box, first.dtype)
 
 
+def _ranges(ranks: Sequence[int]) -> str:
+    """``0-3,5`` style text for a sorted rank list."""
+    parts: list[str] = []
+    for r in ranks:
+        if parts and parts[-1].split("-")[-1] == str(r - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{r}"
+        else:
+            parts.append(str(r))
+    return ",".join(parts)
+
+
 def plan_transform(
     sources: Mapping[int, SourceFile],
     src: StrategyFile | None,
@@ -348,6 +369,7 @@ def plan_transform(
 ) -> Plan:
     """Plan a transform of a distributed (or full) checkpoint into ``dst_dir/rank_<r>/``."""
     planner = TransformPlanner(sources, src, dst)
+    planner.check_rank_count()
     wanted = list(range(planner.dst_total)) if ranks is None else list(ranks)
     bad = [r for r in wanted if not 0 <= r < planner.dst_total]
     if bad:

@@ -80,7 +80,7 @@ def file_layout(file: FilePlan, options: Options) -> FileLayout:
     specs = [TensorSpec(t.name, t.dtype, t.shape, t.nbytes) for t in file.tensors]
     if file.format == "ckpt":
         return ckpt.ckpt_layout(specs, chunk_bytes=options.chunk_bytes)
-    return safetensors.safetensors_layout(specs, dict(file.metadata))
+    return safetensors.safetensors_layout(specs, dict(file.metadata) or None)
 
 
 def _write_at(fd: int, segments: tuple[base.Segment, ...], start: int, data: memoryview) -> None:

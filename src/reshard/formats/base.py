@@ -159,6 +159,8 @@ def value_bytes(value: np.ndarray | str) -> bytes | memoryview:
     if isinstance(value, str):
         return encode_string(value)
     arr = np.ascontiguousarray(value)
+    if arr.dtype.byteorder == ">":  # files are little-endian
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
     return memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else b""
 
 
