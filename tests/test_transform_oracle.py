@@ -117,8 +117,8 @@ def test_transform_chain_matches_mindspore(oracle, tmp_path, case: Case) -> None
     for _, src, dst, s, d, fmt in steps:
         src_dir = p["full"] if src is None else os.path.join(p["ms"], src)
         jobs.append({"op": "transform", "src_checkpoints_dir": src_dir,
-                     "dst_checkpoints_dir": os.path.join(p["ms"], dst), "ckpt_prefix": "checkpoint_", "src_strategy_file": s, "dst_strategy_file": d,
-                     "output_format": fmt})
+                     "dst_checkpoints_dir": os.path.join(p["ms"], dst), "ckpt_prefix": "checkpoint_",
+                     "src_strategy_file": s, "dst_strategy_file": d, "output_format": fmt})
     run_ms_jobs(oracle, jobs)
     for _, src, dst, s, d, fmt in steps:
         src_dir = p["full"] if src is None else os.path.join(p["rs"], src)
