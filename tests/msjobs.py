@@ -53,11 +53,16 @@ def run_ms_jobs(oracle: Callable[..., Any], jobs: Sequence[Mapping[str, Any]]) -
     return oracle(JOBS_SCRIPT, {"jobs": [dict(j) for j in jobs]})
 
 
+RESHARD_OWN_FILES = ("reshard-manifest.json", ".reshard-journal")  # our completion marker / resume journal
+
+
 def tree_files(root: str) -> dict[str, str]:
-    """relative path -> sha256 of every file below root."""
+    """relative path -> sha256 of every file below root (reshard's own bookkeeping files excluded)."""
     out = {}
     for folder, _, names in os.walk(root):
         for name in names:
+            if name.startswith(RESHARD_OWN_FILES):
+                continue
             path = os.path.join(folder, name)
             with open(path, "rb") as fh:
                 out[os.path.relpath(path, root)] = hashlib.sha256(fh.read()).hexdigest()
