@@ -1,0 +1,802 @@
+"""The slice algebra: which box of the full tensor each rank holds, and who supplies what.
+
+Everything here is a pure function on plain ints and tuples (no IO, no tensor data), so that the
+planner can ask "which source rank supplies which box of destination rank r" for every parameter
+and every rank, and the answer is testable without files.
+
+Why it is built this way:
+
+* **One canonical form.** MindSpore turns every layout (flat tensor maps, Layout-API list maps,
+  optimizer shards) into a *flat layout* ``(dev, tmap, shape)`` whose ``shape`` refines the full
+  shape (some tensor dims split into consecutive factors) and whose every dim is split by at most
+  one device axis (spec 3.1-3.3). We reproduce that construction exactly, quirks included (the
+  "simple path" of optimizer shards re-orders model-parallel axes, spec 3.3 / 7.5), because it
+  decides which rank owns which block. All later questions are answered on the flat form.
+* **Boxes, not index lists.** A rank's data is the flat-layout block reshaped back to the full
+  shape. Inside one full dim the flat factors are always "singleton blocks, then one partial
+  block, then whole factors", so the selected indices are one interval and a rank's data is an
+  axis-aligned box (``Box``: per dim ``[start, stop)``). We check that condition once per layout
+  (``_Geometry``); a layout violating it raises ``UnsupportedError`` instead of producing garbage.
+  A box is computed per rank in O(ndim) arithmetic.
+* **MindSpore's copy choice, without its op lists.** ``needed_ranks`` is the closed form of what
+  ``_get_needed_rank_list_by_layouts`` returns (spec 3.5). It is a product set: fixed
+  coordinates on the "keep" device axes plus every combination on the gathered axes, so we cache
+  the gathered-axis offsets per layout pair and produce a rank's list in O(len(list)). The source
+  copy of every destination element is the unique needed rank holding it; intersecting the
+  needed ranks' boxes with the destination box yields the transfer pieces directly.
+* **Caches keyed by frozen layouts.** Real models repeat a handful of (layout, shape) pairs over
+  hundreds of parameters, so per-pair analysis is memoised; ``transfer_table`` answers all ranks
+  of a parameter in one cached call for bulk planning.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from reshard.errors import LayoutError, UnsupportedError
+from reshard.formats.strategy import ParamLayout, StagedLayout, TensorMapEntry
+
+Box = tuple[tuple[int, int], ...]
+Piece = tuple[int, Box]
+
+NOT_SPLIT = -1  # tensor-map value of a dimension that no device axis splits
+AUTO_OPT_SIZE = -1  # opt_weight_shard_size meaning "all repeated ranks" (spec 3.3 step 1)
+# Memo sizes: distinct (layout, shape) pairs are few (a model repeats them layer after layer);
+# per-rank entries are many (params x ranks), bounded so that huge plans do not pin memory.
+_PAIR_CACHE = 4096
+_RANK_CACHE = 1 << 18
+
+
+# --------------------------------------------------------------------------------------------
+# basics
+
+
+def _fmt(p: ParamLayout) -> str:
+    """Short human description of a layout for error messages."""
+    tmap = [list(e) if isinstance(e, tuple) else e for e in p.tensor_map]
+    text = f"dev_matrix={list(p.dev_matrix)} tensor_map={tmap}"
+    if p.opt_shard_step or p.opt_shard_size:
+        text += f" opt_shard_step={p.opt_shard_step} opt_shard_size={p.opt_shard_size}"
+    return f"layout ({text})"
+
+
+def _values(entry: TensorMapEntry) -> tuple[int, ...]:
+    """The device-axis values of one tensor-map entry (an int or a Layout-API list)."""
+    return entry if isinstance(entry, tuple) else (entry,)
+
+
+def _suffix(dims: Sequence[int], j: int) -> int:
+    """Product of ``dims[j+1:]``: the stride of dim ``j`` in row-major order."""
+    return math.prod(dims[j + 1 :])
+
+
+@functools.lru_cache(maxsize=_PAIR_CACHE)
+def _checked(p: ParamLayout) -> ParamLayout:
+    """Validate a layout once: positive dev dims, values in range, no device axis used twice."""
+    n = len(p.dev_matrix)
+    if any(not isinstance(d, int) or d < 1 for d in p.dev_matrix):
+        raise LayoutError(f"{_fmt(p)}: device matrix dims must be positive integers")
+    seen: set[int] = set()
+    for entry in p.tensor_map:
+        vals = _values(entry)
+        if not vals:
+            raise LayoutError(f"{_fmt(p)}: empty tensor-map entry")
+        for v in vals:
+            if not isinstance(v, int) or v < NOT_SPLIT or v >= n:
+                raise LayoutError(f"{_fmt(p)}: tensor-map value {v} outside [-1, {n})")
+            if v != NOT_SPLIT:
+                if v in seen:
+                    raise LayoutError(f"{_fmt(p)}: device axis value {v} used twice")
+                seen.add(v)
+        if len(vals) > 1 and NOT_SPLIT in vals[:-1]:
+            # MindSpore's _expand_layout indexes dev_matrix with -1 there and crashes.
+            raise UnsupportedError(f"{_fmt(p)}: -1 inside a Layout-API list entry is not supported")
+    if p.opt_shard_size < AUTO_OPT_SIZE or p.opt_shard_step < 0:
+        raise LayoutError(f"{_fmt(p)}: negative optimizer-shard step/size")
+    if p.opt_shard_step == 0 and p.opt_shard_size not in (0, AUTO_OPT_SIZE):
+        # MindSpore scales the full shape by size but does not shard: slices then fail to reshape.
+        raise LayoutError(f"{_fmt(p)}: opt_shard_size without opt_shard_step")
+    return p
+
+
+def tensor_strategy(p: ParamLayout) -> tuple[int, ...]:
+    """Number of model-parallel blocks per tensor dim (``_get_tensor_strategy``, spec 3.1/3.2)."""
+    _checked(p)
+    dev, n = p.dev_matrix, len(p.dev_matrix)
+    return tuple(math.prod(dev[n - 1 - v] for v in _values(e) if v != NOT_SPLIT) for e in p.tensor_map)
+
+
+def opt_shard_size(p: ParamLayout) -> int:
+    """Effective optimizer-shard size: 0 when there is no optimizer shard, -1 resolved (3.3 step 1).
+
+    Size 1 counts as no optimizer shard (same data placement as MindSpore's construction).
+    """
+    _checked(p)
+    if p.opt_shard_step == 0 or p.opt_shard_size == 0:
+        return 0
+    size = p.opt_shard_size
+    if size == AUTO_OPT_SIZE:
+        size = p.device_num // math.prod(tensor_strategy(p))
+    # A group of one shards nothing; MindSpore's construction then only inserts size-1 axes
+    # (or, on its simple path, shrinks the device count), which places data exactly as without it.
+    return 0 if size == 1 else size
+
+
+def _check_rank_count(p: ParamLayout, shape: Sequence[int], what: str) -> None:
+    if len(shape) != len(p.tensor_map):
+        raise LayoutError(
+            f"{_fmt(p)}: {what} {list(shape)} has {len(shape)} dims, the tensor map has {len(p.tensor_map)}"
+        )
+    if any(not isinstance(s, int) or s < 0 for s in shape):
+        raise LayoutError(f"{_fmt(p)}: {what} {list(shape)} is not a shape")
+
+
+def full_shape(p: ParamLayout, slice_shape: Sequence[int]) -> tuple[int, ...]:
+    """Full (origin) shape from a rank's slice shape (spec 3.3 step 2, size -1 resolved)."""
+    _check_rank_count(p, slice_shape, "slice shape")
+    ts = tensor_strategy(p)
+    full = [s * t for s, t in zip(slice_shape, ts, strict=True)]
+    size = opt_shard_size(p)
+    if size:
+        full[0] *= size
+    return tuple(full)
+
+
+def slice_shape(p: ParamLayout, full_shape: Sequence[int]) -> tuple[int, ...]:
+    """Final slice shape of every rank (spec 3.3 step 6); raises if the layout does not divide."""
+    _check_rank_count(p, full_shape, "shape")
+    parts = list(tensor_strategy(p))
+    if parts:
+        parts[0] *= max(opt_shard_size(p), 1)
+    for s, k in zip(full_shape, parts, strict=True):
+        if s % k:
+            raise LayoutError(f"{_fmt(p)} does not divide shape {list(full_shape)}")
+    return tuple(s // k for s, k in zip(full_shape, parts, strict=True))
+
+
+# --------------------------------------------------------------------------------------------
+# flat layouts (spec 3.2, 3.3)
+
+
+@dataclass(frozen=True)
+class FlatLayout:
+    """MindSpore's internal tensor layout: every tensor dim split by at most one device axis."""
+
+    dev: tuple[int, ...]
+    tmap: tuple[int, ...]
+    shape: tuple[int, ...]
+
+    @property
+    def device_num(self) -> int:
+        return math.prod(self.dev)
+
+
+def _expand(
+    p: ParamLayout, dev: Sequence[int], tmap: Sequence[TensorMapEntry], shape: Sequence[int]
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """``_expand_layout``: list entry ``[v1..vk]`` of dim t -> k dims ``[dev(v1)..dev(v_{k-1}), rest]``.
+
+    Returns the flat map, the flat shape and, per input dim, how many flat dims it became.
+    """
+    n = len(dev)
+    fmap: list[int] = []
+    fshape: list[int] = []
+    counts: list[int] = []
+    for entry, size in zip(tmap, shape, strict=True):
+        vals = _values(entry)
+        outer = [dev[n - 1 - v] for v in vals[:-1]]
+        if size % math.prod(outer):
+            raise LayoutError(f"{_fmt(p)} does not divide dim of size {size}")
+        fmap.extend(vals)
+        fshape.extend([*outer, size // math.prod(outer)])
+        counts.append(len(vals))
+    return tuple(fmap), tuple(fshape), tuple(counts)
+
+
+def _repeat_dims(p: ParamLayout, dev: Sequence[int]) -> list[int]:
+    """Dev dims (left to right) of size > 1 that no tensor dim uses (spec 3.3 step 3)."""
+    n = len(dev)
+    used = {n - 1 - v for e in p.tensor_map for v in _values(e) if v != NOT_SPLIT}
+    rep = [j for j in range(n) if j not in used and dev[j] > 1]
+    if not rep:
+        raise LayoutError(f"{_fmt(p)}: optimizer shard needs a repeated device dim, there is none")
+    return rep
+
+
+def _opt_simple(p: ParamLayout, size: int, shape: Sequence[int]) -> tuple[tuple, tuple, tuple]:
+    """Simple path: dev ``[R?, size, ts...]``; model-parallel axes re-ordered by tensor dim [quirk]."""
+    ts = tensor_strategy(p)
+    m, step = len(ts), p.opt_shard_step
+    total = p.device_num
+    repeat = total // (step * size)
+    new_dev = ((repeat,) if repeat > 1 else ()) + (size, *ts)
+    if math.prod(new_dev) != total:
+        raise LayoutError(f"{_fmt(p)}: optimizer shard step*size does not fit {total} devices")
+    if shape[0] % ts[0]:
+        raise LayoutError(f"{_fmt(p)} does not divide shape {list(shape)}")
+    rest = (m - 1 - t if ts[t] > 1 else NOT_SPLIT for t in range(1, m))
+    new_map = (m - 1 if ts[0] > 1 else NOT_SPLIT, m, *rest)
+    new_shape = (ts[0], shape[0] // ts[0], *shape[1:])
+    return new_dev, new_map, new_shape
+
+
+def _opt_helper(p: ParamLayout, size: int, shape: Sequence[int], rep: list[int]) -> tuple[tuple, tuple, tuple]:
+    """Helper path: take opt axes from the innermost repeat dims, splitting one if needed."""
+    dev = list(p.dev_matrix)
+    tmap: list[TensorMapEntry] = list(p.tensor_map)
+    opt_axes: list[int] = []  # dev indices, outer -> inner
+    remaining = size
+    for j in reversed(rep):
+        if remaining == 1:
+            break
+        d = dev[j]
+        if remaining < d:
+            if d % remaining:
+                raise LayoutError(f"{_fmt(p)}: optimizer shard size {size} does not divide dev dim {d}")
+            n_old = len(dev)
+            dev[j : j + 1] = [d // remaining, remaining]
+            tmap = [_shift_entry(e, n_old - 1 - j) for e in tmap]
+            opt_axes = [j + 1] + [o + 1 for o in opt_axes]
+            remaining = 1
+        else:
+            if remaining % d:
+                raise LayoutError(f"{_fmt(p)}: optimizer shard size {size} does not match the repeated dims")
+            remaining //= d
+            opt_axes.insert(0, j)
+    if remaining != 1:
+        raise LayoutError(f"{_fmt(p)}: optimizer shard size {size} exceeds the repeated dims")
+    n = len(dev)
+    ts0 = tensor_strategy(p)[0]
+    outer = math.prod(dev[o] for o in opt_axes[:-1])
+    if shape[0] % (ts0 * outer):
+        raise LayoutError(f"{_fmt(p)} does not divide shape {list(shape)}")
+    new_shape = (ts0, *(dev[o] for o in opt_axes[:-1]), shape[0] // ts0 // outer, *shape[1:])
+    new_map = (tmap[0], *(n - 1 - o for o in opt_axes), *tmap[1:])
+    return tuple(dev), new_map, new_shape
+
+
+def _shift_entry(entry: TensorMapEntry, threshold: int) -> TensorMapEntry:
+    """Renumber values after a dev dim split: values >= threshold refer to outer dims, +1."""
+    if isinstance(entry, tuple):
+        return tuple(v + 1 if v != NOT_SPLIT and v >= threshold else v for v in entry)
+    return entry + 1 if entry != NOT_SPLIT and entry >= threshold else entry
+
+
+@functools.lru_cache(maxsize=_PAIR_CACHE)
+def _flat_and_groups(p: ParamLayout, shape: tuple[int, ...]) -> tuple[FlatLayout, tuple[int, ...]]:
+    """Flat layout of ``p`` for full ``shape`` plus the number of flat dims per full dim."""
+    _check_rank_count(p, shape, "shape")
+    size = opt_shard_size(p)
+    if not size:
+        fmap, fshape, counts = _expand(p, p.dev_matrix, p.tensor_map, shape)
+        return _validated(p, FlatLayout(p.dev_matrix, fmap, fshape)), counts
+    if not shape:
+        raise LayoutError(f"{_fmt(p)}: optimizer shard of a 0-d tensor")
+    rep = _repeat_dims(p, p.dev_matrix)
+    if p.is_list_map:
+        dev, lmap, lshape = _opt_helper(p, size, shape, rep)
+        fmap, fshape, counts = _expand(p, dev, lmap, lshape)
+        extra = len(lmap) - len(shape)  # dims inserted into dim 0 before expansion
+        counts = (sum(counts[: extra + 1]), *counts[extra + 1 :])
+        return _validated(p, FlatLayout(tuple(dev), fmap, fshape)), counts
+    if len(rep) == 1 and _suffix(p.dev_matrix, rep[0]) != p.opt_shard_step:
+        raise LayoutError(
+            f"{_fmt(p)}: optimizer shard step {p.opt_shard_step} is not the model-parallel size "
+            f"{_suffix(p.dev_matrix, rep[0])}"
+        )
+    if rep == [0] or len(rep) == len(p.dev_matrix):
+        dev, fmap, fshape = _opt_simple(p, size, shape)
+    else:
+        dev, fmap, fshape = _opt_helper(p, size, shape, rep)
+    extra = len(fshape) - len(shape)
+    return _validated(p, FlatLayout(dev, fmap, fshape)), (extra + 1,) + (1,) * (len(shape) - 1)
+
+
+def _validated(p: ParamLayout, flat: FlatLayout) -> FlatLayout:
+    n = len(flat.dev)
+    for v, s in zip(flat.tmap, flat.shape, strict=True):
+        if v != NOT_SPLIT and s % flat.dev[n - 1 - v]:
+            raise LayoutError(f"{_fmt(p)} does not divide the tensor (flat shape {list(flat.shape)})")
+    return flat
+
+
+def flat_layout(p: ParamLayout, full_shape: Sequence[int]) -> FlatLayout:
+    """MindSpore's flat layout for ``p`` (opt-shard construction + list-map expansion, spec 3.2/3.3)."""
+    return _flat_and_groups(p, tuple(full_shape))[0]
+
+
+def unsharded_flat(full_shape: Sequence[int]) -> FlatLayout:
+    """The layout of a full tensor: ``([1], [-1]*ndim, shape)`` (MindSpore's stand-in for "no strategy")."""
+    return FlatLayout((1,), (NOT_SPLIT,) * len(full_shape), tuple(full_shape))
+
+
+# --------------------------------------------------------------------------------------------
+# boxes
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """Per full dim: (selected length, terms (dev stride, dev size, index step)); start = sum c*step."""
+
+    device_num: int
+    dims: tuple[tuple[int, tuple[tuple[int, int, int], ...]], ...]
+
+    def box(self, rank: int) -> Box:
+        out = []
+        for length, terms in self.dims:
+            start = sum(((rank // st) % sz) * step for st, sz, step in terms)
+            out.append((start, start + length))
+        return tuple(out)
+
+
+def _groups_from_shapes(flat: FlatLayout, orig: Sequence[int]) -> tuple[int, ...]:
+    """Assign consecutive flat dims to full dims by their products (size-1 dims go either way)."""
+    counts: list[int] = []
+    i = 0
+    for size in orig:
+        start, prod = i, 1
+        while i < len(flat.shape) and (i == start or prod != size):
+            prod *= flat.shape[i]
+            i += 1
+        if prod != size:
+            raise LayoutError(f"flat shape {list(flat.shape)} does not refine shape {list(orig)}")
+        counts.append(i - start)
+    if i < len(flat.shape):
+        if counts and all(s == 1 for s in flat.shape[i:]):
+            counts[-1] += len(flat.shape) - i
+        else:
+            raise LayoutError(f"flat shape {list(flat.shape)} does not refine shape {list(orig)}")
+    return tuple(counts)
+
+
+@functools.lru_cache(maxsize=_PAIR_CACHE)
+def _geometry(flat: FlatLayout, groups: tuple[int, ...]) -> _Geometry:
+    """Box arithmetic of a flat layout; raises UnsupportedError when a rank's data is not a box.
+
+    Inside one full dim built from flat factors f_1..f_k (outer first), a rank selects an interval
+    of length l_q = f_q / split_q in every factor. The union is one interval iff the factors before
+    the first l_q > 1 are singletons and the ones after it are whole (l_q == f_q). Every
+    construction MindSpore uses has this form: list-map expansion splits the outer factors by
+    their full size (singletons) and only the last one partially; the optimizer-shard constructions
+    put ``ts[0]`` and the opt axes as singleton factors in front of the one partial remainder.
+    """
+    n = len(flat.dev)
+    dims = []
+    i = 0
+    for count in groups:
+        fs = flat.shape[i : i + count]
+        vs = flat.tmap[i : i + count]
+        i += count
+        lengths = [f // flat.dev[n - 1 - v] if v != NOT_SPLIT else f for f, v in zip(fs, vs, strict=True)]
+        partial = [q for q, (f, ln) in enumerate(zip(fs, lengths, strict=True)) if ln > 1]
+        if partial and any(lengths[q] != fs[q] for q in range(partial[0] + 1, count)):
+            raise UnsupportedError(
+                f"flat layout dev={list(flat.dev)} tensor_map={list(flat.tmap)} shape={list(flat.shape)}: "
+                "a rank's data is not a box of the full tensor"
+            )
+        terms = []
+        for q, (f, v) in enumerate(zip(fs, vs, strict=True)):
+            if v != NOT_SPLIT and flat.dev[n - 1 - v] > 1:
+                j = n - 1 - v
+                inner = math.prod(fs[q + 1 :])
+                terms.append((_suffix(flat.dev, j), flat.dev[j], (f // flat.dev[j]) * inner))
+        dims.append((math.prod(lengths), tuple(terms)))
+    return _Geometry(flat.device_num, tuple(dims))
+
+
+def _check_rank(rank: int, n: int, what: str) -> None:
+    if not isinstance(rank, int) or not 0 <= rank < n:
+        raise LayoutError(f"rank {rank} is outside the {n} devices of the {what}")
+
+
+def _param_geometry(p: ParamLayout, shape: tuple[int, ...]) -> _Geometry:
+    flat, groups = _flat_and_groups(p, shape)
+    return _geometry(flat, groups)
+
+
+def rank_box(p: ParamLayout, full_shape: Sequence[int], rank: int) -> Box:
+    """The box of the full tensor that ``rank`` holds under layout ``p`` (spec 3.1-3.3).
+
+    Always a box: see ``_geometry`` (exotic non-box layouts raise ``UnsupportedError``).
+    """
+    geo = _param_geometry(p, tuple(full_shape))
+    _check_rank(rank, geo.device_num, _fmt(p))
+    return geo.box(rank)
+
+
+def flat_rank_box(flat: FlatLayout, rank: int, orig_shape: Sequence[int]) -> Box:
+    """The box of the ``orig_shape`` tensor held by ``rank`` under a flat layout."""
+    geo = _geometry(flat, _groups_from_shapes(flat, orig_shape))
+    _check_rank(rank, geo.device_num, f"flat layout dev={list(flat.dev)}")
+    return geo.box(rank)
+
+
+def box_volume(box: Box) -> int:
+    return math.prod(hi - lo for lo, hi in box)
+
+
+def intersect(a: Box, b: Box) -> Box | None:
+    """Intersection of two boxes, ``None`` when empty."""
+    out = tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b, strict=True))
+    return None if any(lo >= hi for lo, hi in out) else out
+
+
+# --------------------------------------------------------------------------------------------
+# needed ranks (spec 3.5)
+
+
+def normalize_device_num(src: FlatLayout, dst: FlatLayout) -> tuple[FlatLayout, FlatLayout]:
+    """Prepend ``[bigger // smaller]`` to the smaller device matrix (spec 3.5 step 3)."""
+    ns, nd = src.device_num, dst.device_num
+    if ns == nd:
+        return src, dst
+    big, small = max(ns, nd), min(ns, nd)
+    if big % small:
+        raise LayoutError(f"Cannot transform device_num from {ns} to {nd}: neither divides the other")
+    if ns < nd:
+        return FlatLayout((big // small, *src.dev), src.tmap, src.shape), dst
+    return src, FlatLayout((big // small, *dst.dev), dst.tmap, dst.shape)
+
+
+Axis = tuple[int, int]  # (rank stride, size) of a device axis
+
+
+def _links(flat: FlatLayout) -> list[tuple[int, int, int, int]]:
+    """Per split dim: (device stride sigma, axis size a, element stride u of one block, inner).
+
+    ``inner`` is the element stride of the tensor dim itself, so the dim spans strides
+    ``[inner, u * a)`` and its blocks ``[u, u * a)``.
+    """
+    n = len(flat.dev)
+    out = []
+    for t, v in enumerate(flat.tmap):
+        if v == NOT_SPLIT or flat.dev[n - 1 - v] == 1:
+            continue
+        a = flat.dev[n - 1 - v]
+        if flat.shape[t] % a:
+            raise LayoutError(f"flat layout dev={list(flat.dev)} does not divide shape {list(flat.shape)}")
+        inner = math.prod(flat.shape[t + 1 :])
+        out.append((_suffix(flat.dev, n - 1 - v), a, inner * flat.shape[t] // a, inner))
+    return out
+
+
+def _is_chain(values: set[int]) -> bool:
+    ordered = sorted(values)
+    return all(b % a == 0 for a, b in itertools.pairwise(ordered))
+
+
+def _refine(src: FlatLayout, dst: FlatLayout) -> list[int] | None:
+    """Device breakpoints after the closure of spec 3.5 steps 1-3, or None if not expandable.
+
+    Correction to the spec's wording, found against MindSpore on random layout pairs: the block
+    stride ``u`` of a split is *not* a tensor breakpoint (two layouts may split the same dim
+    differently, e.g. 6 by 2 and by 3, and MindSpore still refines). Instead, a tensor breakpoint
+    ``y`` inside the dim but below the blocks (``inner < y < u``) must divide ``u``: the split has
+    to fit in the outer sub-dims MindSpore expands the dim into.
+    """
+    db = {_suffix(L.dev, j) for L in (src, dst) for j in range(len(L.dev))} | {src.device_num}
+    tb = {_suffix(L.shape, t) for L in (src, dst) for t in range(len(L.shape))} | {math.prod(src.shape)}
+    links = _links(src) + _links(dst)
+    changed = True
+    while changed:
+        changed = False
+        for sigma, a, u, inner in links:
+            for x in sorted(db):
+                if sigma < x < sigma * a:
+                    if x % sigma:
+                        return None
+                    y = u * (x // sigma)
+                    if y not in tb:
+                        tb.add(y)
+                        changed = True
+            for y in sorted(tb):
+                if u < y < u * a:
+                    if y % u:
+                        return None
+                    x = sigma * (y // u)
+                    if x not in db:
+                        db.add(x)
+                        changed = True
+                elif inner < y < u and u % y:
+                    return None
+        if not (_is_chain(db) and _is_chain(tb)):
+            return None
+    return sorted(db)
+
+
+def _axis_strides(axes: list[Axis], links: list[tuple[int, int, int, int]]) -> dict[Axis, int]:
+    """Flat element stride of every refined axis that lies inside a link of the layout."""
+    out: dict[Axis, int] = {}
+    for x, size in axes:
+        for sigma, a, u, _inner in links:
+            if sigma <= x < sigma * a:
+                out[(x, size)] = u * (x // sigma)
+                break
+    return out
+
+
+@functools.lru_cache(maxsize=_PAIR_CACHE)
+def _needed_structure(src: FlatLayout, dst: FlatLayout) -> tuple[tuple[Axis, ...], tuple[int, ...]]:
+    """(keep axes, sorted rank offsets over the gathered axes) for a normalised layout pair."""
+    if math.prod(src.shape) != math.prod(dst.shape):
+        raise LayoutError(f"layouts of shapes {list(src.shape)} and {list(dst.shape)} hold different tensors")
+    if math.prod(src.shape) == 0:
+        raise UnsupportedError("needed ranks of a zero-element tensor are undefined (element strides are 0)")
+    breaks = _refine(src, dst)
+    if breaks is None:  # fallback (step 6): gather every dev dim the source map references
+        n = len(src.dev)
+        used = {n - 1 - v for v in src.tmap if v != NOT_SPLIT}
+        axes = [(_suffix(src.dev, j), src.dev[j]) for j in range(n)]
+        keep = [ax for j, ax in enumerate(axes) if j not in used]
+        gather = [ax for j, ax in enumerate(axes) if j in used]
+    else:
+        axes = [(x, y // x) for x, y in itertools.pairwise(breaks)]
+        s_strides = _axis_strides(axes, _links(src))
+        d_strides = _axis_strides(axes, _links(dst))
+        gather = [ax for ax in axes if ax in s_strides and s_strides[ax] != d_strides.get(ax)]
+        keep = [ax for ax in axes if ax not in gather]
+    offsets = [0]
+    for stride, size in gather:
+        offsets = [o + c * stride for o in offsets for c in range(size)]
+    return tuple(keep), tuple(sorted(offsets))
+
+
+def _needed(src: FlatLayout, dst: FlatLayout, rank: int) -> list[int]:
+    keep, offsets = _needed_structure(src, dst)
+    base = sum(((rank // stride) % size) * stride for stride, size in keep)
+    return [base + o for o in offsets]
+
+
+def needed_ranks(src: FlatLayout, dst: FlatLayout, rank: int) -> list[int]:
+    """``_get_needed_rank_list_by_layouts(src, dst, range(N), rank)`` (spec 3.5, ascending).
+
+    Device counts are first normalised (spec 3.5 step 3); ranks are in ``[0, N)`` with
+    ``N = max(N_src, N_dst)``.
+    """
+    src, dst = normalize_device_num(src, dst)
+    _check_rank(rank, src.device_num, "layout pair")
+    return _needed(src, dst, rank)
+
+
+# --------------------------------------------------------------------------------------------
+# transfer pieces (spec 3.5 copy-selection rule, 3.6)
+
+
+@dataclass(frozen=True)
+class _Transfer:
+    """Everything about one (src layout, dst layout, full shape) that does not depend on the rank."""
+
+    n_src: int
+    n_dst: int
+    src_boxes: tuple[Box, ...]
+    dst_geo: _Geometry
+    pair: tuple[FlatLayout, FlatLayout] | None  # normalised flat pair; None if counts do not divide
+    cells: tuple[tuple[int, ...], dict[tuple[int, ...], int]]  # slice lengths, cell -> lowest rank
+
+
+def _side(p: ParamLayout | None, shape: tuple[int, ...]) -> tuple[FlatLayout, _Geometry]:
+    if p is None:
+        flat = unsharded_flat(shape)
+        return flat, _geometry(flat, (1,) * len(shape))
+    flat, groups = _flat_and_groups(p, shape)
+    return flat, _geometry(flat, groups)
+
+
+@functools.lru_cache(maxsize=_PAIR_CACHE)
+def _transfer(src_p: ParamLayout | None, dst_p: ParamLayout | None, shape: tuple[int, ...]) -> _Transfer:
+    if src_p is not None:
+        slice_shape(src_p, shape)
+    if dst_p is not None:
+        slice_shape(dst_p, shape)
+    src_flat, src_geo = _side(src_p, shape)
+    dst_flat, dst_geo = _side(dst_p, shape)
+    src_boxes = tuple(src_geo.box(r) for r in range(src_geo.device_num))
+    try:
+        pair: tuple[FlatLayout, FlatLayout] | None = normalize_device_num(src_flat, dst_flat)
+    except LayoutError:
+        pair = None
+    lengths = tuple(hi - lo for lo, hi in src_boxes[0])
+    cells: dict[tuple[int, ...], int] = {}
+    if all(lengths):
+        for r, box in enumerate(src_boxes):
+            cells.setdefault(tuple(lo // ln for (lo, _), ln in zip(box, lengths, strict=True)), r)
+    return _Transfer(src_geo.device_num, dst_geo.device_num, src_boxes, dst_geo, pair, (lengths, cells))
+
+
+def _pieces_mindspore(tr: _Transfer, dst_rank: int, dst_box: Box) -> list[Piece]:
+    assert tr.pair is not None
+    pieces: list[Piece] = []
+    covered = 0
+    for s in _needed(*tr.pair, dst_rank):
+        src_rank = s % tr.n_src
+        inter = intersect(tr.src_boxes[src_rank], dst_box)
+        if inter is not None:
+            pieces.append((src_rank, inter))
+            covered += box_volume(inter)
+    if covered != box_volume(dst_box):
+        raise UnsupportedError(
+            f"MindSpore's needed-rank set does not tile destination box {dst_box} of rank {dst_rank} exactly"
+        )
+    return pieces
+
+
+def _pieces_any(tr: _Transfer, dst_box: Box) -> list[Piece]:
+    lengths, cells = tr.cells
+    ranges = [range(lo // ln, -(-hi // ln)) for (lo, hi), ln in zip(dst_box, lengths, strict=True)]
+    pieces: list[Piece] = []
+    for cell in itertools.product(*ranges):
+        src_rank = cells[cell]
+        inter = intersect(tr.src_boxes[src_rank], dst_box)
+        if inter is not None:
+            pieces.append((src_rank, inter))
+    return pieces
+
+
+@functools.lru_cache(maxsize=_RANK_CACHE)
+def _pieces(
+    src_p: ParamLayout | None, dst_p: ParamLayout | None, shape: tuple[int, ...], dst_rank: int, any_num: bool
+) -> tuple[Piece, ...]:
+    tr = _transfer(src_p, dst_p, shape)
+    _check_rank(dst_rank, tr.n_dst, "destination layout")
+    dst_box = tr.dst_geo.box(dst_rank)
+    if box_volume(dst_box) == 0:
+        return ()
+    if tr.pair is not None:
+        return tuple(_pieces_mindspore(tr, dst_rank, dst_box))
+    if not any_num:
+        raise LayoutError(f"Cannot transform device_num from {tr.n_src} to {tr.n_dst}: neither divides the other")
+    return tuple(_pieces_any(tr, dst_box))
+
+
+def transfer_pieces(
+    src_p: ParamLayout | None,
+    dst_p: ParamLayout | None,
+    full_shape: Sequence[int],
+    dst_rank: int,
+    *,
+    any_device_num: bool = False,
+) -> list[Piece]:
+    """``(source rank in [0, N_src), box of the full tensor)`` pieces that tile ``dst_rank``'s box.
+
+    ``src_p=None``: the source is the full tensor (rank 0); ``dst_p=None``: the destination is
+    the full tensor (rank 0). Every element comes from the copy MindSpore uses: the needed rank
+    (spec 3.5) whose coordinates on the keep axes equal the destination rank's, mapped to a file by
+    ``% N_src``. Pieces are listed in ascending needed-rank order.
+
+    ``any_device_num=True`` goes beyond MindSpore when neither device count divides the other
+    (e.g. 4 -> 6): the destination box is then tiled from the lowest source rank holding each
+    source slice (= the copy with coordinate 0 on every repeat axis). When the counts divide, the
+    flag changes nothing.
+    """
+    return list(_pieces(src_p, dst_p, tuple(full_shape), dst_rank, any_device_num))
+
+
+def transfer_table(
+    src_p: ParamLayout | None,
+    dst_p: ParamLayout | None,
+    full_shape: Sequence[int],
+    *,
+    any_device_num: bool = False,
+) -> tuple[tuple[Piece, ...], ...]:
+    """``transfer_pieces`` for every destination rank at once, indexed by rank (cached).
+
+    Meant for bulk planning: parameters sharing (layouts, shape) share one answer, so planning
+    many parameters costs one dictionary lookup each after the first.
+    """
+    return _table(src_p, dst_p, tuple(full_shape), any_device_num)
+
+
+@functools.lru_cache(maxsize=_PAIR_CACHE)
+def _table(
+    src_p: ParamLayout | None, dst_p: ParamLayout | None, shape: tuple[int, ...], any_num: bool
+) -> tuple[tuple[Piece, ...], ...]:
+    n_dst = _transfer(src_p, dst_p, shape).n_dst
+    return tuple(_pieces(src_p, dst_p, shape, r, any_num) for r in range(n_dst))
+
+
+# --------------------------------------------------------------------------------------------
+# redundancy (get_parameter_redundancy, spec 3.3 end)
+
+
+def redundancy_groups(p: ParamLayout, initial_rank: int = 0) -> tuple[tuple[int, ...], ...]:
+    """``get_parameter_redundancy`` for one layout item: groups of ranks holding identical data.
+
+    MindSpore quirks kept: only ``tensor_map[0]`` (for Layout-API maps: the first dim's list)
+    and the device matrix are read; groups are ordered by the coordinates on the used dev dims,
+    innermost value first; with an optimizer shard every group is split into ``size`` strided
+    subgroups and groups whose length ``size`` does not divide are silently dropped.
+    """
+    dev, n = p.dev_matrix, len(p.dev_matrix)
+    first = _values(p.tensor_map[0]) if p.is_list_map else tuple(p.tensor_map)
+    values = sorted({v for v in first if v != NOT_SPLIT})
+    if any(not 0 <= v < n for v in values):
+        raise LayoutError(f"{_fmt(p)}: tensor-map value outside the device matrix")
+    strides = [(_suffix(dev, n - 1 - v), dev[n - 1 - v]) for v in values]
+    by_key: dict[tuple[int, ...], list[int]] = {}
+    for r in range(math.prod(dev)):
+        by_key.setdefault(tuple((r // st) % sz for st, sz in strides), []).append(r + initial_rank)
+    groups = [tuple(by_key[k]) for k in sorted(by_key)]
+    size = p.opt_shard_size
+    if size == 0:
+        return tuple(groups)
+    if size == AUTO_OPT_SIZE:
+        if p.opt_shard_step <= 0:
+            raise LayoutError(f"{_fmt(p)}: opt_shard_size -1 needs a positive opt_shard_step")
+        size = len(groups) * len(groups[0]) // p.opt_shard_step
+    if size <= 0:
+        raise LayoutError(f"{_fmt(p)}: optimizer shard size resolves to {size}")
+    return tuple(g[i::size] for g in groups if len(g) % size == 0 for i in range(size))
+
+
+# --------------------------------------------------------------------------------------------
+# rank_list_for_transform (spec 3.7)
+
+
+def _device_num(first: ParamLayout | int | None, mapping: Mapping[str, StagedLayout], what: str) -> int:
+    if isinstance(first, int):
+        return first
+    if first is None:
+        if not mapping:
+            raise LayoutError(f"The {what} strategy has no layout items")
+        first = next(iter(mapping.values())).layout
+    if not first.dev_matrix:
+        raise LayoutError(f"The {what} strategy's first layout item has an empty device matrix")
+    return first.device_num
+
+
+@functools.lru_cache(maxsize=_PAIR_CACHE)
+def _param_need(src_p: ParamLayout, dst_p: ParamLayout | None, local: int) -> frozenset[int]:
+    """Local source ranks one parameter needs, on MindSpore's fake shape (spec 3.5 step 1)."""
+    n_src = src_p.device_num
+    n_dst = dst_p.device_num if dst_p is not None else 1
+    ndim = len(src_p.tensor_map)
+    shape = full_shape(src_p, [max(n_src, n_dst)] * ndim)
+    src_flat = flat_layout(src_p, shape)
+    dst_flat = flat_layout(dst_p, shape) if dst_p is not None else unsharded_flat(shape)
+    return frozenset(s % n_src for s in needed_ranks(src_flat, dst_flat, local))
+
+
+def rank_list_for_transform(
+    rank_id: int,
+    src: Mapping[str, StagedLayout] | None,
+    dst: Mapping[str, StagedLayout] | None,
+    src_first: ParamLayout | int | None = None,
+    dst_first: ParamLayout | int | None = None,
+) -> list[int]:
+    """``ms.rank_list_for_transform`` (spec 3.7): source ranks needed by destination ``rank_id``.
+
+    ``src`` is the source layout map built with ``rank_id=None``; ``dst`` must be the rank-aware
+    map of ``rank_id`` (spec 2.4). MindSpore takes "the device number of a stage" from the *first
+    layout item of the strategy file*; pass that item (or its device number) as ``src_first`` /
+    ``dst_first`` when the mapping's first value may differ from it (duplicate-name resolution can
+    replace it); by default the first value of each mapping is used. Returns ranks descending.
+    """
+    if src is None:
+        return [0]
+    src_items = dict(src)
+    dst_items = dict(dst) if dst else None
+    if dst_items:
+        stage = rank_id // _device_num(dst_first, dst, "destination")
+        cut = {name for name, item in dst_items.items() if stage not in item.stages}
+        dst_items = {k: v for k, v in dst_items.items() if k not in cut}
+        src_items = {k: v for k, v in src_items.items() if k not in cut}
+    if not src_items:
+        raise LayoutError("The src_strategy_file is empty.")
+    n_src = _device_num(src_first, src, "source")
+    n_dst = _device_num(dst_first, dst, "destination") if dst else 1
+    local = rank_id % n_dst if n_dst > 1 else rank_id
+    need: set[int] = set()
+    for name, item in src_items.items():
+        if dst_items and name not in dst_items:
+            continue
+        dst_p = dst_items[name].layout if dst_items else None
+        try:
+            need |= _param_need(item.layout, dst_p, local)
+        except LayoutError as exc:
+            raise LayoutError(f"parameter {name!r}: {exc.detail}") from None
+    stages = {s for item in src_items.values() for s in item.stages}
+    return sorted({s * n_src + x for s in stages for x in need}, reverse=True)
