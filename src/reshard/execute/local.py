@@ -116,30 +116,64 @@ def _box(first: int, rows: int, starts: tuple[int, ...], lengths: tuple[int, ...
     return (slice(first, first + rows), *(slice(s, s + n) for s, n in zip(starts, lengths, strict=True)))
 
 
-def _fill_tensor(fd: int, t: TensorPlan, segments: tuple[base.Segment, ...], sources: SourceCache,
+class _Output:
+    """The output file being filled: ``pwrite`` for raw runs, a shared writable map for boxes."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd = fd
+        self.map = mmap.mmap(fd, size) if size else None
+
+    def tensor(self, t: TensorPlan, segment: base.Segment) -> np.ndarray:
+        """A writable numpy view of a tensor stored in one segment of the output."""
+        return np.ndarray(t.shape, dtype=t.dtype.numpy, buffer=self.map, offset=segment[0])  # type: ignore[arg-type]
+
+    def release(self, segments: tuple[base.Segment, ...]) -> None:
+        """Unmap written pages from this process: they stay dirty in the page cache, RSS stays flat."""
+        if self.map is None:
+            return
+        for offset, length in segments:
+            start = offset - offset % _PAGE
+            with contextlib.suppress(OSError, ValueError):
+                self.map.madvise(mmap.MADV_DONTNEED, start, offset + length - start)
+
+    def close(self) -> None:
+        if self.map is not None:
+            self.map.close()
+
+
+def _copy_boxes(dst: np.ndarray, t: TensorPlan, rows: tuple[int, int], sources: SourceCache, plan: Plan) -> None:
+    """Copy every box of ``t`` that falls in dst rows ``rows`` into ``dst`` (which holds those rows)."""
+    r0, r1 = rows
+    for c in t.copies:
+        lo, hi = max(r0, c.dst_start[0]), min(r1, c.dst_start[0] + c.lengths[0])
+        if lo >= hi:
+            continue
+        src = sources.get(plan.sources[c.source]).array(c.tensor)
+        shift = lo - c.dst_start[0]
+        src_sel = _box(c.src_start[0] + shift, hi - lo, c.src_start[1:], c.lengths[1:])
+        np.copyto(dst[_box(lo - r0, hi - lo, c.dst_start[1:], c.lengths[1:])], src[src_sel])
+
+
+def _fill_tensor(out: _Output, t: TensorPlan, segments: tuple[base.Segment, ...], sources: SourceCache,
                  plan: Plan, budget: int) -> None:
     if t.literal is not None:
-        _write_at(fd, segments, 0, memoryview(t.literal))
+        _write_at(out.fd, segments, 0, memoryview(t.literal))
         return
-    if t.whole_copy:
+    if t.whole_copy:  # one unchanged source tensor: a kernel copy from the source map
         c = t.copies[0]
         index = sources.get(plan.sources[c.source])
-        _write_at(fd, segments, 0, memoryview(index.raw(c.tensor)).cast("B"))
+        _write_at(out.fd, segments, 0, memoryview(index.raw(c.tensor)).cast("B"))
         return
-    for r0, r1 in _row_blocks(t, budget):
+    if len(segments) == 1 and t.shape:  # boxes straight into the output map: one copy per byte
+        _copy_boxes(out.tensor(t, segments[0]), t, (0, t.shape[0]), sources, plan)
+        return
+    for r0, r1 in _row_blocks(t, budget):  # chunked .ckpt tensor (> 512 MiB): stage row blocks
         block_shape = (r1 - r0, *t.shape[1:]) if t.shape else ()
         staging = np.empty(block_shape, dtype=t.dtype.numpy)
-        for c in t.copies:
-            lo, hi = max(r0, c.dst_start[0]), min(r1, c.dst_start[0] + c.lengths[0])
-            if lo >= hi:
-                continue
-            src = sources.get(plan.sources[c.source]).array(c.tensor)
-            shift = lo - c.dst_start[0]
-            src_sel = _box(c.src_start[0] + shift, hi - lo, c.src_start[1:], c.lengths[1:])
-            dst_sel = _box(lo - r0, hi - lo, c.dst_start[1:], c.lengths[1:])
-            np.copyto(staging[dst_sel], src[src_sel])
+        if t.shape:
+            _copy_boxes(staging, t, (r0, r1), sources, plan)
         row_bytes = t.nbytes // t.shape[0] if t.shape and t.shape[0] else 0
-        _write_at(fd, segments, r0 * row_bytes, memoryview(staging.reshape(-1).view(np.uint8)))
+        _write_at(out.fd, segments, r0 * row_bytes, memoryview(staging.reshape(-1).view(np.uint8)))
 
 
 def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options, budget: int) -> None:
@@ -148,13 +182,18 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options,
     by_name = {t.name: t for t in file.tensors}
 
     def fill(fd: int, lay: FileLayout) -> None:
-        for name in lay.order:
-            t = by_name[name]
-            _fill_tensor(fd, t, lay.placements[name], sources, plan, budget)
-            for c in t.copies:
-                sources.release(plan.sources[c.source], c.tensor)
-            if options.progress is not None:
-                options.progress(t.nbytes)
+        out = _Output(fd, lay.size)
+        try:
+            for name in lay.order:
+                t = by_name[name]
+                _fill_tensor(out, t, lay.placements[name], sources, plan, budget)
+                out.release(lay.placements[name])
+                for c in t.copies:
+                    sources.release(plan.sources[c.source], c.tensor)
+                if options.progress is not None:
+                    options.progress(t.nbytes)
+        finally:
+            out.close()
 
     finish = ckpt.crc_finish if (options.crc_check and file.format == "ckpt") else None
     base.write_file(file.path, layout, fill, finish)

@@ -60,6 +60,7 @@ from reshard.formats.base import (
     TensorIndex,
     TensorSpec,
     atomic_path,
+    drop_resident,
     fill_from_values,
     map_file,
     pwrite_all,
@@ -180,6 +181,7 @@ def read_ckpt(
         end = _payload_end(buf, size, crc_check, path)
         try:
             entries = _index(_Scanner(buf, path), end)
+            drop_resident(buf)
         except FormatError as exc:
             if dec_key is None:
                 raise
