@@ -4,15 +4,18 @@ Every operation first builds a :class:`~reshard.plan.Plan` from file headers and
 ``dry_run=True`` returns it without writing a byte), then runs it with the local executor.
 Paths are checked before anything is written: the destination may not lie inside a source
 folder, and an existing non-empty destination is refused unless ``overwrite=True`` (then only
-the files the plan writes are replaced; nothing is deleted).
+the files the plan writes are replaced; nothing is deleted) or ``resume=True`` (continue an
+interrupted run). Each run journals its outputs and writes ``reshard-manifest.json`` last
+(``manifest=True``, see ``reshard.manifest``); a run that fails removes what it created.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from reshard import manifest as _manifest
 from reshard.errors import UsageError
 from reshard.execute import local
 from reshard.formats import layout_dir
@@ -35,9 +38,13 @@ from reshard.plan import (
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """How to open source checkpoints (decryption, crc checking)."""
+    """How to open source checkpoints (decryption, crc checking).
 
-    dec_key: bytes | None = None
+    ``crc_check=True`` verifies the crc trailer of every plain ``.ckpt`` source that has one (one
+    extra read of the file); files without a trailer are accepted, as MindSpore does.
+    """
+
+    dec_key: bytes | None = field(default=None, repr=False)  # never printed
     dec_mode: str = "AES-GCM"
     crc_check: bool = False
 
@@ -57,8 +64,26 @@ def open_checkpoint(path: str, options: ReadOptions | None = None) -> TensorInde
     if not os.path.isfile(path):
         raise UsageError("no such file", path)
     if fmt == "ckpt":
-        return read_ckpt(path, crc_check=options.crc_check, dec_key=options.dec_key, dec_mode=options.dec_mode)
+        crc = options.crc_check and has_crc_trailer(path)
+        return read_ckpt(path, crc_check=crc, dec_key=options.dec_key, dec_mode=options.dec_mode)
     return read_safetensors(path)
+
+
+def has_crc_trailer(path: str) -> bool:
+    """True when a plain (unencrypted) ``.ckpt`` ends with MindSpore's crc trailer (spec 1.6)."""
+    from reshard.formats import ckpt, crypto
+
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+            size = fh.seek(0, os.SEEK_END)
+            if size < ckpt.CRC_TRAILER_BYTES:
+                return False
+            fh.seek(size - ckpt.CRC_TRAILER_BYTES)
+            mark = fh.read(len(ckpt.CRC_MARK))
+    except OSError:
+        return False  # read_ckpt reports the problem
+    return mark == ckpt.CRC_MARK and crypto.encrypted_mode(head) is None
 
 
 def source_file(path: str, rank: int = 0, options: ReadOptions | None = None) -> SourceFile:
@@ -101,8 +126,8 @@ def _sources_for(src: str, options: ReadOptions | None, notes: list[str]) -> tup
     return rank_sources(src, options=options, notes=notes)
 
 
-def check_destination(dst: str, sources: Sequence[str], overwrite: bool) -> None:
-    """Refuse a destination inside a source folder, or a non-empty one without ``overwrite``."""
+def check_destination(dst: str, sources: Sequence[str], overwrite: bool, resume: bool = False) -> None:
+    """Refuse a destination inside a source folder, or a non-empty one without ``overwrite``/``resume``."""
     dst_abs = os.path.realpath(dst)
     for src in sources:
         src_abs = os.path.realpath(src)
@@ -111,12 +136,29 @@ def check_destination(dst: str, sources: Sequence[str], overwrite: bool) -> None
             raise UsageError(f"destination lies inside the source folder {src}", dst)
     if os.path.isfile(dst):
         raise UsageError("destination exists and is a file", dst)
-    if os.path.isdir(dst) and os.listdir(dst) and not overwrite:
+    if os.path.isdir(dst) and os.listdir(dst) and not (overwrite or resume):
+        if _manifest.has_unfinished_run(dst):
+            raise UsageError("destination holds an unfinished run (use --resume to continue it)", dst)
         raise UsageError("destination is not empty (use --overwrite to replace the files this run writes)", dst)
 
 
-def execute(plan: Plan, options: ReadOptions | None = None, run: local.Options | None = None) -> None:
-    local.run_plan(plan, lambda path: open_checkpoint(path, options), run)
+def execute(
+    plan: Plan,
+    options: ReadOptions | None = None,
+    run: local.Options | None = None,
+    *,
+    root: str | None = None,
+    resume: bool = False,
+    manifest: bool = True,
+) -> list[str]:
+    """Run ``plan`` into ``root`` (default: the folder holding its outputs) with journal and manifest.
+
+    Sources' crc trailers were checked while planning, so the executor does not read them again.
+    Returns the outputs kept from an interrupted earlier run (``resume``).
+    """
+    opened = replace(options, crc_check=False) if options is not None else None
+    return _manifest.run_recorded(plan, lambda path: open_checkpoint(path, opened), run, root,
+                                  resume=resume, manifest=manifest)
 
 
 def transform(
@@ -132,6 +174,8 @@ def transform(
     run: local.Options | None = None,
     overwrite: bool = False,
     dry_run: bool = False,
+    resume: bool = False,
+    manifest: bool = True,
 ) -> Report:
     """Move a distributed (or full) checkpoint to another layout: full->N, N->M, N->full.
 
@@ -146,9 +190,14 @@ def transform(
         raise UsageError("several rank folders but no source strategy; give --src-strategy", src)
     plan = plan_transform(sources, src_sf, dst_sf, dst_dir, prefix, output_format or fmt, ranks)
     if not dry_run:
-        check_destination(dst_dir, [src], overwrite)
-        execute(plan, read, run)
+        check_destination(dst_dir, [src], overwrite, resume)
+        _kept_note(execute(plan, read, run, root=dst_dir, resume=resume, manifest=manifest), notes)
     return Report(plan, notes)
+
+
+def _kept_note(kept: list[str], notes: list[str]) -> None:
+    if kept:
+        notes.append(f"resume: kept {len(kept)} finished file(s) of the interrupted run")
 
 
 def transform_by_rank(
@@ -161,12 +210,16 @@ def transform_by_rank(
     read: ReadOptions | None = None,
     run: local.Options | None = None,
     dry_run: bool = False,
+    manifest: bool = True,
 ) -> Report:
-    """Write only destination ``rank``'s file from ``{source rank: file}`` (multi-node building block)."""
+    """Write only destination ``rank``'s file from ``{source rank: file}`` (multi-node building block).
+
+    The manifest goes next to ``out_file``.
+    """
     sources = {int(r): source_file(p, int(r), read) for r, p in files_map.items()}
     plan = plan_transform_by_rank(rank, sources, out_file, _strategy(src_strategy), _strategy(dst_strategy))
     if not dry_run:
-        execute(plan, read, run)
+        execute(plan, read, run, manifest=manifest)
     return Report(plan, [])
 
 
@@ -197,6 +250,8 @@ def unify(
     overwrite: bool = False,
     dry_run: bool = False,
     mindspore_order: bool = False,
+    resume: bool = False,
+    manifest: bool = True,
 ) -> Report:
     """Merge N rank shards into full tensors: ``part<j>.safetensors`` + ``param_name_map.json``.
 
@@ -210,8 +265,8 @@ def unify(
         raise UsageError("unify needs the source strategy")
     plan = plan_unify(sources, sf, dst_dir, choice_func, split_dst_file)
     if not dry_run:
-        check_destination(dst_dir, [src_dir], overwrite)
-        execute(plan, read, run)
+        check_destination(dst_dir, [src_dir], overwrite, resume)
+        _kept_note(execute(plan, read, run, root=dst_dir, resume=resume, manifest=manifest), notes)
     return Report(plan, notes)
 
 
@@ -257,6 +312,8 @@ def split(
     run: local.Options | None = None,
     overwrite: bool = False,
     dry_run: bool = False,
+    resume: bool = False,
+    manifest: bool = True,
 ) -> Report:
     """Slice a unified (full) model into ``dst_dir/rank_<r>/net.<fmt>`` for a target strategy."""
     files, mapping, hyper = unified_index(unified_dir)
@@ -264,10 +321,11 @@ def split(
     if sf is None:
         raise UsageError("split needs the destination strategy")
     plan = plan_split(files, mapping, hyper, sf, dst_dir, output_format, ranks, name_map)
+    notes: list[str] = []
     if not dry_run:
-        check_destination(dst_dir, [unified_dir], overwrite)
-        execute(plan, None, run)
-    return Report(plan, [])
+        check_destination(dst_dir, [unified_dir], overwrite, resume)
+        _kept_note(execute(plan, None, run, root=dst_dir, resume=resume, manifest=manifest), notes)
+    return Report(plan, notes)
 
 
 def convert_targets(src: str, dst: str | None, to: str, file_regex: str | None = None) -> list[tuple[str, str]]:
@@ -309,15 +367,31 @@ def convert(
     read: ReadOptions | None = None,
     run: local.Options | None = None,
     dry_run: bool = False,
+    overwrite: bool = False,
+    resume: bool = False,
+    manifest: bool = True,
 ) -> Report:
-    """Convert ``.ckpt`` <-> ``.safetensors`` for one file or a folder of ``rank*`` folders."""
+    """Convert ``.ckpt`` <-> ``.safetensors`` for one file or a folder of ``rank*`` folders.
+
+    Without ``dst`` the outputs go next to the inputs (as MindSpore does) and the manifest into
+    the source folder (the file's folder for one file); then existing outputs are refused unless
+    ``overwrite``/``resume``.
+    """
     if to not in layout_dir.FORMATS:
         raise UsageError(f"--to must be ckpt or safetensors, not {to!r}")
     pairs = convert_targets(src, dst, to, file_regex)
     plan = plan_convert([(source_file(i, 0, read), o, to) for i, o in pairs], name_map)
+    notes: list[str] = []
     if not dry_run:
-        execute(plan, read, run)
-    return Report(plan, [])
+        root = dst if dst else (src if os.path.isdir(src) else os.path.dirname(os.path.abspath(src)))
+        if dst:
+            check_destination(dst, [src], overwrite, resume)
+        elif not (overwrite or resume):
+            existing = [o for _, o in pairs if os.path.exists(o)]
+            if existing:
+                raise UsageError("output exists (use --overwrite to replace it)", existing[0])
+        _kept_note(execute(plan, read, run, root=root, resume=resume, manifest=manifest), notes)
+    return Report(plan, notes)
 
 
 ProgressFn = Callable[[int], None]

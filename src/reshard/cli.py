@@ -4,6 +4,10 @@ Every user-facing failure is a ``ReshardError``: it becomes one line on stderr a
 Anything else is a bug; it is still reported as one line (set ``RESHARD_DEBUG=1`` for the
 traceback) so scripts never parse a Python stack. ``transform`` accepts MindFormers'
 ``transform_ckpt.py`` flags verbatim (``--src_ckpt_strategy`` ...) as well as hyphenated forms.
+
+Keys never appear on the command line (shell history, ``ps``): ``--dec-key-file``/``--enc-key-file``
+name a file, ``--dec-key-env``/``--enc-key-env`` an environment variable holding hex. ``verify``
+exits 0 when both sides hold the same tensors, 1 when they differ, 2 on bad input.
 """
 
 from __future__ import annotations
@@ -86,7 +90,30 @@ def print_plan(plan: Plan, as_json: bool) -> None:
 
 
 def _run_options(args: argparse.Namespace) -> local.Options:
-    return local.Options(workers=args.workers, max_memory=args.max_memory)
+    key = _key(args, "enc")
+    return local.Options(workers=args.workers, max_memory=args.max_memory, crc_check=getattr(args, "crc", False),
+                         enc_key=key, enc_mode=getattr(args, "enc_mode", None) or "AES-GCM")
+
+
+def _read_options(args: argparse.Namespace) -> api.ReadOptions:
+    return api.ReadOptions(dec_key=_key(args, "dec"), dec_mode=getattr(args, "dec_mode", None) or "AES-GCM",
+                           crc_check=getattr(args, "check_crc", False))
+
+
+def _key(args: argparse.Namespace, side: str) -> bytes | None:
+    """The key named by ``--<side>-key-file`` / ``--<side>-key-env`` (None when neither is given)."""
+    from reshard.formats import crypto
+
+    key_file, env = getattr(args, f"{side}_key_file", None), getattr(args, f"{side}_key_env", None)
+    if key_file is None and env is None:
+        if getattr(args, f"{side}_mode", None):
+            raise UsageError(f"--{side}-mode needs a key: give --{side}-key-file or --{side}-key-env")
+        return None
+    return crypto.load_key(key_file, env)
+
+
+def _kwargs(args: argparse.Namespace) -> dict[str, bool]:
+    return {"overwrite": args.overwrite, "resume": args.resume}
 
 
 def _notes(report: api.Report) -> None:
@@ -113,8 +140,8 @@ def cmd_transform(args: argparse.Namespace) -> None:
         raise UsageError("give the destination with --dst_ckpt_dir")
     report = api.transform(
         args.src, args.dst, _none(args.src_strategy), _none(args.dst_strategy), prefix=args.prefix,
-        output_format=args.output_format, ranks=args.ranks, run=_run_options(args),
-        overwrite=args.overwrite, dry_run=args.dry_run or args.command == "plan",
+        output_format=args.output_format, ranks=args.ranks, read=_read_options(args), run=_run_options(args),
+        dry_run=args.dry_run or args.command == "plan", **_kwargs(args),
     )
     if args.command == "plan":
         args.dry_run = True
@@ -128,15 +155,15 @@ def _none(value: str | None) -> str | None:
 def cmd_unify(args: argparse.Namespace) -> None:
     split = tuple(int(x) for x in args.split.split("/")) if args.split else ()
     report = api.unify(args.src, args.strategy, args.dst, file_suffix=args.file_suffix,
-                       split_dst_file=split, run=_run_options(args), overwrite=args.overwrite,
-                       dry_run=args.dry_run)  # type: ignore[arg-type]
+                       split_dst_file=split, run=_run_options(args), dry_run=args.dry_run,
+                       **_kwargs(args))  # type: ignore[arg-type]
     _finish(report, args)
 
 
 def cmd_split(args: argparse.Namespace) -> None:
     name_map = _load_json(args.name_map) if args.name_map else None
     report = api.split(args.src, args.strategy, args.dst, ranks=args.ranks, output_format=args.output_format,
-                       name_map=name_map, run=_run_options(args), overwrite=args.overwrite, dry_run=args.dry_run)
+                       name_map=name_map, run=_run_options(args), dry_run=args.dry_run, **_kwargs(args))
     _finish(report, args)
 
 
@@ -159,8 +186,23 @@ def _load_json(path: str) -> dict[str, str]:
 def cmd_convert(args: argparse.Namespace) -> None:
     name_map = _load_json(args.name_map) if args.name_map else None
     report = api.convert(args.src, args.dst, args.to, name_map=name_map, file_regex=args.file_regex,
-                         run=_run_options(args), dry_run=args.dry_run)
+                         read=_read_options(args), run=_run_options(args), dry_run=args.dry_run, **_kwargs(args))
     _finish(report, args)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from reshard import verify
+
+    report = verify.verify(args.a, args.b, a_strategy=_none(args.a_strategy), b_strategy=_none(args.b_strategy),
+                           read=_read_options(args), crc_check=not args.no_crc_check, atol=args.atol,
+                           max_memory=args.max_memory)
+    for note in report.notes:
+        print(f"reshard: note: {note}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        verify.print_report(report, _console())
+    return 0 if report.ok else verify.EXIT_DIFFER
 
 
 def cmd_merge_strategies(args: argparse.Namespace) -> None:
@@ -190,6 +232,27 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-memory", "--max_memory", type=_parse_memory, default=local.DEFAULT_MAX_MEMORY,
                    help="bound on staging bytes in flight (e.g. 512M, 2G)")
     p.add_argument("--dry-run", "--dry_run", action="store_true", help="print the plan, write nothing")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run: keep its verified files, redo the rest")
+
+
+def _add_check_crc_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--check-crc", "--check_crc", action="store_true",
+                   help="verify the crc trailer of every .ckpt source that has one (one extra read)")
+
+
+def _add_crypto_flags(p: argparse.ArgumentParser, read: bool = True, write: bool = True) -> None:
+    from reshard.formats.crypto import MODES
+
+    if read:
+        p.add_argument("--dec-key-file", "--dec_key_file", help="key of encrypted .ckpt sources (raw bytes or hex)")
+        p.add_argument("--dec-key-env", "--dec_key_env", metavar="VAR", help="environment variable holding it in hex")
+        p.add_argument("--dec-mode", "--dec_mode", choices=MODES, help="cipher of the sources (default AES-GCM)")
+    if write:
+        p.add_argument("--enc-key-file", "--enc_key_file", help="encrypt .ckpt outputs with this key file")
+        p.add_argument("--enc-key-env", "--enc_key_env", metavar="VAR", help="... or the key in this variable (hex)")
+        p.add_argument("--enc-mode", "--enc_mode", choices=MODES, help="cipher of the outputs (default AES-GCM)")
+        p.add_argument("--crc", action="store_true", help="append a crc trailer to .ckpt outputs (MindSpore crc_check)")
 
 
 def _add_transform_flags(p: argparse.ArgumentParser) -> None:
@@ -234,8 +297,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", required=True, choices=("safetensors", "ckpt"))
     p.add_argument("--name-map", "--name_map", help="JSON file: old name -> new name")
     p.add_argument("--file-regex", "--file_name_regex", dest="file_regex", help="only files matching this regex")
+    p.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     p.add_argument("--json", action="store_true")
     _add_run_flags(p)
+    _add_crypto_flags(p)
+    _add_check_crc_flag(p)
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("merge-strategies", help="merge per-stage strategy files into one")
@@ -248,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         _add_transform_flags(p)
         _add_run_flags(p)
+        _add_crypto_flags(p)
+        _add_check_crc_flag(p)
         p.set_defaults(func=cmd_transform)
 
     p = sub.add_parser("unify", help="merge rank shards into full safetensors parts + param_name_map.json")
@@ -272,7 +340,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--json", action="store_true")
     _add_run_flags(p)
+    _add_crypto_flags(p, read=False)
     p.set_defaults(func=cmd_split)
+
+    p = sub.add_parser("verify", help="compare the full tensors of two checkpoints (exit 0 same, 1 differ)")
+    p.add_argument("a", help="checkpoint file, unified folder, or rank_<r> folder tree (with --a-strategy)")
+    p.add_argument("b", help="the other side, in any of those forms and either format")
+    p.add_argument("--a-strategy", "--a_strategy", help="strategy file or folder of side A's rank folders")
+    p.add_argument("--b-strategy", "--b_strategy", help="strategy file or folder of side B's rank folders")
+    p.add_argument("--atol", type=float, default=0.0, help="count values within this absolute difference as equal")
+    p.add_argument("--no-crc-check", action="store_true", help="skip checking .ckpt crc trailers")
+    p.add_argument("--max-memory", "--max_memory", type=_parse_memory, default=256 * 1024**2,
+                   help="bound on the tensor blocks compared at once (e.g. 256M)")
+    p.add_argument("--json", action="store_true")
+    _add_crypto_flags(p, write=False)
+    p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("rank-list", help="source ranks a destination rank needs")
     p.add_argument("rank", type=int)
@@ -287,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        args.func(args)
+        status = args.func(args)
     except ReshardError as exc:
         print(f"reshard: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -300,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"reshard: internal error: {type(exc).__name__}: {exc} (RESHARD_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         return EXIT_BUG
-    return 0
+    return status if isinstance(status, int) else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,333 @@
+"""``reshard verify A B``: do two checkpoints hold the same model, whatever their layouts?
+
+Each side is a full checkpoint file, a unified folder (``part*.safetensors`` +
+``param_name_map.json``), or a ``rank_<r>`` folder tree with its strategy, in either format.
+Why it is built this way:
+
+* **No second slicer.** Each side is turned into a plan of its *full* tensors with the planners
+  the converters use (a dry-run transform to no strategy for a rank tree, a whole-file convert
+  plan for files and unified parts). A full tensor is then assembled from that plan's copies,
+  exactly as the executor would write it, so verify checks the layout engine's view of a
+  checkpoint rather than re-deriving it.
+* **Streaming, bounded memory.** Tensors are compared one at a time, in row blocks of dim 0 sized
+  from ``max_memory`` (the float64 difference of a block needs 8 bytes per element, so a block
+  has at most ``max_memory / 32`` elements). A tensor that is one unchanged source tensor is a
+  zero-copy view of the source map; source pages are handed back after each tensor.
+* **Exact by default.** Two tensors match when dtype, shape and every byte are equal (so -0.0 vs
+  0.0 or two different NaN payloads differ). ``atol > 0`` also accepts values within ``atol``.
+  For differing tensors the maximum absolute difference is reported (``inf`` when a NaN is on one
+  side only).
+* **crc trailers** of plain ``.ckpt`` sources are checked by default (one extra read per file);
+  safetensors ``crc_num`` metadata is not, because MindSpore copies a source's value into every
+  unified part, where it no longer matches.
+* A is the reference: names only in A are *missing*, names only in B *unexpected*.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from reshard import api, dtypes
+from reshard.errors import UsageError
+from reshard.execute.local import SourceCache
+from reshard.formats import crypto, layout_dir
+from reshard.formats.base import decode_string
+from reshard.formats.strategy import StrategyFile
+from reshard.plan import Plan, TensorPlan, plan_convert
+
+EXIT_DIFFER = 1  # the CLI's exit code when the checkpoints differ (2 stays "bad input")
+DEFAULT_MAX_MEMORY = 256 * 1024**2
+_BYTES_PER_COMPARED_ELEMENT = 32  # two float64 copies, their difference, and slack
+_VIRTUAL_OUT = "<verify>"  # output path of the dry-run plans: never written
+
+MATCH, DIFFER, MISSING, UNEXPECTED = "match", "differ", "missing", "unexpected"
+
+
+@dataclass(frozen=True)
+class TensorResult:
+    """The verdict on one name. ``dtype``/``shape`` are A's (B's for unexpected names)."""
+
+    name: str
+    status: str
+    dtype: str
+    shape: tuple[int, ...]
+    max_abs_diff: float | None = None
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        diff = self.max_abs_diff
+        return {"name": self.name, "status": self.status, "dtype": self.dtype, "shape": list(self.shape),
+                "max_abs_diff": None if diff is None else (diff if np.isfinite(diff) else str(diff)),
+                "detail": self.detail}
+
+
+@dataclass
+class VerifyReport:
+    a: str
+    b: str
+    results: list[TensorResult]
+    notes: list[str] = field(default_factory=list)
+
+    def names(self, status: str) -> list[str]:
+        return [r.name for r in self.results if r.status == status]
+
+    @property
+    def matching(self) -> list[str]:
+        return self.names(MATCH)
+
+    @property
+    def differing(self) -> list[str]:
+        return self.names(DIFFER)
+
+    @property
+    def missing(self) -> list[str]:
+        return self.names(MISSING)
+
+    @property
+    def unexpected(self) -> list[str]:
+        return self.names(UNEXPECTED)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.status == MATCH for r in self.results)
+
+    def summary(self) -> dict[str, int]:
+        return {s: len(self.names(s)) for s in (MATCH, DIFFER, MISSING, UNEXPECTED)}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, "ok": self.ok, "summary": self.summary(), "notes": self.notes,
+                "tensors": [r.to_json() for r in self.results]}
+
+
+@dataclass
+class _Side:
+    path: str
+    plan: Plan
+    cache: SourceCache
+    tensors: dict[str, TensorPlan] = field(default_factory=dict)
+
+    def array(self, source: int, tensor: str) -> np.ndarray:
+        return self.cache.get(self.plan.sources[source]).array(tensor)
+
+    def release(self, t: TensorPlan) -> None:
+        for c in t.copies:
+            self.cache.release(self.plan.sources[c.source], c.tensor)
+
+
+# ------------------------------------------------------------------------------------ sides
+
+
+def _first_ckpt(path: str) -> str | None:
+    if os.path.isfile(path):
+        return path if path.endswith(".ckpt") else None
+    for pattern in ("*.ckpt", "rank_*/*.ckpt"):
+        found = sorted(glob.glob(os.path.join(glob.escape(path), pattern)))
+        if found:
+            return found[0]
+    return None
+
+
+def _side_read(path: str, read: api.ReadOptions) -> api.ReadOptions:
+    """The key is used only for a side whose checkpoints are encrypted (the other may be plain)."""
+    first = _first_ckpt(path)
+    if read.dec_key is None or first is None:
+        return replace(read, dec_key=None)
+    try:
+        with open(first, "rb") as fh:
+            encrypted = crypto.encrypted_mode(fh.read(4)) is not None
+    except OSError:
+        encrypted = False  # the reader reports it
+    return read if encrypted else replace(read, dec_key=None)
+
+
+def side_plan(path: str, strategy: str | StrategyFile | None, read: api.ReadOptions, notes: list[str]) -> Plan:
+    """A plan whose tensors are the full tensors of one side (never executed)."""
+    if os.path.isfile(path):
+        if strategy is not None:
+            raise UsageError("a strategy belongs to a folder of rank_<r> folders, not to one file", path)
+        return plan_convert([(api.source_file(path, 0, read), _VIRTUAL_OUT, "ckpt")])
+    if not os.path.isdir(path):
+        raise UsageError("no such file or folder", path)
+    if layout_dir.rank_dirs(path):
+        report = api.transform(path, _VIRTUAL_OUT, strategy, None, output_format="ckpt", read=read, dry_run=True)
+        notes.extend(f"{path}: {note}" for note in report.notes)
+        return report.plan
+    if strategy is not None:
+        raise UsageError("a strategy was given but the folder has no rank_<r> folders", path)
+    files, _, hyper = api.unified_index(path)
+    parts = [*files.values(), *([hyper] if hyper is not None else [])]
+    return plan_convert([(sf, _VIRTUAL_OUT, "ckpt") for sf in parts])
+
+
+def _open_side(path: str, strategy: str | StrategyFile | None, read: api.ReadOptions, notes: list[str]) -> _Side:
+    read = _side_read(path, read)
+    plan = side_plan(path, strategy, read, notes)
+    opened = replace(read, crc_check=False)  # trailers were checked while planning
+    side = _Side(path, plan, SourceCache(lambda p: api.open_checkpoint(p, opened)))
+    for f in plan.files:
+        for t in f.tensors:
+            side.tensors.setdefault(t.name, t)
+    if read.crc_check:
+        checked = sum(1 for s in plan.sources if s.endswith(".ckpt") and api.has_crc_trailer(s))
+        if checked:
+            notes.append(f"{path}: crc trailers of {checked} file(s) checked")
+    return side
+
+
+# ------------------------------------------------------------------------------------ comparing
+
+
+def _rows(side: _Side, t: TensorPlan, r0: int, r1: int) -> np.ndarray:
+    """Rows ``r0:r1`` (dim 0) of the full tensor ``t``, assembled from the plan's copies."""
+    if t.literal is not None:
+        whole = np.frombuffer(t.literal, dtype=t.dtype.numpy).reshape(t.shape)
+        return whole[r0:r1] if t.shape else whole
+    if t.whole_copy:
+        c = t.copies[0]
+        whole = side.array(c.source, c.tensor)
+        return whole[r0:r1] if t.shape else whole
+    block = np.empty((r1 - r0, *t.shape[1:]), dtype=t.dtype.numpy)
+    for c in t.copies:
+        lo, hi = max(r0, c.dst_start[0]), min(r1, c.dst_start[0] + c.lengths[0])
+        if lo >= hi:
+            continue
+        shift = lo - c.dst_start[0]
+        src = side.array(c.source, c.tensor)
+        src_sel = (slice(c.src_start[0] + shift, c.src_start[0] + shift + hi - lo),
+                   *(slice(s, s + n) for s, n in zip(c.src_start[1:], c.lengths[1:], strict=True)))
+        dst_sel = (slice(lo - r0, hi - r0),
+                   *(slice(s, s + n) for s, n in zip(c.dst_start[1:], c.lengths[1:], strict=True)))
+        np.copyto(block[dst_sel], src[src_sel])
+    return block
+
+
+def _string(side: _Side, t: TensorPlan) -> str:
+    if t.literal is not None:
+        return decode_string(t.literal)
+    c = t.copies[0]
+    return str(side.cache.get(side.plan.sources[c.source]).value(c.tensor))
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.dtype.itemsize != b.dtype.itemsize:
+        return False
+    raw_a, raw_b = np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(b).reshape(-1)
+    word = next(w for w in (8, 4, 2, 1) if raw_a.nbytes % w == 0)  # widest compare the size allows
+    view = np.dtype(f"u{word}")
+    return bool(np.array_equal(raw_a.view(np.uint8).view(view), raw_b.view(np.uint8).view(view)))
+
+
+def _max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
+    if a.size == 0:
+        return 0.0
+    wide = np.complex128 if "c" in (a.dtype.kind, b.dtype.kind) else np.float64
+    with np.errstate(all="ignore"):
+        diff = np.abs(a.astype(wide) - b.astype(wide))
+    nan = np.isnan(diff)
+    if nan.any():
+        both_nan = np.isnan(a.astype(wide)) & np.isnan(b.astype(wide))
+        if (nan & ~both_nan).any():
+            return float("inf")
+        diff = np.where(nan, 0.0, diff)
+    return float(diff.max())
+
+
+def _block_rows(t: TensorPlan, max_memory: int) -> int:
+    row_elems = int(np.prod(t.shape[1:], dtype=np.int64)) if t.shape else 1
+    return max(1, max_memory // _BYTES_PER_COMPARED_ELEMENT // max(1, row_elems))
+
+
+def _compare(name: str, a: _Side, ta: TensorPlan, b: _Side, tb: TensorPlan, atol: float,
+             max_memory: int) -> TensorResult:
+    dtype = ta.dtype.ms_name if ta.dtype is tb.dtype else f"{ta.dtype.ms_name} / {tb.dtype.ms_name}"
+    if ta.dtype is dtypes.STR or tb.dtype is dtypes.STR:
+        if ta.dtype is not tb.dtype:
+            return TensorResult(name, DIFFER, dtype, ta.shape, None, "string vs tensor")
+        same = _string(a, ta) == _string(b, tb)
+        return TensorResult(name, MATCH if same else DIFFER, dtype, (), None, "" if same else "strings differ")
+    if ta.shape != tb.shape:
+        return TensorResult(name, DIFFER, dtype, ta.shape, None, f"shape {list(ta.shape)} vs {list(tb.shape)}")
+    worst, exact = 0.0, ta.dtype is tb.dtype
+    rows = ta.shape[0] if ta.shape else 1
+    step = _block_rows(ta, max_memory)
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        block_a, block_b = _rows(a, ta, r0, r1), _rows(b, tb, r0, r1)
+        if exact and _same_bytes(block_a, block_b):
+            continue
+        exact = False
+        worst = max(worst, _max_abs_diff(block_a, block_b))
+    a.release(ta)
+    b.release(tb)
+    if exact:
+        return TensorResult(name, MATCH, dtype, ta.shape, 0.0)
+    detail = f"dtype {ta.dtype.ms_name} vs {tb.dtype.ms_name}" if ta.dtype is not tb.dtype else ""
+    if not detail and atol > 0 and worst <= atol:
+        return TensorResult(name, MATCH, dtype, ta.shape, worst, f"within atol {atol:g}")
+    return TensorResult(name, DIFFER, dtype, ta.shape, worst, detail or "values differ")
+
+
+def verify(
+    a: str,
+    b: str,
+    *,
+    a_strategy: str | StrategyFile | None = None,
+    b_strategy: str | StrategyFile | None = None,
+    read: api.ReadOptions | None = None,
+    crc_check: bool = True,
+    atol: float = 0.0,
+    max_memory: int = DEFAULT_MAX_MEMORY,
+) -> VerifyReport:
+    """Compare the logical full tensors of ``a`` (reference) and ``b``, one tensor block at a time.
+
+    ``read.dec_key``/``dec_mode`` decrypt whichever side holds encrypted ``.ckpt`` files.
+    """
+    if atol < 0 or not np.isfinite(atol):
+        raise UsageError(f"atol must be a finite number >= 0, got {atol}")
+    read = replace(read or api.ReadOptions(), crc_check=crc_check)
+    notes: list[str] = []
+    side_a = _open_side(a, a_strategy, read, notes)
+    side_b = _open_side(b, b_strategy, read, notes)
+    results: list[TensorResult] = []
+    try:
+        for name, ta in side_a.tensors.items():
+            tb = side_b.tensors.get(name)
+            if tb is None:
+                results.append(TensorResult(name, MISSING, ta.dtype.ms_name, ta.shape, None, "only in A"))
+            else:
+                results.append(_compare(name, side_a, ta, side_b, tb, atol, max_memory))
+        for name, tb in side_b.tensors.items():
+            if name not in side_a.tensors:
+                results.append(TensorResult(name, UNEXPECTED, tb.dtype.ms_name, tb.shape, None, "only in B"))
+    finally:
+        side_a.cache.close()
+        side_b.cache.close()
+    return VerifyReport(a, b, results, notes)
+
+
+def print_report(report: VerifyReport, console: Any) -> None:
+    """A table of every name, then one summary line."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"verify {report.a} vs {report.b}")
+    for col in ("name", "status", "dtype", "shape", "max |a-b|", "detail"):
+        table.add_column(col, justify="right" if col == "max |a-b|" else "left")
+    style = {MATCH: "green", DIFFER: "red", MISSING: "yellow", UNEXPECTED: "yellow"}
+    for r in report.results:
+        diff = "" if r.max_abs_diff is None else f"{r.max_abs_diff:.6g}"
+        table.add_row(escape(r.name), f"[{style[r.status]}]{r.status}[/]", r.dtype, str(list(r.shape)), diff,
+                      escape(r.detail))
+    console.print(table)
+    s = report.summary()
+    verdict = "SAME" if report.ok else "DIFFERENT"
+    console.print(f"{verdict}: {s[MATCH]} match, {s[DIFFER]} differ, {s[MISSING]} missing (only in A), "
+                  f"{s[UNEXPECTED]} unexpected (only in B)")
+
+
+__all__ = ["EXIT_DIFFER", "TensorResult", "VerifyReport", "print_report", "side_plan", "verify"]
