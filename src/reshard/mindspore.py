@@ -16,7 +16,9 @@ MindSpore ``Tensor``/``Parameter`` objects.
 Deliberate differences from MindSpore (each one a MindSpore behaviour that loses data or
 surprises users; valid inputs still give MindSpore's names and bytes):
 
-* Outputs are written to a temporary name and renamed atomically; they keep the normal permissions
+* Outputs are written to a temporary name and renamed atomically (a failing run removes what it
+  wrote; no ``reshard-manifest.json`` is added, so the folders hold MindSpore's files only); they
+  keep the normal permissions
   of new files (MindSpore chmods every checkpoint 0o400 and creates folders 0o700), missing parent
   folders are created, and nothing but the named outputs is ever replaced, chmodded or deleted.
 * ``save_checkpoint`` always writes the tensor path (``integrated_save`` / ``async_save`` are
@@ -40,6 +42,7 @@ surprises users; valid inputs still give MindSpore's names and bytes):
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import os
 import re
@@ -54,26 +57,31 @@ from reshard import api, dtypes
 from reshard.errors import FormatError, IntegrityError, UnsupportedError, UsageError
 from reshard.execute import local
 from reshard.formats import layout_dir
-from reshard.formats.base import TensorIndex
+from reshard.formats.base import TensorIndex, atomic_path
 from reshard.formats.ckpt import CRC_MARK, CRC_TRAILER_BYTES, ENCRYPTED_MAGICS, read_ckpt, save_ckpt
 from reshard.formats.safetensors import read_safetensors, save_safetensors
 from reshard.formats.strategy import (
+    JSON,
     PROTOBUF,
     StrategyFile,
     device_num,
     encode_strategy,
+    find_strategy_files,
     format_of,
     layout_map,
-    merge_pipeline_strategies,
+    merge_strategy_files,
     message_classes,
     read_strategy,
     stage_count,
 )
-from reshard.plan import REDUNDANT_STATE_PREFIXES, FilePlan, Plan, plan_transform_by_rank
+from reshard.plan import REDUNDANT_STATE_PREFIXES, FilePlan, Plan, SourceFile, plan_split, plan_transform_by_rank
 
 FORMATS = ("ckpt", "safetensors")
 DEFAULT_ENC_MODE = "AES-GCM"
 DEFAULT_MAX_PROCESS_NUM = 64
+DEFAULT_UMASK = 0o022  # when /proc does not tell: the usual one
+# MindSpore writes only the checkpoints: no reshard-manifest.json in the drop-in's output folders.
+NO_MANIFEST = False
 # MindSpore's _check_path_safe rejects these in ckpt_prefix (spec 3.9); we add path separators,
 # which MindSpore lets escape the destination folder (a prefix "/x" writes "/x0.ckpt").
 _UNSAFE_PREFIX_PARTS = ("..", "//", "~", "./.", "/", "\\", "\x00")
@@ -335,7 +343,7 @@ def _save_safetensors(
     for name, value in items:
         if isinstance(value, str):
             raise UsageError(f"parameter {name!r} is a str; safetensors files cannot hold strings", path)
-        tensors[name] = np.ascontiguousarray(value)
+        tensors[name] = np.asarray(value, order="C")  # keeps 0-d (ascontiguousarray makes it 1-d)
     if not tensors:
         save_safetensors(path, {}, None)  # MindSpore writes an empty dict without metadata
         return
@@ -501,7 +509,7 @@ def _convert(to: str, file_path: Any, save_path: Any, name_map: Any, file_name_r
     run = _workers(processes_num, "processes_num")
     if not os.path.exists(src):
         raise UsageError("file_path does not exist", src)
-    api.convert(src, dst, to, name_map=names, file_regex=file_name_regex, run=run)
+    api.convert(src, dst, to, name_map=names, file_regex=file_name_regex, run=run, manifest=NO_MANIFEST)
 
 
 def ckpt_to_safetensors(
@@ -535,14 +543,46 @@ def safetensors_to_ckpt(
 
 
 def merge_pipeline_strategys(src_strategy_dirs: str, dst_strategy_file: str) -> None:
-    """``mindspore.merge_pipeline_strategys``: merge the per-stage files of a folder (spec 2.5)."""
+    """``mindspore.merge_pipeline_strategys``: merge the per-stage files of a folder (spec 2.5).
+
+    Files are merged in the folder's listing order, as MindSpore's ``glob`` does (the order decides
+    the item order of the merged file and, for JSON, which stage's operator entries win).
+    """
     src = _path(src_strategy_dirs, "src_strategy_dirs")
     if not os.path.isdir(src):
         raise UsageError("src_strategy_dirs is not a directory", src)
     dst = _path(dst_strategy_file, "dst_strategy_file")
     if os.path.isdir(dst):
         raise UsageError("dst_strategy_file is a directory", dst)
-    merge_pipeline_strategies(src, dst)
+    files = find_strategy_files(src, exclude=dst)  # validated candidates (sorted)
+    listing = {name: i for i, name in enumerate(os.listdir(src))}
+    files.sort(key=lambda f: listing.get(os.path.basename(f), len(listing)))
+    fmt, data = merge_strategy_files(files)
+    if format_of(dst) != fmt:
+        raise UsageError(f"the merged {fmt} strategy file must {'' if fmt == JSON else 'not '}end with .json", dst)
+    _write_plain(dst, data)
+
+
+def _write_plain(path: str, data: bytes) -> None:
+    """Atomically, with the permissions of a plain ``open(path, "wb")`` (``0o666 & ~umask``)."""
+    with atomic_path(path) as tmp:
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+            os.chmod(tmp, 0o666 & ~_umask())
+        except OSError as exc:
+            raise UsageError(f"cannot write: {exc.strerror}", path) from None
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return DEFAULT_UMASK
 
 
 def build_searched_strategy(strategy_filename: str) -> dict[str, Any]:
@@ -653,9 +693,11 @@ def transform_checkpoints(
         plans = _plan_by_stage(src_dir, dst_dir, prefix, src, dst)  # every plan before any write
         api.check_destination(dst_dir, [src_dir], overwrite=True)
         for plan in plans:
-            api.execute(plan, None, run)
+            api.execute(plan, None, run, root=dst_dir, manifest=NO_MANIFEST)
         return
-    api.transform(src_dir, dst_dir, src, dst, prefix=prefix, output_format=out_fmt, run=run, overwrite=True)
+    api.transform(
+        src_dir, dst_dir, src, dst, prefix=prefix, output_format=out_fmt, run=run, overwrite=True, manifest=NO_MANIFEST
+    )
 
 
 def transform_checkpoint_by_rank(
@@ -685,7 +727,7 @@ def transform_checkpoint_by_rank(
     src = _optional_strategy(src_strategy_file, "src_strategy_file")
     dst = _optional_strategy(dst_strategy_file, "dst_strategy_file")
     rank = _rank(rank_id, _rank_bound(None, dst))
-    api.transform_by_rank(rank, files, out, src, dst)
+    api.transform_by_rank(rank, files, out, src, dst, manifest=NO_MANIFEST)
 
 
 # --------------------------------------------------------------------------------------------
@@ -747,17 +789,20 @@ def unified_safetensors(
             "remove_redundancy metadata) is not supported yet",
             src,
         )
-    api.unify(
+    report = api.unify(
         src,
         strategy,
         dst,
         file_suffix=file_suffix,
         choice_func=choice,
         split_dst_file=split,
-        run=run,
-        overwrite=True,
         mindspore_order=True,  # folder listing order decides bin packing ties and the index order
+        dry_run=True,
     )
+    if split and not report.plan.files and not report.plan.texts:
+        raise UsageError(f"split_dst_file {split} selects none of the model's parts (MindSpore fails here too)")
+    api.check_destination(dst, [src], overwrite=True)
+    api.execute(report.plan, None, run, root=dst, manifest=NO_MANIFEST)
 
 
 _UNUSED_DST = "__reshard_not_written__"  # plan paths of return_param_dict: never written
@@ -860,19 +905,58 @@ def load_distributed_checkpoint(
     rank = None if rank_id is None else _rank(rank_id, _rank_bound(None, strategy))
     dst = _optional_path(dst_safetensors_dir, "dst_safetensors_dir")
     ranks = None if rank is None else [rank]
-    if not return_param_dict:
-        if dst is None:
-            raise UsageError("dst_safetensors_dir is required when network is None")
-        api.split(unified, strategy, dst, ranks=ranks, output_format=out_fmt, name_map=names, run=run, overwrite=True)
-        return None
-    if rank is None:
+    if return_param_dict and rank is None:
         raise UsageError("return_param_dict=True needs rank_id: the tensors of which rank?")
-    target = dst if dst is not None else os.path.join(unified, _UNUSED_DST)
-    report = api.split(unified, strategy, target, ranks=ranks, output_format=out_fmt, name_map=names, dry_run=True)
+    if not return_param_dict and dst is None:
+        raise UsageError("dst_safetensors_dir is required when network is None")
+    plan = _split_plan(unified, strategy, dst or os.path.join(unified, _UNUSED_DST), ranks, out_fmt, names)
     if dst is not None:
         api.check_destination(dst, [unified], overwrite=True)
-        api.execute(report.plan, None, run)
-    return _materialize(report.plan, report.plan.files[0])
+        api.execute(plan, None, run, root=dst, manifest=NO_MANIFEST)
+    return _materialize(plan, plan.files[0]) if return_param_dict else None
+
+
+def _split_plan(
+    unified: str,
+    strategy: StrategyFile,
+    dst: str,
+    ranks: Sequence[int] | None,
+    output_format: str,
+    name_map: Mapping[str, str] | None,
+) -> Plan:
+    """``plan_split`` with MindSpore's name lookup and, for ``.ckpt`` outputs, its parameter order.
+
+    MindSpore looks a parameter up in the index by its *strategy* name and reads the file key
+    ``name_map[name]``; ``plan_split`` looks the *file key* up in the index, so we hand it an index
+    keyed by file key. A single-file folder has no index: its keys, translated back through the
+    inverted ``name_map``, are the names (spec 4.3 step 2).
+    """
+    files, index, hyper = api.unified_index(unified)
+    if name_map:
+        st_files = [n for n in os.listdir(unified) if n.endswith(".safetensors")]
+        if len(st_files) == 1:
+            inverse = {v: k for k, v in name_map.items()}
+            index = {inverse.get(k, k): f for k, f in index.items()}
+        index = {name_map.get(n, n): index[n] for n in layout_map(strategy) if n in index}
+    plan = plan_split(files, index, hyper, strategy, dst, output_format, ranks, name_map)
+    return _in_dict_order(plan, strategy, hyper) if output_format == "ckpt" else plan
+
+
+def _in_dict_order(plan: Plan, strategy: StrategyFile, hyper: SourceFile | None) -> Plan:
+    """MindSpore saves the rank's dict: strategy names of the rank's stage, then hyper parameters."""
+    n_dst = device_num(strategy)
+    files = []
+    for file in plan.files:
+        rank = file.rank or 0
+        position: dict[str, int] = {}
+        for name, staged in layout_map(strategy, rank).items():
+            if rank // n_dst in staged.stages:
+                position.setdefault(name, len(position))
+        for name in hyper.tensors if hyper is not None else ():
+            position.setdefault(name, len(position))
+        ordered = sorted(file.tensors, key=lambda t: position.get(t.name, len(position)))
+        files.append(dataclasses.replace(file, tensors=tuple(ordered)))
+    return dataclasses.replace(plan, files=tuple(files))
 
 
 __all__ = [
