@@ -16,11 +16,13 @@ MindSpore ``Tensor``/``Parameter`` objects.
 Deliberate differences from MindSpore (each one a MindSpore behaviour that loses data or
 surprises users; valid inputs still give MindSpore's names and bytes):
 
-* Outputs are written to a temporary name and renamed atomically (a failing run removes what it
-  wrote; no ``reshard-manifest.json`` is added, so the folders hold MindSpore's files only); they
-  keep the normal permissions
-  of new files (MindSpore chmods every checkpoint 0o400 and creates folders 0o700), missing parent
-  folders are created, and nothing but the named outputs is ever replaced, chmodded or deleted.
+* Outputs are written to a temporary name and renamed atomically; a failing run removes what it
+  wrote, and no ``reshard-manifest.json`` is added (the folders hold MindSpore's files only). Files
+  keep the normal permissions of new files (MindSpore chmods every checkpoint 0o400 and creates
+  folders 0o700), missing parent folders are created, and nothing but the named outputs is ever
+  replaced, chmodded or deleted.
+* ``save_checkpoint(format="safetensors", crc_check=True)`` also works for float16/bfloat16
+  tensors (MindSpore fails: "cannot include dtype 'E' in a buffer").
 * ``save_checkpoint`` always writes the tensor path (``integrated_save`` / ``async_save`` are
   accepted and checked, but there are no devices to gather from and no background thread); a name
   appearing twice, ``crc_check`` together with ``enc_key`` and python ints outside int64 raise
@@ -31,13 +33,16 @@ surprises users; valid inputs still give MindSpore's names and bytes):
 * ``transform_checkpoints`` refuses a prefix containing a path separator or an absolute path
   (MindSpore writes outside the destination), a source folder with several ranks but no source
   strategy (MindSpore silently treats rank 0 as the full model), and an unknown ``output_format``.
-* ``merge_pipeline_strategys`` merges files in sorted name order (MindSpore: directory order) and
-  refuses an empty folder or a merged file whose extension does not match its content.
+* ``merge_pipeline_strategys`` never merges the destination file into itself (MindSpore re-merges
+  a merged file left in the folder) and refuses an empty folder, a per-stage file whose names hold
+  ``-`` and a merged file whose extension does not match its content.
 * Strings cannot be stored in ``.safetensors``: ``ckpt_to_safetensors`` keeps them in the
   metadata (``reshard.str:<name>``) and ``safetensors_to_ckpt`` restores them (MindSpore fails).
 * ``unified_safetensors(merge_with_redundancy=False)`` (or sources saved with
   ``remove_redundancy=True``) and ``load_distributed_checkpoint`` with a network, with the legacy
   ``.ckpt`` path or without ``predict_strategy`` raise ``UnsupportedError``.
+* ``unified_safetensors`` with a ``split_dst_file`` that selects no part raises ``UsageError``
+  (MindSpore fails with "number sections must be larger than 0" after creating the folder).
 """
 
 from __future__ import annotations
@@ -81,7 +86,7 @@ DEFAULT_ENC_MODE = "AES-GCM"
 DEFAULT_MAX_PROCESS_NUM = 64
 DEFAULT_UMASK = 0o022  # when /proc does not tell: the usual one
 # MindSpore writes only the checkpoints: no reshard-manifest.json in the drop-in's output folders.
-NO_MANIFEST = False
+WRITE_MANIFEST = False
 # MindSpore's _check_path_safe rejects these in ckpt_prefix (spec 3.9); we add path separators,
 # which MindSpore lets escape the destination folder (a prefix "/x" writes "/x0.ckpt").
 _UNSAFE_PREFIX_PARTS = ("..", "//", "~", "./.", "/", "\\", "\x00")
@@ -401,18 +406,18 @@ def _selector(
     return lambda name: True
 
 
-def _has_crc_trailer(path: str) -> bool:
-    """Plain (unencrypted) files only: does the file end with ``crc_num`` + 10 digits?"""
+def _ckpt_kind(path: str) -> str:
+    """``encrypted``, ``crc`` (plain, ends with ``crc_num`` + 10 digits) or ``plain``."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(4)
             if len(head) == 4 and int.from_bytes(head, "little") in ENCRYPTED_MAGICS:
-                return True  # let the reader decide after decryption
+                return "encrypted"
             size = fh.seek(0, os.SEEK_END)
             if size < CRC_TRAILER_BYTES:
-                return False
+                return "plain"
             fh.seek(size - CRC_TRAILER_BYTES)
-            return fh.read(len(CRC_MARK)) == CRC_MARK
+            return "crc" if fh.read(len(CRC_MARK)) == CRC_MARK else "plain"
     except OSError as exc:
         raise UsageError(f"cannot read: {exc.strerror}", path) from None
 
@@ -427,8 +432,9 @@ def _open_for_load(path: str, fmt: str, dec_key: Any, dec_mode: Any, crc_check: 
         return index
     if dec_key is not None and not isinstance(dec_key, bytes):
         raise UsageError(f"dec_key must be bytes or None, got {type(dec_key).__name__}")
-    if crc_check and not _has_crc_trailer(path):
-        warnings.warn(f"{path}: crc_check=True but the file has no crc trailer; not checked", stacklevel=3)
+    kind = _ckpt_kind(path)
+    if crc_check and kind != "crc":  # MindSpore only warns; encrypted files never carry a real crc
+        warnings.warn(f"{path}: crc_check=True but the file has no crc trailer ({kind}); not checked", stacklevel=3)
         crc_check = False
     return read_ckpt(path, crc_check=crc_check, dec_key=dec_key, dec_mode=dec_mode)
 
@@ -466,7 +472,8 @@ def load_checkpoint(
     Order as MindSpore: file order for ``.ckpt``, sorted names for ``.safetensors``. A name is
     kept if it starts with one of ``specify_prefix`` and with none of ``filter_prefix``; only when
     both are None, ``choice_func(name)`` (truthy) decides. ``strict_load`` and
-    ``remove_redundancy`` only matter when loading into a network, so they are just checked.
+    ``remove_redundancy`` only matter when loading into a network (MindSpore ignores the first and
+    checks the type of the second here; so do we).
     """
     if net is not None:
         raise UnsupportedError("reshard has no networks; pass net=None and load the returned arrays")
@@ -509,7 +516,7 @@ def _convert(to: str, file_path: Any, save_path: Any, name_map: Any, file_name_r
     run = _workers(processes_num, "processes_num")
     if not os.path.exists(src):
         raise UsageError("file_path does not exist", src)
-    api.convert(src, dst, to, name_map=names, file_regex=file_name_regex, run=run, manifest=NO_MANIFEST)
+    api.convert(src, dst, to, name_map=names, file_regex=file_name_regex, run=run, manifest=WRITE_MANIFEST)
 
 
 def ckpt_to_safetensors(
@@ -693,10 +700,18 @@ def transform_checkpoints(
         plans = _plan_by_stage(src_dir, dst_dir, prefix, src, dst)  # every plan before any write
         api.check_destination(dst_dir, [src_dir], overwrite=True)
         for plan in plans:
-            api.execute(plan, None, run, root=dst_dir, manifest=NO_MANIFEST)
+            api.execute(plan, None, run, root=dst_dir, manifest=WRITE_MANIFEST)
         return
     api.transform(
-        src_dir, dst_dir, src, dst, prefix=prefix, output_format=out_fmt, run=run, overwrite=True, manifest=NO_MANIFEST
+        src_dir,
+        dst_dir,
+        src,
+        dst,
+        prefix=prefix,
+        output_format=out_fmt,
+        run=run,
+        overwrite=True,
+        manifest=WRITE_MANIFEST,
     )
 
 
@@ -727,7 +742,7 @@ def transform_checkpoint_by_rank(
     src = _optional_strategy(src_strategy_file, "src_strategy_file")
     dst = _optional_strategy(dst_strategy_file, "dst_strategy_file")
     rank = _rank(rank_id, _rank_bound(None, dst))
-    api.transform_by_rank(rank, files, out, src, dst, manifest=NO_MANIFEST)
+    api.transform_by_rank(rank, files, out, src, dst, manifest=WRITE_MANIFEST)
 
 
 # --------------------------------------------------------------------------------------------
@@ -802,7 +817,7 @@ def unified_safetensors(
     if split and not report.plan.files and not report.plan.texts:
         raise UsageError(f"split_dst_file {split} selects none of the model's parts (MindSpore fails here too)")
     api.check_destination(dst, [src], overwrite=True)
-    api.execute(report.plan, None, run, root=dst, manifest=NO_MANIFEST)
+    api.execute(report.plan, None, run, root=dst, manifest=WRITE_MANIFEST)
 
 
 _UNUSED_DST = "__reshard_not_written__"  # plan paths of return_param_dict: never written
@@ -912,7 +927,7 @@ def load_distributed_checkpoint(
     plan = _split_plan(unified, strategy, dst or os.path.join(unified, _UNUSED_DST), ranks, out_fmt, names)
     if dst is not None:
         api.check_destination(dst, [unified], overwrite=True)
-        api.execute(plan, None, run, root=dst, manifest=NO_MANIFEST)
+        api.execute(plan, None, run, root=dst, manifest=WRITE_MANIFEST)
     return _materialize(plan, plan.files[0]) if return_param_dict else None
 
 
