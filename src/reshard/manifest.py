@@ -68,7 +68,15 @@ class OutputRecord:
     fingerprint: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "bytes": self.size, "sha256": self.sha256}
+        doc: dict[str, Any] = {"path": self.path, "bytes": self.size, "sha256": self.sha256}
+        if self.fingerprint:
+            doc["fingerprint"] = self.fingerprint
+        return doc
+
+    @classmethod
+    def from_json(cls, item: Any) -> OutputRecord:
+        """Raises ValueError/KeyError/TypeError on anything that is not a record."""
+        return cls(str(item["path"]), int(item["bytes"]), str(item["sha256"]), str(item.get("fingerprint", "")))
 
 
 def sha256_file(path: str) -> tuple[int, str]:
@@ -147,22 +155,33 @@ def has_unfinished_run(root: str) -> bool:
 
 
 def read_journal(root: str) -> dict[str, OutputRecord]:
-    """Journal entries by relative path (the last entry of a path wins; torn lines are skipped)."""
+    """Journal entries by relative path (the last entry of a path wins; torn lines are skipped).
+
+    A finished run has no journal; its manifest's entries (which carry the same fingerprints)
+    stand in, so resuming a finished run keeps everything.
+    """
     records: dict[str, OutputRecord] = {}
     try:
         with open(journal_path(root), "rb") as fh:
             lines = fh.read().splitlines()
     except OSError:
-        return records
+        return _manifest_records(root)
     for line in lines:
         try:
-            item = json.loads(line)
-            record = OutputRecord(str(item["path"]), int(item["bytes"]), str(item["sha256"]),
-                                  str(item["fingerprint"]))
-        except (ValueError, KeyError, TypeError):
+            record = OutputRecord.from_json(json.loads(line))
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue  # a torn or foreign line: that output is simply redone
         records[record.path] = record
     return records
+
+
+def _manifest_records(root: str) -> dict[str, OutputRecord]:
+    try:
+        outputs = read_manifest(root)["outputs"]
+        records = [OutputRecord.from_json(item) for item in outputs]
+    except (ReshardError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+    return {r.path: r for r in records if r.fingerprint}
 
 
 def read_manifest(root: str) -> dict[str, Any]:
@@ -368,9 +387,9 @@ class RunRecorder:
         }
         return json.dumps(doc, indent=1) + "\n"
 
-    def _stop(self) -> None:
+    def _stop(self, cancel: bool = True) -> None:
         if self._hasher is not None:
-            self._hasher.shutdown(wait=True, cancel_futures=True)
+            self._hasher.shutdown(wait=True, cancel_futures=cancel)
             self._hasher = None
         if self._journal is not None:
             with contextlib.suppress(OSError):
@@ -390,9 +409,9 @@ class RunRecorder:
                 os.rmdir(folder)  # only when empty
 
     def interrupted(self) -> None:
-        """Stop without undoing: finished files and their journal lines stay for ``resume``."""
+        """Stop without undoing: finished files are journaled (pending hashes complete) for ``resume``."""
         with contextlib.suppress(BaseException):
-            self._stop()
+            self._stop(cancel=False)
 
     @staticmethod
     def _remove(path: str) -> None:
