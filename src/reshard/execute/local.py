@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import mmap
 import os
 import threading
@@ -146,6 +147,21 @@ class _Output:
             self.map.close()
 
 
+def _contiguous(start: tuple[int, ...], lengths: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """Whether a box is one contiguous byte run of a C-order tensor of ``shape``."""
+    k = len(shape)
+    while k > 0 and lengths[k - 1] == shape[k - 1]:
+        k -= 1  # trailing full dims
+    return all(n == 1 for n in lengths[: max(k - 1, 0)])
+
+
+def _flat_offset(start: tuple[int, ...], shape: tuple[int, ...]) -> int:
+    offset = 0
+    for s, d in zip(start, shape, strict=True):
+        offset = offset * d + s
+    return offset
+
+
 def _copy_boxes(dst: np.ndarray, t: TensorPlan, rows: tuple[int, int], sources: SourceCache, plan: Plan) -> None:
     """Copy every box of ``t`` that falls in dst rows ``rows`` into ``dst`` (which holds those rows)."""
     r0, r1 = rows
@@ -159,6 +175,26 @@ def _copy_boxes(dst: np.ndarray, t: TensorPlan, rows: tuple[int, int], sources: 
         np.copyto(dst[_box(lo - r0, hi - lo, c.dst_start[1:], c.lengths[1:])], src[src_sel])
 
 
+def _pwrite_runs(out: _Output, t: TensorPlan, segment: base.Segment, sources: SourceCache, plan: Plan) -> bool:
+    """Write every box with one ``pwrite`` straight from the source map, if all boxes are byte runs.
+
+    Row splits (and optimizer-shard splits) are contiguous in source and destination: the kernel
+    copies them from the source pages into the output's page cache, the fastest path measured.
+    """
+    runs = []
+    for c in t.copies:
+        src = sources.get(plan.sources[c.source]).array(c.tensor)
+        if not (_contiguous(c.src_start, c.lengths, src.shape) and _contiguous(c.dst_start, c.lengths, t.shape)):
+            return False
+        runs.append((c, src))
+    item = t.dtype.itemsize
+    for c, src in runs:
+        begin = _flat_offset(c.src_start, src.shape) * item
+        raw = memoryview(src.reshape(-1).view(np.uint8))[begin : begin + math.prod(c.lengths) * item]
+        pwrite_all(out.fd, raw, segment[0] + _flat_offset(c.dst_start, t.shape) * item)
+    return True
+
+
 def _fill_tensor(out: _Output, t: TensorPlan, segments: tuple[base.Segment, ...], sources: SourceCache,
                  plan: Plan, budget: int) -> None:
     if t.literal is not None:
@@ -169,8 +205,9 @@ def _fill_tensor(out: _Output, t: TensorPlan, segments: tuple[base.Segment, ...]
         index = sources.get(plan.sources[c.source])
         _write_at(out.fd, segments, 0, memoryview(index.raw(c.tensor)).cast("B"))
         return
-    if len(segments) == 1 and t.shape:  # boxes straight into the output map: one copy per byte
-        _copy_boxes(out.tensor(t, segments[0]), t, (0, t.shape[0]), sources, plan)
+    if len(segments) == 1 and t.shape:  # boxes straight into the output: one copy per byte
+        if not _pwrite_runs(out, t, segments[0], sources, plan):
+            _copy_boxes(out.tensor(t, segments[0]), t, (0, t.shape[0]), sources, plan)
         return
     for r0, r1 in _row_blocks(t, budget):  # chunked .ckpt tensor (> 512 MiB): stage row blocks
         block_shape = (r1 - r0, *t.shape[1:]) if t.shape else ()
