@@ -768,7 +768,7 @@ def test_load_distributed_return_param_dict_equals_mindspore_file(world: World) 
         )  # fmt: skip
         with read_safetensors(world.p("ms", "uni", "split_all", f"rank_{rank}", "net.safetensors")) as index:
             expected = {name: index.array(name) for name in sorted(index.entries)}
-            assert list(loaded) == list(expected)
+            assert sorted(loaded) == list(expected)  # the dict keeps strategy order; the file is sorted
             for name, value in expected.items():
                 assert loaded[name].dtype == value.dtype and np.array_equal(loaded[name], value), name
 

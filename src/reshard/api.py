@@ -270,8 +270,14 @@ def unify(
     return Report(plan, notes)
 
 
-def unified_index(unified_dir: str) -> tuple[dict[str, SourceFile], dict[str, str], SourceFile | None]:
-    """The part files of a unified folder, the name -> part map, and ``hyper_param.safetensors``."""
+def unified_index(
+    unified_dir: str, name_map: Mapping[str, str] | None = None
+) -> tuple[dict[str, SourceFile], dict[str, str], SourceFile | None]:
+    """The part files of a unified folder, the name -> part map, and ``hyper_param.safetensors``.
+
+    A folder with a single ``.safetensors`` file needs no index: its keys, translated back
+    through the inverted ``name_map``, are the names.
+    """
     import json
 
     if not os.path.isdir(unified_dir):
@@ -284,7 +290,8 @@ def unified_index(unified_dir: str) -> tuple[dict[str, SourceFile], dict[str, st
     index_path = os.path.join(unified_dir, "param_name_map.json")
     if len(names) == 1:
         (only,) = names
-        mapping = {k: only for k in source_file(os.path.join(unified_dir, only)).tensors}
+        inverse = {v: k for k, v in (name_map or {}).items()}
+        mapping = {inverse.get(k, k): only for k in source_file(os.path.join(unified_dir, only)).tensors}
         files[only] = source_file(os.path.join(unified_dir, only))
         hyper = None if only == "hyper_param.safetensors" else hyper
     else:
@@ -316,7 +323,7 @@ def split(
     manifest: bool = True,
 ) -> Report:
     """Slice a unified (full) model into ``dst_dir/rank_<r>/net.<fmt>`` for a target strategy."""
-    files, mapping, hyper = unified_index(unified_dir)
+    files, mapping, hyper = unified_index(unified_dir, name_map)
     sf = _strategy(dst_strategy)
     if sf is None:
         raise UsageError("split needs the destination strategy")

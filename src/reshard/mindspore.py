@@ -47,7 +47,6 @@ surprises users; valid inputs still give MindSpore's names and bytes):
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 import os
 import re
@@ -79,7 +78,7 @@ from reshard.formats.strategy import (
     read_strategy,
     stage_count,
 )
-from reshard.plan import REDUNDANT_STATE_PREFIXES, FilePlan, Plan, SourceFile, plan_split, plan_transform_by_rank
+from reshard.plan import REDUNDANT_STATE_PREFIXES, FilePlan, Plan, plan_split, plan_transform_by_rank
 
 FORMATS = ("ckpt", "safetensors")
 DEFAULT_ENC_MODE = "AES-GCM"
@@ -939,39 +938,9 @@ def _split_plan(
     output_format: str,
     name_map: Mapping[str, str] | None,
 ) -> Plan:
-    """``plan_split`` with MindSpore's name lookup and, for ``.ckpt`` outputs, its parameter order.
-
-    MindSpore looks a parameter up in the index by its *strategy* name and reads the file key
-    ``name_map[name]``; ``plan_split`` looks the *file key* up in the index, so we hand it an index
-    keyed by file key. A single-file folder has no index: its keys, translated back through the
-    inverted ``name_map``, are the names (spec 4.3 step 2).
-    """
-    files, index, hyper = api.unified_index(unified)
-    if name_map:
-        st_files = [n for n in os.listdir(unified) if n.endswith(".safetensors")]
-        if len(st_files) == 1:
-            inverse = {v: k for k, v in name_map.items()}
-            index = {inverse.get(k, k): f for k, f in index.items()}
-        index = {name_map.get(n, n): index[n] for n in layout_map(strategy) if n in index}
-    plan = plan_split(files, index, hyper, strategy, dst, output_format, ranks, name_map)
-    return _in_dict_order(plan, strategy, hyper) if output_format == "ckpt" else plan
-
-
-def _in_dict_order(plan: Plan, strategy: StrategyFile, hyper: SourceFile | None) -> Plan:
-    """MindSpore saves the rank's dict: strategy names of the rank's stage, then hyper parameters."""
-    n_dst = device_num(strategy)
-    files = []
-    for file in plan.files:
-        rank = file.rank or 0
-        position: dict[str, int] = {}
-        for name, staged in layout_map(strategy, rank).items():
-            if rank // n_dst in staged.stages:
-                position.setdefault(name, len(position))
-        for name in hyper.tensors if hyper is not None else ():
-            position.setdefault(name, len(position))
-        ordered = sorted(file.tensors, key=lambda t: position.get(t.name, len(position)))
-        files.append(dataclasses.replace(file, tensors=tuple(ordered)))
-    return dataclasses.replace(plan, files=tuple(files))
+    """``plan_split`` over the unified folder (MindSpore's name lookup and dict order are in the plan)."""
+    files, index, hyper = api.unified_index(unified, name_map)
+    return plan_split(files, index, hyper, strategy, dst, output_format, ranks, name_map)
 
 
 __all__ = [

@@ -530,7 +530,11 @@ def plan_split(
     name_map: Mapping[str, str] | None = None,
     file_name: str = "net",
 ) -> Plan:
-    """Plan ``load_distributed_checkpoint`` save mode: slice full tensors for every destination rank."""
+    """Plan ``load_distributed_checkpoint`` save mode: slice full tensors for every destination rank.
+
+    ``name_to_file`` maps *strategy* names to part files; the tensor is read under the file key
+    ``name_map[name]`` (MindFormers renames keys but keeps original names in the index).
+    """
     n_dst = device_num(dst)
     total = n_dst * stage_count(dst)
     wanted = list(range(total)) if ranks is None else list(ranks)
@@ -542,12 +546,12 @@ def plan_split(
     for rank in wanted:
         dst_map = layout_map(dst, rank)
         stage = rank // n_dst
-        tensors: dict[str, TensorPlan] = {}
+        tensors: dict[str, TensorPlan] = {}  # MindSpore's dict order: strategy names, then hyper params
         for name, staged in dst_map.items():
             if stage not in staged.stages:
                 continue
             key = name_map.get(name, name) if name_map else name
-            file_id = name_to_file.get(key)
+            file_id = name_to_file.get(name)
             if file_id is None or file_id not in unified or key not in unified[file_id].tensors:
                 continue
             src = unified[file_id]
@@ -559,9 +563,7 @@ def plan_split(
             for name in hyper.tensors:
                 tensors[name] = _whole(interned, hyper, name)
         path = os.path.join(layout_dir.rank_dir(dst_dir, rank), f"{file_name}.{output_format}")
-        meta = (("format", "ms"),) if output_format == "safetensors" else ()
-        ordered = tuple(tensors[n] for n in sorted(tensors))
-        files.append(FilePlan(path, output_format, ordered, meta, rank))
+        files.append(FilePlan(path, output_format, tuple(tensors.values()), _meta(output_format), rank))
     return Plan("split", tuple(interned.paths), tuple(files))
 
 
