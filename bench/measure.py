@@ -1,0 +1,230 @@
+"""Run one contestant as its own process and measure its wall time and peak memory.
+
+Why it is built this way:
+
+* **One process per timed run.** Peak RSS is a property of a process, so every operation (reshard,
+  MindSpore, ``cp -r``) runs in a fresh child and nothing of an earlier run is resident in it.
+* **Two memory probes, the larger one wins.** ``ru_maxrss`` (from ``wait4`` in ``spawn.py``, a
+  ~9 MB ``python3 -I -S`` wrapper that forks the contestant: Linux carries the RSS of the forking
+  parent into the child's high-water mark, so a ~9 MB floor instead of the benchmark's ~50 MB) is
+  the kernel's exact high-water mark, which no polling can miss, but it is per process (for a
+  process tree it is the largest single member, not their sum). MindSpore's safetensors converters fork
+  worker processes, so a poller also sums the RSS of the child and all its descendants every
+  ``POLL_SECONDS``. The reported peak is ``max(ru_maxrss, polled tree sum)``; both are kept in
+  the results. The tree sum counts pages shared by forked workers once per worker, so for forking
+  contestants it is an upper bound. RSS includes file pages a process has mapped and touched
+  (reshard reads sources through ``mmap``), which is the honest measure of what it pins.
+* **Cache state is set per run, the same way for every contestant.** ``cold``: ``fsync`` then
+  ``posix_fadvise(DONTNEED)`` on every input file, which evicts exactly those files from the page
+  cache without root and without disturbing other work on the machine (interpreters and libraries
+  stay cached for every contestant alike; dropping the whole cache through
+  ``/proc/sys/vm/drop_caches`` would do neither). ``warm``: every input is ``fsync``-ed and read
+  once before the run. Either way the output of the previous run is deleted first (its dirty pages
+  are discarded, not written back), so no writeback of an earlier step lands in the next timing.
+  Outputs are not ``fsync``-ed by any contestant (reshard, MindSpore and ``cp`` all leave them to
+  the page cache), so timings include writing into the page cache, not to the disk.
+* **Two clocks.** ``wall`` is the child's process lifetime as a user sees it (interpreter start and
+  imports included). Python children also report ``call``: the time of the operation itself,
+  measured inside the child after its imports (MindSpore's import alone takes ~2 s); ``cp`` has no
+  imports, so its ``call`` is its ``wall``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+
+import psutil
+
+POLL_SECONDS = 0.010  # RSS sampling period: short enough to see a tensor-sized spike of a 1 s run
+TREE_RESCAN_POLLS = 10  # look for new descendant processes every 10 polls (a /proc scan is costly)
+READ_CHUNK = 8 * 1024**2  # warm-up reads
+RESULT_MARKER = "@@BENCH@@"  # a Python child prints this + JSON on its last stdout line
+TAIL_CHARS = 2000  # how much of a failing child's stderr goes into the error message
+CACHE_MODES = ("cold", "warm")
+SPAWN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spawn.py")
+
+
+@dataclass
+class Measurement:
+    """One timed run of one contestant."""
+
+    wall: float  # seconds, process start to exit
+    call: float  # seconds of the operation alone (== wall for cp)
+    peak_rss: int  # bytes: max(maxrss, rss_tree)
+    maxrss: int  # bytes: kernel high-water mark of the largest single process (wait4)
+    rss_tree: int  # bytes: largest polled sum over the process tree
+    processes: int  # most processes seen at once in the tree
+
+    def to_json(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+class ContestantError(RuntimeError):
+    """A contestant exited non-zero (the benchmark stops: a failing run has no meaningful time)."""
+
+
+class _TreePoller(threading.Thread):
+    """Samples the summed RSS of the descendants of a process (the wrapper itself excluded)."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self._halt = threading.Event()
+        self.peak = 0
+        self.most = 0
+        try:
+            self._root = psutil.Process(pid)
+        except psutil.Error:
+            self._root = None
+
+    def run(self) -> None:
+        if self._root is None:
+            return
+        members: list[psutil.Process] = []
+        polls = 0
+        while not self._halt.is_set():
+            if not members or polls % TREE_RESCAN_POLLS == 0:
+                try:
+                    members = self._root.children(recursive=True)
+                except psutil.Error:
+                    return
+            total = 0
+            for proc in members:
+                try:
+                    total += proc.memory_info().rss
+                except psutil.Error:
+                    continue
+            self.peak = max(self.peak, total)
+            self.most = max(self.most, len(members))
+            polls += 1
+            self._halt.wait(POLL_SECONDS)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+
+def run_measured(argv: Sequence[str], log_prefix: str, env: dict[str, str] | None = None,
+                 cwd: str | None = None) -> Measurement:
+    """Run ``argv`` to completion under ``spawn.py``; raise ``ContestantError`` if it fails.
+
+    stdout/stderr go to ``log_prefix``.out/.err files (never pipes: a chatty child must not block).
+    """
+    out_path, err_path, result_path = (log_prefix + ext for ext in (".out", ".err", ".rusage.json"))
+    wrapper = [sys.executable, "-I", "-S", SPAWN, result_path, *argv]
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        proc = subprocess.Popen(wrapper, stdout=out, stderr=err, env=env, cwd=cwd)
+        poller = _TreePoller(proc.pid)
+        poller.start()
+        proc.wait()
+        poller.stop()
+    if proc.returncode != 0 or not os.path.isfile(result_path):
+        raise ContestantError(f"the measuring wrapper failed for {' '.join(argv[:4])} ...: {_tail(err_path)}")
+    with open(result_path, encoding="utf-8") as fh:
+        spawned = json.load(fh)
+    if spawned["exit"] != 0:
+        raise ContestantError(f"{' '.join(argv[:4])} ... exited {spawned['exit']}:\n{_tail(err_path)}")
+    maxrss = int(spawned["maxrss_kib"]) * 1024
+    wall = float(spawned["wall"])
+    call = _reported_call_time(out_path)
+    return Measurement(wall, wall if call is None else call, max(maxrss, poller.peak), maxrss, poller.peak,
+                       poller.most)
+
+
+def _tail(path: str) -> str:
+    with open(path, "rb") as fh:
+        return fh.read()[-TAIL_CHARS:].decode("utf-8", "replace")
+
+
+def _reported_call_time(out_path: str) -> float | None:
+    with open(out_path, "rb") as fh:
+        text = fh.read().decode("utf-8", "replace")
+    at = text.rfind(RESULT_MARKER)
+    if at < 0:
+        return None
+    return float(json.loads(text[at + len(RESULT_MARKER):].strip().splitlines()[0])["call"])
+
+
+# ------------------------------------------------------------------------------------ files and cache
+
+
+def files_under(paths: Iterable[str]) -> list[str]:
+    """Every regular file of the given files and folders (recursively)."""
+    found: list[str] = []
+    for path in paths:
+        if os.path.isfile(path):
+            found.append(path)
+            continue
+        for folder, _, names in os.walk(path):
+            found.extend(os.path.join(folder, n) for n in sorted(names))
+    return found
+
+
+def tree_bytes(path: str) -> int:
+    return sum(os.path.getsize(p) for p in files_under([path]))
+
+
+def _flush(path: str) -> None:
+    """Write a file's dirty pages back (only clean pages can be evicted; and no writeback of an
+    earlier step may run during the next timing). Per file, not ``sync``: other work on the
+    machine keeps its own dirty pages."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def evict(paths: Iterable[str]) -> None:
+    """Drop these files' pages from the page cache."""
+    for path in files_under(paths):
+        _flush(path)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def warm(paths: Iterable[str]) -> None:
+    """Read every byte of these files once, so that they are in the page cache."""
+    buf = bytearray(READ_CHUNK)
+    for path in files_under(paths):
+        _flush(path)
+        with open(path, "rb", buffering=0) as fh:
+            while fh.readinto(buf):
+                pass
+
+
+def prepare_cache(mode: str, inputs: Sequence[str]) -> None:
+    """Put ``inputs`` in the requested cache state, written back to disk (see module docstring)."""
+    if mode == "cold":
+        evict(inputs)
+    elif mode == "warm":
+        warm(inputs)
+    else:
+        raise ValueError(f"cache mode must be one of {CACHE_MODES}, not {mode!r}")
+
+
+def remove(path: str) -> None:
+    """Delete an output of a run (file or folder) if it exists."""
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    elif os.path.exists(path):
+        os.remove(path)
+
+
+def cp_argv(src: str, dst: str) -> list[str]:
+    """``cp -r`` of a produced output folder to a fresh folder: the reference for the same bytes."""
+    return ["cp", "-r", src, dst]
+
+
+def drop_caches_writable() -> bool:
+    """Whether the whole page cache could be dropped here (reported only: we evict per file)."""
+    return os.access("/proc/sys/vm/drop_caches", os.W_OK)

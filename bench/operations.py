@@ -1,0 +1,81 @@
+"""The benchmarked operations: each one as a reshard command and as MindSpore's equivalent.
+
+Both contestants get the same input files and a fresh output folder. reshard runs through its
+CLI with default options (what a user gets); MindSpore 2.10 runs its public converters with their
+parallelism set to the machine's core count (``ms_procs``): ``process_num`` /
+``processes_num`` / ``max_process_num`` default to 1 or 64 there, and neither is a better
+choice on a 2-core box (64 would fork one loader per file). Each operation names the MindSpore
+path it is compared with, because the targets differ: >= 10x against the ``.ckpt`` path,
+>= 4x against the safetensors path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from workload import Workload
+
+CKPT_PATH_TARGET = 10.0  # MindSpore / reshard time on the .ckpt path (issue 4)
+SAFETENSORS_PATH_TARGET = 4.0  # MindSpore / reshard time on the safetensors path
+CP_TARGET = 1.25  # reshard / cp -r of the same output bytes
+RSS_ALLOWANCE = 300 * 1024**2  # peak RSS <= largest single tensor + this
+
+
+@dataclass(frozen=True)
+class Operation:
+    key: str
+    title: str
+    inputs: tuple[str, ...]  # every file or folder the operation reads (cache state is set on these)
+    reshard: Callable[[str], list[str]]  # output folder -> reshard CLI arguments
+    mindspore: Callable[[str, int], dict[str, Any]]  # output folder, processes -> ms_child job
+    ms_call: str  # what MindSpore runs, for the report
+    ms_target: float  # required MindSpore / reshard time ratio
+    reference: Callable[[], str]  # what the output must equal (verification)
+    per_rank: bool  # output compared rank folder by rank folder (else as one model)
+
+
+def operations(w: Workload) -> list[Operation]:
+    s8, s4 = w.strategy8, w.strategy4
+
+    def ms_transform(src: str, dst_strategy: str | None, fmt: str) -> Callable[[str, int], dict[str, Any]]:
+        return lambda out, procs: {"fn": "transform_checkpoints", "kwargs": {
+            "src_checkpoints_dir": src, "dst_checkpoints_dir": out, "ckpt_prefix": "checkpoint_",
+            "src_strategy_file": s8, "dst_strategy_file": dst_strategy, "process_num": procs, "output_format": fmt}}
+
+    return [
+        Operation("transform_ckpt", "transform 8→4 ranks (.ckpt)", (w.ranks8_ckpt, s8, s4),
+                  lambda out: ["transform", "--src", w.ranks8_ckpt, "--dst", out, "--src-strategy", s8,
+                               "--dst-strategy", s4],
+                  ms_transform(w.ranks8_ckpt, s4, "ckpt"), "transform_checkpoints (.ckpt)", CKPT_PATH_TARGET,
+                  lambda: w.ranks4_ckpt, True),
+        Operation("transform_st", "transform 8→4 ranks (.safetensors)", (w.ranks8_st, s8, s4),
+                  lambda out: ["transform", "--src", w.ranks8_st, "--dst", out, "--src-strategy", s8,
+                               "--dst-strategy", s4],
+                  ms_transform(w.ranks8_st, s4, "safetensors"), "transform_checkpoints (safetensors)",
+                  SAFETENSORS_PATH_TARGET, lambda: w.ranks4_st, True),
+        Operation("merge_ckpt", "merge 8 ranks→full (.ckpt)", (w.ranks8_ckpt, s8),
+                  lambda out: ["transform", "--src", w.ranks8_ckpt, "--dst", out, "--src-strategy", s8],
+                  ms_transform(w.ranks8_ckpt, None, "ckpt"), "transform_checkpoints (.ckpt, dst None)",
+                  CKPT_PATH_TARGET, lambda: w.full_ckpt, False),
+        Operation("unify", "unify 8 ranks→full (.safetensors)", (w.ranks8_st, s8),
+                  lambda out: ["unify", w.ranks8_st, out, "--strategy", s8],
+                  lambda out, procs: {"fn": "unified_safetensors", "kwargs": {
+                      "src_dir": w.ranks8_st, "src_strategy_file": s8, "dst_dir": out, "max_process_num": procs}},
+                  "unified_safetensors", SAFETENSORS_PATH_TARGET, lambda: w.full_ckpt, False),
+        Operation("split", "split full→8 ranks (.safetensors)", (w.unified, s8),
+                  lambda out: ["split", w.unified, out, "--strategy", s8],
+                  lambda out, procs: {"fn": "load_distributed_checkpoint", "args": [None], "kwargs": {
+                      "format": "safetensors", "predict_strategy": s8, "unified_safetensors_dir": w.unified,
+                      "dst_safetensors_dir": out, "max_process_num": procs}},
+                  "load_distributed_checkpoint (save mode)", SAFETENSORS_PATH_TARGET, lambda: w.ranks8_st, True),
+        Operation("convert", "convert .ckpt→.safetensors (8 ranks)", (w.ranks8_ckpt,),
+                  lambda out: ["convert", w.ranks8_ckpt, out, "--to", "safetensors"],
+                  lambda out, procs: {"fn": "ckpt_to_safetensors", "kwargs": {
+                      "file_path": w.ranks8_ckpt, "save_path": out, "processes_num": procs}},
+                  "ckpt_to_safetensors", CKPT_PATH_TARGET, lambda: w.ranks8_ckpt, True),
+    ]
+
+
+OPERATION_KEYS = ("transform_ckpt", "transform_st", "merge_ckpt", "unify", "split", "convert")

@@ -1,0 +1,65 @@
+"""The benchmark harness keeps working: a tiny model, one repeat, reshard and cp only (no MindSpore).
+
+Speed is never asserted here (design.md): only that every operation runs, is verified against
+its reference, and that the JSON, the charts and the markdown table are produced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+OPERATIONS = {"transform_ckpt", "transform_st", "merge_ckpt", "unify", "split", "convert"}
+
+pytest.importorskip("matplotlib")
+pytest.importorskip("psutil")
+
+
+def _run(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_run_tiny_model_reshard_and_cp(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = _run([str(BENCH / "run.py"), "--size", "8M", "--repeat", "1", "--no-mindspore", "--no-plan",
+                 "--work", str(tmp_path / "work"), "--out", str(out), "--scaling", "4M,8M"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    ops = results["main"]["operations"]
+    assert {o["key"] for o in ops} == OPERATIONS
+    for op in ops:
+        assert op["verified_tensors"] > 0
+        assert op["output_bytes"] > 0
+        for contestant in ("reshard", "cp"):
+            m = op[contestant]
+            assert m["wall"] > 0 and 0 < m["call"] <= m["wall"] + 1e-6
+            assert m["peak_rss"] >= m["maxrss"] > 0
+        assert "mindspore" not in op
+        assert op["ratios"]["reshard_cp_wall"] > 0
+    assert [s["workload"]["target"] for s in results["scaling"]] == [4 * 2**20, 8 * 2**20]
+    assert (out / "chart.png").stat().st_size > 0 and (out / "scaling.png").stat().st_size > 0
+    assert "| transform 8→4 ranks (.ckpt) |" in proc.stdout
+    assert not (tmp_path / "work" / "model-8M-fp32").exists()  # inputs removed without --keep
+
+
+def test_run_refuses_without_disk(tmp_path: Path) -> None:
+    proc = _run([str(BENCH / "run.py"), "--size", "100T", "--no-mindspore", "--no-plan",
+                 "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")])
+    assert proc.returncode == 1
+    assert "not enough free disk" in proc.stderr and proc.stderr.count("\n") == 1
+    assert not [name for _, _, names in os.walk(tmp_path / "work") for name in names]  # nothing generated
+
+
+def test_plan_bench_small() -> None:
+    proc = _run([str(BENCH / "plan_bench.py"), "--params", "20", "--ranks", "32", "--repeat", "1", "--json"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["tensors"] == 20 * 32 and result["copies"] >= result["tensors"]
+    assert result["plan_seconds"] > 0 and result["layout_seconds"] > 0
