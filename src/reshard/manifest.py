@@ -267,6 +267,10 @@ class RunRecorder:
     def start(self) -> Plan:
         """Prepare the destination; return the plan restricted to the files still to write."""
         self._snapshot()
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot create the destination folder: {exc.strerror or exc}", self.root) from None
         for tmp in stale_temp_files(self._own_files()):
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -304,7 +308,6 @@ class RunRecorder:
         """A fresh journal holding the kept entries (rewritten atomically: no torn lines carried over)."""
         path = journal_path(self.root)
         try:
-            os.makedirs(self.root, exist_ok=True)
             with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
                 for record in kept.values():
                     fh.write(self._line(record))

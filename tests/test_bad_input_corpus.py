@@ -1,0 +1,435 @@
+"""Every bad input gets a clean answer from the CLI: exit code 2, one stderr line naming the file and
+the problem, no traceback, nothing left behind (no output, no temporary file), inputs unchanged
+(content, mode and mtime). Plus the full-disk and unwritable-destination cases on real mounts, and
+several candidate files in one rank folder (not an error: said on stderr)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import resource
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reshard import api
+from reshard.formats import ckpt
+from reshard.formats.ckpt import save_ckpt
+from reshard.formats.strategy import ParamLayout, load_strategy, make_strategy, write_strategy
+from reshard.synthetic import ModelShape
+from tests.trust_helpers import make_job, run_cli, snapshot, temp_files
+
+Case = Callable[[Path, dict[str, str]], tuple[list[str], str]]  # -> (CLI args, text the line must hold)
+OUT = "{out}"  # placeholder for the output folder of a case
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = str(tmp_path_factory.mktemp("job"))
+    job = make_job(root)
+    api.unify(job["r8st"], job["s8"], f"{root}/unified")
+    job["unified"] = f"{root}/unified"
+    return job
+
+
+def _copy_tree(tmp: Path, src: str, name: str = "src") -> str:
+    dst = tmp / name
+    shutil.copytree(src, dst, copy_function=shutil.copy2)
+    return str(dst)
+
+
+def _truncate(path: str, keep: float = 0.5) -> None:
+    size = os.path.getsize(path)
+    os.truncate(path, int(size * keep))
+
+
+def _patch(path: str, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(data)
+
+
+def _transform(src: str, s_src: str, s_dst: str, *extra: str) -> list[str]:
+    return ["transform", "--src", src, "--dst", OUT, "--src-strategy", s_src, "--dst-strategy", s_dst, *extra]
+
+
+def _rank_file(tree: str, rank: int, fmt: str = "ckpt") -> str:
+    return os.path.join(tree, f"rank_{rank}", f"checkpoint_{rank}.{fmt}")
+
+
+# ------------------------------------------------------------------------------------ .ckpt
+
+
+def ckpt_truncated(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _copy_tree(tmp, job["r8"])
+    _truncate(_rank_file(src, 3))
+    return _transform(src, job["s8"], job["s4"]), "checkpoint_3.ckpt"
+
+
+def ckpt_garbage_header(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _copy_tree(tmp, job["r8"])
+    _patch(_rank_file(src, 5), 0, b"\xff" * 16)
+    return _transform(src, job["s8"], job["s4"]), "checkpoint_5.ckpt"
+
+
+def ckpt_bit_flips(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _copy_tree(tmp, job["r8"])
+    path = _rank_file(src, 0)
+    _patch(path, 1, b"\x80\x80\x80\x80\x0f")  # the first record's length: a huge varint
+    return _transform(src, job["s8"], job["s4"]), "checkpoint_0.ckpt"
+
+
+def ckpt_lying_dims(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    path = tmp / "lie.ckpt"
+    path.write_bytes(ckpt._record_head(b"w", [100], b"Float32", 8) + bytes(8))  # dims say 400 bytes
+    return ["convert", str(path), OUT, "--to", "safetensors"], "lie.ckpt"
+
+
+def ckpt_unknown_dtype(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    path = tmp / "dtype.ckpt"
+    path.write_bytes(ckpt._record_head(b"w", [2], b"Float99", 8) + bytes(8))
+    return ["convert", str(path), OUT, "--to", "safetensors"], "Float99"
+
+
+def ckpt_crc_mismatch(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    path = tmp / "crc.ckpt"
+    save_ckpt(path, {"w": np.arange(32, dtype=np.float32)}, crc_check=True)
+    _patch(str(path), os.path.getsize(path) - 30, b"\x01")
+    return ["convert", str(path), OUT, "--to", "safetensors", "--check-crc"], "crc mismatch"
+
+
+def ckpt_encrypted_no_key(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    path = tmp / "enc.ckpt"
+    save_ckpt(path, {"w": np.arange(4, dtype=np.float32)}, enc_key=bytes(16))
+    return ["convert", str(path), OUT, "--to", "safetensors"], "encrypted"
+
+
+def ckpt_wrong_key(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    path = tmp / "enc.ckpt"
+    save_ckpt(path, {"w": np.arange(4, dtype=np.float32)}, enc_key=bytes(16))
+    key = tmp / "key.bin"
+    key.write_bytes(b"\x01" * 16)
+    return ["convert", str(path), OUT, "--to", "safetensors", "--dec-key-file", str(key)], "wrong key"
+
+
+def ckpt_empty_file(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _copy_tree(tmp, job["r8"])
+    _truncate(_rank_file(src, 6), 0)
+    return _transform(src, job["s8"], job["s4"]), "checkpoint_6.ckpt"
+
+
+# ------------------------------------------------------------------------------------ safetensors
+
+
+def _st_header(path: str) -> tuple[dict, int]:
+    raw = Path(path).read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8 : 8 + n]), n
+
+
+def _st_rewrite(path: str, header: dict, length: int) -> None:
+    """Same header length (padded), so the data stays where it was."""
+    text = json.dumps(header, separators=(",", ":")).encode()
+    assert len(text) <= length
+    _patch(path, 8, text + b" " * (length - len(text)))
+
+
+def st_truncated(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _copy_tree(tmp, job["r8st"])
+    _truncate(_rank_file(src, 2, "safetensors"), 0.7)
+    return _transform(src, job["s8"], job["s4"]), "checkpoint_2.safetensors"
+
+
+def st_lying_offsets(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _copy_tree(tmp, job["r8st"])
+    path = _rank_file(src, 1, "safetensors")
+    header, n = _st_header(path)
+    name = next(k for k in header if k != "__metadata__")
+    header.pop("__metadata__", None)  # room for the longer numbers
+    header[name]["data_offsets"] = [0, 10**9]
+    _st_rewrite(path, header, n)
+    return _transform(src, job["s8"], job["s4"]), "checkpoint_1.safetensors"
+
+
+def st_header_length_too_big(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _copy_tree(tmp, job["r8st"])
+    _patch(_rank_file(src, 4, "safetensors"), 0, struct.pack("<Q", 2**40))
+    return _transform(src, job["s8"], job["s4"]), "checkpoint_4.safetensors"
+
+
+def st_unknown_dtype(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _copy_tree(tmp, job["r8st"])
+    path = _rank_file(src, 7, "safetensors")
+    header, n = _st_header(path)
+    name = next(k for k in header if k != "__metadata__")
+    header[name]["dtype"] = "Q8"
+    _st_rewrite(path, header, n)
+    return _transform(src, job["s8"], job["s4"]), "checkpoint_7.safetensors"
+
+
+def st_bad_json(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _copy_tree(tmp, job["r8st"])
+    _patch(_rank_file(src, 0, "safetensors"), 8, b"{{{{")
+    return _transform(src, job["s8"], job["s4"]), "checkpoint_0.safetensors"
+
+
+def st_unify_corrupt_part(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _copy_tree(tmp, job["r8st"])
+    _truncate(_rank_file(src, 3, "safetensors"), 0.3)
+    return ["unify", src, OUT, "--strategy", job["s8"]], "checkpoint_3.safetensors"
+
+
+def split_corrupt_unified(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _copy_tree(tmp, job["unified"])
+    _truncate(os.path.join(src, "part0.safetensors"), 0.5)
+    return ["split", src, OUT, "--strategy", job["s4"]], "part0.safetensors"
+
+
+def split_bad_index(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _copy_tree(tmp, job["unified"])
+    shutil.copy2(os.path.join(src, "part0.safetensors"), os.path.join(src, "part1.safetensors"))
+    Path(src, "param_name_map.json").write_text("{not json")
+    return ["split", src, OUT, "--strategy", job["s4"]], "param_name_map.json"
+
+
+# ------------------------------------------------------------------------------------ strategies
+
+
+def strategy_truncated(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    path = tmp / "s8.ckpt"
+    shutil.copy2(job["s8"], path)
+    _truncate(str(path), 0.6)
+    return _transform(job["r8"], str(path), job["s4"]), "s8.ckpt"
+
+
+def strategy_bad_json(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    path = tmp / "s.json"
+    path.write_text('{"parallel_strategy_item": [1, 2')
+    return _transform(job["r8"], str(path), job["s4"]), "s.json"
+
+
+def _wrong_ndim_strategy(tmp: Path, job: dict[str, str]) -> str:
+    """The job's strategy, but a 1-D norm weight gets a 2-D tensor map."""
+    sf = load_strategy(job["s8"])
+    layouts = dict(sf.layouts)
+    key = "1-model.norm_out.weight"
+    layouts[key] = dataclasses.replace(layouts[key], tensor_map=(0, -1))
+    path = tmp / "wrong_ndim.ckpt"
+    write_strategy(path, dataclasses.replace(sf, layouts=layouts, path=None))
+    return str(path)
+
+
+def strategy_not_matching_shapes(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _transform(job["r8"], _wrong_ndim_strategy(tmp, job), job["s4"]), "model.norm_out.weight"
+
+
+def strategy_rank_count(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _transform(job["r8"], job["s4"], job["s8"]), "rank"
+
+
+def layout_not_dividing(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    full = tmp / "full.ckpt"
+    save_ckpt(full, {"w": np.zeros((8, 4), np.float32)})
+    write_strategy(tmp / "s3.ckpt", make_strategy({"w": ParamLayout((3,), (0, -1))}))
+    return ["transform", "--src", str(full), "--dst", OUT, "--dst-strategy", str(tmp / "s3.ckpt")], "divid"
+
+
+def merge_garbage(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    folder = tmp / "stages"
+    folder.mkdir()
+    shutil.copy2(os.path.join(job["s8dir"], "ckpt_strategy_rank_0.ckpt"), folder)
+    (folder / "ckpt_strategy_rank_4.ckpt").write_bytes(b"\x0a\xff\xff\xff\xff\x0fgarbage")
+    return ["merge-strategies", str(folder), OUT + "/merged.ckpt"], "ckpt_strategy_rank_4.ckpt"
+
+
+# ------------------------------------------------------------------------------------ folders and paths
+
+
+def missing_rank_folder(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _copy_tree(tmp, job["r8"])
+    shutil.rmtree(os.path.join(src, "rank_5"))
+    return _transform(src, job["s8"], job["s4"]), "rank"
+
+
+def missing_rank_file(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _copy_tree(tmp, job["r8"])
+    os.unlink(_rank_file(src, 2))
+    return _transform(src, job["s8"], job["s4"]), "rank"
+
+
+def missing_source(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _transform(str(tmp / "nowhere"), job["s8"], job["s4"]), "nowhere"
+
+
+def missing_strategy(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _transform(job["r8"], str(tmp / "nope.ckpt"), job["s4"]), "nope.ckpt"
+
+
+def dst_inside_source(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _copy_tree(tmp, job["r8"])
+    return ["transform", "--src", src, "--dst", os.path.join(src, "rank_0", "out"), "--src-strategy", job["s8"],
+            "--dst-strategy", job["s4"]], "inside the source"
+
+
+def dst_not_empty(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    out = tmp / "busy"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    args = _transform(job["r8"], job["s8"], job["s4"])
+    args[args.index(OUT)] = str(out)
+    return args, "not empty"
+
+
+def dst_under_a_file(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    (tmp / "afile").write_text("x")
+    args = _transform(job["r8"], job["s8"], job["s4"])
+    args[args.index(OUT)] = str(tmp / "afile" / "out")
+    return args, "afile/out: cannot create the destination folder: Not a directory"
+
+
+def convert_wrong_extension(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    path = tmp / "model.bin"
+    path.write_bytes(b"x" * 10)
+    return ["convert", str(path), OUT, "--to", "safetensors"], "model.bin"
+
+
+def bad_name_map(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    (tmp / "map.json").write_text("[1, 2]")
+    return ["convert", job["full"], OUT, "--to", "safetensors", "--name-map", str(tmp / "map.json")], "map.json"
+
+
+def rank_out_of_range(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _transform(job["r8"], job["s8"], job["s4"], "--ranks", "4"), "out of range"
+
+
+def verify_corrupt_side(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    path = tmp / "bad.ckpt"
+    shutil.copy2(job["full"], path)
+    _truncate(str(path), 0.5)
+    return ["verify", job["full"], str(path)], "bad.ckpt"
+
+
+def inspect_truncated(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _copy_tree(tmp, job["r8"])
+    _truncate(_rank_file(src, 1), 0.3)
+    return ["inspect", _rank_file(src, 1)], "checkpoint_1.ckpt"
+
+
+CASES: list[Case] = [
+    ckpt_truncated, ckpt_garbage_header, ckpt_bit_flips, ckpt_lying_dims, ckpt_unknown_dtype, ckpt_crc_mismatch,
+    ckpt_encrypted_no_key, ckpt_wrong_key, ckpt_empty_file,
+    st_truncated, st_lying_offsets, st_header_length_too_big, st_unknown_dtype, st_bad_json, st_unify_corrupt_part,
+    split_corrupt_unified, split_bad_index,
+    strategy_truncated, strategy_bad_json, strategy_not_matching_shapes, strategy_rank_count, layout_not_dividing,
+    merge_garbage,
+    missing_rank_folder, missing_rank_file, missing_source, missing_strategy, dst_inside_source, dst_not_empty,
+    dst_under_a_file, convert_wrong_extension, bad_name_map, rank_out_of_range, verify_corrupt_side,
+    inspect_truncated,
+]
+
+
+def assert_clean_failure(proc: subprocess.CompletedProcess[str], text: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("reshard: error:") and "Traceback" not in proc.stderr, proc.stderr
+    assert "internal error" not in lines[0]
+    assert text in lines[0], f"{text!r} not in {lines[0]!r}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
+def test_bad_input_clean_answer(job: dict[str, str], tmp_path: Path, case: Case) -> None:
+    case_dir = tmp_path / "case"
+    case_dir.mkdir()
+    args, text = case(case_dir, job)
+    out = tmp_path / "out"
+    args = [a.replace(OUT, str(out)) for a in args]
+    inputs = [snapshot(str(case_dir)), snapshot(job["root"])]
+    proc = run_cli(*args)
+    assert_clean_failure(proc, text)
+    assert not out.exists()
+    assert not temp_files(str(tmp_path)) and not temp_files(job["root"])
+    assert [snapshot(str(case_dir)), snapshot(job["root"])] == inputs
+
+
+@pytest.mark.xfail(strict=True, reason="layout.rank_list_for_transform's LayoutError carries no strategy path")
+def test_strategy_mismatch_names_the_strategy_file(job: dict[str, str], tmp_path: Path) -> None:
+    args = _transform(job["r8"], _wrong_ndim_strategy(tmp_path, job), job["s4"])
+    proc = run_cli(*[a.replace(OUT, str(tmp_path / "out")) for a in args])
+    assert_clean_failure(proc, "wrong_ndim.ckpt")
+
+
+def test_several_candidate_files_are_reported(job: dict[str, str], tmp_path: Path) -> None:
+    src = _copy_tree(tmp_path, job["r8"])
+    stale = os.path.join(src, "rank_2", "checkpoint_0-old.ckpt")
+    shutil.copy2(_rank_file(src, 2), stale)
+    proc = run_cli(*[a.replace(OUT, str(tmp_path / "out")) for a in _transform(src, job["s8"], job["s4"])])
+    assert proc.returncode == 0, proc.stderr
+    notes = [line for line in proc.stderr.splitlines() if "rank 2" in line]
+    assert notes == ["reshard: note: rank 2: using checkpoint_2.ckpt, ignoring checkpoint_0-old.ckpt"], proc.stderr
+
+
+# ------------------------------------------------------------------------------------ full disk, read-only
+
+
+@contextlib.contextmanager
+def _tmpfs(folder: Path, options: str) -> Iterator[bool]:
+    """Mount a tmpfs on ``folder``; yields False when mounting is not permitted here."""
+    folder.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True)
+    try:
+        yield proc.returncode == 0
+    finally:
+        if proc.returncode == 0:
+            subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def _limit_file_size(limit: int) -> Callable[[], None]:
+    def apply() -> None:  # in the child: writes past ``limit`` fail with EFBIG instead of killing it
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+@pytest.fixture(scope="module")
+def mid_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """~7 MB, so that a 3 MB disk fills up in the middle of the run."""
+    return make_job(str(tmp_path_factory.mktemp("mid")), ModelShape(vocab=256, hidden=128, ffn=512, layers=2))
+
+
+def test_full_disk(mid_job: dict[str, str], tmp_path: Path) -> None:
+    disk = tmp_path / "disk"
+    args = _transform(mid_job["full"], "None", mid_job["s8"])
+    inputs = snapshot(mid_job["root"])
+    with _tmpfs(disk, "size=3m") as mounted:
+        out = disk / "out"
+        argv = [a.replace(OUT, str(out)) for a in args]
+        if mounted:
+            proc = run_cli(*argv)
+            assert_clean_failure(proc, "No space left on device")
+        else:  # no mount permission: the same code path through a file-size limit (EFBIG)
+            proc = subprocess.run([sys.executable, "-m", "reshard.cli", *argv], capture_output=True, text=True,
+                                  preexec_fn=_limit_file_size(3 * 1024 * 1024), timeout=300)
+            assert_clean_failure(proc, "write failed")
+        assert os.listdir(disk) == []  # nothing half-written, no temp file, not even the folder
+    assert snapshot(mid_job["root"]) == inputs
+
+
+def test_read_only_destination(job: dict[str, str], tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    with _tmpfs(ro, "size=1m,ro") as mounted:
+        if not mounted:
+            pytest.skip("mount is not permitted here; the path-under-a-file case covers unwritable destinations")
+        proc = run_cli(*[a.replace(OUT, str(ro / "out")) for a in _transform(job["r8"], job["s8"], job["s4"])])
+        assert_clean_failure(proc, "Read-only file system")
+        assert os.listdir(ro) == []
