@@ -49,14 +49,37 @@ def _suffix(dims: tuple[int, ...], j: int) -> int:
     return math.prod(dims[j + 1 :])
 
 
+def random_dev(rng: random.Random, devices: int) -> list[int]:
+    """A random ordered factorisation of ``devices`` into at most 4 dims (size-1 dims included)."""
+    dims: list[int] = []
+    rest = devices
+    while rest > 1 and len(dims) < 3:
+        d = rng.choice([d for d in range(2, rest + 1) if rest % d == 0])
+        dims.append(d)
+        rest //= d
+    dims.append(rest)
+    if len(dims) < 4 and rng.random() < 0.25:
+        dims.insert(rng.randrange(len(dims) + 1), 1)
+    rng.shuffle(dims)
+    return dims
+
+
 def random_layout(
-    rng: random.Random, ndim: int | None = None, list_map: bool | None = None, opt: bool | None = None
+    rng: random.Random,
+    ndim: int | None = None,
+    list_map: bool | None = None,
+    opt: bool | None = None,
+    devices: int | None = None,
 ) -> ParamLayout:
     """A valid random layout: flat or list map, optionally optimizer-sharded (simple or helper path)."""
-    n = rng.randint(1, 4)
-    dev = [rng.choice(DEV_DIMS) for _ in range(n)]
-    while math.prod(dev) > MAX_DEVICES:
-        dev[rng.randrange(n)] = 1
+    if devices is None:
+        n = rng.randint(1, 4)
+        dev = [rng.choice(DEV_DIMS) for _ in range(n)]
+        while math.prod(dev) > MAX_DEVICES:
+            dev[rng.randrange(n)] = 1
+    else:
+        dev = random_dev(rng, devices)
+        n = len(dev)
     ndim = rng.randint(1, 3) if ndim is None else ndim
     list_map = rng.random() < 0.3 if list_map is None else list_map
     opt = rng.random() < 0.5 if opt is None else opt

@@ -519,13 +519,24 @@ def _axis_strides(axes: list[Axis], links: list[tuple[int, int, int, int]]) -> d
     return out
 
 
+@dataclass(frozen=True)
+class _NeededSet:
+    """needed(r) = {base(r) + o for o in offsets}, base(r) = r's coordinates on the keep axes."""
+
+    keep: tuple[Axis, ...]
+    gather: tuple[Axis, ...]  # the source-split axes MindSpore all-gathers
+    offsets: tuple[int, ...]  # sorted rank offsets spanned by the gathered axes
+    noop: bool  # every rank holds the same data under both layouts: MindSpore emits no operator
+
+
 @functools.lru_cache(maxsize=_PAIR_CACHE)
-def _needed_structure(src: FlatLayout, dst: FlatLayout) -> tuple[tuple[Axis, ...], tuple[int, ...]]:
-    """(keep axes, sorted rank offsets over the gathered axes) for a normalised layout pair."""
+def _needed_structure(src: FlatLayout, dst: FlatLayout) -> _NeededSet:
+    """The needed-rank structure of a normalised layout pair (spec 3.5 steps 1-7)."""
     if math.prod(src.shape) != math.prod(dst.shape):
         raise LayoutError(f"layouts of shapes {list(src.shape)} and {list(dst.shape)} hold different tensors")
     if math.prod(src.shape) == 0:
         raise UnsupportedError("needed ranks of a zero-element tensor are undefined (element strides are 0)")
+    src_links, dst_links = _links(src), _links(dst)
     breaks = _refine(src, dst)
     if breaks is None:  # fallback (step 6): gather every dev dim the source map references
         n = len(src.dev)
@@ -533,31 +544,36 @@ def _needed_structure(src: FlatLayout, dst: FlatLayout) -> tuple[tuple[Axis, ...
         axes = [(_suffix(src.dev, j), src.dev[j]) for j in range(n)]
         keep = [ax for j, ax in enumerate(axes) if j not in used]
         gather = [ax for j, ax in enumerate(axes) if j in used]
+        noop = not src_links and not dst_links
     else:
         axes = [(x, y // x) for x, y in itertools.pairwise(breaks)]
-        s_strides = _axis_strides(axes, _links(src))
-        d_strides = _axis_strides(axes, _links(dst))
+        s_strides = _axis_strides(axes, src_links)
+        d_strides = _axis_strides(axes, dst_links)
         gather = [ax for ax in axes if ax in s_strides and s_strides[ax] != d_strides.get(ax)]
         keep = [ax for ax in axes if ax not in gather]
+        noop = s_strides == d_strides
     offsets = [0]
     for stride, size in gather:
         offsets = [o + c * stride for o in offsets for c in range(size)]
-    return tuple(keep), tuple(sorted(offsets))
+    return _NeededSet(tuple(keep), tuple(gather), tuple(sorted(offsets)), noop)
 
 
 def _needed(src: FlatLayout, dst: FlatLayout, rank: int) -> list[int]:
-    keep, offsets = _needed_structure(src, dst)
-    base = sum(((rank // stride) % size) * stride for stride, size in keep)
-    return [base + o for o in offsets]
+    ns = _needed_structure(src, dst)
+    base = sum(((rank // stride) % size) * stride for stride, size in ns.keep)
+    return [base + o for o in ns.offsets]
 
 
 def needed_ranks(src: FlatLayout, dst: FlatLayout, rank: int) -> list[int]:
     """``_get_needed_rank_list_by_layouts(src, dst, range(N), rank)`` (spec 3.5, ascending).
 
     Device counts are first normalised (spec 3.5 step 3); ranks are in ``[0, N)`` with
-    ``N = max(N_src, N_dst)``.
+    ``N = max(N_src, N_dst)``, except that, like MindSpore, a pair that places the same data on
+    every rank (no operator to run) answers ``[rank]`` for any rank >= 0 without a range check.
     """
     src, dst = normalize_device_num(src, dst)
+    if isinstance(rank, int) and rank >= src.device_num and _needed_structure(src, dst).noop:
+        return [rank]
     _check_rank(rank, src.device_num, "layout pair")
     return _needed(src, dst, rank)
 
@@ -568,14 +584,21 @@ def needed_ranks(src: FlatLayout, dst: FlatLayout, rank: int) -> list[int]:
 
 @dataclass(frozen=True)
 class _Transfer:
-    """Everything about one (src layout, dst layout, full shape) that does not depend on the rank."""
+    """Everything about one (src layout, dst layout, full shape) that does not depend on the rank.
+
+    Source slices form a grid ("cells" of ``lengths``). The lowest rank holding a cell is a sum of
+    one term per dim (each dim is split by its own device axes and the lowest holder has 0 on
+    every repeat axis), so per-dim tables give any cell's holder, and a destination box's pieces
+    are the product of per-dim interval lists: O(number of pieces) per rank.
+    """
 
     n_src: int
     n_dst: int
-    src_boxes: tuple[Box, ...]
     dst_geo: _Geometry
-    pair: tuple[FlatLayout, FlatLayout] | None  # normalised flat pair; None if counts do not divide
-    cells: tuple[tuple[int, ...], dict[tuple[int, ...], int]]  # slice lengths, cell -> lowest rank
+    lengths: tuple[int, ...]  # source slice length per dim
+    holders: tuple[tuple[int, ...], ...]  # per dim, per slice index: term of the lowest holder
+    gathered: tuple[tuple[int, ...], ...] | None  # the same terms restricted to gathered axes
+    keep: tuple[Axis, ...]  # MindSpore's keep axes (empty when the counts do not divide)
 
 
 def _side(p: ParamLayout | None, shape: tuple[int, ...]) -> tuple[FlatLayout, _Geometry]:
@@ -586,6 +609,25 @@ def _side(p: ParamLayout | None, shape: tuple[int, ...]) -> tuple[FlatLayout, _G
     return flat, _geometry(flat, groups)
 
 
+def _holder_tables(geo: _Geometry, shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """(slice lengths, per-dim holder terms); checks the per-dim decomposition on every rank."""
+    lengths = tuple(hi - lo for lo, hi in geo.box(0))
+    if not all(lengths):
+        return lengths, tuple(() for _ in shape)
+    lowest: dict[tuple[int, ...], int] = {}
+    for r in range(geo.device_num):
+        lowest.setdefault(tuple(lo // ln for (lo, _), ln in zip(geo.box(r), lengths, strict=True)), r)
+    zero = (0,) * len(shape)
+    holders = tuple(
+        tuple(lowest[(*zero[:t], i, *zero[t + 1 :])] for i in range(size // ln))
+        for t, (size, ln) in enumerate(zip(shape, lengths, strict=True))
+    )
+    for cell, r in lowest.items():
+        if sum(h[i] for h, i in zip(holders, cell, strict=True)) != r:
+            raise UnsupportedError(f"source slices of shape {list(lengths)} are not a per-dim product")
+    return lengths, holders
+
+
 @functools.lru_cache(maxsize=_PAIR_CACHE)
 def _transfer(src_p: ParamLayout | None, dst_p: ParamLayout | None, shape: tuple[int, ...]) -> _Transfer:
     if src_p is not None:
@@ -594,62 +636,55 @@ def _transfer(src_p: ParamLayout | None, dst_p: ParamLayout | None, shape: tuple
         slice_shape(dst_p, shape)
     src_flat, src_geo = _side(src_p, shape)
     dst_flat, dst_geo = _side(dst_p, shape)
-    src_boxes = tuple(src_geo.box(r) for r in range(src_geo.device_num))
+    lengths, holders = _holder_tables(src_geo, shape)
     try:
-        pair: tuple[FlatLayout, FlatLayout] | None = normalize_device_num(src_flat, dst_flat)
+        pair = normalize_device_num(src_flat, dst_flat)
     except LayoutError:
-        pair = None
-    lengths = tuple(hi - lo for lo, hi in src_boxes[0])
-    cells: dict[tuple[int, ...], int] = {}
-    if all(lengths):
-        for r, box in enumerate(src_boxes):
-            cells.setdefault(tuple(lo // ln for (lo, _), ln in zip(box, lengths, strict=True)), r)
-    return _Transfer(src_geo.device_num, dst_geo.device_num, src_boxes, dst_geo, pair, (lengths, cells))
-
-
-def _pieces_mindspore(tr: _Transfer, dst_rank: int, dst_box: Box) -> list[Piece]:
-    assert tr.pair is not None
-    pieces: list[Piece] = []
-    covered = 0
-    for s in _needed(*tr.pair, dst_rank):
-        src_rank = s % tr.n_src
-        inter = intersect(tr.src_boxes[src_rank], dst_box)
-        if inter is not None:
-            pieces.append((src_rank, inter))
-            covered += box_volume(inter)
-    if covered != box_volume(dst_box):
-        raise UnsupportedError(
-            f"MindSpore's needed-rank set does not tile destination box {dst_box} of rank {dst_rank} exactly"
-        )
-    return pieces
-
-
-def _pieces_any(tr: _Transfer, dst_box: Box) -> list[Piece]:
-    lengths, cells = tr.cells
-    ranges = [range(lo // ln, -(-hi // ln)) for (lo, hi), ln in zip(dst_box, lengths, strict=True)]
-    pieces: list[Piece] = []
-    for cell in itertools.product(*ranges):
-        src_rank = cells[cell]
-        inter = intersect(tr.src_boxes[src_rank], dst_box)
-        if inter is not None:
-            pieces.append((src_rank, inter))
-    return pieces
+        return _Transfer(src_geo.device_num, dst_geo.device_num, dst_geo, lengths, holders, None, ())
+    ns = _needed_structure(*pair) if all(lengths) else _NeededSet((), (), (0,), False)
+    gathered = tuple(
+        tuple(sum(((h // stride) % size) * stride for stride, size in ns.gather) for h in per_dim)
+        for per_dim in holders
+    )
+    return _Transfer(src_geo.device_num, dst_geo.device_num, dst_geo, lengths, holders, gathered, ns.keep)
 
 
 @functools.lru_cache(maxsize=_RANK_CACHE)
 def _pieces(
     src_p: ParamLayout | None, dst_p: ParamLayout | None, shape: tuple[int, ...], dst_rank: int, any_num: bool
 ) -> tuple[Piece, ...]:
+    """Pieces of ``dst_rank``, row-major over the source slices.
+
+    MindSpore's copy (counts divide): the needed rank holding a slice has the slice's coordinates
+    on the gathered axes (source-split axes, carried by any holder, e.g. the lowest) and the
+    destination rank's coordinates on the keep axes (spec 3.5). Otherwise (``any_num``): the
+    lowest holder. Exact tiling of the destination box by these pieces is what the tests check
+    against a naive reference and MindSpore itself.
+    """
     tr = _transfer(src_p, dst_p, shape)
     _check_rank(dst_rank, tr.n_dst, "destination layout")
     dst_box = tr.dst_geo.box(dst_rank)
     if box_volume(dst_box) == 0:
         return ()
-    if tr.pair is not None:
-        return tuple(_pieces_mindspore(tr, dst_rank, dst_box))
-    if not any_num:
+    if tr.gathered is not None:
+        terms, base = tr.gathered, sum(((dst_rank // stride) % size) * stride for stride, size in tr.keep)
+    elif any_num:
+        terms, base = tr.holders, 0
+    else:
         raise LayoutError(f"Cannot transform device_num from {tr.n_src} to {tr.n_dst}: neither divides the other")
-    return tuple(_pieces_any(tr, dst_box))
+    per_dim = [
+        [(vals[i], (max(lo, i * ln), min(hi, i * ln + ln))) for i in range(lo // ln, -(-hi // ln))]
+        for (lo, hi), ln, vals in zip(dst_box, tr.lengths, terms, strict=True)
+    ]
+    n_src = tr.n_src
+    if len(per_dim) == 1:  # the common ranks, unrolled: this loop is the planner's inner loop
+        return tuple(((base + v) % n_src, (iv,)) for v, iv in per_dim[0])
+    if len(per_dim) == 2:
+        return tuple(((base + v0 + v1) % n_src, (i0, i1)) for v0, i0 in per_dim[0] for v1, i1 in per_dim[1])
+    return tuple(
+        ((base + sum(v for v, _ in combo)) % n_src, tuple(iv for _, iv in combo))
+        for combo in itertools.product(*per_dim)
+    )
 
 
 def transfer_pieces(
@@ -760,6 +795,55 @@ def _param_need(src_p: ParamLayout, dst_p: ParamLayout | None, local: int) -> fr
     return frozenset(s % n_src for s in needed_ranks(src_flat, dst_flat, local))
 
 
+@dataclass(frozen=True)
+class _StageView:
+    """What rank_list_for_transform needs from the maps for one destination stage."""
+
+    pairs: tuple[tuple[str, ParamLayout, ParamLayout | None], ...]  # distinct layout pairs (first name)
+    stages: tuple[int, ...]  # source stages of every remaining source parameter
+
+
+# Identity memo of stage views: a planner asks for every destination rank with the same two map
+# objects, and scanning 1 000 parameters per rank would dominate planning. Entries keep the maps
+# alive and are checked by identity and size; maps are treated as immutable once passed in.
+_VIEWS: dict[tuple[int, int, int | None], tuple[object, object, int, int, _StageView]] = {}
+_VIEW_MEMO = 32
+
+
+def _stage_view(
+    src: Mapping[str, StagedLayout], dst: Mapping[str, StagedLayout] | None, stage: int | None
+) -> _StageView:
+    key = (id(src), id(dst), stage)
+    hit = _VIEWS.get(key)
+    if hit is not None and hit[0] is src and hit[1] is dst and hit[2] == len(src) and hit[3] == len(dst or ()):
+        return hit[4]
+    view = _build_view(src, dst, stage)
+    if len(_VIEWS) >= _VIEW_MEMO:
+        _VIEWS.clear()
+    _VIEWS[key] = (src, dst, len(src), len(dst or ()), view)
+    return view
+
+
+def _build_view(
+    src: Mapping[str, StagedLayout], dst: Mapping[str, StagedLayout] | None, stage: int | None
+) -> _StageView:
+    src_items = dict(src)
+    dst_items = dict(dst) if dst else None
+    if dst_items:
+        cut = {name for name, item in dst_items.items() if stage not in item.stages}
+        dst_items = {k: v for k, v in dst_items.items() if k not in cut}
+        src_items = {k: v for k, v in src_items.items() if k not in cut}
+    if not src_items:
+        raise LayoutError("The src_strategy_file is empty.")
+    pairs: dict[tuple[ParamLayout, ParamLayout | None], str] = {}
+    for name, item in src_items.items():
+        if dst_items and name not in dst_items:
+            continue  # absent from the destination: needs nothing, but its stages still count
+        pairs.setdefault((item.layout, dst_items[name].layout if dst_items else None), name)
+    stages = tuple(sorted({s for item in src_items.values() for s in item.stages}))
+    return _StageView(tuple((name, sp, dp) for (sp, dp), name in pairs.items()), stages)
+
+
 def rank_list_for_transform(
     rank_id: int,
     src: Mapping[str, StagedLayout] | None,
@@ -770,33 +854,23 @@ def rank_list_for_transform(
     """``ms.rank_list_for_transform`` (spec 3.7): source ranks needed by destination ``rank_id``.
 
     ``src`` is the source layout map built with ``rank_id=None``; ``dst`` must be the rank-aware
-    map of ``rank_id`` (spec 2.4). MindSpore takes "the device number of a stage" from the *first
-    layout item of the strategy file*; pass that item (or its device number) as ``src_first`` /
-    ``dst_first`` when the mapping's first value may differ from it (duplicate-name resolution can
-    replace it); by default the first value of each mapping is used. Returns ranks descending.
+    map of ``rank_id`` (spec 2.4). MindSpore takes "the device number of a stage" from the first
+    layout item; by default that is the first value of each mapping (``layout_map`` keeps file
+    order). Pass the item (or its device number) as ``src_first`` / ``dst_first`` to override it.
+    The result is MindSpore's: the union over parameters of their needed local ranks (fake slice
+    shape ``[max(N_src, N_dst)] * ndim``), replicated into every source stage that holds any
+    remaining parameter, descending.
     """
     if src is None:
         return [0]
-    src_items = dict(src)
-    dst_items = dict(dst) if dst else None
-    if dst_items:
-        stage = rank_id // _device_num(dst_first, dst, "destination")
-        cut = {name for name, item in dst_items.items() if stage not in item.stages}
-        dst_items = {k: v for k, v in dst_items.items() if k not in cut}
-        src_items = {k: v for k, v in src_items.items() if k not in cut}
-    if not src_items:
-        raise LayoutError("The src_strategy_file is empty.")
-    n_src = _device_num(src_first, src, "source")
     n_dst = _device_num(dst_first, dst, "destination") if dst else 1
+    view = _stage_view(src, dst if dst else None, rank_id // n_dst if dst else None)
+    n_src = _device_num(src_first, src, "source")
     local = rank_id % n_dst if n_dst > 1 else rank_id
     need: set[int] = set()
-    for name, item in src_items.items():
-        if dst_items and name not in dst_items:
-            continue
-        dst_p = dst_items[name].layout if dst_items else None
+    for name, src_p, dst_p in view.pairs:
         try:
-            need |= _param_need(item.layout, dst_p, local)
+            need |= _param_need(src_p, dst_p, local)
         except LayoutError as exc:
             raise LayoutError(f"parameter {name!r}: {exc.detail}") from None
-    stages = {s for item in src_items.values() for s in item.stages}
-    return sorted({s * n_src + x for s in stages for x in need}, reverse=True)
+    return sorted({s * n_src + x for s in view.stages for x in need}, reverse=True)
