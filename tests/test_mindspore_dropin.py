@@ -634,8 +634,6 @@ def test_load_distributed_return_and_write(tmp_path: Any, sharded: str, strategi
 
 def test_unified_safetensors_argument_errors(tmp_path: Any, sharded: str, strategies: dict[str, str]) -> None:
     a, out = strategies["a"], str(tmp_path / "out")
-    with pytest.raises(UnsupportedError, match="redundan"):
-        ms.unified_safetensors(sharded, a, out, merge_with_redundancy=False)
     bad: list[dict[str, Any]] = [
         {"src_dir": a},
         {"src_strategy_file": str(tmp_path / "nope" / "x.ckpt")},
@@ -656,10 +654,6 @@ def test_unified_safetensors_argument_errors(tmp_path: Any, sharded: str, strate
     with pytest.raises(UsageError, match="bool or str"):
         ms.unified_safetensors(sharded, a, out, choice_func=lambda n: 1)
     assert not os.path.exists(out)
-    save_safetensors(os.path.join(sharded, "rank_0", "net-1_10.safetensors"), {"w": W[:4], "b": B[:2]},
-                     {"format": "ms", "remove_redundancy": "True"})  # fmt: skip
-    with pytest.raises(UnsupportedError):
-        ms.unified_safetensors(sharded, a, out)
 
 
 def test_load_distributed_argument_errors(tmp_path: Any, sharded: str, strategies: dict[str, str]) -> None:

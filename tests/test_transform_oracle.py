@@ -162,3 +162,38 @@ def test_safetensors_flows_match_mindspore(oracle, tmp_path, case: Case) -> None
     assert_same_tree(f"{rs_root}/unified", f"{ms_root}/unified")
     api.split(f"{rs_root}/unified", p["b"], f"{rs_root}/split")
     assert_same_tree(f"{rs_root}/split", f"{ms_root}/split")
+
+
+def test_unify_sources_saved_without_redundancy(oracle, tmp_path) -> None:
+    """Each slice stored by one rank of its redundancy group (``remove_redundancy=True``): unify
+    merges it as MindSpore's ``merge_with_redundancy=False`` does."""
+    from reshard import layout
+    from reshard.formats.safetensors import save_safetensors
+    from reshard.formats.strategy import load_strategy, write_strategy
+    from reshard.formats.strategy import make_strategy as mk
+
+    rng = np.random.default_rng(3)
+    full = {"w": rng.standard_normal((8, 4)).astype(np.float32), "b": rng.standard_normal(4).astype(np.float16),
+            "e": rng.standard_normal((4, 8)).astype(np.float32)}
+    layouts = {"w": L((2, 2), (1, -1)), "b": L((2, 2), (-1,)), "e": L((2, 2), (-1, 0))}
+    strategy = str(tmp_path / "s.ckpt")
+    write_strategy(strategy, mk(layouts))
+    sf = load_strategy(strategy)
+    src = tmp_path / "src"
+    seen: dict[str, set] = {n: set() for n in full}
+    for rank in range(4):
+        tensors = {"global_step": np.array([5], np.int64)}
+        for name, arr in full.items():
+            box = layout.rank_box(sf.layouts[name], arr.shape, rank)
+            if box not in seen[name]:  # keep only the first rank of each redundancy group
+                seen[name].add(box)
+                tensors[name] = np.ascontiguousarray(arr[tuple(slice(a, b) for a, b in box)])
+        save_safetensors(str(src / f"rank_{rank}" / f"net_{rank}.safetensors"), tensors,
+                         {"format": "ms", "remove_redundancy": "True"})
+    run_ms_jobs(oracle, [{"op": "unify", "src_dir": str(src), "src_strategy_file": strategy,
+                          "dst_dir": str(tmp_path / "ms"), "merge_with_redundancy": False}])
+    api.unify(str(src), strategy, str(tmp_path / "rs"), mindspore_order=True)
+    assert_same_tree(str(tmp_path / "rs"), str(tmp_path / "ms"))
+    with api.open_checkpoint(str(tmp_path / "rs" / "part0.safetensors")) as index:
+        for name, arr in full.items():
+            assert np.array_equal(index.array(name), arr)

@@ -38,8 +38,9 @@ surprises users; valid inputs still give MindSpore's names and bytes):
   ``-`` and a merged file whose extension does not match its content.
 * Strings cannot be stored in ``.safetensors``: ``ckpt_to_safetensors`` keeps them in the
   metadata (``reshard.str:<name>``) and ``safetensors_to_ckpt`` restores them (MindSpore fails).
-* ``unified_safetensors(merge_with_redundancy=False)`` (or sources saved with
-  ``remove_redundancy=True``) and ``load_distributed_checkpoint`` with a network, with the legacy
+* ``unified_safetensors`` merges sources saved with ``remove_redundancy=True`` whatever
+  ``merge_with_redundancy`` says (MindSpore needs the flag or the metadata to find the copies).
+* ``load_distributed_checkpoint`` with a network, with the legacy
   ``.ckpt`` path or without ``predict_strategy`` raise ``UnsupportedError``.
 * ``unified_safetensors`` with a ``split_dst_file`` that selects no part raises ``UsageError``
   (MindSpore fails with "number sections must be larger than 0" after creating the folder).
@@ -760,15 +761,6 @@ def _split_dst_file(value: Any) -> tuple[int, int] | tuple[()]:
     return index, count
 
 
-def _effective_redundancy(merge_with_redundancy: bool, metadata: Iterable[Mapping[str, str]]) -> bool:
-    """Spec 4.1 step 3: a source's ``remove_redundancy`` metadata overrides the argument."""
-    for meta in metadata:
-        flag = meta.get(META_REMOVE_REDUNDANCY)
-        if flag is not None:
-            merge_with_redundancy = flag != "True"
-    return merge_with_redundancy
-
-
 def unified_safetensors(
     src_dir: str,
     src_strategy_file: str,
@@ -782,8 +774,9 @@ def unified_safetensors(
     """``mindspore.unified_safetensors``: full tensors in ``part<j>.safetensors`` + index + hyper params.
 
     ``choice_func(name)`` returning False moves a parameter to ``hyper_param.safetensors``, a str
-    renames it (MindSpore's rules, spec 4.1). Sources saved without redundancy need
-    ``merge_with_redundancy=False``, which reshard does not support yet (``UnsupportedError``).
+    renames it (MindSpore's rules, spec 4.1). Sources saved without redundant copies
+    (``remove_redundancy=True``) work whatever ``merge_with_redundancy`` says: a slice missing from
+    one rank is read from another rank of its redundancy group.
     """
     src = _path(src_dir, "src_dir")
     if os.path.isfile(src):
@@ -796,13 +789,6 @@ def unified_safetensors(
     run = _workers(max_process_num, "max_process_num")
     choice = _callable(choice_func, "choice_func")
     split = _split_dst_file(split_dst_file)
-    _, sources = api.rank_sources(src, "safetensors", None, file_suffix)
-    if not _effective_redundancy(merge_with_redundancy, (f.metadata for _, f in sorted(sources.items()))):
-        raise UnsupportedError(
-            "merging checkpoints saved without redundant copies (merge_with_redundancy=False or "
-            "remove_redundancy metadata) is not supported yet",
-            src,
-        )
     report = api.unify(
         src,
         strategy,

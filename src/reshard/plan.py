@@ -335,16 +335,28 @@ class TransformPlanner:
         dst_box = layout.rank_box(dst_p, full, local) if dst_p is not None else tuple((0, d) for d in full)
         triples = []
         for key, piece in layout.transfer_pieces(src_p, dst_p, full, local):
-            src = by_key.get(key)
+            held = layout.rank_box(src_p, full, key) if src_p is not None else tuple((0, d) for d in full)
+            src = by_key.get(key) or _redundant_copy(name, src_p, full, held, by_key)
             if src is None:
                 raise UsageError(f"the checkpoint of source rank {key} is missing (needed for {name!r})")
-            held = layout.rank_box(src_p, full, key) if src_p is not None else tuple((0, d) for d in full)
             if src.tensors[name].shape != tuple(b - a for a, b in held):
                 raise LayoutError(
                     f"{name!r} has shape {list(src.tensors[name].shape)}, but the strategy gives this rank "
                     f"a slice of {[b - a for a, b in held]}", src.path)
             triples.append((src, held, piece))
         return _assembled(sources, name, name, triples, dst_box, first.dtype)
+
+
+def _redundant_copy(name: str, src_p: ParamLayout | None, full: tuple[int, ...], held: Box,
+                    by_key: Mapping[int, SourceFile]) -> SourceFile | None:
+    """Another rank's identical copy of a slice, for checkpoints saved with ``remove_redundancy=True``
+    (each slice is stored by only one rank of its redundancy group)."""
+    if src_p is None:
+        return None
+    for key in sorted(by_key):
+        if layout.rank_box(src_p, full, key) == held:
+            return by_key[key]
+    return None
 
 
 def _ranges(ranks: Sequence[int]) -> str:
