@@ -407,19 +407,25 @@ def mid_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return make_job(str(tmp_path_factory.mktemp("mid")), ModelShape(vocab=256, hidden=128, ffn=512, layers=2))
 
 
-def test_full_disk(mid_job: dict[str, str], tmp_path: Path) -> None:
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
+def test_full_disk(mid_job: dict[str, str], tmp_path: Path, encrypted: bool) -> None:
     disk = tmp_path / "disk"
     args = _transform(mid_job["full"], "None", mid_job["s8"])
+    env = {}
+    if encrypted:  # plaintext temp file + records: twice the space, same clean failure
+        args += ["--enc-key-env", "RESHARD_TEST_KEY"]
+        env["RESHARD_TEST_KEY"] = bytes(16).hex()
     inputs = snapshot(mid_job["root"])
     with _tmpfs(disk, "size=3m") as mounted:
         out = disk / "out"
         argv = [a.replace(OUT, str(out)) for a in args]
         if mounted:
-            proc = run_cli(*argv)
+            proc = run_cli(*argv, env=env)
             assert_clean_failure(proc, "No space left on device")
         else:  # no mount permission: the same code path through a file-size limit (EFBIG)
             proc = subprocess.run([sys.executable, "-m", "reshard.cli", *argv], capture_output=True, text=True,
-                                  preexec_fn=_limit_file_size(3 * 1024 * 1024), timeout=300)
+                                  env={**os.environ, **env}, preexec_fn=_limit_file_size(3 * 1024 * 1024),
+                                  timeout=300)
             assert_clean_failure(proc, "write failed")
         assert os.listdir(disk) == []  # nothing half-written, no temp file, not even the folder
     assert snapshot(mid_job["root"]) == inputs

@@ -17,10 +17,8 @@ Why this shape (see design.md, "Techniques the peers proved"):
 from __future__ import annotations
 
 import contextlib
-import errno
 import math
 import mmap
-import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -224,7 +222,7 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options,
     by_name = {t.name: t for t in file.tensors}
 
     def fill(fd: int, lay: FileLayout) -> None:
-        _reserve(fd, lay.size)
+        base.preallocate(fd, lay.size)  # write_file did it already; the encrypted path's plaintext needs it
         out = _Output(fd, lay.size)
         try:
             for name in lay.order:
@@ -245,17 +243,6 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options,
         base.write_file(file.path, layout, fill, finish)
     if options.on_file_written is not None:
         options.on_file_written(file)
-
-
-def _reserve(fd: int, size: int) -> None:
-    """Allocate the whole output before it is mapped: a full disk is then ENOSPC here, not a SIGBUS
-    on a page of the map. Cheap on ext4/xfs (unwritten extents); skipped where unsupported."""
-    if size:
-        try:
-            os.posix_fallocate(fd, 0, size)
-        except OSError as exc:
-            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                raise
 
 
 def run_plan(plan: Plan, opener: Opener, options: Options | None = None) -> None:
