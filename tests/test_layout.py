@@ -371,6 +371,28 @@ def test_errors() -> None:
         rank_list_for_transform(0, {}, None)
 
 
+def test_inputs_numpy_ints_and_bad_types() -> None:
+    p = P((2, 2), (1, -1))
+    assert rank_box(p, np.array([8, 4]), np.int64(3)) == rows(4, 8)
+    assert transfer_pieces(p, None, (np.int64(8), 4), np.int32(0)) == [(0, rows(0, 4)), (2, rows(4, 8))]
+    with pytest.raises(LayoutError, match="not a shape"):
+        rank_box(p, (8.0, 4), 0)
+    with pytest.raises(LayoutError, match="not an integer"):
+        rank_box(p, W84, 1.0)
+    with pytest.raises(LayoutError, match="opt_shard_size without"):
+        full_shape(P((2, 2), (-1, 0), opt_shard_step=0, opt_shard_size=-1), (2, 2))
+
+
+def test_needed_ranks_beyond_range_only_when_nothing_moves() -> None:
+    # MindSpore answers [rank] for any rank when the two layouts place the same data everywhere
+    same = FlatLayout((2, 2), (1, -1), (4, 4)), FlatLayout((2, 2), (1, -1), (2, 8))
+    assert needed_ranks(*same, 5) == [5]
+    unsplit = FlatLayout((2, 3), (-1,), (6,)), FlatLayout((3, 2), (-1,), (6,))  # not refinable, no split
+    assert needed_ranks(*unsplit, 7) == [7]
+    with pytest.raises(LayoutError, match="outside the 2 devices"):
+        needed_ranks(FlatLayout((2,), (-1,), (4,)), FlatLayout((2,), (0,), (4,)), 2)  # a local slice
+
+
 def test_non_box_flat_layout_is_unsupported() -> None:
     # dim 0 of the full tensor (4) as flat (2, 2) with the *outer* factor whole and the inner split:
     # rank 0 would hold indices {0, 2}, not an interval
