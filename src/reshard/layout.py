@@ -755,6 +755,7 @@ def _table(
 # redundancy (get_parameter_redundancy, spec 3.3 end)
 
 
+@functools.lru_cache(maxsize=_PAIR_CACHE)
 def redundancy_groups(p: ParamLayout, initial_rank: int = 0) -> tuple[tuple[int, ...], ...]:
     """``get_parameter_redundancy`` for one layout item: groups of ranks holding identical data.
 
@@ -764,6 +765,8 @@ def redundancy_groups(p: ParamLayout, initial_rank: int = 0) -> tuple[tuple[int,
     subgroups and groups whose length ``size`` does not divide are silently dropped.
     """
     dev, n = p.dev_matrix, len(p.dev_matrix)
+    if any(d < 1 for d in dev):
+        raise LayoutError(f"{_fmt(p)}: device matrix dims must be positive integers")
     first = _values(p.tensor_map[0]) if p.is_list_map else tuple(p.tensor_map)
     values = sorted({v for v in first if v != NOT_SPLIT})
     if any(not 0 <= v < n for v in values):
