@@ -24,6 +24,11 @@ def run(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
                           timeout=300)
 
 
+def ranks_in(folder: object) -> list[str]:
+    """The rank_<r> folders of an output (the manifest file sits beside them)."""
+    return sorted(n for n in os.listdir(folder) if n.startswith("rank_"))
+
+
 def snapshot(root: str) -> dict[str, tuple[str, int, float]]:
     """sha256, mode and mtime of every file below root: inputs must never change."""
     out = {}
@@ -59,7 +64,7 @@ def test_transform_with_mindformers_flags(job: dict[str, str], tmp_path) -> None
     proc = run("transform", "--src_ckpt_dir", job["r8"], "--dst_ckpt_dir", str(out), "--src_ckpt_strategy",
                job["s8"], "--dst_ckpt_strategy", job["s4"], "--prefix", "ck_")
     assert proc.returncode == 0, proc.stderr
-    assert sorted(os.listdir(out)) == [f"rank_{r}" for r in range(4)]
+    assert ranks_in(out) == [f"rank_{r}" for r in range(4)]
     assert os.listdir(out / "rank_3") == ["ck_3.ckpt"]
     assert snapshot(job["r8"]) == before
 
@@ -83,7 +88,7 @@ def test_by_rank_and_rank_list(job: dict[str, str], tmp_path) -> None:
     proc = run("transform", "--src", job["r8"], "--dst", str(out), "--src-strategy", job["s8"], "--dst-strategy",
                job["s4"], "--ranks", "2")
     assert proc.returncode == 0, proc.stderr
-    assert os.listdir(out) == ["rank_2"]
+    assert ranks_in(out) == ["rank_2"]
 
 
 def test_plan_prints_and_writes_nothing(job: dict[str, str], tmp_path) -> None:
@@ -111,7 +116,24 @@ def test_convert_round_trip_folder(job: dict[str, str], tmp_path) -> None:
     st, back = tmp_path / "st", tmp_path / "back"
     assert run("convert", job["r8"], str(st), "--to", "safetensors").returncode == 0
     assert run("convert", str(st), str(back), "--to", "ckpt").returncode == 0
-    assert sorted(os.listdir(back)) == [f"rank_{r}" for r in range(8)]
+    assert ranks_in(back) == [f"rank_{r}" for r in range(8)]
+
+
+def test_unify_then_split_round_trip(job: dict[str, str], tmp_path) -> None:
+    st = tmp_path / "st"
+    assert run("convert", job["r8"], str(st), "--to", "safetensors").returncode == 0
+    uni, back = tmp_path / "uni", tmp_path / "back"
+    proc = run("unify", str(st), str(uni), "--strategy", job["s8"])
+    assert proc.returncode == 0, proc.stderr
+    assert {"part0.safetensors", "param_name_map.json", "hyper_param.safetensors"} <= set(os.listdir(uni))
+    proc = run("split", str(uni), str(back), "--strategy", job["s8"], "--output-format", "ckpt")
+    assert proc.returncode == 0, proc.stderr
+    assert ranks_in(back) == [f"rank_{r}" for r in range(8)]
+    with api.open_checkpoint(str(back / "rank_5" / "net.ckpt")) as a, \
+            api.open_checkpoint(os.path.join(job["r8"], "rank_5", "checkpoint_5.ckpt")) as b:
+        for name in b:
+            if name in a and not b.entries[name].is_string:
+                assert np.array_equal(a.array(name), b.array(name)), name
 
 
 def test_demo_runs(tmp_path) -> None:
