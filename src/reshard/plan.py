@@ -259,6 +259,7 @@ class TransformPlanner:
         self.n_dst = device_num(dst) if dst is not None else 1
         self.dst_total = self.n_dst * stage_count(dst) if dst is not None else 1
         self._dst_maps: dict[int, dict[str, StagedLayout]] = {}
+        self.beyond: set[int] = set()  # destination ranks planned beyond what MindSpore can do
 
     def check_rank_count(self) -> None:
         """The source strategy must describe exactly the rank folders present."""
@@ -279,10 +280,44 @@ class TransformPlanner:
         return self._dst_maps[key]
 
     def needed(self, rank: int) -> list[int]:
-        """Source ranks needed by destination ``rank`` (MindSpore's rank_list_for_transform)."""
+        """Source ranks needed by destination ``rank`` (MindSpore's rank_list_for_transform).
+
+        Beyond MindSpore: when a parameter's source and destination device counts do not divide
+        each other (4 -> 6 ranks), MindSpore refuses; we read the source ranks whose slices overlap.
+        """
         if self.src is None:
             return [0]
-        return layout.rank_list_for_transform(rank, self.src_map, self.dst_map(rank))
+        try:
+            return layout.rank_list_for_transform(rank, self.src_map, self.dst_map(rank))
+        except LayoutError:
+            # MindSpore cannot (device counts that do not divide, or its fake probe shape does not
+            # divide the layout); real shapes decide: if they do not divide either, planning says so.
+            self.beyond.add(rank)
+        return self._overlapping_ranks(rank)
+
+    def _overlapping_ranks(self, rank: int) -> list[int]:
+        dst_map = self.dst_map(rank)
+        cut = _stage_cut(self.src_map, dst_map, rank // self.n_dst)
+        needed: set[int] = set()
+        for name, staged in (self.src_map or {}).items():
+            if not cut.transforms(name):
+                continue
+            held = self._any_file_with(name, staged.stages)
+            if held is None:
+                continue
+            full = layout.full_shape(staged.layout, held.tensors[name].shape)
+            dst_p = dst_map[name].layout if dst_map is not None else None
+            keys = {key for key, _ in layout.transfer_pieces(staged.layout, dst_p, full, rank % self.n_dst,
+                                                              any_device_num=True)}
+            needed |= {min(staged.stages) * self.n_src + key for key in keys}
+        return sorted(needed, reverse=True)
+
+    def _any_file_with(self, name: str, stages: tuple[int, ...]) -> SourceFile | None:
+        for stage in sorted(stages):
+            for r in range(stage * self.n_src, (stage + 1) * self.n_src):
+                if r in self.files and name in self.files[r].tensors:
+                    return self.files[r]
+        return None
 
     def plan_rank(self, rank: int, sources: _Sources, load_order: Sequence[int] | None = None
                   ) -> tuple[TensorPlan, ...]:
@@ -323,6 +358,8 @@ class TransformPlanner:
             raise LayoutError("none of the checkpoint's parameters is in the source or destination strategy")
         for name in deferred:
             key = local % device_n
+            if key not in holders[name] and rank in self.beyond:
+                key = min(holders[name])  # no MindSpore rule to follow: the lowest rank's copy
             if key not in holders[name]:
                 raise UsageError(f"parameter {name!r} is missing from the checkpoint of source rank {key}")
             transformed.append(_whole(sources, holders[name][key], name))
@@ -334,7 +371,7 @@ class TransformPlanner:
         full = layout.full_shape(src_p, first.shape) if src_p is not None else first.shape
         dst_box = layout.rank_box(dst_p, full, local) if dst_p is not None else tuple((0, d) for d in full)
         triples = []
-        for key, piece in layout.transfer_pieces(src_p, dst_p, full, local):
+        for key, piece in layout.transfer_pieces(src_p, dst_p, full, local, any_device_num=True):
             held = layout.rank_box(src_p, full, key) if src_p is not None else tuple((0, d) for d in full)
             src = by_key.get(key) or _redundant_copy(name, src_p, full, held, by_key)
             if src is None:
