@@ -53,14 +53,14 @@ class Hang(Exception):
 
 
 @contextlib.contextmanager
-def bounded(size: int) -> Iterator[None]:
+def bounded(size: int, seconds: float = EXAMPLE_SECONDS) -> Iterator[None]:
     """Fail on a hang (SIGALRM) or on allocations beyond the memory bound."""
 
     def alarm(signum: int, frame: Any) -> None:
-        raise Hang(f"reader still running after {EXAMPLE_SECONDS} s")
+        raise Hang(f"reader still running after {seconds} s")
 
     previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, EXAMPLE_SECONDS)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
     tracemalloc.start()
     try:
         yield
@@ -72,9 +72,9 @@ def bounded(size: int) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def read_or_reshard_error(read: Callable[[], Any], size: int) -> None:
+def read_or_reshard_error(read: Callable[[], Any], size: int, seconds: float = EXAMPLE_SECONDS) -> None:
     """``read`` must succeed (then every value is touched) or raise a ReshardError."""
-    with bounded(size):
+    with bounded(size, seconds):
         try:
             result = read()
         except ReshardError as exc:
@@ -309,7 +309,7 @@ def test_harness_catches_big_allocations_hangs_and_foreign_errors() -> None:
     with pytest.raises(AssertionError, match="peak"):
         read_or_reshard_error(lambda: np.ones(8 * 1024 * 1024), 100)
     with pytest.raises(Hang):
-        read_or_reshard_error(_spin, 100)
+        read_or_reshard_error(_spin, 100, seconds=0.2)
     with pytest.raises(IndexError):
         read_or_reshard_error(lambda: [][1], 100)
     read_or_reshard_error(lambda: (_ for _ in ()).throw(ReshardError("one line")), 100)

@@ -113,7 +113,7 @@ def _key(args: argparse.Namespace, side: str) -> bytes | None:
 
 
 def _kwargs(args: argparse.Namespace) -> dict[str, bool]:
-    return {"overwrite": args.overwrite, "resume": args.resume}
+    return {"overwrite": args.overwrite, "resume": args.resume, "manifest": not args.no_manifest}
 
 
 def _notes(report: api.Report) -> None:
@@ -234,6 +234,8 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", "--dry_run", action="store_true", help="print the plan, write nothing")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run: keep its verified files, redo the rest")
+    p.add_argument("--no-manifest", action="store_true",
+                   help="skip reshard-manifest.json and the journal (saves one read of the outputs; no --resume)")
 
 
 def _add_check_crc_flag(p: argparse.ArgumentParser) -> None:

@@ -54,7 +54,7 @@ MANIFEST_NAME = "reshard-manifest.json"
 JOURNAL_NAME = ".reshard-journal"
 MANIFEST_VERSION = 1
 TEMP_SUFFIX = ".reshard-tmp"  # atomic_path's temporary names: .<name>.<random>.reshard-tmp
-HASH_BLOCK_BYTES = 16 * 1024 * 1024  # large reads: hashlib releases the GIL, the page cache streams
+HASH_BLOCK_BYTES = 8 * 1024 * 1024  # large reads: hashlib releases the GIL, the page cache streams
 _KEY_ID_CONTEXT = b"reshard key id\x00"  # the key id is a hash of this and the key, never the key
 
 
@@ -80,13 +80,14 @@ class OutputRecord:
 
 
 def sha256_file(path: str) -> tuple[int, str]:
-    """(size, hex SHA-256) of a file, read in large blocks."""
+    """(size, hex SHA-256) of a file, read in large blocks into one reused buffer."""
     digest = hashlib.sha256()
     size = 0
-    with open(path, "rb", buffering=0) as fh:
-        while block := fh.read(HASH_BLOCK_BYTES):
-            digest.update(block)
-            size += len(block)
+    buffer = bytearray(HASH_BLOCK_BYTES)
+    with open(path, "rb", buffering=0) as fh, memoryview(buffer) as view:
+        while n := fh.readinto(view):
+            digest.update(view[:n])
+            size += n
     return size, digest.hexdigest()
 
 
