@@ -61,6 +61,7 @@ class Measurement:
     maxrss: int  # bytes: kernel high-water mark of the largest single process (wait4)
     rss_tree: int  # bytes: largest polled sum over the process tree
     processes: int  # most processes seen at once in the tree
+    cpu_pressure: float  # % of the last 10 s some task waited for a CPU, at the start (other load)
 
     def to_json(self) -> dict[str, float | int]:
         return asdict(self)
@@ -118,6 +119,7 @@ def run_measured(argv: Sequence[str], log_prefix: str, env: dict[str, str] | Non
     """
     out_path, err_path, result_path = (log_prefix + ext for ext in (".out", ".err", ".rusage.json"))
     wrapper = [sys.executable, "-I", "-S", SPAWN, result_path, *argv]
+    pressure = cpu_pressure()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         proc = subprocess.Popen(wrapper, stdout=out, stderr=err, env=env, cwd=cwd)
         poller = _TreePoller(proc.pid)
@@ -134,7 +136,17 @@ def run_measured(argv: Sequence[str], log_prefix: str, env: dict[str, str] | Non
     wall = float(spawned["wall"])
     call = _reported_call_time(out_path)
     return Measurement(wall, wall if call is None else call, max(maxrss, poller.peak), maxrss, poller.peak,
-                       poller.most)
+                       poller.most, pressure)
+
+
+def cpu_pressure() -> float:
+    """``some avg10`` of /proc/pressure/cpu: how busy the machine is with other work (-1: unknown)."""
+    try:
+        with open("/proc/pressure/cpu", encoding="ascii") as fh:
+            fields = dict(item.split("=") for item in fh.readline().split()[1:])
+        return float(fields["avg10"])
+    except (OSError, KeyError, ValueError):
+        return -1.0
 
 
 def _tail(path: str) -> str:

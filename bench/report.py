@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from operations import CP_TARGET, RSS_ALLOWANCE
+from profiling import format_profile
 
 MIB = 1024**2
 CONTESTANTS = (
@@ -120,9 +121,16 @@ def scaling_table(series: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _median_pressure(main: dict[str, Any]) -> float:
+    values = sorted(r["cpu_pressure"] for o in main["operations"] for c in ("reshard", "cp", "mindspore")
+                    if o.get(c) for r in o[c]["runs"])
+    return values[len(values) // 2] if values else -1.0
+
+
 def markdown(results: dict[str, Any]) -> str:
     meta, main = results["meta"], results["main"]
     w = main["workload"]
+    pressure = _median_pressure(main)
     cache = "page cache cold (inputs evicted before each run)" if meta["cache"] == "cold" else "page cache warm"
     out = [
         f"Command: `{meta['command']}` — {meta['cpus']} cores, {meta['memory_bytes'] / 2**30:.0f} GiB RAM, "
@@ -134,7 +142,9 @@ def markdown(results: dict[str, Any]) -> str:
         *main_table(main),
         "",
         "Times are process wall times, best run; in parentheses the operation alone, after interpreter "
-        "start-up and imports. Peak RSS is the largest of all runs.",
+        "start-up and imports. Peak RSS is the largest of all runs."
+        + (f" Other work on the machine: median CPU pressure {pressure:.0f}% (/proc/pressure/cpu some avg10) "
+           "at the start of the runs." if pressure >= 0 else ""),
         "",
         *targets(main),
     ]
@@ -146,6 +156,16 @@ def markdown(results: dict[str, Any]) -> str:
         out += ["", f"Planning {plan['params']} parameters × {plan['dst_ranks']} destination ranks "
                 f"({plan['copies']:,} copies): plan_transform {plan['plan_seconds']:.2f} s (best of {plan['repeat']}), "
                 f"of which the layout engine alone {plan['layout_seconds']:.2f} s."]
+    return "\n".join(out)
+
+
+def profiles(results: dict[str, Any]) -> str:
+    """The profiles of the operations slower than the cp target (main size only)."""
+    out = []
+    for op in results["main"]["operations"]:
+        if "profile" in op:
+            ratio = op["ratios"]["reshard_cp_wall"]
+            out += ["", f"Profile of reshard {op['title']} ({_x(ratio)} cp):", format_profile(op["profile"])]
     return "\n".join(out)
 
 

@@ -45,8 +45,9 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH_DIR)
 
 import measure  # noqa: E402
+import profiling  # noqa: E402
 import report  # noqa: E402
-from operations import OPERATION_KEYS, Operation, operations  # noqa: E402
+from operations import CP_TARGET, OPERATION_KEYS, Operation, operations  # noqa: E402
 from workload import DTYPES, Workload, verify_output  # noqa: E402
 
 REPO = os.path.dirname(BENCH_DIR)
@@ -190,6 +191,11 @@ class Runner:
         if ms_error:
             result["mindspore_error"] = ms_error
         result["ratios"] = report.ratios(result)
+        if self.args.profile and result["ratios"]["reshard_cp_wall"] > CP_TARGET:
+            measure.prepare_cache(self.args.cache, op.inputs)
+            child = os.path.join(BENCH_DIR, "rs_child.py")
+            result["profile"] = profiling.profile_reshard(child, op.reshard(out), f"{logs}/{op.key}-profile", self.env)
+            measure.remove(out)
         return result
 
     def bench_workload(self, w: Workload, keys: Sequence[str], with_ms: bool) -> dict[str, Any]:
@@ -215,7 +221,8 @@ def summarize(runs: list[measure.Measurement]) -> dict[str, Any]:
     best = min(runs, key=lambda m: m.wall)
     return {"wall": best.wall, "call": min(m.call for m in runs), "peak_rss": max(m.peak_rss for m in runs),
             "maxrss": max(m.maxrss for m in runs), "rss_tree": max(m.rss_tree for m in runs),
-            "processes": max(m.processes for m in runs), "runs": [m.to_json() for m in runs]}
+            "processes": max(m.processes for m in runs),
+            "cpu_pressure_of_best": best.cpu_pressure, "runs": [m.to_json() for m in runs]}
 
 
 # ------------------------------------------------------------------------------------ metadata
@@ -242,6 +249,7 @@ def machine_facts(args: argparse.Namespace, ms_python: str | None) -> dict[str, 
         "cpus": os.cpu_count(),
         "memory_bytes": psutil.virtual_memory().total,
         "load_average_at_start": os.getloadavg(),
+        "cpu_pressure_at_start": measure.cpu_pressure(),
         "python": platform.python_version(),
         "cache": args.cache,
         "drop_caches_writable": measure.drop_caches_writable(),
@@ -288,6 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mindspore-scaling", action="store_true", help="include MindSpore in the scaling series")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="do not check outputs")
     p.add_argument("--no-plan", action="store_true", help="skip the planning micro-benchmark")
+    p.add_argument("--no-profile", dest="profile", action="store_false",
+                   help="do not profile operations slower than 1.25x cp (py-spy if installed, else cProfile)")
     p.add_argument("--keep", action="store_true", help="keep the generated inputs (reused by the next run)")
     return p
 
@@ -344,6 +354,7 @@ def _main(args: argparse.Namespace, keys: list[str]) -> int:
     if scaling_sizes:
         report.scaling_chart(results["scaling"], os.path.join(args.out, "scaling.png"))
     print(report.markdown(results))
+    print(report.profiles(results))
     _log(f"wrote {os.path.join(args.out, 'results.json')} and charts in {time.perf_counter() - started:.0f} s")
     return 0
 
