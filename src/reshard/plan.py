@@ -367,6 +367,15 @@ class TransformPlanner:
 
     def _transform_one(self, name: str, src_p: ParamLayout | None, dst_p: ParamLayout | None,
                        by_key: dict[int, SourceFile], local: int, sources: _Sources) -> TensorPlan:
+        try:
+            return self._transform_checked(name, src_p, dst_p, by_key, local, sources)
+        except LayoutError as exc:
+            if name in exc.detail:
+                raise
+            raise LayoutError(f"parameter {name!r}: {exc.detail}", exc.path) from None
+
+    def _transform_checked(self, name: str, src_p: ParamLayout | None, dst_p: ParamLayout | None,
+                           by_key: dict[int, SourceFile], local: int, sources: _Sources) -> TensorPlan:
         first = next(iter(by_key.values())).tensors[name]
         full = layout.full_shape(src_p, first.shape) if src_p is not None else first.shape
         dst_box = layout.rank_box(dst_p, full, local) if dst_p is not None else tuple((0, d) for d in full)
