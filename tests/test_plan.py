@@ -107,3 +107,20 @@ def test_executor_paths_give_identical_files(tmp_path, workers: int, chunk: int)
     with read_ckpt(f"{tmp}/full2/rank_0/checkpoint_0.ckpt") as index:
         for name, arr in FULL.items():
             assert np.array_equal(index.array(name), arr)
+
+
+def test_convert_keeps_strings_through_safetensors(tmp_path) -> None:
+    """MindSpore cannot convert a .ckpt holding strings; we keep them in the safetensors metadata."""
+    from reshard.formats.safetensors import read_safetensors
+
+    src = tmp_path / "ck" / "rank_0" / "m.ckpt"
+    save_ckpt(str(src), {"w": FULL["w"], "note": "héllo", "empty": "", "global_step": FULL["global_step"]})
+    api.convert(str(tmp_path / "ck"), str(tmp_path / "st"), "safetensors")
+    with read_safetensors(str(tmp_path / "st" / "rank_0" / "m.safetensors")) as index:
+        assert set(index) == {"w", "global_step"}
+        assert index.metadata["reshard.str:note"] == "héllo"
+    api.convert(str(tmp_path / "st"), str(tmp_path / "back"), "ckpt")
+    with read_ckpt(str(tmp_path / "back" / "rank_0" / "m.ckpt")) as index:
+        assert index.value("note") == "héllo" and index.value("empty") == ""
+        assert list(index) == ["empty", "global_step", "note", "w"]  # sorted, as safetensors_to_ckpt writes
+        assert np.array_equal(index.array("w"), FULL["w"])
