@@ -4,13 +4,17 @@ plans as plain data, and the executor's copy paths (byte runs, strided boxes, ch
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from reshard import api, layout
+from reshard.errors import ReshardError
 from reshard.execute import local
 from reshard.formats.ckpt import read_ckpt, save_ckpt
 from reshard.formats.strategy import ParamLayout as L
@@ -124,3 +128,57 @@ def test_convert_keeps_strings_through_safetensors(tmp_path) -> None:
         assert index.value("note") == "héllo" and index.value("empty") == ""
         assert list(index) == ["empty", "global_step", "note", "w"]  # sorted, as safetensors_to_ckpt writes
         assert np.array_equal(index.array("w"), FULL["w"])
+
+
+DEVS = [(2,), (4,), (2, 2), (2, 3), (3, 2), (2, 2, 2), (1, 2), (2, 1, 2), (4, 2)]
+
+
+@st.composite
+def param_layouts(draw: st.DrawFn, ndim: int) -> L:
+    """A random valid layout: flat or list tensor map, maybe an optimizer shard."""
+    dev = draw(st.sampled_from(DEVS))
+    axes = list(range(len(dev)))
+    draw(st.randoms()).shuffle(axes)
+    tmap: list[object] = []
+    for _ in range(ndim):
+        k = draw(st.integers(0, min(2, len(axes))))
+        values, axes = tuple(axes[:k]), axes[k:]
+        tmap.append(-1 if not values else values[0] if len(values) == 1 or not draw(st.booleans()) else values)
+        if isinstance(tmap[-1], int) and len(values) > 1:
+            axes = list(values[1:]) + axes
+    step, size = 0, 0
+    if draw(st.booleans()):
+        size = draw(st.sampled_from([2, -1]))
+        step = draw(st.sampled_from([1, 2, 3, 4]))
+    return L(dev, tuple(tmap), step, size)  # type: ignore[arg-type]
+
+
+def _valid(p: L, shape: tuple[int, ...]) -> bool:
+    try:
+        layout.rank_box(p, shape, 0)
+    except ReshardError:
+        return False
+    return True
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_random_layout_chains_round_trip(tmp_path_factory, data: st.DataObject) -> None:
+    """full -> A -> B -> full through real files gives back every tensor, for random layouts."""
+    shape = data.draw(st.sampled_from([(24, 12), (12, 24), (48, 24)]))
+    a, b = data.draw(param_layouts(2)), data.draw(param_layouts(2))
+    assume(_valid(a, shape) and _valid(b, shape))
+    tmp = str(tmp_path_factory.mktemp("chain"))
+    arr = np.arange(math.prod(shape), dtype=np.float32).reshape(shape)
+    save_ckpt(f"{tmp}/full/m.ckpt", {"w": arr, "global_step": FULL["global_step"]})
+    sa, sb = _strategy(tmp, "a", {"w": a}), _strategy(tmp, "b", {"w": b})
+    api.transform(f"{tmp}/full/m.ckpt", f"{tmp}/A", None, sa)
+    api.transform(f"{tmp}/A", f"{tmp}/B", sa, sb)
+    for rank in range(b.device_num):
+        with read_ckpt(f"{tmp}/B/rank_{rank}/checkpoint_{rank}.ckpt") as index:
+            box = layout.rank_box(b, shape, rank)
+            assert np.array_equal(index.array("w"), arr[tuple(slice(x, y) for x, y in box)])
+    api.transform(f"{tmp}/B", f"{tmp}/F", sb, None)
+    with read_ckpt(f"{tmp}/F/rank_0/checkpoint_0.ckpt") as index:
+        assert np.array_equal(index.array("w"), arr)
