@@ -118,7 +118,7 @@ def _kwargs(args: argparse.Namespace) -> dict[str, bool]:
 
 def _notes(report: api.Report) -> None:
     for note in report.notes:
-        print(f"reshard: note: {note}", file=sys.stderr)
+        print(f"reshard: note: {one_line(note)}", file=sys.stderr)
 
 
 def _finish(report: api.Report, args: argparse.Namespace) -> None:
@@ -197,7 +197,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                            read=_read_options(args), crc_check=not args.no_crc_check, atol=args.atol,
                            max_memory=args.max_memory)
     for note in report.notes:
-        print(f"reshard: note: {note}", file=sys.stderr)
+        print(f"reshard: note: {one_line(note)}", file=sys.stderr)
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
     else:
@@ -367,13 +367,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(text: str) -> str:
+    """Line breaks that came from the user's data (e.g. a parameter name) must not split the line."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         status = args.func(args)
     except ReshardError as exc:
-        print(f"reshard: error: {exc}", file=sys.stderr)
+        print(f"reshard: error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("reshard: interrupted; no output file was completed from the interrupted step", file=sys.stderr)
@@ -381,8 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug: still one line, unless debugging
         if os.environ.get("RESHARD_DEBUG"):
             raise
-        print(f"reshard: internal error: {type(exc).__name__}: {exc} (RESHARD_DEBUG=1 shows the traceback)",
-              file=sys.stderr)
+        print(f"reshard: internal error: {type(exc).__name__}: {one_line(str(exc))} "
+              "(RESHARD_DEBUG=1 shows the traceback)", file=sys.stderr)
         return EXIT_BUG
     return status if isinstance(status, int) else 0
 
