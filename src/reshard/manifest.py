@@ -236,6 +236,7 @@ class RunRecorder:
         self._lock = threading.Lock()
         self._hasher: ThreadPoolExecutor | None = None
         self._pending: list[Future[None]] = []
+        self._pending_lock = threading.Lock()
         self._existed: set[str] = set()
         self._new_dirs: list[str] = []
         self._journal: Any = None
@@ -327,7 +328,9 @@ class RunRecorder:
         if self._hasher is None:
             return
         self._raise_hash_errors(wait=False)
-        self._pending.append(self._hasher.submit(self._record, file))
+        future = self._hasher.submit(self._record, file)
+        with self._pending_lock:  # worker threads call this concurrently
+            self._pending.append(future)
 
     def _record(self, file: FilePlan) -> None:
         try:
@@ -345,10 +348,11 @@ class RunRecorder:
                                    journal_path(self.root)) from None
 
     def _raise_hash_errors(self, wait: bool) -> None:
-        for future in list(self._pending):
-            if wait or future.done():
-                future.result()
-                self._pending.remove(future)
+        with self._pending_lock:
+            ready = [f for f in self._pending if wait or f.done()]
+            self._pending = [f for f in self._pending if f not in ready]
+        for future in ready:
+            future.result()
 
     # ------------------------------------------------------------------ end
 
