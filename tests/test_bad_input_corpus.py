@@ -361,7 +361,6 @@ def test_bad_input_clean_answer(job: dict[str, str], tmp_path: Path, case: Case)
     assert [snapshot(str(case_dir)), snapshot(job["root"])] == inputs
 
 
-@pytest.mark.xfail(strict=True, reason="the planner's LayoutError names neither the strategy file nor the parameter")
 def test_strategy_mismatch_names_the_strategy_file(job: dict[str, str], tmp_path: Path) -> None:
     args = _transform(job["r8"], _wrong_ndim_strategy(tmp_path, job), job["s4"])
     proc = run_cli(*[a.replace(OUT, str(tmp_path / "out")) for a in args])

@@ -14,10 +14,11 @@ unified model is split per rank (spec 4.3). Layout arithmetic lives in ``reshard
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from reshard import dtypes, layout
@@ -305,10 +306,12 @@ class TransformPlanner:
             held = self._any_file_with(name, staged.stages)
             if held is None:
                 continue
-            full = layout.full_shape(staged.layout, held.tensors[name].shape)
+            with _blame(name, self.src, f"the slice in {os.path.basename(held.path)}"):
+                full = layout.full_shape(staged.layout, held.tensors[name].shape)
             dst_p = dst_map[name].layout if dst_map is not None else None
-            keys = {key for key, _ in layout.transfer_pieces(staged.layout, dst_p, full, rank % self.n_dst,
-                                                              any_device_num=True)}
+            with _blame(name, self.dst, f"full shape {list(full)}"):
+                pieces = layout.transfer_pieces(staged.layout, dst_p, full, rank % self.n_dst, any_device_num=True)
+            keys = {key for key, _ in pieces}
             needed |= {min(staged.stages) * self.n_src + key for key in keys}
         return sorted(needed, reverse=True)
 
@@ -367,18 +370,17 @@ class TransformPlanner:
 
     def _transform_one(self, name: str, src_p: ParamLayout | None, dst_p: ParamLayout | None,
                        by_key: dict[int, SourceFile], local: int, sources: _Sources) -> TensorPlan:
-        try:
-            return self._transform_checked(name, src_p, dst_p, by_key, local, sources)
-        except LayoutError as exc:
-            if name in exc.detail:
-                raise
-            raise LayoutError(f"parameter {name!r}: {exc.detail}", exc.path) from None
-
-    def _transform_checked(self, name: str, src_p: ParamLayout | None, dst_p: ParamLayout | None,
-                           by_key: dict[int, SourceFile], local: int, sources: _Sources) -> TensorPlan:
         first = next(iter(by_key.values())).tensors[name]
-        full = layout.full_shape(src_p, first.shape) if src_p is not None else first.shape
-        dst_box = layout.rank_box(dst_p, full, local) if dst_p is not None else tuple((0, d) for d in full)
+        with _blame(name, self.src, f"the slice in {os.path.basename(next(iter(by_key.values())).path)}"):
+            full = layout.full_shape(src_p, first.shape) if src_p is not None else first.shape
+        with _blame(name, self.dst, f"full shape {list(full)}"):
+            dst_box = layout.rank_box(dst_p, full, local) if dst_p is not None else tuple((0, d) for d in full)
+        with _blame(name, self.src, f"full shape {list(full)}"):
+            return self._pieces(name, src_p, dst_p, by_key, local, sources, full, dst_box, first.dtype)
+
+    def _pieces(self, name: str, src_p: ParamLayout | None, dst_p: ParamLayout | None,
+                by_key: dict[int, SourceFile], local: int, sources: _Sources, full: tuple[int, ...],
+                dst_box: Box, dtype: DType) -> TensorPlan:
         triples = []
         for key, piece in layout.transfer_pieces(src_p, dst_p, full, local, any_device_num=True):
             held = layout.rank_box(src_p, full, key) if src_p is not None else tuple((0, d) for d in full)
@@ -390,7 +392,19 @@ class TransformPlanner:
                     f"{name!r} has shape {list(src.tensors[name].shape)}, but the strategy gives this rank "
                     f"a slice of {[b - a for a, b in held]}", src.path)
             triples.append((src, held, piece))
-        return _assembled(sources, name, name, triples, dst_box, first.dtype)
+        return _assembled(sources, name, name, triples, dst_box, dtype)
+
+
+@contextlib.contextmanager
+def _blame(name: str, strategy: StrategyFile | None, what: str) -> Iterator[None]:
+    """Re-raise a layout error naming the parameter, the strategy file and what it was applied to."""
+    try:
+        yield
+    except LayoutError as exc:
+        if exc.path and name in exc.detail:
+            raise
+        where = strategy.path if strategy is not None else exc.path
+        raise LayoutError(f"parameter {name!r} ({what}): {exc.detail}", where) from None
 
 
 def _redundant_copy(name: str, src_p: ParamLayout | None, full: tuple[int, ...], held: Box,

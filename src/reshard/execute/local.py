@@ -238,7 +238,7 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options,
 
     finish = ckpt.crc_finish if (options.crc_check and file.format == "ckpt") else None
     if options.enc_key is not None and file.format == "ckpt":  # plaintext temp file, then records
-        ckpt._save_encrypted(file.path, layout, fill, options.enc_key, options.enc_mode)
+        ckpt.write_encrypted(file.path, layout, fill, options.enc_key, options.enc_mode)
     else:
         base.write_file(file.path, layout, fill, finish)
     if options.on_file_written is not None:

@@ -171,7 +171,9 @@ def read_ckpt(
     try:
         mode = _encryption_mode(buf, size)
         if mode is not None and dec_key is None:
-            raise FormatError(f"encrypted ({mode}); give the key (dec_key)", path)
+            raise FormatError(
+                f"encrypted ({mode}); give the key (--dec-key-file or --dec-key-env; dec_key in Python)", path
+            )
         if dec_key is not None:
             if mode is None:
                 raise CryptoError("dec_key given but the file is not an encrypted checkpoint", path)
@@ -514,10 +516,10 @@ def save_ckpt(
     if enc_key is None:
         write_file(path, layout, fill, crc_finish if crc_check else None)
     else:
-        _save_encrypted(os.fspath(path), layout, fill, enc_key, enc_mode)
+        write_encrypted(os.fspath(path), layout, fill, enc_key, enc_mode)
 
 
-def _save_encrypted(
+def write_encrypted(
     path: str, layout: FileLayout, fill: Callable[[int, FileLayout], None], key: bytes, mode: str
 ) -> None:
     """Plaintext into an anonymous temp file beside the output, then encrypted into place."""

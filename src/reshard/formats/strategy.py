@@ -302,7 +302,7 @@ def _one_line(exc: BaseException) -> str:
 def _from_message(msg: Any, path: str | None) -> StrategyFile:
     items = [
         StrategyItem(
-            it.node_name,
+            _text(it.node_name, "operator name", path),
             it.parallel_strategys.stage,
             [list(ps.dim) for ps in it.parallel_strategys.parallel_strategy],
         )
@@ -310,8 +310,16 @@ def _from_message(msg: Any, path: str | None) -> StrategyFile:
     ]
     layouts: dict[str, ParamLayout] = {}
     for item in msg.parallel_layout_item:
-        layouts[item.param_name] = _layout_from_message(item.param_name, item.parallel_layouts, path)
+        name = _text(item.param_name, "parameter name", path)
+        layouts[name] = _layout_from_message(name, item.parallel_layouts, path)
     return StrategyFile(path, PROTOBUF, msg.current_stage, items, layouts)
+
+
+def _text(value: str | bytes, what: str, path: str | None) -> str:
+    """proto2 strings that are not UTF-8 come back from the runtime as bytes: a corrupt file."""
+    if isinstance(value, bytes):
+        raise FormatError(f"{what} {value!r} is not valid UTF-8", path)
+    return value
 
 
 def _layout_from_message(name: str, pl: Any, path: str | None) -> ParamLayout:
