@@ -69,6 +69,13 @@ def test_transform_with_mindformers_flags(job: dict[str, str], tmp_path) -> None
     assert snapshot(job["r8"]) == before
 
 
+def test_progress_bar_forced_on_a_pipe(job: dict[str, str], tmp_path) -> None:
+    proc = run("transform", "--src", job["r8"], "--dst", str(tmp_path / "p"), "--src-strategy", job["s8"],
+               "--dst-strategy", job["s4"], "--progress")
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_transform_hyphenated_flags_strategy_folder_and_full(job: dict[str, str], tmp_path) -> None:
     out = tmp_path / "full"
     proc = run("transform", "--src-ckpt-dir", job["r8"], "--dst-ckpt-dir", str(out), "--src-ckpt-strategy",

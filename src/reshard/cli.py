@@ -17,6 +17,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from reshard import api
 from reshard.errors import ReshardError, UsageError
@@ -89,10 +90,45 @@ def print_plan(plan: Plan, as_json: bool) -> None:
     )
 
 
+class _ProgressBar:
+    """A rich progress bar over bytes written, on stderr, only when stderr is a terminal (or forced)."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+        self.progress = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                                 TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True),
+                                 transient=True)
+        self.task: Any = None
+
+    def start(self, total: int) -> None:
+        self.progress.start()
+        self.task = self.progress.add_task("writing", total=total)
+
+    def advance(self, nbytes: int) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, advance=nbytes)
+
+    def stop(self) -> None:
+        self.progress.stop()
+
+
+_BARS: list[_ProgressBar] = []
+
+
 def _run_options(args: argparse.Namespace) -> local.Options:
     key = _key(args, "enc")
+    show = getattr(args, "progress", None)
+    if show is None:
+        show = sys.stderr.isatty()
+    hooks: dict[str, Any] = {}
+    if show and not getattr(args, "dry_run", False):
+        bar = _ProgressBar()
+        _BARS.append(bar)
+        hooks = {"on_start": bar.start, "progress": bar.advance}
     return local.Options(workers=args.workers, max_memory=args.max_memory, crc_check=getattr(args, "crc", False),
-                         enc_key=key, enc_mode=getattr(args, "enc_mode", None) or "AES-GCM")
+                         enc_key=key, enc_mode=getattr(args, "enc_mode", None) or "AES-GCM", **hooks)
 
 
 def _read_options(args: argparse.Namespace) -> api.ReadOptions:
@@ -232,6 +268,8 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-memory", "--max_memory", type=_parse_memory, default=local.DEFAULT_MAX_MEMORY,
                    help="bound on staging bytes in flight (e.g. 512M, 2G)")
     p.add_argument("--dry-run", "--dry_run", action="store_true", help="print the plan, write nothing")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: when stderr is a terminal)")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run: keep its verified files, redo the rest")
     p.add_argument("--no-manifest", action="store_true",
@@ -372,11 +410,19 @@ def one_line(text: str) -> str:
     return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
+def _run(args: argparse.Namespace) -> object:
+    try:
+        return args.func(args)
+    finally:
+        for bar in _BARS:
+            bar.stop()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        status = args.func(args)
+        status = _run(args)
     except ReshardError as exc:
         print(f"reshard: error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from reshard import dtypes
 from reshard.formats import base, ckpt, safetensors
 from reshard.formats.base import FileLayout, TensorIndex, TensorSpec, pwrite_all
 from reshard.plan import FilePlan, Plan, TensorPlan
@@ -41,7 +40,8 @@ class Options:
     max_memory: int = DEFAULT_MAX_MEMORY
     crc_check: bool = False  # write crc trailers on .ckpt outputs
     chunk_bytes: int = ckpt.SLICE_BYTES
-    progress: Callable[[int], None] | None = None  # called with bytes written
+    progress: Callable[[int], None] | None = None  # called with bytes written (from worker threads)
+    on_start: Callable[[int], None] | None = None  # called once with the bytes the run will write
     enc_key: bytes | None = field(default=None, repr=False)  # encrypt .ckpt outputs (never printed)
     enc_mode: str = "AES-GCM"
     on_file_written: Callable[[FilePlan], None] | None = None  # after each output is renamed into place
@@ -250,6 +250,8 @@ def run_plan(plan: Plan, opener: Opener, options: Options | None = None) -> None
     options = options or Options()
     workers = max(1, min(options.workers, len(plan.files) or 1))
     budget = max(_PAGE, options.max_memory // workers)
+    if options.on_start is not None:
+        options.on_start(sum(f.nbytes for f in plan.files))
     sources = SourceCache(opener)
     try:
         if workers == 1:
@@ -266,4 +268,4 @@ def run_plan(plan: Plan, opener: Opener, options: Options | None = None) -> None
             fh.write(text.text)
 
 
-__all__ = ["DEFAULT_MAX_MEMORY", "Options", "SourceCache", "dtypes", "run_plan"]
+__all__ = ["DEFAULT_MAX_MEMORY", "Options", "SourceCache", "run_plan"]
