@@ -252,7 +252,7 @@ def scaling_chart(series: Sequence[dict[str, Any]], path: str) -> None:
         ax.set_xlabel("model size (GB)")
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
-    ax_m.legend(fontsize=7)
+    ax_m.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -274,6 +274,18 @@ def run_plan_bench(args: argparse.Namespace, env: dict[str, str]) -> dict[str, A
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def write_charts(results: dict[str, Any], out_dir: str) -> None:
+    """chart.png (and scaling.png); skipped with a warning when matplotlib is missing (CI's [test] set)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        _log("bench: matplotlib is not installed (python3 -m pip install -e '.[bench]'): no charts written")
+        return
+    report.chart(results["main"], os.path.join(out_dir, "chart.png"))
+    if results.get("scaling"):
+        report.scaling_chart(results["scaling"], os.path.join(out_dir, "scaling.png"))
+
+
 # ------------------------------------------------------------------------------------ main
 
 
@@ -350,12 +362,10 @@ def _main(args: argparse.Namespace, keys: list[str]) -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as fh:
         json.dump(results, fh, indent=1)
-    report.chart(results["main"], os.path.join(args.out, "chart.png"))
-    if scaling_sizes:
-        report.scaling_chart(results["scaling"], os.path.join(args.out, "scaling.png"))
+    write_charts(results, args.out)
     print(report.markdown(results))
     print(report.profiles(results))
-    _log(f"wrote {os.path.join(args.out, 'results.json')} and charts in {time.perf_counter() - started:.0f} s")
+    _log(f"wrote the results to {args.out} in {time.perf_counter() - started:.0f} s")
     return 0
 
 
