@@ -1,24 +1,32 @@
 """Run a plan on this machine: headers first, then every box copied straight into place.
 
-Why this shape (see design.md, "Techniques the peers proved"):
+Why this shape (see design.md, "Techniques the peers proved"; every choice was measured on a
+1.1 GB model against ``cp``, which copies it in ~0.36 s from the page cache here):
 
-* Sources are memory-mapped (``TensorIndex`` views), so a copy reads only the bytes it needs and
-  never a whole file. After each output tensor the source pages it touched are handed back to the
-  kernel (``madvise(MADV_DONTNEED)``), so resident memory does not grow with the model.
-* Outputs are preallocated with their framing already written (``FileLayout``); tensor bytes go
-  in with ``os.pwrite`` at their final offset. A tensor that is one unchanged source tensor (a
-  convert, a replicated parameter, a row split) is written straight from the source map: one
-  kernel copy, no staging. Anything else is assembled in a staging buffer of at most
-  ``max_memory / workers`` bytes (row blocks along dim 0), one strided numpy copy per box, then
-  written — so no full tensor ever exists unless the destination is that full tensor's block.
-* Independent output files run on worker threads: numpy copies and ``pwrite`` release the GIL.
+* Outputs are preallocated (``posix_fallocate``) with their framing already written
+  (``FileLayout``); tensor bytes go straight to their final offset.
+* A box that is one contiguous byte run in its source and in its destination (an unchanged
+  tensor in a convert, a replicated parameter, a row split, an optimizer-shard split: most of a
+  reshard) is copied kernel-side with ``copy_file_range``: no page faults, no user-space copy
+  (0.28 s/GB, faster than ``cp``; ``pwrite`` from a fresh map: 0.40 s/GB).
+* Strided boxes (column splits) are assembled in a reused per-thread staging buffer, row block by
+  row block (at most ``max_memory / workers`` bytes), one strided numpy copy per box from the
+  memory-mapped source, then one ``pwrite`` per block (15% faster than filling a map of the
+  output, which faults every fresh page). No full tensor exists unless the destination is one.
+* After each output tensor the source pages it touched are unmapped again
+  (``madvise(MADV_DONTNEED)``; the page cache keeps them), so resident memory stays flat
+  whatever the model size.
+* Independent output files run on worker threads: numpy copies and the copy syscalls release
+  the GIL.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import mmap
+import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -56,7 +64,9 @@ class SourceCache:
     def __init__(self, opener: Opener) -> None:
         self._opener = opener
         self._open: dict[str, TensorIndex] = {}
+        self._fds: dict[str, int] = {}
         self._lock = threading.Lock()
+        self.kernel_copy = hasattr(os, "copy_file_range")  # switched off after the first refusal
 
     def get(self, path: str) -> TensorIndex:
         with self._lock:
@@ -74,10 +84,23 @@ class SourceCache:
             with contextlib.suppress(OSError, ValueError):
                 index.buffer.madvise(mmap.MADV_DONTNEED, start, offset + length - start)
 
+    def fd(self, path: str) -> int | None:
+        """A read-only descriptor of a file-backed source, for kernel-side copies (None otherwise)."""
+        index = self.get(path)
+        if not index.file_backed or not self.kernel_copy:
+            return None
+        with self._lock:
+            if path not in self._fds:
+                self._fds[path] = os.open(path, os.O_RDONLY)
+            return self._fds[path]
+
     def close(self) -> None:
         for index in self._open.values():
             index.close()
         self._open.clear()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 def file_layout(file: FilePlan, options: Options) -> FileLayout:
@@ -104,6 +127,62 @@ def _write_at(fd: int, segments: tuple[base.Segment, ...], start: int, data: mem
         pos += length
 
 
+def _ranges(segments: tuple[base.Segment, ...], start: int, length: int) -> Iterator[tuple[int, int]]:
+    """File (offset, length) pieces of tensor bytes ``[start, start + length)`` stored in ``segments``."""
+    pos = 0
+    for offset, seg_len in segments:
+        if length <= 0:
+            return
+        if start < pos + seg_len:
+            skip = max(0, start - pos)
+            n = min(seg_len - skip, length)
+            yield offset + skip, n
+            start += n
+            length -= n
+        pos += seg_len
+
+
+def _copy_bytes(out: _Output, dst_segments: tuple[base.Segment, ...], dst_start: int, sources: SourceCache,
+                path: str, tensor: str, src_start: int, length: int) -> None:
+    """Copy ``length`` tensor bytes from a source tensor into the output, kernel-side when possible.
+
+    ``copy_file_range`` moves page-cache pages without mapping them into this process (no page
+    faults, measured 1.4x faster than ``pwrite`` from a fresh map); sources that are not plain files
+    (decrypted plaintext) or filesystems that refuse it fall back to ``pwrite`` from the map.
+    """
+    index = sources.get(path)
+    src_fd = sources.fd(path)
+    src_pieces = list(_ranges(index.entries[tensor].segments, src_start, length))
+    dst_pieces = list(_ranges(dst_segments, dst_start, length))
+    view = memoryview(index.buffer).cast("B") if index.buffer else memoryview(b"")
+    si = di = 0
+    (s_off, s_len), (d_off, d_len) = (src_pieces[0], dst_pieces[0]) if src_pieces else ((0, 0), (0, 0))
+    while si < len(src_pieces) and di < len(dst_pieces):
+        n = min(s_len, d_len)
+        if src_fd is not None:
+            try:
+                _kernel_copy(src_fd, out.fd, s_off, d_off, n)
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF):
+                    raise
+                sources.kernel_copy, src_fd = False, None
+        if src_fd is None:
+            pwrite_all(out.fd, view[s_off : s_off + n], d_off)
+        s_off, s_len, d_off, d_len = s_off + n, s_len - n, d_off + n, d_len - n
+        if s_len == 0 and (si := si + 1) < len(src_pieces):
+            s_off, s_len = src_pieces[si]
+        if d_len == 0 and (di := di + 1) < len(dst_pieces):
+            d_off, d_len = dst_pieces[di]
+
+
+def _kernel_copy(src_fd: int, dst_fd: int, src_off: int, dst_off: int, n: int) -> None:
+    while n > 0:
+        done = os.copy_file_range(src_fd, dst_fd, n, src_off, dst_off)
+        if done == 0:
+            raise OSError(errno.EIO, "source ended early")
+        src_off, dst_off, n = src_off + done, dst_off + done, n - done
+
+
 def _row_blocks(t: TensorPlan, budget: int) -> Iterator[tuple[int, int]]:
     if not t.shape:
         yield 0, 0
@@ -120,29 +199,11 @@ def _box(first: int, rows: int, starts: tuple[int, ...], lengths: tuple[int, ...
     return (slice(first, first + rows), *(slice(s, s + n) for s, n in zip(starts, lengths, strict=True)))
 
 
+@dataclass(frozen=True)
 class _Output:
-    """The output file being filled: ``pwrite`` for raw runs, a shared writable map for boxes."""
+    """The output file being filled (by ``copy_file_range`` and ``pwrite`` at final offsets)."""
 
-    def __init__(self, fd: int, size: int) -> None:
-        self.fd = fd
-        self.map = mmap.mmap(fd, size) if size else None
-
-    def tensor(self, t: TensorPlan, segment: base.Segment) -> np.ndarray:
-        """A writable numpy view of a tensor stored in one segment of the output."""
-        return np.ndarray(t.shape, dtype=t.dtype.numpy, buffer=self.map, offset=segment[0])  # type: ignore[arg-type]
-
-    def release(self, segments: tuple[base.Segment, ...]) -> None:
-        """Unmap written pages from this process: they stay dirty in the page cache, RSS stays flat."""
-        if self.map is None:
-            return
-        for offset, length in segments:
-            start = offset - offset % _PAGE
-            with contextlib.suppress(OSError, ValueError):
-                self.map.madvise(mmap.MADV_DONTNEED, start, offset + length - start)
-
-    def close(self) -> None:
-        if self.map is not None:
-            self.map.close()
+    fd: int
 
 
 def _contiguous(start: tuple[int, ...], lengths: tuple[int, ...], shape: tuple[int, ...]) -> bool:
@@ -173,23 +234,23 @@ def _copy_boxes(dst: np.ndarray, t: TensorPlan, rows: tuple[int, int], sources: 
         np.copyto(dst[_box(lo - r0, hi - lo, c.dst_start[1:], c.lengths[1:])], src[src_sel])
 
 
-def _pwrite_runs(out: _Output, t: TensorPlan, segment: base.Segment, sources: SourceCache, plan: Plan) -> bool:
-    """Write every box with one ``pwrite`` straight from the source map, if all boxes are byte runs.
+def _byte_runs(out: _Output, t: TensorPlan, segments: tuple[base.Segment, ...], sources: SourceCache,
+               plan: Plan) -> bool:
+    """Copy every box as one byte range, if every box is a byte run in its source and in ``t``.
 
-    Row splits (and optimizer-shard splits) are contiguous in source and destination: the kernel
-    copies them from the source pages into the output's page cache, the fastest path measured.
+    Row splits and optimizer-shard splits are contiguous on both sides, so most tensors of a
+    reshard take this path: no numpy, no staging, a kernel-side copy per box.
     """
     runs = []
     for c in t.copies:
-        src = sources.get(plan.sources[c.source]).array(c.tensor)
-        if not (_contiguous(c.src_start, c.lengths, src.shape) and _contiguous(c.dst_start, c.lengths, t.shape)):
+        src_shape = sources.get(plan.sources[c.source]).entries[c.tensor].shape
+        if not (_contiguous(c.src_start, c.lengths, src_shape) and _contiguous(c.dst_start, c.lengths, t.shape)):
             return False
-        runs.append((c, src))
+        runs.append((c, src_shape))
     item = t.dtype.itemsize
-    for c, src in runs:
-        begin = _flat_offset(c.src_start, src.shape) * item
-        raw = memoryview(src.reshape(-1).view(np.uint8))[begin : begin + math.prod(c.lengths) * item]
-        pwrite_all(out.fd, raw, segment[0] + _flat_offset(c.dst_start, t.shape) * item)
+    for c, src_shape in runs:
+        _copy_bytes(out, segments, _flat_offset(c.dst_start, t.shape) * item, sources, plan.sources[c.source],
+                    c.tensor, _flat_offset(c.src_start, src_shape) * item, math.prod(c.lengths) * item)
     return True
 
 
@@ -198,22 +259,33 @@ def _fill_tensor(out: _Output, t: TensorPlan, segments: tuple[base.Segment, ...]
     if t.literal is not None:
         _write_at(out.fd, segments, 0, memoryview(t.literal))
         return
-    if t.whole_copy:  # one unchanged source tensor: a kernel copy from the source map
+    if t.whole_copy:  # one unchanged source tensor: a kernel-side copy
         c = t.copies[0]
-        index = sources.get(plan.sources[c.source])
-        _write_at(out.fd, segments, 0, memoryview(index.raw(c.tensor)).cast("B"))
+        _copy_bytes(out, segments, 0, sources, plan.sources[c.source], c.tensor, 0, t.nbytes)
         return
-    if len(segments) == 1 and t.shape:  # boxes straight into the output: one copy per byte
-        if not _pwrite_runs(out, t, segments[0], sources, plan):
-            _copy_boxes(out.tensor(t, segments[0]), t, (0, t.shape[0]), sources, plan)
+    if t.shape and _byte_runs(out, t, segments, sources, plan):
         return
-    for r0, r1 in _row_blocks(t, budget):  # chunked .ckpt tensor (> 512 MiB): stage row blocks
+    # Strided boxes: assemble row blocks in a reused staging buffer, then one pwrite per block
+    # (measured 15% faster than copying into a map of the output, which faults every page).
+    row_bytes = t.nbytes // t.shape[0] if t.shape and t.shape[0] else 0
+    for r0, r1 in _row_blocks(t, budget):
         block_shape = (r1 - r0, *t.shape[1:]) if t.shape else ()
-        staging = np.empty(block_shape, dtype=t.dtype.numpy)
+        staging = _staging(math.prod(block_shape) * t.dtype.itemsize).view(t.dtype.numpy).reshape(block_shape)
         if t.shape:
             _copy_boxes(staging, t, (r0, r1), sources, plan)
-        row_bytes = t.nbytes // t.shape[0] if t.shape and t.shape[0] else 0
         _write_at(out.fd, segments, r0 * row_bytes, memoryview(staging.reshape(-1).view(np.uint8)))
+
+
+_THREAD = threading.local()
+
+
+def _staging(nbytes: int) -> np.ndarray:
+    """This thread's staging buffer (grown as needed, never shrunk: its pages stay faulted in)."""
+    buf: np.ndarray | None = getattr(_THREAD, "staging", None)
+    if buf is None or buf.size < nbytes:
+        buf = np.empty(max(nbytes, 1 << 20), dtype=np.uint8)
+        _THREAD.staging = buf
+    return buf[:nbytes]
 
 
 def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options, budget: int) -> None:
@@ -223,18 +295,14 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options,
 
     def fill(fd: int, lay: FileLayout) -> None:
         base.preallocate(fd, lay.size)  # write_file did it already; the encrypted path's plaintext needs it
-        out = _Output(fd, lay.size)
-        try:
-            for name in lay.order:
-                t = by_name[name]
-                _fill_tensor(out, t, lay.placements[name], sources, plan, budget)
-                out.release(lay.placements[name])
-                for c in t.copies:
-                    sources.release(plan.sources[c.source], c.tensor)
-                if options.progress is not None:
-                    options.progress(t.nbytes)
-        finally:
-            out.close()
+        out = _Output(fd)
+        for name in lay.order:
+            t = by_name[name]
+            _fill_tensor(out, t, lay.placements[name], sources, plan, budget)
+            for c in t.copies:
+                sources.release(plan.sources[c.source], c.tensor)
+            if options.progress is not None:
+                options.progress(t.nbytes)
 
     finish = ckpt.crc_finish if (options.crc_check and file.format == "ckpt") else None
     if options.enc_key is not None and file.format == "ckpt":  # plaintext temp file, then records

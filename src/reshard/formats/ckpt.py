@@ -194,7 +194,7 @@ def read_ckpt(
     except BaseException:
         closer()
         raise
-    return TensorIndex(path, "ckpt", buf, entries, _closer=closer)
+    return TensorIndex(path, "ckpt", buf, entries, _closer=closer, file_backed=dec_key is None)
 
 
 def _encryption_mode(buf: Any, size: int) -> str | None:

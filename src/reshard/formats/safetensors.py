@@ -106,7 +106,7 @@ def read_safetensors(path: str | os.PathLike[str], *, require_data_order: bool =
     except BaseException:
         closer()
         raise
-    return TensorIndex(path, FORMAT, buffer, entries, metadata, closer)
+    return TensorIndex(path, FORMAT, buffer, entries, metadata, closer, file_backed=True)
 
 
 def _header_length(buffer: Any, size: int, path: str) -> int:
