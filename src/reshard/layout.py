@@ -40,7 +40,7 @@ import functools
 import itertools
 import math
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from reshard.errors import LayoutError, UnsupportedError
@@ -134,6 +134,8 @@ def opt_shard_size(p: ParamLayout) -> int:
 
 def _ints(values: Sequence[int], what: str) -> tuple[int, ...]:
     """A shape as a tuple of Python ints (numpy integers accepted), or a LayoutError."""
+    if type(values) is tuple and all(type(v) is int and v >= 0 for v in values):
+        return values  # the planner's case: already a valid shape, checked without copying
     try:
         out = tuple(operator.index(v) for v in values)
     except TypeError:
@@ -403,13 +405,16 @@ def _geometry(flat: FlatLayout, groups: tuple[int, ...]) -> _Geometry:
     return _Geometry(flat.device_num, tuple(dims))
 
 
-def _check_rank(rank: int, n: int, what: str) -> int:
+def _check_rank(rank: int, n: int, what: str | Callable[[], str]) -> int:
+    """``rank`` as an int in ``[0, n)``; ``what`` (text, or a callable making it) names the layout."""
+    if type(rank) is int and 0 <= rank < n:
+        return rank  # the hot path: no conversion, no message
     try:
         r = operator.index(rank)
     except TypeError:
         raise LayoutError(f"rank {rank!r} is not an integer") from None
     if not 0 <= r < n:
-        raise LayoutError(f"rank {rank} is outside the {n} devices of the {what}")
+        raise LayoutError(f"rank {rank} is outside the {n} devices of the {what if isinstance(what, str) else what()}")
     return r
 
 
@@ -424,7 +429,23 @@ def rank_box(p: ParamLayout, full_shape: Sequence[int], rank: int) -> Box:
     Always a box: see ``_geometry`` (exotic non-box layouts raise ``UnsupportedError``).
     """
     geo = _param_geometry(p, _ints(full_shape, "shape"))
-    return geo.box(_check_rank(rank, geo.device_num, _fmt(p)))
+    return geo.box(_check_rank(rank, geo.device_num, functools.partial(_fmt, p)))
+
+
+def rank_boxes(p: ParamLayout | None, full_shape: Sequence[int]) -> tuple[Box, ...]:
+    """``rank_box`` of every rank at once, indexed by rank (cached; ``p=None``: the full tensor, one rank).
+
+    Meant for bulk planning, like ``transfer_table``: parameters sharing (layout, shape) share it.
+    """
+    return _boxes(p, _ints(full_shape, "shape"))
+
+
+@functools.lru_cache(maxsize=_PAIR_CACHE)
+def _boxes(p: ParamLayout | None, shape: tuple[int, ...]) -> tuple[Box, ...]:
+    if p is None:
+        return (tuple((0, d) for d in shape),)
+    geo = _param_geometry(p, shape)
+    return tuple(geo.box(r) for r in range(geo.device_num))
 
 
 def flat_rank_box(flat: FlatLayout, rank: int, orig_shape: Sequence[int]) -> Box:
@@ -748,7 +769,8 @@ def _table(
     src_p: ParamLayout | None, dst_p: ParamLayout | None, shape: tuple[int, ...], any_num: bool
 ) -> tuple[tuple[Piece, ...], ...]:
     n_dst = _transfer(src_p, dst_p, shape).n_dst
-    return tuple(_pieces(src_p, dst_p, shape, r, any_num) for r in range(n_dst))
+    # The uncached body: a table holds every rank, so per-rank memo entries would only evict others.
+    return tuple(_pieces.__wrapped__(src_p, dst_p, shape, r, any_num) for r in range(n_dst))
 
 
 # --------------------------------------------------------------------------------------------

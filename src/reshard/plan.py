@@ -15,15 +15,19 @@ unified model is split per rank (spec 4.3). Layout arithmetic lives in ``reshard
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar, overload
 
 from reshard import dtypes, layout
 from reshard.dtypes import DType
-from reshard.errors import LayoutError, UsageError
+from reshard.errors import LayoutError, ReshardError, UsageError
 from reshard.formats import layout_dir
 from reshard.formats.strategy import ParamLayout, StagedLayout, StrategyFile, device_num, layout_map, stage_count
 
@@ -58,18 +62,64 @@ class TensorPlan:
         """True when the tensor is one source tensor copied unchanged (also strings, scalars)."""
         return len(self.copies) == 1 and self.copies[0].whole_source and self.copies[0].lengths == self.shape
 
+    @property
+    def bytes_read(self) -> int:
+        return _read_bytes(self.dtype, self.shape, sum(math.prod(c.lengths) for c in self.copies), self.nbytes)
+
+
+def _read_bytes(dtype: DType, shape: tuple[int, ...], elements: int, nbytes: int) -> int:
+    """Bytes a tensor reads from its sources: ``elements`` copied (strings count 1 a character)."""
+    if not shape:
+        return nbytes
+    return elements * (dtype.itemsize if dtype is not dtypes.STR else 1)
+
+
+@dataclass(frozen=True)
+class FileStats:
+    """Totals of one output file's tensors (lazy files answer them without building any tensor)."""
+
+    tensors: int
+    copies: int
+    bytes_read: int
+    bytes_written: int
+    largest_tensor: int
+
+    @staticmethod
+    def of(tensors: Sequence[TensorPlan]) -> FileStats:
+        if isinstance(tensors, RankTensors):
+            return tensors.stats
+        copies = read = written = largest = 0
+        for t in tensors:
+            copies += len(t.copies)
+            read += t.bytes_read
+            written += t.nbytes
+            largest = max(largest, t.nbytes)
+        return FileStats(len(tensors), copies, read, written, largest)
+
 
 @dataclass(frozen=True)
 class FilePlan:
+    """One output file. ``tensors`` is a tuple, or (transform plans) a ``RankTensors`` sequence that
+    builds its ``TensorPlan`` objects on access: iterate it, index it, take its ``len``."""
+
     path: str
     format: str
-    tensors: tuple[TensorPlan, ...]
+    tensors: Sequence[TensorPlan]
     metadata: tuple[tuple[str, str], ...] = ()
     rank: int | None = None
 
     @property
+    def stats(self) -> FileStats:
+        return FileStats.of(self.tensors)
+
+    @property
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors)
+        return self.stats.bytes_written
+
+    @property
+    def copy_count(self) -> int:
+        """Number of copies of all tensors (without building them, for lazy files)."""
+        return self.stats.copies
 
 
 @dataclass(frozen=True)
@@ -90,31 +140,27 @@ class Plan:
 
     @property
     def bytes_written(self) -> int:
-        return sum(f.nbytes for f in self.files)
+        return sum(f.stats.bytes_written for f in self.files)
 
     @property
     def bytes_read(self) -> int:
-        total = 0
-        for f in self.files:
-            for t in f.tensors:
-                per_elem = t.dtype.itemsize if t.dtype is not dtypes.STR else 1
-                total += sum(math.prod(c.lengths) * per_elem for c in t.copies) if t.shape else t.nbytes
-        return total
+        return sum(f.stats.bytes_read for f in self.files)
 
     @property
     def largest_tensor(self) -> int:
-        return max((t.nbytes for f in self.files for t in f.tensors), default=0)
+        return max((f.stats.largest_tensor for f in self.files), default=0)
 
     def summary(self) -> dict[str, object]:
+        stats = [f.stats for f in self.files]
         return {
             "operation": self.operation,
             "sources": len(self.sources),
             "outputs": len(self.files),
-            "tensors": sum(len(f.tensors) for f in self.files),
-            "copies": sum(len(t.copies) for f in self.files for t in f.tensors),
-            "bytes_read": self.bytes_read,
-            "bytes_written": self.bytes_written,
-            "largest_tensor": self.largest_tensor,
+            "tensors": sum(s.tensors for s in stats),
+            "copies": sum(s.copies for s in stats),
+            "bytes_read": sum(s.bytes_read for s in stats),
+            "bytes_written": sum(s.bytes_written for s in stats),
+            "largest_tensor": max((s.largest_tensor for s in stats), default=0),
         }
 
     def to_json(self) -> dict[str, object]:
@@ -171,19 +217,24 @@ class _Sources:
 
     def __init__(self) -> None:
         self.paths: list[str] = []
-        self._ids: dict[str, int] = {}
+        self.ids: dict[str, int] = {}
 
     def id(self, path: str) -> int:
-        if path not in self._ids:
-            self._ids[path] = len(self.paths)
+        if path not in self.ids:
+            self.ids[path] = len(self.paths)
             self.paths.append(path)
-        return self._ids[path]
+        return self.ids[path]
 
 
 def _whole(sources: _Sources, src: SourceFile, name: str, out_name: str | None = None) -> TensorPlan:
+    return _whole_at(sources.id(src.path), src, name, out_name)
+
+
+def _whole_at(source: int, src: SourceFile, name: str, out_name: str | None = None) -> TensorPlan:
+    """``src``'s tensor ``name`` copied unchanged; ``source`` is the index of ``src`` in the plan."""
     t = src.tensors[name]
     zeros = (0,) * len(t.shape)
-    copy = Copy(sources.id(src.path), name, zeros, zeros, t.shape, whole_source=True)
+    copy = Copy(source, name, zeros, zeros, t.shape, whole_source=True)
     return TensorPlan(out_name or name, t.dtype, t.shape, (copy,), t.nbytes)
 
 
@@ -430,6 +481,346 @@ def _ranges(ranks: Sequence[int]) -> str:
     return ",".join(parts)
 
 
+# --------------------------------------------------------------------------------------------
+# bulk transform planning: shared per-class tables, lazy tensor lists
+
+
+CopyShape = tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...], bool]  # key, src/dst start, lengths, whole
+MATERIALISED_FILES = 8  # files whose TensorPlans stay built: the ones an executor has in flight, not the plan
+
+
+@dataclass(frozen=True)
+class _Local:
+    """One destination rank's share of one class: its box and copies, relative to the origins."""
+
+    shape: tuple[int, ...]
+    copies: tuple[CopyShape, ...]
+    keys: tuple[int, ...]  # source key of each copy, in copy order
+    key_set: frozenset[int]
+    elements: int
+    read_elements: int  # sum of the copies' volumes
+
+
+class _Class:
+    """One (source layout, destination layout, full shape): the layout engine's answer for all ranks.
+
+    Parameters sharing it share every tuple a ``Copy`` holds; per destination rank only the
+    source file (hence the source index) and the tensor name differ.
+    """
+
+    def __init__(self, src_p: ParamLayout | None, dst_p: ParamLayout | None, full: tuple[int, ...]) -> None:
+        self.src_p, self.dst_p, self.full = src_p, dst_p, full
+        self.dst_boxes = layout.rank_boxes(dst_p, full)  # first, as plan_rank asks for the box first
+        self.table = layout.transfer_table(src_p, dst_p, full, any_device_num=True)
+        self.src_boxes = layout.rank_boxes(src_p, full)
+        self._locals: dict[int, _Local] = {}
+
+    def local(self, rank: int) -> _Local:
+        hit = self._locals.get(rank)
+        if hit is None:
+            if not rank < min(len(self.table), len(self.dst_boxes)):
+                raise LayoutError(f"rank {rank} is outside the {len(self.table)} devices of the destination layout")
+            hit = self._locals[rank] = self._relative(rank)
+        return hit
+
+    def _relative(self, rank: int) -> _Local:
+        dst_origin = _box_start(self.dst_boxes[rank])
+        copies: list[CopyShape] = []
+        for key, piece in self.table[rank]:
+            held = self.src_boxes[key]
+            lengths = tuple(b - a for a, b in piece)
+            start = _box_start(piece)
+            copies.append((
+                key,
+                tuple(a - o for a, o in zip(start, _box_start(held), strict=True)),
+                tuple(a - o for a, o in zip(start, dst_origin, strict=True)),
+                lengths,
+                lengths == tuple(b - a for a, b in held),
+            ))
+        shape = tuple(b - a for a, b in self.dst_boxes[rank])
+        keys = tuple(c[0] for c in copies)
+        return _Local(shape, tuple(copies), keys, frozenset(keys), math.prod(shape),
+                      sum(math.prod(c[3]) for c in copies))
+
+
+@dataclass
+class _Transformed:
+    """One transformed parameter of a template."""
+
+    name: str
+    cls: int  # index into _Template.classes
+    dtype: DType
+    held_by: dict[int, SourceFile]  # source key -> file, as the load order leaves it
+    files: dict[int, SourceFile]  # the same, plus redundant copies found for missing keys
+
+
+class _Template:
+    """What one (load order, stage) decides for every destination rank sharing it.
+
+    The output's tensor order, each tensor's class and candidate source files, and which
+    (class, source key) combinations were already checked against the files' real shapes.
+    """
+
+    def __init__(self) -> None:
+        self.transformed: list[_Transformed] = []
+        self.classes: list[_Class] = []
+        self.members: list[list[_Transformed]] = []  # per class
+        self.checked: list[set[int]] = []  # per class: source keys resolved for every member
+        self.deferred: list[tuple[str, dict[int, SourceFile]]] = []  # copied whole (not in both strategies)
+        self.device_n: int | None = None  # the last transformed parameter's source device count [MindSpore]
+        self.groups: tuple[tuple[int, int, DType], ...] = ()  # (class, parameters, dtype) for totals
+        self.wholes: dict[tuple[int, bool], tuple[tuple[SourceFile, ...], FileStats]] = {}
+        self.orders: dict[tuple[object, ...], tuple[str, ...]] = {}  # source paths in first-use order
+
+    def add(self, t: _Transformed, cls: _Class) -> None:
+        if t.cls == len(self.classes):
+            self.classes.append(cls)
+            self.members.append([])
+            self.checked.append(set())
+        self.members[t.cls].append(t)
+        self.transformed.append(t)
+
+    def finish(self) -> None:
+        counts: dict[tuple[int, DType], int] = {}
+        for t in self.transformed:
+            counts[(t.cls, t.dtype)] = counts.get((t.cls, t.dtype), 0) + 1
+        self.groups = tuple((c, n, d) for (c, d), n in counts.items())
+
+    def resolve(self, index: int, keys: frozenset[int]) -> None:
+        """Pick the file of every member for ``keys`` and check its shape (errors: see ``_BulkPlanner``)."""
+        cls = self.classes[index]
+        for key in sorted(keys - self.checked[index]):
+            held = cls.src_boxes[key]
+            lengths = tuple(b - a for a, b in held)
+            for t in self.members[index]:
+                src = t.held_by.get(key) or _redundant_copy(t.name, cls.src_p, cls.full, held, t.held_by)
+                if src is None or src.tensors[t.name].shape != lengths:
+                    raise LayoutError(f"no source file holds the slice of source rank {key} of {t.name!r}")
+                t.files[key] = src
+            self.checked[index].add(key)
+
+    def whole(self, key: int, beyond: bool) -> tuple[tuple[SourceFile, ...], FileStats]:
+        """Files of the deferred parameters (copied whole) for destination ranks with ``key``."""
+        hit = self.wholes.get((key, beyond))
+        if hit is None:
+            files: list[SourceFile] = []
+            read = written = largest = 0
+            for name, by_key in self.deferred:
+                k = min(by_key) if key not in by_key and beyond else key
+                if k not in by_key:
+                    raise UsageError(f"parameter {name!r} is missing from the checkpoint of source rank {k}")
+                files.append(by_key[k])
+                t = by_key[k].tensors[name]
+                read += _read_bytes(t.dtype, t.shape, math.prod(t.shape), t.nbytes)
+                written += t.nbytes
+                largest = max(largest, t.nbytes)
+            n = len(files)
+            hit = self.wholes[(key, beyond)] = (tuple(files), FileStats(n, n, read, written, largest))
+        return hit
+
+    def source_order(self, locals_: tuple[_Local, ...], wholes: tuple[SourceFile, ...]) -> tuple[str, ...]:
+        """Source paths of one rank in first-use order (what per-tensor interning would produce)."""
+        key = (tuple(loc.keys for loc in locals_), id(wholes))
+        hit = self.orders.get(key)
+        if hit is None:
+            seen: dict[str, None] = {}
+            for t in self.transformed:
+                for k in locals_[t.cls].keys:
+                    seen[t.files[k].path] = None
+            for f in wholes:
+                seen[f.path] = None
+            hit = self.orders[key] = tuple(seen)
+        return hit
+
+
+class RankTensors(Sequence[TensorPlan]):
+    """The tensors of one transform output, built on access from shared per-class tables.
+
+    A 1 000-parameter x 1 024-rank plan would otherwise hold a million ``TensorPlan`` objects
+    before the first byte moves; executors look at one file at a time. Totals (``stats``) come
+    from the tables without building anything. The last few built files stay cached
+    (``MATERIALISED_FILES``), so an executor iterating a file several times builds it once.
+    Pickling (Ray) and equality see a plain tuple of ``TensorPlan``.
+    """
+
+    _serials: ClassVar[Iterator[int]] = itertools.count()
+    _built: ClassVar[OrderedDict[int, tuple[TensorPlan, ...]]] = OrderedDict()
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, template: _Template, locals_: tuple[_Local, ...], wholes: tuple[SourceFile, ...],
+                 whole_stats: FileStats, ids: Mapping[str, int]) -> None:
+        self._template = template
+        self._locals = locals_
+        self._wholes = wholes
+        self._whole_stats = whole_stats
+        self._ids = ids  # source path -> index in Plan.sources (complete once planning ends)
+        self._serial = next(self._serials)
+        self._stats: FileStats | None = None
+
+    def __len__(self) -> int:
+        return len(self._template.transformed) + len(self._wholes)
+
+    @overload
+    def __getitem__(self, index: int) -> TensorPlan: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[TensorPlan, ...]: ...
+    def __getitem__(self, index: int | slice) -> TensorPlan | tuple[TensorPlan, ...]:
+        return self.materialise()[index]
+
+    def __iter__(self) -> Iterator[TensorPlan]:
+        return iter(self.materialise())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RankTensors | tuple):
+            return self.materialise() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.materialise())
+
+    def __repr__(self) -> str:
+        return f"RankTensors({len(self)} tensors)"
+
+    def __reduce__(self) -> tuple[type, tuple[tuple[TensorPlan, ...]]]:
+        return tuple, (self.materialise(),)
+
+    @property
+    def stats(self) -> FileStats:
+        if self._stats is None:
+            copies = read = written = largest = 0
+            for index, count, dtype in self._template.groups:
+                loc = self._locals[index]
+                nbytes = loc.elements * dtype.itemsize
+                copies += count * len(loc.copies)
+                read += count * _read_bytes(dtype, loc.shape, loc.read_elements, nbytes)
+                written += count * nbytes
+                largest = max(largest, nbytes)
+            w = self._whole_stats
+            self._stats = FileStats(len(self), copies + w.copies, read + w.bytes_read, written + w.bytes_written,
+                                    max(largest, w.largest_tensor))
+        return self._stats
+
+    def materialise(self) -> tuple[TensorPlan, ...]:
+        """The ``TensorPlan`` tuple (built, or taken from the cache of recently built files)."""
+        with self._lock:
+            hit = self._built.get(self._serial)
+            if hit is not None:
+                self._built.move_to_end(self._serial)
+                return hit
+        built = self._build()
+        with self._lock:
+            self._built[self._serial] = built
+            while len(self._built) > MATERIALISED_FILES:
+                self._built.popitem(last=False)
+        return built
+
+    def _build(self) -> tuple[TensorPlan, ...]:
+        ids, locals_ = self._ids, self._locals
+        out: list[TensorPlan] = []
+        for t in self._template.transformed:
+            loc, files, name = locals_[t.cls], t.files, t.name
+            copies = tuple(Copy(ids[files[k].path], name, s, d, n, w) for k, s, d, n, w in loc.copies)
+            out.append(TensorPlan(name, t.dtype, loc.shape, copies, loc.elements * t.dtype.itemsize))
+        for (name, _), src in zip(self._template.deferred, self._wholes, strict=True):
+            out.append(_whole_at(ids[src.path], src, name))
+        return tuple(out)
+
+
+class _BulkPlanner:
+    """``plan_transform``'s fast path over a ``TransformPlanner``: same plans, built from tables.
+
+    Per destination rank it only looks up a template (by load order and stage), one ``_Local``
+    per class and the source files not yet checked; ``TensorPlan`` objects are left to
+    ``RankTensors``. Whenever anything is wrong the rank is planned again by the reference path
+    (``TransformPlanner.plan_rank``), which raises the exact error a user should see, naming the
+    parameter and the strategy file; the fast path's own errors are only a signal.
+    """
+
+    def __init__(self, planner: TransformPlanner) -> None:
+        self.planner = planner
+        self.sources = _Sources()
+        self._templates: dict[tuple[tuple[int, ...], int], _Template] = {}
+        self._classes: dict[tuple[ParamLayout | None, ParamLayout | None, tuple[int, ...]], _Class] = {}
+        self._fulls: dict[tuple[ParamLayout, tuple[int, ...]], tuple[int, ...]] = {}
+
+    def rank(self, rank: int) -> RankTensors:
+        p = self.planner
+        order = p.needed(rank)
+        missing = [r for r in order if r not in p.files]
+        if missing:
+            raise UsageError(f"destination rank {rank} needs the checkpoint of source rank(s) "
+                             f"{', '.join(map(str, sorted(missing)))}, which is missing")
+        try:
+            return self._fast(rank, tuple(order))
+        except ReshardError:
+            p.plan_rank(rank, _Sources(), order)  # raises the precise, blamed error
+            raise
+
+    def _fast(self, rank: int, order: tuple[int, ...]) -> RankTensors:
+        p = self.planner
+        template = self._template(order, rank // p.n_dst)
+        local = rank % p.n_dst
+        locals_ = tuple(cls.local(local) for cls in template.classes)
+        for index, loc in enumerate(locals_):
+            if not loc.key_set <= template.checked[index]:
+                template.resolve(index, loc.key_set)
+        assert template.device_n is not None  # _template refuses templates without transformed parameters
+        wholes, whole_stats = template.whole(local % template.device_n, rank in p.beyond)
+        for path in template.source_order(locals_, wholes):
+            self.sources.id(path)
+        return RankTensors(template, locals_, wholes, whole_stats, self.sources.ids)
+
+    def _template(self, order: tuple[int, ...], stage: int) -> _Template:
+        hit = self._templates.get((order, stage))
+        if hit is None:
+            hit = self._templates[(order, stage)] = self._build_template(order, stage)
+        return hit
+
+    def _build_template(self, order: tuple[int, ...], stage: int) -> _Template:
+        """``plan_rank``'s loop over parameters, minus everything that depends on the rank."""
+        p = self.planner
+        holders: dict[str, dict[int, SourceFile]] = {}
+        for r in order:
+            f = p.files[r]
+            for name in f.tensors:
+                holders.setdefault(name, {})[r % p.n_src] = f
+        dst_map = p.dst_map(stage * p.n_dst)
+        cut = _stage_cut(p.src_map, dst_map, stage)
+        template = _Template()
+        class_index: dict[int, int] = {}  # id(_Class) -> index in template.classes
+        for name, by_key in holders.items():
+            if not cut.keeps(name):
+                continue
+            if not cut.transforms(name):
+                template.deferred.append((name, by_key))
+                continue
+            src_p = p.src_map[name].layout if p.src_map is not None else None
+            dst_p = dst_map[name].layout if dst_map is not None else None
+            template.device_n = src_p.device_num if src_p is not None else 1
+            first = next(iter(by_key.values())).tensors[name]
+            cls = self._class(src_p, dst_p, self._full(src_p, first.shape))
+            index = class_index.setdefault(id(cls), len(class_index))
+            template.add(_Transformed(name, index, first.dtype, by_key, dict(by_key)), cls)
+        if template.device_n is None:
+            raise LayoutError("no parameter to transform")
+        template.finish()
+        return template
+
+    def _full(self, src_p: ParamLayout | None, shape: tuple[int, ...]) -> tuple[int, ...]:
+        if src_p is None:
+            return shape
+        hit = self._fulls.get((src_p, shape))
+        if hit is None:
+            hit = self._fulls[(src_p, shape)] = layout.full_shape(src_p, shape)
+        return hit
+
+    def _class(self, src_p: ParamLayout | None, dst_p: ParamLayout | None, full: tuple[int, ...]) -> _Class:
+        hit = self._classes.get((src_p, dst_p, full))
+        if hit is None:
+            hit = self._classes[(src_p, dst_p, full)] = _Class(src_p, dst_p, full)
+        return hit
+
+
 def plan_transform(
     sources: Mapping[int, SourceFile],
     src: StrategyFile | None,
@@ -446,12 +837,13 @@ def plan_transform(
     bad = [r for r in wanted if not 0 <= r < planner.dst_total]
     if bad:
         raise UsageError(f"destination rank(s) {bad} out of range 0..{planner.dst_total - 1}")
-    interned = _Sources()
+    bulk = _BulkPlanner(planner)
+    meta = _meta(output_format)
     files = []
     for rank in wanted:
         path = layout_dir.rank_output(dst_dir, rank, prefix, output_format)
-        files.append(FilePlan(path, output_format, planner.plan_rank(rank, interned), _meta(output_format), rank))
-    return Plan("transform", tuple(interned.paths), tuple(files))
+        files.append(FilePlan(path, output_format, bulk.rank(rank), meta, rank))
+    return Plan("transform", tuple(bulk.sources.paths), tuple(files))
 
 
 def _meta(fmt: str) -> tuple[tuple[str, str], ...]:
