@@ -1,0 +1,209 @@
+"""``plan_transform``'s bulk path against the reference planner (``TransformPlanner.plan_rank``).
+
+The bulk path builds plans from per-class tables and lazy ``RankTensors``; the reference path is
+the plain per-parameter loop. On random strategies (pipeline stages, shared parameters, optimizer
+shards, list maps, device counts that do not divide, parameters dropped from some ranks as
+``remove_redundancy`` does, wrong slice shapes) both must give the same plan, or the same error.
+Everything is in memory: no files.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reshard import dtypes, layout
+from reshard.errors import ReshardError
+from reshard.formats import layout_dir
+from reshard.formats.strategy import ParamLayout, StrategyFile, make_strategy
+from reshard.plan import (
+    MATERIALISED_FILES,
+    FilePlan,
+    FileStats,
+    Plan,
+    RankTensors,
+    SourceFile,
+    SourceTensor,
+    TransformPlanner,
+    _meta,
+    _Sources,
+    plan_transform,
+)
+
+DEVS = {2: [(2,), (1, 2)], 4: [(4,), (2, 2)], 6: [(2, 3), (3, 2)], 8: [(2, 2, 2), (4, 2), (2, 4)]}
+PARAMS = {"emb": (24, 12), "w": (12, 24), "v": (24,), "s": ()}  # "emb" is shared by first and last stage
+DTYPES = {"emb": dtypes.FLOAT32, "w": dtypes.BFLOAT16, "v": dtypes.FLOAT16, "s": dtypes.INT32}
+EXTRA = "global_step"  # in every file, in no strategy: copied whole
+
+
+@st.composite
+def layouts(draw: st.DrawFn, devices: int, shape: tuple[int, ...]) -> ParamLayout:
+    """A random layout over ``devices`` that divides ``shape`` (flat or list map, maybe an opt shard)."""
+    for _ in range(20):
+        dev = draw(st.sampled_from(DEVS[devices]))
+        axes = list(range(len(dev)))
+        draw(st.randoms()).shuffle(axes)
+        tmap: list[object] = []
+        for _ in shape:
+            k = draw(st.integers(0, min(2, len(axes))))
+            values, axes = tuple(axes[:k]), axes[k:]
+            tmap.append(-1 if not values else values[0] if len(values) == 1 else values)
+        step, size = 0, 0
+        if draw(st.booleans()):
+            step, size = draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([2, -1]))
+        p = ParamLayout(dev, tuple(tmap), step, size)  # type: ignore[arg-type]
+        try:
+            layout.slice_shape(p, shape)
+            layout.rank_boxes(p, shape)
+        except ReshardError:
+            continue
+        return p
+    return ParamLayout(DEVS[devices][0], (-1,) * len(shape))
+
+
+def _stages(name: str, pp: int) -> list[int]:
+    if name == "emb":
+        return sorted({0, pp - 1})
+    return [list(PARAMS).index(name) % pp]
+
+
+@st.composite
+def strategies(draw: st.DrawFn, devices: int, pp: int) -> StrategyFile:
+    items: dict[str, ParamLayout] = {}
+    for name, shape in PARAMS.items():
+        for stage in _stages(name, pp):
+            key = f"{stage}-{name}" if pp > 1 else name
+            items[key] = draw(layouts(devices, shape))
+    return make_strategy(items)
+
+
+def _sources(src: StrategyFile | None, devices: int, pp: int, drops: set[tuple[int, str]],
+             wrong: tuple[int, str] | None) -> dict[int, SourceFile]:
+    """Every rank's file: the slices its stage holds (minus ``drops``), plus ``EXTRA``."""
+    out: dict[int, SourceFile] = {}
+    for rank in range(devices * pp):
+        stage = rank // devices
+        tensors: dict[str, SourceTensor] = {}
+        for name, full in PARAMS.items():
+            if src is not None and stage not in _stages(name, pp):
+                continue
+            if (rank, name) in drops:
+                continue
+            key = f"{stage}-{name}" if pp > 1 else name
+            shape = layout.slice_shape(src.layouts[key], full) if src is not None else full
+            if (rank, name) == wrong:
+                shape = (*shape[:-1], shape[-1] + 1) if shape else (2,)
+            dt = DTYPES[name]
+            tensors[name] = SourceTensor(dt, shape, math.prod(shape) * dt.itemsize)
+        tensors[EXTRA] = SourceTensor(dtypes.INT64, (1,), 8)
+        out[rank] = SourceFile(f"/in/rank_{rank}/checkpoint_{rank}.ckpt", rank, tensors)
+    return out
+
+
+def _reference(sources: dict[int, SourceFile], src: StrategyFile | None, dst: StrategyFile | None) -> Plan:
+    """``plan_transform`` as it was: ``plan_rank`` per rank, sources interned tensor by tensor."""
+    planner = TransformPlanner(sources, src, dst)
+    planner.check_rank_count()
+    interned = _Sources()
+    files = []
+    for rank in range(planner.dst_total):
+        path = layout_dir.rank_output("/out", rank, "checkpoint_", "ckpt")
+        files.append(FilePlan(path, "ckpt", planner.plan_rank(rank, interned), _meta("ckpt"), rank))
+    return Plan("transform", tuple(interned.paths), tuple(files))
+
+
+def _outcome(make: object) -> Plan | str:
+    try:
+        return make()  # type: ignore[operator]
+    except ReshardError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _assert_same(sources: dict[int, SourceFile], src: StrategyFile | None, dst: StrategyFile | None) -> None:
+    fast = _outcome(lambda: plan_transform(sources, src, dst, "/out", "checkpoint_", "ckpt"))
+    ref = _outcome(lambda: _reference(sources, src, dst))
+    if isinstance(ref, str) or isinstance(fast, str):
+        assert fast == ref
+        return
+    assert fast.sources == ref.sources
+    assert len(fast.files) == len(ref.files)
+    for a, b in zip(fast.files, ref.files, strict=True):
+        assert isinstance(a.tensors, RankTensors)
+        assert (a.path, a.rank, a.metadata) == (b.path, b.rank, b.metadata)
+        assert tuple(a.tensors) == b.tensors
+        assert a.stats == FileStats.of(tuple(a.tensors))
+    assert fast.summary() == ref.summary()
+    assert fast.to_json() == ref.to_json()
+
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(data=st.data())
+def test_random_strategies_match_the_reference(data: st.DataObject) -> None:
+    n_src, n_dst = data.draw(st.sampled_from([(2, 4), (4, 2), (4, 8), (8, 4), (4, 6), (6, 4), (8, 8), (2, 6)]))
+    pp_src, pp_dst = data.draw(st.sampled_from([1, 2])), data.draw(st.sampled_from([1, 2]))
+    src, dst = data.draw(strategies(n_src, pp_src)), data.draw(strategies(n_dst, pp_dst))
+    _assert_same(_sources(src, n_src, pp_src, set(), None), src, dst)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_missing_and_wrong_slices_fail_the_same_way(data: st.DataObject) -> None:
+    """Dropped slices (found in another copy, or reported) and wrong shapes: same plan or same error."""
+    n_src, n_dst = data.draw(st.sampled_from([(2, 4), (4, 2), (8, 4), (4, 6)]))
+    pp = data.draw(st.sampled_from([1, 2]))
+    src, dst = data.draw(strategies(n_src, pp)), data.draw(strategies(n_dst, 1))
+    ranks = st.integers(0, n_src * pp - 1)
+    names = st.sampled_from([*PARAMS, EXTRA])
+    drops = set(data.draw(st.lists(st.tuples(ranks, names), max_size=3)))
+    wrong = data.draw(st.none() | st.tuples(ranks, names))
+    _assert_same(_sources(src, n_src, pp, drops, wrong), src, dst)
+
+
+@pytest.mark.parametrize(("with_src", "with_dst"), [(False, True), (True, False)], ids=["full->N", "N->full"])
+def test_full_source_or_destination(with_src: bool, with_dst: bool) -> None:
+    strategy = make_strategy({"emb": ParamLayout((2, 2), (1, 0)), "w": ParamLayout((2, 2), (0, -1), 2, 2),
+                              "v": ParamLayout((2, 2), (0,)), "s": ParamLayout((2, 2), ())})
+    src = strategy if with_src else None
+    _assert_same(_sources(src, 4 if with_src else 1, 1, set(), None), src, strategy if with_dst else None)
+
+
+def _plan(ranks: int = 12) -> Plan:
+    src = make_strategy({"w": ParamLayout((2, 2), (1, 0)), "v": ParamLayout((2, 2), (0,))})
+    dst = make_strategy({"w": ParamLayout((ranks // 2, 2), (0, -1)), "v": ParamLayout((ranks // 2, 2), (-1,))})
+    sources = {r: SourceFile(f"/in/{r}.ckpt", r, {"w": SourceTensor(dtypes.FLOAT32, (12, 6), 288),
+                                                  "v": SourceTensor(dtypes.FLOAT32, (12,), 48)})
+               for r in range(4)}
+    return plan_transform(sources, src, dst, "/out", "checkpoint_", "ckpt")
+
+
+def test_rank_tensors_behave_like_a_tuple() -> None:
+    plan = _plan()
+    tensors = plan.files[3].tensors
+    assert isinstance(tensors, RankTensors)
+    built = tuple(tensors)
+    assert len(tensors) == len(built) == 2
+    assert tensors[0] == built[0] and tensors[-1] == built[-1] and tensors[:1] == built[:1]
+    assert tensors == built and hash(tensors) == hash(built)
+    assert [t.name for t in tensors] == ["w", "v"] and built[1] in tensors
+    assert pickle.loads(pickle.dumps(tensors)) == built  # ships as a plain tuple (Ray)
+    assert type(pickle.loads(pickle.dumps(plan.files[3])).tensors) is tuple
+    assert plan.files[3].copy_count == sum(len(t.copies) for t in built)
+    assert plan.files[3].nbytes == sum(t.nbytes for t in built)
+
+
+def test_built_files_are_cached_but_bounded() -> None:
+    plan = _plan(ranks=4 * MATERIALISED_FILES)
+    first = plan.files[0].tensors
+    assert isinstance(first, RankTensors)
+    assert first.materialise() is first.materialise()  # iterating a file twice builds it once
+    for f in plan.files[1:]:
+        tuple(f.tensors)
+    assert len(RankTensors._built) <= MATERIALISED_FILES
+    assert first.materialise() == tuple(first)  # evicted, rebuilt equal
