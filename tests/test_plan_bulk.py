@@ -1,10 +1,10 @@
-"""``plan_transform``'s bulk path against the reference planner (``TransformPlanner.plan_rank``).
+"""``plan_transform``'s and ``plan_split``'s bulk paths against their reference loops.
 
 The bulk path builds plans from per-class tables and lazy ``RankTensors``; the reference path is
-the plain per-parameter loop. On random strategies (pipeline stages, shared parameters, optimizer
-shards, list maps, device counts that do not divide, parameters dropped from some ranks as
-``remove_redundancy`` does, wrong slice shapes) both must give the same plan, or the same error.
-Everything is in memory: no files.
+the plain per-parameter loop (``TransformPlanner.plan_rank``, ``_plan_split_reference``). On
+random strategies (pipeline stages, shared parameters, optimizer shards, list maps, device counts
+that do not divide, parameters dropped from some ranks as ``remove_redundancy`` does, wrong slice
+shapes) both must give the same plan, or the same error. Everything is in memory: no files.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from reshard import dtypes, layout
 from reshard.errors import ReshardError
 from reshard.formats import layout_dir
-from reshard.formats.strategy import ParamLayout, StrategyFile, make_strategy
+from reshard.formats.strategy import ParamLayout, StrategyFile, device_num, make_strategy, stage_count
 from reshard.plan import (
     MATERIALISED_FILES,
     FilePlan,
@@ -30,7 +30,9 @@ from reshard.plan import (
     SourceTensor,
     TransformPlanner,
     _meta,
+    _plan_split_reference,
     _Sources,
+    plan_split,
     plan_transform,
 )
 
@@ -207,3 +209,64 @@ def test_built_files_are_cached_but_bounded() -> None:
         tuple(f.tensors)
     assert len(RankTensors._built) <= MATERIALISED_FILES
     assert first.materialise() == tuple(first)  # evicted, rebuilt equal
+
+
+def _unified(names: dict[str, tuple[int, ...]], rename: dict[str, str]) -> tuple[dict[str, SourceFile], dict[str, str]]:
+    """Two part files holding the full tensors (under renamed keys), and the name -> part index."""
+    parts: dict[str, SourceFile] = {}
+    name_to_file: dict[str, str] = {}
+    for i, (name, shape) in enumerate(names.items()):
+        part = f"part{i % 2}.safetensors"
+        f = parts.setdefault(part, SourceFile(f"/u/{part}", 0, {}))
+        dt = DTYPES.get(name, dtypes.FLOAT32)
+        f.tensors[rename.get(name, name)] = SourceTensor(dt, shape, math.prod(shape) * dt.itemsize)
+        name_to_file[name] = part
+    return parts, name_to_file
+
+
+def _assert_same_split(parts: dict[str, SourceFile], name_to_file: dict[str, str], hyper: SourceFile | None,
+                       dst: StrategyFile, rename: dict[str, str], ranks: list[int] | None = None,
+                       bulk: bool = False) -> None:
+    wanted = ranks if ranks is not None else list(range(_total(dst)))
+    fast = _outcome(lambda: plan_split(parts, name_to_file, hyper, dst, "/out", "safetensors", ranks, rename))
+    ref = _outcome(lambda: _plan_split_reference(parts, name_to_file, hyper, dst, "/out", "safetensors", wanted,
+                                                 rename, "net"))
+    if isinstance(ref, str) or isinstance(fast, str):
+        assert fast == ref
+        return
+    assert fast.sources == ref.sources
+    for a, b in zip(fast.files, ref.files, strict=True):
+        assert isinstance(a.tensors, RankTensors) or not bulk
+        assert (a.path, a.rank, a.metadata) == (b.path, b.rank, b.metadata)
+        assert tuple(a.tensors) == b.tensors
+    assert fast.summary() == ref.summary()
+
+
+def _total(sf: StrategyFile) -> int:
+    return device_num(sf) * stage_count(sf)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_split_matches_the_reference(data: st.DataObject) -> None:
+    n, pp = data.draw(st.sampled_from([2, 4, 6, 8])), data.draw(st.sampled_from([1, 2]))
+    dst = data.draw(strategies(n, pp))
+    rename = {"w": "model.w"} if data.draw(st.booleans()) else {}
+    parts, name_to_file = _unified(PARAMS, rename)
+    hyper = SourceFile("/u/hyper.safetensors", 0, {EXTRA: SourceTensor(dtypes.INT64, (1,), 8)})
+    ranks = data.draw(st.none() | st.lists(st.integers(0, n * pp - 1), min_size=1, max_size=4))
+    _assert_same_split(parts, name_to_file, hyper if data.draw(st.booleans()) else None, dst, rename, ranks, True)
+
+
+def test_split_cases_left_to_the_reference() -> None:
+    """Empty tensors and hyper parameters named like strategy parameters, and a layout error."""
+    dst = make_strategy({"w": ParamLayout((2, 2), (1, 0)), "z": ParamLayout((2, 2), (0, -1))})
+    parts, name_to_file = _unified({"w": (12, 24), "z": (0, 4)}, {})
+    _assert_same_split(parts, name_to_file, None, dst, {})
+    parts, name_to_file = _unified({"w": (12, 24), "z": (4, 4)}, {})
+    hyper = SourceFile("/u/hyper.safetensors", 0, {"z": SourceTensor(dtypes.INT64, (1,), 8)})
+    _assert_same_split(parts, name_to_file, hyper, dst, {})
+    parts, name_to_file = _unified({"w": (12, 24), "z": (3, 4)}, {})
+    _assert_same_split(parts, name_to_file, hyper, dst, {})
+    with pytest.raises(ReshardError):
+        plan_split(parts, name_to_file, hyper, dst, "/out", "safetensors")

@@ -547,7 +547,8 @@ class _Class:
 class _Transformed:
     """One transformed parameter of a template."""
 
-    name: str
+    name: str  # in the output
+    tensor: str  # in the source files (differs when a split renames keys)
     cls: int  # index into _Template.classes
     dtype: DType
     held_by: dict[int, SourceFile]  # source key -> file, as the load order leaves it
@@ -593,8 +594,8 @@ class _Template:
             held = cls.src_boxes[key]
             lengths = tuple(b - a for a, b in held)
             for t in self.members[index]:
-                src = t.held_by.get(key) or _redundant_copy(t.name, cls.src_p, cls.full, held, t.held_by)
-                if src is None or src.tensors[t.name].shape != lengths:
+                src = t.held_by.get(key) or _redundant_copy(t.tensor, cls.src_p, cls.full, held, t.held_by)
+                if src is None or src.tensors[t.tensor].shape != lengths:
                     raise LayoutError(f"no source file holds the slice of source rank {key} of {t.name!r}")
                 t.files[key] = src
             self.checked[index].add(key)
@@ -718,12 +719,54 @@ class RankTensors(Sequence[TensorPlan]):
         ids, locals_ = self._ids, self._locals
         out: list[TensorPlan] = []
         for t in self._template.transformed:
-            loc, files, name = locals_[t.cls], t.files, t.name
-            copies = tuple(Copy(ids[files[k].path], name, s, d, n, w) for k, s, d, n, w in loc.copies)
-            out.append(TensorPlan(name, t.dtype, loc.shape, copies, loc.elements * t.dtype.itemsize))
+            loc, files, tensor = locals_[t.cls], t.files, t.tensor
+            copies = tuple(Copy(ids[files[k].path], tensor, s, d, n, w) for k, s, d, n, w in loc.copies)
+            out.append(TensorPlan(t.name, t.dtype, loc.shape, copies, loc.elements * t.dtype.itemsize))
         for (name, _), src in zip(self._template.deferred, self._wholes, strict=True):
             out.append(_whole_at(ids[src.path], src, name))
         return tuple(out)
+
+
+class _Tables:
+    """The classes of one planning run, by (source layout, destination layout, full shape)."""
+
+    def __init__(self) -> None:
+        self._classes: dict[tuple[ParamLayout | None, ParamLayout | None, tuple[int, ...]], _Class] = {}
+        self._fulls: dict[tuple[ParamLayout, tuple[int, ...]], tuple[int, ...]] = {}
+
+    def full(self, src_p: ParamLayout | None, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """``layout.full_shape``, once per (layout, slice shape)."""
+        if src_p is None:
+            return shape
+        hit = self._fulls.get((src_p, shape))
+        if hit is None:
+            hit = self._fulls[(src_p, shape)] = layout.full_shape(src_p, shape)
+        return hit
+
+    def get(self, src_p: ParamLayout | None, dst_p: ParamLayout | None, full: tuple[int, ...]) -> _Class:
+        hit = self._classes.get((src_p, dst_p, full))
+        if hit is None:
+            hit = self._classes[(src_p, dst_p, full)] = _Class(src_p, dst_p, full)
+        return hit
+
+
+def _add_transformed(template: _Template, class_index: dict[int, int], cls: _Class, name: str, tensor: str,
+                     dtype: DType, held_by: dict[int, SourceFile]) -> None:
+    index = class_index.setdefault(id(cls), len(class_index))
+    template.add(_Transformed(name, tensor, index, dtype, held_by, dict(held_by)), cls)
+
+
+def _rank_tensors(template: _Template, local: int, beyond: bool, sources: _Sources) -> RankTensors:
+    """One destination rank's lazy tensors: its share of every class, its files checked, its sources interned."""
+    locals_ = tuple(cls.local(local) for cls in template.classes)
+    for index, loc in enumerate(locals_):
+        if not loc.key_set <= template.checked[index]:
+            template.resolve(index, loc.key_set)
+    device_n = template.device_n if template.device_n is not None else 1
+    wholes, whole_stats = template.whole(local % device_n, beyond)
+    for path in template.source_order(locals_, wholes):
+        sources.id(path)
+    return RankTensors(template, locals_, wholes, whole_stats, sources.ids)
 
 
 class _BulkPlanner:
@@ -739,9 +782,8 @@ class _BulkPlanner:
     def __init__(self, planner: TransformPlanner) -> None:
         self.planner = planner
         self.sources = _Sources()
+        self.tables = _Tables()
         self._templates: dict[tuple[tuple[int, ...], int], _Template] = {}
-        self._classes: dict[tuple[ParamLayout | None, ParamLayout | None, tuple[int, ...]], _Class] = {}
-        self._fulls: dict[tuple[ParamLayout, tuple[int, ...]], tuple[int, ...]] = {}
 
     def rank(self, rank: int) -> RankTensors:
         p = self.planner
@@ -751,24 +793,11 @@ class _BulkPlanner:
             raise UsageError(f"destination rank {rank} needs the checkpoint of source rank(s) "
                              f"{', '.join(map(str, sorted(missing)))}, which is missing")
         try:
-            return self._fast(rank, tuple(order))
+            template = self._template(tuple(order), rank // p.n_dst)
+            return _rank_tensors(template, rank % p.n_dst, rank in p.beyond, self.sources)
         except ReshardError:
             p.plan_rank(rank, _Sources(), order)  # raises the precise, blamed error
             raise
-
-    def _fast(self, rank: int, order: tuple[int, ...]) -> RankTensors:
-        p = self.planner
-        template = self._template(order, rank // p.n_dst)
-        local = rank % p.n_dst
-        locals_ = tuple(cls.local(local) for cls in template.classes)
-        for index, loc in enumerate(locals_):
-            if not loc.key_set <= template.checked[index]:
-                template.resolve(index, loc.key_set)
-        assert template.device_n is not None  # _template refuses templates without transformed parameters
-        wholes, whole_stats = template.whole(local % template.device_n, rank in p.beyond)
-        for path in template.source_order(locals_, wholes):
-            self.sources.id(path)
-        return RankTensors(template, locals_, wholes, whole_stats, self.sources.ids)
 
     def _template(self, order: tuple[int, ...], stage: int) -> _Template:
         hit = self._templates.get((order, stage))
@@ -798,27 +827,12 @@ class _BulkPlanner:
             dst_p = dst_map[name].layout if dst_map is not None else None
             template.device_n = src_p.device_num if src_p is not None else 1
             first = next(iter(by_key.values())).tensors[name]
-            cls = self._class(src_p, dst_p, self._full(src_p, first.shape))
-            index = class_index.setdefault(id(cls), len(class_index))
-            template.add(_Transformed(name, index, first.dtype, by_key, dict(by_key)), cls)
+            cls = self.tables.get(src_p, dst_p, self.tables.full(src_p, first.shape))
+            _add_transformed(template, class_index, cls, name, name, first.dtype, by_key)
         if template.device_n is None:
             raise LayoutError("no parameter to transform")
         template.finish()
         return template
-
-    def _full(self, src_p: ParamLayout | None, shape: tuple[int, ...]) -> tuple[int, ...]:
-        if src_p is None:
-            return shape
-        hit = self._fulls.get((src_p, shape))
-        if hit is None:
-            hit = self._fulls[(src_p, shape)] = layout.full_shape(src_p, shape)
-        return hit
-
-    def _class(self, src_p: ParamLayout | None, dst_p: ParamLayout | None, full: tuple[int, ...]) -> _Class:
-        hit = self._classes.get((src_p, dst_p, full))
-        if hit is None:
-            hit = self._classes[(src_p, dst_p, full)] = _Class(src_p, dst_p, full)
-        return hit
 
 
 def plan_transform(
@@ -998,6 +1012,8 @@ def plan_split(
 
     ``name_to_file`` maps *strategy* names to part files; the tensor is read under the file key
     ``name_map[name]`` (MindFormers renames keys but keeps original names in the index).
+    Planned like a transform from full tensors (shared tables, lazy ``RankTensors``); when that
+    fast path meets anything unusual, the reference loop ``_plan_split_reference`` decides.
     """
     n_dst = device_num(dst)
     total = n_dst * stage_count(dst)
@@ -1005,6 +1021,25 @@ def plan_split(
     bad = [r for r in wanted if not 0 <= r < total]
     if bad:
         raise UsageError(f"destination rank(s) {bad} out of range 0..{total - 1}")
+    args = (unified, name_to_file, hyper, dst, dst_dir, output_format, wanted, name_map or {}, file_name)
+    try:
+        plan = _plan_split_bulk(*args)
+    except ReshardError:
+        plan = None
+    return plan if plan is not None else _plan_split_reference(*args)
+
+
+def _split_path(dst_dir: str, rank: int, file_name: str, output_format: str) -> str:
+    return os.path.join(layout_dir.rank_dir(dst_dir, rank), f"{file_name}.{output_format}")
+
+
+def _plan_split_reference(
+    unified: Mapping[str, SourceFile], name_to_file: Mapping[str, str], hyper: SourceFile | None,
+    dst: StrategyFile, dst_dir: str, output_format: str, wanted: Sequence[int], name_map: Mapping[str, str],
+    file_name: str,
+) -> Plan:
+    """``plan_split``, one parameter and rank at a time (the definition; raises the user's errors)."""
+    n_dst = device_num(dst)
     interned = _Sources()
     files = []
     for rank in wanted:
@@ -1014,7 +1049,7 @@ def plan_split(
         for name, staged in dst_map.items():
             if stage not in staged.stages:
                 continue
-            key = name_map.get(name, name) if name_map else name
+            key = name_map.get(name, name)
             file_id = name_to_file.get(name)
             if file_id is None or file_id not in unified or key not in unified[file_id].tensors:
                 continue
@@ -1026,9 +1061,67 @@ def plan_split(
         if hyper is not None:
             for name in hyper.tensors:
                 tensors[name] = _whole(interned, hyper, name)
-        path = os.path.join(layout_dir.rank_dir(dst_dir, rank), f"{file_name}.{output_format}")
+        path = _split_path(dst_dir, rank, file_name, output_format)
         files.append(FilePlan(path, output_format, tuple(tensors.values()), _meta(output_format), rank))
     return Plan("split", tuple(interned.paths), tuple(files))
+
+
+def _plan_split_bulk(
+    unified: Mapping[str, SourceFile], name_to_file: Mapping[str, str], hyper: SourceFile | None,
+    dst: StrategyFile, dst_dir: str, output_format: str, wanted: Sequence[int], name_map: Mapping[str, str],
+    file_name: str,
+) -> Plan | None:
+    """``plan_split`` from shared tables, or None where the reference loop must decide.
+
+    The rank-aware layout map (spec 2.4) only depends on which layouts' device counts exceed
+    the rank, so templates are keyed by that and the stage.
+    """
+    n_dst = device_num(dst)
+    counts = sorted({p.device_num for p in dst.layouts.values()})
+    tables, interned = _Tables(), _Sources()
+    templates: dict[tuple[int, tuple[bool, ...]], _Template] = {}
+    meta = _meta(output_format)
+    files = []
+    for rank in wanted:
+        key = (rank // n_dst, tuple(rank < n for n in counts))
+        template = templates.get(key)
+        if template is None:
+            template = templates[key] = _split_template(tables, unified, name_to_file, hyper,
+                                                        layout_map(dst, rank), rank // n_dst, name_map)
+            if template is None:
+                return None
+        files.append(FilePlan(_split_path(dst_dir, rank, file_name, output_format), output_format,
+                              _rank_tensors(template, rank % n_dst, False, interned), meta, rank))
+    return Plan("split", tuple(interned.paths), tuple(files))
+
+
+def _split_template(
+    tables: _Tables, unified: Mapping[str, SourceFile], name_to_file: Mapping[str, str], hyper: SourceFile | None,
+    dst_map: Mapping[str, StagedLayout], stage: int, name_map: Mapping[str, str],
+) -> _Template | None:
+    """The tensors of a split output for one stage; None for what only the reference loop gets right
+    (empty tensors: one empty copy there, none in the tables; a hyper parameter replacing a sliced one)."""
+    template = _Template()
+    class_index: dict[int, int] = {}
+    for name, staged in dst_map.items():
+        if stage not in staged.stages:
+            continue
+        key = name_map.get(name, name)
+        file_id = name_to_file.get(name)
+        if file_id is None or file_id not in unified or key not in unified[file_id].tensors:
+            continue
+        src = unified[file_id]
+        full = src.tensors[key].shape
+        if not all(full):
+            return None
+        cls = tables.get(None, staged.layout, full)
+        _add_transformed(template, class_index, cls, name, key, src.tensors[key].dtype, {0: src})
+    if hyper is not None:
+        if any(name in hyper.tensors for name in (t.name for t in template.transformed)):
+            return None
+        template.deferred = [(name, {0: hyper}) for name in hyper.tensors]
+    template.finish()
+    return template
 
 
 # --------------------------------------------------------------------------------------------
