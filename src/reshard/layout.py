@@ -30,8 +30,10 @@ Why it is built this way:
   ``_get_needed_rank_list_by_layouts`` answers ``[rank]`` without a range check when nothing
   moves (``needed_ranks``); both are covered by the oracle tests.
 * **Caches keyed by frozen layouts.** Real models repeat a handful of (layout, shape) pairs over
-  hundreds of parameters, so per-pair analysis is memoised; ``transfer_table`` answers all ranks
-  of a parameter in one cached call for bulk planning.
+  hundreds of parameters, so per-pair analysis is memoised; ``transfer_table`` and ``rank_boxes``
+  answer all ranks of a parameter in one cached call for bulk planning. The per-call entry points
+  (``rank_box``, ``transfer_pieces``) check their arguments cheaply on the common path (plain int
+  tuples, in-range ranks) and format error messages only when they raise.
 """
 
 from __future__ import annotations

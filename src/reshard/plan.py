@@ -10,6 +10,25 @@ The planners here reproduce MindSpore's choices that decide *which* bytes land *
 parameters an output file holds and in which order (spec 3.6, 3.9), which redundant source copy
 supplies each element (spec 3.5), how ``unified_safetensors`` packs parts (spec 4.1), and how a
 unified model is split per rank (spec 4.3). Layout arithmetic lives in ``reshard.layout``.
+
+Planning 1 000 parameters for 1 024 ranks must take well under a second, but a million
+``TensorPlan`` objects alone take seconds to build. So transform and split plans are built in
+bulk and lazily:
+
+* **Classes.** Parameters sharing (source layout, destination layout, full shape) share one
+  ``_Class``: the layout engine's tables for all ranks (``layout.transfer_table``,
+  ``layout.rank_boxes``) and, per destination rank, the copies relative to the box origins.
+* **Templates.** Everything a destination rank's file depends on except the rank itself (tensor
+  order, each tensor's class and candidate source files) is decided once per (load order, stage)
+  in a ``_Template``; source files are checked against the real slice shapes once per (class,
+  source rank), not per destination rank.
+* **Lazy files.** ``FilePlan.tensors`` of such plans is a ``RankTensors`` sequence that builds its
+  ``TensorPlan`` objects when iterated (executors take one file at a time) and answers totals
+  (``FileStats``: counts, bytes) arithmetically, so ``Plan.summary()`` builds nothing.
+* **One definition.** The plain per-parameter loops (``TransformPlanner.plan_rank``,
+  ``_plan_split_reference``) stay the definition: the bulk path falls back to them whenever
+  anything is off, so every error message is the one they raise, and the tests check that both
+  paths give equal plans.
 """
 
 from __future__ import annotations
