@@ -562,16 +562,23 @@ class _Class:
                       sum(math.prod(c[3]) for c in copies))
 
 
-@dataclass
 class _Transformed:
-    """One transformed parameter of a template."""
+    """One transformed parameter of a template (a slotted class: templates hold one per parameter)."""
 
-    name: str  # in the output
-    tensor: str  # in the source files (differs when a split renames keys)
-    cls: int  # index into _Template.classes
-    dtype: DType
-    held_by: dict[int, SourceFile]  # source key -> file, as the load order leaves it
-    files: dict[int, SourceFile]  # the same, plus redundant copies found for missing keys
+    __slots__ = ("cls", "dtype", "files", "held_by", "name", "tensor")
+
+    def __init__(self, name: str, tensor: str, cls: int, dtype: DType, held_by: dict[int, SourceFile]) -> None:
+        self.name = name  # in the output
+        self.tensor = tensor  # in the source files (differs when a split renames keys)
+        self.cls = cls  # index into _Template.classes
+        self.dtype = dtype
+        self.held_by = held_by  # source key -> file, as the load order leaves it
+        self.files = held_by  # the same plus redundant copies found for missing keys (copied on first write)
+
+    def add_file(self, key: int, src: SourceFile) -> None:
+        if self.files is self.held_by:
+            self.files = dict(self.held_by)
+        self.files[key] = src
 
 
 class _Template:
@@ -589,6 +596,7 @@ class _Template:
         self.deferred: list[tuple[str, dict[int, SourceFile]]] = []  # copied whole (not in both strategies)
         self.device_n: int | None = None  # the last transformed parameter's source device count [MindSpore]
         self.groups: tuple[tuple[int, int, DType], ...] = ()  # (class, parameters, dtype) for totals
+        self._counts: dict[tuple[int, int], list] = {}  # (class, id(dtype)) -> [count, dtype]
         self.wholes: dict[tuple[int, bool], tuple[tuple[SourceFile, ...], FileStats]] = {}
         self.orders: dict[tuple[object, ...], tuple[str, ...]] = {}  # source paths in first-use order
 
@@ -599,12 +607,14 @@ class _Template:
             self.checked.append(set())
         self.members[t.cls].append(t)
         self.transformed.append(t)
+        group = self._counts.get((t.cls, id(t.dtype)))
+        if group is None:
+            self._counts[(t.cls, id(t.dtype))] = [1, t.dtype]
+        else:
+            group[0] += 1
 
     def finish(self) -> None:
-        counts: dict[tuple[int, DType], int] = {}
-        for t in self.transformed:
-            counts[(t.cls, t.dtype)] = counts.get((t.cls, t.dtype), 0) + 1
-        self.groups = tuple((c, n, d) for (c, d), n in counts.items())
+        self.groups = tuple((c, n, d) for (c, _), (n, d) in self._counts.items())
 
     def resolve(self, index: int, keys: frozenset[int]) -> None:
         """Pick the file of every member for ``keys`` and check its shape (errors: see ``_BulkPlanner``)."""
@@ -616,7 +626,8 @@ class _Template:
                 src = t.held_by.get(key) or _redundant_copy(t.tensor, cls.src_p, cls.full, held, t.held_by)
                 if src is None or src.tensors[t.tensor].shape != lengths:
                     raise LayoutError(f"no source file holds the slice of source rank {key} of {t.name!r}")
-                t.files[key] = src
+                if key not in t.held_by:
+                    t.add_file(key, src)
             self.checked[index].add(key)
 
     def whole(self, key: int, beyond: bool) -> tuple[tuple[SourceFile, ...], FileStats]:
@@ -747,32 +758,42 @@ class RankTensors(Sequence[TensorPlan]):
 
 
 class _Tables:
-    """The classes of one planning run, by (source layout, destination layout, full shape)."""
+    """The classes of one planning run, by (source layout, destination layout, full shape).
+
+    Looked up once per parameter and template, so the first lookup is by the layouts' identity
+    (hashing and comparing frozen layouts field by field costs more than the rest of a lookup);
+    equal layouts held by different objects still share one class through the second. Every
+    layout looked up by identity stays referenced by the entry, so its id cannot be reused.
+    """
 
     def __init__(self) -> None:
         self._classes: dict[tuple[ParamLayout | None, ParamLayout | None, tuple[int, ...]], _Class] = {}
-        self._fulls: dict[tuple[ParamLayout, tuple[int, ...]], tuple[int, ...]] = {}
+        self._by_id: dict[tuple[int, int, tuple[int, ...]], tuple[ParamLayout | None, ParamLayout | None, _Class]] = {}
+        self._fulls: dict[tuple[int, tuple[int, ...]], tuple[ParamLayout, tuple[int, ...]]] = {}
 
     def full(self, src_p: ParamLayout | None, shape: tuple[int, ...]) -> tuple[int, ...]:
         """``layout.full_shape``, once per (layout, slice shape)."""
         if src_p is None:
             return shape
-        hit = self._fulls.get((src_p, shape))
+        hit = self._fulls.get((id(src_p), shape))
         if hit is None:
-            hit = self._fulls[(src_p, shape)] = layout.full_shape(src_p, shape)
-        return hit
+            hit = self._fulls[(id(src_p), shape)] = (src_p, layout.full_shape(src_p, shape))
+        return hit[1]
 
     def get(self, src_p: ParamLayout | None, dst_p: ParamLayout | None, full: tuple[int, ...]) -> _Class:
-        hit = self._classes.get((src_p, dst_p, full))
+        hit = self._by_id.get((id(src_p), id(dst_p), full))
         if hit is None:
-            hit = self._classes[(src_p, dst_p, full)] = _Class(src_p, dst_p, full)
-        return hit
+            cls = self._classes.get((src_p, dst_p, full))
+            if cls is None:
+                cls = self._classes[(src_p, dst_p, full)] = _Class(src_p, dst_p, full)
+            hit = self._by_id[(id(src_p), id(dst_p), full)] = (src_p, dst_p, cls)
+        return hit[2]
 
 
 def _add_transformed(template: _Template, class_index: dict[int, int], cls: _Class, name: str, tensor: str,
                      dtype: DType, held_by: dict[int, SourceFile]) -> None:
     index = class_index.setdefault(id(cls), len(class_index))
-    template.add(_Transformed(name, tensor, index, dtype, held_by, dict(held_by)), cls)
+    template.add(_Transformed(name, tensor, index, dtype, held_by), cls)
 
 
 def _rank_tensors(template: _Template, local: int, beyond: bool, sources: _Sources) -> RankTensors:
@@ -786,6 +807,11 @@ def _rank_tensors(template: _Template, local: int, beyond: bool, sources: _Sourc
     for path in template.source_order(locals_, wholes):
         sources.id(path)
     return RankTensors(template, locals_, wholes, whole_stats, sources.ids)
+
+
+_SKIP = "skip"  # roles of a parameter in a destination stage: not in this rank's file,
+_WHOLE = "whole"  # copied whole from one source file, or transformed: (src layout, dst layout, src devices)
+_Role = str | tuple[ParamLayout | None, ParamLayout | None, int]
 
 
 class _BulkPlanner:
@@ -803,6 +829,7 @@ class _BulkPlanner:
         self.sources = _Sources()
         self.tables = _Tables()
         self._templates: dict[tuple[tuple[int, ...], int], _Template] = {}
+        self._stages: dict[int, tuple[dict[str, _Role], StageCut, dict[str, StagedLayout] | None]] = {}
 
     def rank(self, rank: int) -> RankTensors:
         p = self.planner
@@ -832,26 +859,46 @@ class _BulkPlanner:
             f = p.files[r]
             for name in f.tensors:
                 holders.setdefault(name, {})[r % p.n_src] = f
-        dst_map = p.dst_map(stage * p.n_dst)
-        cut = _stage_cut(p.src_map, dst_map, stage)
+        roles, cut, dst_map = self._stage(stage)
         template = _Template()
         class_index: dict[int, int] = {}  # id(_Class) -> index in template.classes
+        tables = self.tables
         for name, by_key in holders.items():
-            if not cut.keeps(name):
+            role = roles.get(name)
+            if role is None:
+                role = roles[name] = self._role(name, cut, dst_map)
+            if role is _SKIP:
                 continue
-            if not cut.transforms(name):
+            if role is _WHOLE:
                 template.deferred.append((name, by_key))
                 continue
-            src_p = p.src_map[name].layout if p.src_map is not None else None
-            dst_p = dst_map[name].layout if dst_map is not None else None
-            template.device_n = src_p.device_num if src_p is not None else 1
+            src_p, dst_p, template.device_n = role
             first = next(iter(by_key.values())).tensors[name]
-            cls = self.tables.get(src_p, dst_p, self.tables.full(src_p, first.shape))
+            cls = tables.get(src_p, dst_p, tables.full(src_p, first.shape))
             _add_transformed(template, class_index, cls, name, name, first.dtype, by_key)
         if template.device_n is None:
             raise LayoutError("no parameter to transform")
         template.finish()
         return template
+
+    def _stage(self, stage: int) -> tuple[dict[str, _Role], StageCut, dict[str, StagedLayout] | None]:
+        """A destination stage's cut and layout map, and a memo of what ``plan_rank`` does with each name."""
+        hit = self._stages.get(stage)
+        if hit is None:
+            p = self.planner
+            dst_map = p.dst_map(stage * p.n_dst)
+            hit = self._stages[stage] = ({}, _stage_cut(p.src_map, dst_map, stage), dst_map)
+        return hit
+
+    def _role(self, name: str, cut: StageCut, dst_map: dict[str, StagedLayout] | None) -> _Role:
+        p = self.planner
+        if not cut.keeps(name):
+            return _SKIP
+        if not cut.transforms(name):
+            return _WHOLE
+        src_p = p.src_map[name].layout if p.src_map is not None else None
+        dst_p = dst_map[name].layout if dst_map is not None else None
+        return src_p, dst_p, src_p.device_num if src_p is not None else 1
 
 
 def plan_transform(
