@@ -77,7 +77,7 @@ def print_plan(plan: Plan, as_json: bool) -> None:
     for col in ("output", "rank", "format", "tensors", "copies", "size"):
         table.add_column(col, justify="right" if col in ("tensors", "copies", "size", "rank") else "left")
     for f in plan.files:
-        copies = sum(len(t.copies) for t in f.tensors)
+        copies = f.copy_count
         rank = "" if f.rank is None else str(f.rank)
         table.add_row(f.path, rank, f.format, str(len(f.tensors)), str(copies), _size(f.nbytes))
     console = _console()
