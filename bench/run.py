@@ -144,8 +144,12 @@ class Runner:
     def _run(self, argv: list[str], log: str) -> measure.Measurement:
         return measure.run_measured(argv, log, env=self.env)
 
+    def reshard_args(self, op: Operation, out: str) -> list[str]:
+        """The operation's reshard CLI arguments plus ``--reshard-flags`` (e.g. ``--no-manifest``)."""
+        return op.reshard(out) + self.args.reshard_flags.split()
+
     def reshard_argv(self, op: Operation, out: str) -> list[str]:
-        return [sys.executable, os.path.join(BENCH_DIR, "rs_child.py"), json.dumps(op.reshard(out))]
+        return [sys.executable, os.path.join(BENCH_DIR, "rs_child.py"), json.dumps(self.reshard_args(op, out))]
 
     def ms_argv(self, op: Operation, out: str) -> list[str]:
         assert self.ms_python is not None
@@ -160,7 +164,7 @@ class Runner:
         out, copy, ms_out = (os.path.join(scratch, n) for n in ("reshard", "cp", "mindspore"))
         runs: dict[str, list[measure.Measurement]] = {"reshard": [], "cp": [], "mindspore": []}
         result: dict[str, Any] = {"key": op.key, "title": op.title, "ms_call": op.ms_call,
-                                  "ms_target": op.ms_target, "reshard_args": op.reshard("OUT")}
+                                  "ms_target": op.ms_target, "reshard_args": self.reshard_args(op, "OUT")}
         ms_error = None
         for rep in range(self.args.repeat):
             for path in (out, copy, ms_out):
@@ -194,7 +198,8 @@ class Runner:
         if self.args.profile and result["ratios"]["reshard_cp_wall"] > CP_TARGET:
             measure.prepare_cache(self.args.cache, op.inputs)
             child = os.path.join(BENCH_DIR, "rs_child.py")
-            result["profile"] = profiling.profile_reshard(child, op.reshard(out), f"{logs}/{op.key}-profile", self.env)
+            result["profile"] = profiling.profile_reshard(child, self.reshard_args(op, out),
+                                                          f"{logs}/{op.key}-profile", self.env)
             measure.remove(out)
         return result
 
@@ -302,6 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inputs evicted from (cold, default) or read into (warm) the page cache before each run")
     p.add_argument("--ops", default=",".join(OPERATION_KEYS), help=f"subset of {','.join(OPERATION_KEYS)}")
     p.add_argument("--no-mindspore", action="store_true", help="time reshard and cp only")
+    p.add_argument("--reshard-flags", default="",
+                   help="extra flags for every reshard command, e.g. --reshard-flags=--no-manifest")
     p.add_argument("--ms-procs", type=int, default=os.cpu_count() or 1,
                    help="MindSpore's process_num / max_process_num (default: the core count)")
     p.add_argument("--scaling", default="", help="also run these sizes for reshard and cp, e.g. 0.5G,1G,2G,4G")
