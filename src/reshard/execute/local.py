@@ -288,21 +288,30 @@ def _staging(nbytes: int) -> np.ndarray:
     return buf[:nbytes]
 
 
-def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options, budget: int) -> None:
-    """Write one output file of the plan atomically."""
+def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options, budget: int,
+             tensor_workers: int = 1) -> None:
+    """Write one output file of the plan atomically (its tensors on ``tensor_workers`` threads)."""
     layout = file_layout(file, options)
     by_name = {t.name: t for t in file.tensors}
+
+    def one(out: _Output, lay: FileLayout, name: str) -> None:
+        t = by_name[name]
+        _fill_tensor(out, t, lay.placements[name], sources, plan, budget)
+        for c in t.copies:
+            sources.release(plan.sources[c.source], c.tensor)
+        if options.progress is not None:
+            options.progress(t.nbytes)
 
     def fill(fd: int, lay: FileLayout) -> None:
         base.preallocate(fd, lay.size)  # write_file did it already; the encrypted path's plaintext needs it
         out = _Output(fd)
-        for name in lay.order:
-            t = by_name[name]
-            _fill_tensor(out, t, lay.placements[name], sources, plan, budget)
-            for c in t.copies:
-                sources.release(plan.sources[c.source], c.tensor)
-            if options.progress is not None:
-                options.progress(t.nbytes)
+        if tensor_workers > 1 and len(lay.order) > 1:  # tensors fill disjoint byte ranges
+            with ThreadPoolExecutor(tensor_workers, thread_name_prefix="reshard-tensor") as pool:
+                for future in [pool.submit(one, out, lay, name) for name in lay.order]:
+                    future.result()
+        else:
+            for name in lay.order:
+                one(out, lay, name)
 
     finish = ckpt.crc_finish if (options.crc_check and file.format == "ckpt") else None
     if options.enc_key is not None and file.format == "ckpt":  # plaintext temp file, then records
@@ -316,15 +325,18 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options,
 def run_plan(plan: Plan, opener: Opener, options: Options | None = None) -> None:
     """Execute every output of ``plan``; text outputs (index JSON) are written last."""
     options = options or Options()
+    # Workers go to output files first; spare ones fill the tensors of a file in parallel (a merge
+    # to one full file, a unify into one part).
     workers = max(1, min(options.workers, len(plan.files) or 1))
-    budget = max(_PAGE, options.max_memory // workers)
+    tensor_workers = max(1, options.workers // workers)
+    budget = max(_PAGE, options.max_memory // (workers * tensor_workers))
     if options.on_start is not None:
         options.on_start(sum(f.nbytes for f in plan.files))
     sources = SourceCache(opener)
     try:
         if workers == 1:
             for f in plan.files:
-                run_file(f, plan, sources, options, budget)
+                run_file(f, plan, sources, options, budget, tensor_workers)
         else:
             with ThreadPoolExecutor(workers) as pool:
                 for future in [pool.submit(run_file, f, plan, sources, options, budget) for f in plan.files]:
