@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from reshard import layout
+from reshard.errors import ReshardError
 from reshard.formats import layout_dir
 from reshard.formats.strategy import ParamLayout, StrategyFile, layout_map, load_strategy, read_strategy
 
@@ -22,7 +23,7 @@ def _is_strategy(path: str) -> bool:
         return False
     try:
         read_strategy(path)
-    except Exception:  # a real checkpoint, not a strategy file
+    except ReshardError:  # a real checkpoint, not a strategy file
         return False
     return True
 
