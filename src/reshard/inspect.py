@@ -15,15 +15,22 @@ from reshard.errors import ReshardError
 from reshard.formats import layout_dir
 from reshard.formats.strategy import ParamLayout, StrategyFile, layout_map, load_strategy, read_strategy
 
+STRATEGY_FIRST_BYTE = 0x08  # ParallelStrategyMap starts with current_stage (field 1, varint)
+
 
 def _is_strategy(path: str) -> bool:
+    """Strategy file or checkpoint? Decided by the first byte, so a multi-GB .ckpt is never read."""
     if path.endswith(".json"):
         return True
     if not path.endswith(".ckpt") or not os.path.isfile(path):
         return False
+    with open(path, "rb") as fh:
+        first = fh.read(1)
+    if first != bytes([STRATEGY_FIRST_BYTE]):
+        return False
     try:
         read_strategy(path)
-    except ReshardError:  # a real checkpoint, not a strategy file
+    except ReshardError:  # not a strategy after all: report it as a checkpoint problem
         return False
     return True
 
