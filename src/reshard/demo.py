@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from reshard import api
+from reshard.formats import layout_dir
 from reshard.formats.ckpt import save_ckpt
 from reshard.formats.strategy import merge_pipeline_strategies
 from reshard.synthetic import ModelShape, full_model, stage_strategies, write_stage_strategies
@@ -83,7 +84,7 @@ def main(work_dir: str | None = None) -> None:
     step("transform 4 ranks -> full, check",
          lambda: _to_full_and_check(four, os.path.join(root, "full_from_4"), dst_merged, model))
     console.print(table)
-    rank0 = os.path.join(ranks8, "rank_0", "checkpoint_0.ckpt")
+    rank0 = layout_dir.rank_output(ranks8, 0, "checkpoint_", "ckpt")
     console.print(f"next: reshard inspect {rank0} --strategy {src_merged}")
     if own_dir and os.environ.get("RESHARD_DEMO_KEEP") is None:
         shutil.rmtree(root, ignore_errors=True)
@@ -92,7 +93,8 @@ def main(work_dir: str | None = None) -> None:
 
 def _to_full_and_check(src: str, dst: str, strategy: str, model: dict[str, object]) -> str:
     api.transform(src, dst, strategy, None)
-    return f"{_check_full(os.path.join(dst, 'rank_0', 'checkpoint_0.ckpt'), model)} tensors equal the original"
+    checked = _check_full(layout_dir.rank_output(dst, 0, "checkpoint_", "ckpt"), model)
+    return f"{checked} tensors equal the original"
 
 
 def _files(report: api.Report) -> str:

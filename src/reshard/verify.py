@@ -25,7 +25,6 @@ Why it is built this way:
 
 from __future__ import annotations
 
-import glob
 import os
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -125,11 +124,13 @@ class _Side:
 def _first_ckpt(path: str) -> str | None:
     if os.path.isfile(path):
         return path if path.endswith(".ckpt") else None
-    for pattern in ("*.ckpt", "rank_*/*.ckpt"):
-        found = sorted(glob.glob(os.path.join(glob.escape(path), pattern)))
-        if found:
-            return found[0]
-    return None
+    found = layout_dir.files_in(path, "ckpt")
+    if not found and os.path.isdir(path):
+        for folder in layout_dir.rank_dirs(path).values():
+            found = layout_dir.files_in(folder, "ckpt")
+            if found:
+                break
+    return found[0] if found else None
 
 
 def _side_read(path: str, read: api.ReadOptions) -> api.ReadOptions:
