@@ -1,0 +1,302 @@
+"""Run a plan on a Ray cluster: output files become tasks, on nodes with or without a shared disk.
+
+Why this shape:
+
+* **The plan is plain data.** A ``Plan`` pickles (lazy ``RankTensors`` pickle as tuples), so the
+  driver ships each task a small plan holding only its own output files (``FilePlan``) and the
+  ``sources`` table, and the task runs the very same ``local.run_file`` as the local executor. One
+  byte-copying engine means Ray outputs are byte-identical to local ones by construction.
+* **Shared disk (default).** Tasks open sources and write outputs at their own paths (a network
+  filesystem mounted on every node). Only the plan travels through Ray.
+* **No shared disk** (``shared_disk=False``). Each task declares the source files its copies read
+  (``plan.sources`` of its copies). The driver puts each needed source file into the Ray object
+  store once (from a read-only memory map, so the driver holds no second copy), the task receives
+  them as object refs, writes them to a node-local temporary folder, runs ``run_file`` with the
+  source and output paths remapped there, and returns the output file's bytes; the driver writes
+  them atomically to the destination (so journal, manifest and roll-back work as locally).
+* **Bounded memory, honestly.** At most ``window`` tasks are in flight (default: the cluster's
+  CPUs), and a source stays in the object store only while a submitted task still needs it. So
+  the object store holds at most the sources of ``window`` tasks plus their outputs, *whole
+  files*: a task needs node-local disk and object-store room for its sources plus its outputs.
+  Ray spills to disk when the store is full, which is slow but safe. The next step would be
+  chunked streaming (sources sent as byte ranges of only the tensors the task reads, outputs
+  returned in chunks). Each task stages strided boxes in at most ``max_memory / workers`` bytes,
+  as a local worker thread does.
+* **Errors stay one line.** A task's ``ReshardError`` is re-raised on the driver as the same
+  class with the same message; a lost worker or node becomes a ``ReshardError``. On the first
+  failure the remaining tasks are cancelled and awaited, so roll-back never races a late rename.
+
+Every node needs reshard (same version) and its dependencies installed; keys for encrypted
+inputs/outputs travel inside the task arguments (Ray's object store), like the plan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from reshard.errors import ReshardError, UsageError
+from reshard.execute import local
+from reshard.formats import base
+from reshard.plan import FilePlan, Plan
+
+if TYPE_CHECKING:
+    from reshard.api import ReadOptions
+
+TEMP_PREFIX = "reshard-ray-"  # node-local folder of one task (no shared disk), removed when it ends
+
+
+@dataclass(frozen=True)
+class RayOptions(local.Options):
+    """``local.Options`` plus where and how to run on Ray (``api.execute`` picks Ray for these)."""
+
+    address: str | None = None  # None: the running Ray, RAY_ADDRESS, or a new local cluster
+    shared_disk: bool = True
+    max_tasks: int | None = None  # at most this many tasks (output files are grouped); None: one per file
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise UsageError('the Ray executor needs Ray: python3 -m pip install "reshard[ray]"') from None
+    return ray
+
+
+@contextlib.contextmanager
+def _cluster(address: str | None) -> Iterator[Any]:
+    """The running Ray session, or one started (and shut down) for this run."""
+    ray = _ray()
+    if ray.is_initialized():
+        yield ray
+        return
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    except Exception as exc:  # ConnectionError, RuntimeError, ValueError: all "cannot reach it"
+        raise UsageError(f"cannot start or reach Ray: {_first_line(exc)}", address) from None
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (Ray's are multi-line)."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _groups(files: Sequence[FilePlan], max_tasks: int | None) -> list[list[FilePlan]]:
+    """Consecutive output files per task (neighbouring ranks tend to read the same sources)."""
+    count = len(files) if max_tasks is None else max(1, min(max_tasks, len(files)))
+    size, extra = divmod(len(files), count) if count else (0, 0)
+    groups, start = [], 0
+    for i in range(count):
+        stop = start + size + (1 if i < extra else 0)
+        groups.append(list(files[start:stop]))
+        start = stop
+    return [g for g in groups if g]
+
+
+def _needed(plan: Plan, files: Sequence[FilePlan]) -> list[int]:
+    """Indices into ``plan.sources`` of the files the copies of ``files`` read."""
+    return sorted({c.source for f in files for t in f.tensors for c in t.copies})
+
+
+def _open(read: ReadOptions | None) -> local.Opener:
+    from reshard.api import open_checkpoint  # api imports this module's caller lazily; no cycle
+
+    return lambda path: open_checkpoint(path, read)
+
+
+def _task(sources: tuple[str, ...], files: list[FilePlan], read: ReadOptions | None, options: local.Options,
+          budget: int, needed: list[int], *blobs: np.ndarray) -> list[np.ndarray] | None:
+    """One Ray task: write ``files``; with ``blobs`` (no shared disk) work in a node-local folder."""
+    if not blobs:
+        _run_files(Plan("ray", sources, tuple(files)), read, options, budget)
+        return None
+    with tempfile.TemporaryDirectory(prefix=TEMP_PREFIX) as tmp:
+        remapped = list(sources)
+        for i, blob in zip(needed, blobs, strict=True):
+            remapped[i] = os.path.join(tmp, f"src{i}-{os.path.basename(sources[i])}")
+            with open(remapped[i], "wb") as fh:
+                fh.write(memoryview(blob))
+        outs = [replace(f, path=os.path.join(tmp, f"out{k}-{os.path.basename(f.path)}"), tensors=tuple(f.tensors))
+                for k, f in enumerate(files)]
+        _run_files(Plan("ray", tuple(remapped), tuple(outs)), read, options, budget)
+        return [np.fromfile(f.path, dtype=np.uint8) for f in outs]
+
+
+def _run_files(plan: Plan, read: ReadOptions | None, options: local.Options, budget: int) -> None:
+    cache = local.SourceCache(_open(read))
+    try:
+        for f in plan.files:
+            local.run_file(f, plan, cache, options, budget)
+    finally:
+        cache.close()
+
+
+def _put_source(ray: Any, path: str) -> Any:
+    """One whole source file into the object store, copied from a read-only map."""
+    try:
+        size = os.path.getsize(path)
+        data = np.memmap(path, dtype=np.uint8, mode="r") if size else np.empty(0, dtype=np.uint8)
+    except OSError as exc:
+        raise UsageError(f"cannot read the source: {exc.strerror or exc}", path) from None
+    try:
+        return ray.put(data)
+    finally:
+        del data
+
+
+def _write_output(path: str, data: np.ndarray) -> None:
+    try:
+        with base.atomic_path(path) as tmp, open(tmp, "wb") as fh:
+            fh.write(memoryview(data))
+    except OSError as exc:
+        raise ReshardError(f"write failed: {exc.strerror or exc}", path) from None
+
+
+def _task_error(exc: BaseException) -> ReshardError:
+    """A one-line ``ReshardError`` for what a task raised (the same class and message if it was ours)."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, ReshardError):
+        err = type(cause).__new__(type(cause))
+        ReshardError.__init__(err, cause.detail, cause.path)
+        return err
+    if isinstance(cause, OSError):
+        return ReshardError(f"write failed: {cause.strerror or cause}", cause.filename)
+    if isinstance(cause, BaseException):
+        return ReshardError(f"Ray task failed: {type(cause).__name__}: {_first_line(cause)}")
+    return ReshardError(f"Ray task failed: {_first_line(exc)}")
+
+
+def run_plan_ray(
+    plan: Plan,
+    opener_options: ReadOptions | None = None,
+    options: local.Options | None = None,
+    *,
+    address: str | None = None,
+    shared_disk: bool = True,
+    max_tasks: int | None = None,
+) -> None:
+    """Execute every output of ``plan`` as Ray tasks; text outputs are written last by the driver.
+
+    ``options.progress`` / ``on_start`` / ``on_file_written`` are called on the driver (per
+    finished task), never shipped to the nodes.
+    """
+    options = options or local.Options()
+    shipped = local.Options(**{k: getattr(options, k) for k in local.Options.__dataclass_fields__})
+    shipped = replace(shipped, progress=None, on_start=None, on_file_written=None, workers=1)
+    budget = max(mmap.PAGESIZE, options.max_memory // max(1, options.workers))
+    if options.on_start is not None:
+        options.on_start(sum(f.nbytes for f in plan.files))
+    with _cluster(address) as ray:
+        remote = ray.remote(num_cpus=1, max_retries=0)(_task)
+        window = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        _drive(ray, remote, plan, _groups(plan.files, max_tasks), opener_options, shipped, options, budget,
+               shared_disk, window)
+    for text in plan.texts:
+        with base.atomic_path(text.path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text.text)
+
+
+def _drive(ray: Any, remote: Any, plan: Plan, groups: list[list[FilePlan]], read: ReadOptions | None,
+           shipped: local.Options, options: local.Options, budget: int, shared_disk: bool, window: int) -> None:
+    """Submit groups (at most ``window`` in flight), collect results, keep sources only while needed."""
+    needs = [[] if shared_disk else _needed(plan, g) for g in groups]
+    users: dict[int, int] = {}
+    for n in needs:
+        for i in n:
+            users[i] = users.get(i, 0) + 1
+    refs: dict[int, Any] = {}
+    pending: dict[Any, int] = {}
+    nxt = 0
+    try:
+        while nxt < len(groups) or pending:
+            while nxt < len(groups) and len(pending) < window:
+                for i in needs[nxt]:
+                    if i not in refs:
+                        refs[i] = _put_source(ray, plan.sources[i])
+                blobs = [refs[i] for i in needs[nxt]]
+                ref = remote.remote(plan.sources, groups[nxt], read, shipped, budget, needs[nxt], *blobs)
+                pending[ref] = nxt
+                nxt += 1
+            [done], _ = ray.wait(list(pending), num_returns=1)
+            k = pending.pop(done)
+            _finish(ray, done, groups[k], options)
+            for i in needs[k]:
+                users[i] -= 1
+                if users[i] == 0:
+                    del refs[i]  # the object store may free it
+    except BaseException:
+        _cancel(ray, list(pending))
+        raise
+
+
+def _finish(ray: Any, ref: Any, files: list[FilePlan], options: local.Options) -> None:
+    try:
+        result = ray.get(ref)
+    except ray.exceptions.RayError as exc:
+        raise _task_error(exc) from None
+    for k, f in enumerate(files):
+        if result is not None:
+            _write_output(f.path, result[k])
+        if options.on_file_written is not None:
+            options.on_file_written(f)
+        if options.progress is not None:
+            options.progress(f.nbytes)
+
+
+def _cancel(ray: Any, refs: list[Any]) -> None:
+    """Cancel what is still running and wait for it to stop (so no late rename follows a roll-back)."""
+    for ref in refs:
+        with contextlib.suppress(Exception):
+            ray.cancel(ref)
+    for ref in refs:
+        with contextlib.suppress(Exception):
+            ray.get(ref)
+
+
+def run_recorded(
+    plan: Plan,
+    read: ReadOptions | None,
+    run: local.Options | None = None,
+    root: str | None = None,
+    *,
+    resume: bool = False,
+    manifest: bool = True,
+) -> list[str]:
+    """``manifest.run_recorded`` with the Ray executor: journal, manifest and roll-back on the driver."""
+    from reshard import manifest as _manifest
+
+    run = run or RayOptions()
+    _manifest.check_write_options(plan, run)
+    recorder = _manifest.RunRecorder(plan, root or _manifest.common_root(plan), run, resume=resume,
+                                     manifest=manifest)
+    address, shared, tasks = (run.address, run.shared_disk, run.max_tasks) if isinstance(run, RayOptions) else (
+        None, True, None)
+    try:
+        todo = recorder.start()
+        run_plan_ray(todo, read, replace(run, on_file_written=recorder.written), address=address,
+                     shared_disk=shared, max_tasks=tasks)
+        recorder.finish()
+    except Exception as exc:
+        recorder.rollback()
+        if isinstance(exc, OSError):
+            raise ReshardError(f"write failed: {exc.strerror or exc}", exc.filename) from None
+        raise
+    except BaseException:
+        recorder.interrupted()
+        raise
+    return recorder.kept
+
+
+__all__ = ["RayOptions", "run_plan_ray", "run_recorded"]
