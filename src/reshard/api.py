@@ -150,13 +150,21 @@ def execute(
     root: str | None = None,
     resume: bool = False,
     manifest: bool = True,
+    executor: str = "local",
 ) -> list[str]:
     """Run ``plan`` into ``root`` (default: the folder holding its outputs) with journal and manifest.
 
     Sources' crc trailers were checked while planning, so the executor does not read them again.
-    Returns the outputs kept from an interrupted earlier run (``resume``).
+    Returns the outputs kept from an interrupted earlier run (``resume``). ``executor="ray"`` (or
+    ``run`` being a ``reshard.execute.ray.RayOptions``) runs the output files as Ray tasks.
     """
     opened = replace(options, crc_check=False) if options is not None else None
+    from reshard.execute import ray as ray_executor  # light: Ray itself is imported only when used
+
+    if executor not in ("local", "ray"):
+        raise UsageError(f"unknown executor {executor!r} (choose local or ray)")
+    if executor == "ray" or isinstance(run, ray_executor.RayOptions):
+        return ray_executor.run_recorded(plan, opened, run, root, resume=resume, manifest=manifest)
     return _manifest.run_recorded(plan, lambda path: open_checkpoint(path, opened), run, root,
                                   resume=resume, manifest=manifest)
 
