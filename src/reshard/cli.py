@@ -127,7 +127,14 @@ def _run_options(args: argparse.Namespace) -> local.Options:
         bar = _ProgressBar()
         _BARS.append(bar)
         hooks = {"on_start": bar.start, "progress": bar.advance}
-    return local.Options(workers=args.workers, max_memory=args.max_memory, crc_check=getattr(args, "crc", False),
+    if getattr(args, "executor", "local") == "ray":  # Ray imported only when the run starts
+        from reshard.execute.ray import RayOptions
+
+        hooks.update(address=args.ray_address, shared_disk=args.shared_disk)
+        options_class: type[local.Options] = RayOptions
+    else:
+        options_class = local.Options
+    return options_class(workers=args.workers, max_memory=args.max_memory, crc_check=getattr(args, "crc", False),
                          enc_key=key, enc_mode=getattr(args, "enc_mode", None) or "AES-GCM", **hooks)
 
 
@@ -274,6 +281,11 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="continue an interrupted run: keep its verified files, redo the rest")
     p.add_argument("--no-manifest", action="store_true",
                    help="skip reshard-manifest.json and the journal (saves one read of the outputs; no --resume)")
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="run output files on this machine's threads or as Ray tasks (pip install reshard[ray])")
+    p.add_argument("--ray-address", help="Ray cluster to join (default: RAY_ADDRESS or a new local cluster)")
+    p.add_argument("--shared-disk", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --executor ray: nodes see the same paths (else sources/outputs travel through Ray)")
 
 
 def _add_check_crc_flag(p: argparse.ArgumentParser) -> None:
