@@ -12,7 +12,7 @@ import ray
 from reshard import api, cli
 from reshard.errors import ReshardError, UsageError
 from reshard.execute.ray import RayOptions, run_plan_ray
-from tests.trust_helpers import make_job, tree
+from tests.trust_helpers import make_job, run_cli, tree
 
 RAY_CPUS = 2  # the CI box has two cores
 
@@ -88,6 +88,17 @@ def test_cli_executor_ray(cluster: None, job: dict[str, str], tmp_path: Any, cap
     assert _tensor_files(str(tmp_path / "ray")) == _tensor_files(str(tmp_path / "local"))
     assert cli.main(["convert", job["r8"], str(tmp_path / "st"), "--to", "safetensors", "--executor", "ray"]) == 0
     assert "wrote 8 files" in capsys.readouterr().out
+
+
+def test_cli_joins_cluster_by_address(cluster: None, job: dict[str, str], tmp_path: Any) -> None:
+    """A separate process joins the running cluster with --ray-address (as on a multi-node job)."""
+    address = ray.get_runtime_context().gcs_address
+    proc = run_cli("transform", "--src", job["r8"], "--src-strategy", job["s8"], "--dst-strategy", job["s4"],
+                   "--dst", str(tmp_path / "ray"), "--executor", "ray", "--ray-address", address,
+                   "--no-shared-disk")
+    assert proc.returncode == 0, proc.stderr
+    api.transform(job["r8"], str(tmp_path / "local"), job["s8"], job["s4"])
+    assert _tensor_files(str(tmp_path / "ray")) == _tensor_files(str(tmp_path / "local"))
 
 
 def test_task_error_keeps_class_and_message() -> None:
