@@ -27,7 +27,8 @@ Why this shape:
   failure the remaining tasks are cancelled and awaited, so roll-back never races a late rename.
 
 Every node needs reshard (same version) and its dependencies installed; keys for encrypted
-inputs/outputs travel inside the task arguments (Ray's object store), like the plan.
+inputs/outputs travel inside the task arguments (Ray's object store), like the plan. An address
+where no cluster listens is not refused quickly: Ray keeps retrying the connection for minutes.
 """
 
 from __future__ import annotations
