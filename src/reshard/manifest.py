@@ -38,7 +38,7 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -441,17 +441,21 @@ def run_recorded(
     *,
     resume: bool = False,
     manifest: bool = True,
+    runner: Callable[[Plan, local.Options], None] | None = None,
 ) -> list[str]:
     """Execute ``plan`` with journal, manifest (``manifest=True``) and roll-back on errors.
 
-    Returns the relative paths of the outputs kept from an earlier run (``resume``).
+    ``runner(plan, options)`` executes the outputs still to write (default: the local executor
+    with ``opener``; the Ray executor passes its own). Returns the relative paths of the outputs
+    kept from an earlier run (``resume``).
     """
     run = run or local.Options()
     check_write_options(plan, run)
     recorder = RunRecorder(plan, root or common_root(plan), run, resume=resume, manifest=manifest)
+    execute = runner or (lambda todo_plan, options: local.run_plan(todo_plan, opener, options))
     try:
         todo = recorder.start()
-        local.run_plan(todo, opener, replace(run, on_file_written=recorder.written))
+        execute(todo, replace(run, on_file_written=recorder.written))
         recorder.finish()
     except Exception as exc:
         recorder.rollback()

@@ -279,25 +279,15 @@ def run_recorded(
     from reshard import manifest as _manifest
 
     run = run or RayOptions()
-    _manifest.check_write_options(plan, run)
-    recorder = _manifest.RunRecorder(plan, root or _manifest.common_root(plan), run, resume=resume,
-                                     manifest=manifest)
     address, shared, tasks = (run.address, run.shared_disk, run.max_tasks) if isinstance(run, RayOptions) else (
         None, True, None)
-    try:
-        todo = recorder.start()
-        run_plan_ray(todo, read, replace(run, on_file_written=recorder.written), address=address,
-                     shared_disk=shared, max_tasks=tasks)
-        recorder.finish()
-    except Exception as exc:
-        recorder.rollback()
-        if isinstance(exc, OSError):
-            raise ReshardError(f"write failed: {exc.strerror or exc}", exc.filename) from None
-        raise
-    except BaseException:
-        recorder.interrupted()
-        raise
-    return recorder.kept
+
+    def runner(todo: Plan, options: local.Options) -> None:
+        run_plan_ray(todo, read, options, address=address, shared_disk=shared, max_tasks=tasks)
+
+    unused_opener = None  # tasks open their sources on the nodes; the driver opens none
+    return _manifest.run_recorded(plan, unused_opener, run, root, resume=resume, manifest=manifest,  # type: ignore[arg-type]
+                                  runner=runner)
 
 
 __all__ = ["RayOptions", "run_plan_ray", "run_recorded"]
