@@ -19,8 +19,11 @@ Why it is built this way:
   so a resumed run writes the same bytes as an uninterrupted one; the journal is removed after it.
   A run into a destination first removes an older manifest, so a destination never shows a
   manifest while its files are being replaced.
-* Hashing costs one read of each output (~1.2 GB/s here, from the page cache). It runs on its own
-  thread, so it overlaps the writing of the next file.
+* Hashing costs one read of each output (~1.2 GB/s per core here, from the page cache). The executor
+  hashes each plain output while writing it (``execute.digest``: a hash thread follows the finished
+  prefix of the file), so the hash is ready moments after the last byte; outputs it could not hash
+  that way (encrypted ones, the Ray executor's) are read back on hash threads while later files are
+  still being copied.
 * A run that fails with an error rolls back: the outputs, folders, journal and temporary files it
   created are removed, so a bad input or a full disk leaves the destination as it was. (Files that
   ``overwrite`` already replaced cannot be restored; they are complete.) An interrupted run
@@ -46,6 +49,7 @@ from typing import Any
 from reshard import __version__
 from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
+from reshard.execute.digest import sha256_file
 from reshard.formats import crypto
 from reshard.formats.base import atomic_path
 from reshard.plan import FilePlan, Plan
@@ -54,7 +58,6 @@ MANIFEST_NAME = "reshard-manifest.json"
 JOURNAL_NAME = ".reshard-journal"
 MANIFEST_VERSION = 1
 TEMP_SUFFIX = ".reshard-tmp"  # atomic_path's temporary names: .<name>.<random>.reshard-tmp
-HASH_BLOCK_BYTES = 8 * 1024 * 1024  # large reads: hashlib releases the GIL, the page cache streams
 _KEY_ID_CONTEXT = b"reshard key id\x00"  # the key id is a hash of this and the key, never the key
 
 
@@ -77,18 +80,6 @@ class OutputRecord:
     def from_json(cls, item: Any) -> OutputRecord:
         """Raises ValueError/KeyError/TypeError on anything that is not a record."""
         return cls(str(item["path"]), int(item["bytes"]), str(item["sha256"]), str(item.get("fingerprint", "")))
-
-
-def sha256_file(path: str) -> tuple[int, str]:
-    """(size, hex SHA-256) of a file, read in large blocks into one reused buffer."""
-    digest = hashlib.sha256()
-    size = 0
-    buffer = bytearray(HASH_BLOCK_BYTES)
-    with open(path, "rb", buffering=0) as fh, memoryview(buffer) as view:
-        while n := fh.readinto(view):
-            digest.update(view[:n])
-            size += n
-    return size, digest.hexdigest()
 
 
 def key_id(key: bytes) -> str:
@@ -284,8 +275,8 @@ class RunRecorder:
         self._remove(manifest_path(self.root))
         self._open_journal(kept)
         self.records.update(kept)
-        # SHA-256 runs at ~1 GB/s per core (hashlib releases the GIL): hash finished files on every
-        # core while later files are still being copied.
+        # Outputs the executor did not hash while writing them are read back on every core while
+        # later files are still being copied (hashlib releases the GIL).
         self._hasher = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="reshard-hash")
         self.kept = sorted(kept)
         todo = tuple(f for f in self.plan.files if self.rel(f.path) not in kept)
@@ -325,18 +316,25 @@ class RunRecorder:
 
     # ------------------------------------------------------------------ during the run
 
-    def written(self, file: FilePlan) -> None:
-        """Executor callback: ``file`` was renamed into place; hash and journal it (on the hash thread)."""
+    def written(self, file: FilePlan, digest: str | None = None) -> None:
+        """Executor callback: ``file`` was renamed into place; journal it with its SHA-256.
+
+        ``digest`` is the hash the executor computed while writing; without it the file is read
+        back on a hash thread.
+        """
         if self._hasher is None:
             return
         self._raise_hash_errors(wait=False)
+        if digest is not None:
+            self._record(file, digest)
+            return
         future = self._hasher.submit(self._record, file)
         with self._pending_lock:  # worker threads call this concurrently
             self._pending.append(future)
 
-    def _record(self, file: FilePlan) -> None:
+    def _record(self, file: FilePlan, digest: str | None = None) -> None:
         try:
-            size, digest = sha256_file(file.path)
+            size, digest = (os.path.getsize(file.path), digest) if digest else sha256_file(file.path)
         except OSError as exc:
             raise ReshardError(f"cannot read back the output: {exc.strerror or exc}", file.path) from None
         record = OutputRecord(self.rel(file.path), size, digest, self._fingerprints[file.path])
@@ -455,7 +453,7 @@ def run_recorded(
     execute = runner or (lambda todo_plan, options: local.run_plan(todo_plan, opener, options))
     try:
         todo = recorder.start()
-        execute(todo, replace(run, on_file_written=recorder.written))
+        execute(todo, replace(run, on_file_written=recorder.written, digest=manifest))
         recorder.finish()
     except Exception as exc:
         recorder.rollback()

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from reshard.execute.digest import StreamingSha256, hash_pool
 from reshard.formats import base, ckpt, safetensors
 from reshard.formats.base import FileLayout, TensorIndex, TensorSpec, pwrite_all
 from reshard.plan import FilePlan, Plan, TensorPlan
@@ -52,7 +53,9 @@ class Options:
     on_start: Callable[[int], None] | None = None  # called once with the bytes the run will write
     enc_key: bytes | None = field(default=None, repr=False)  # encrypt .ckpt outputs (never printed)
     enc_mode: str = "AES-GCM"
-    on_file_written: Callable[[FilePlan], None] | None = None  # after each output is renamed into place
+    # After each output is renamed into place, with its SHA-256 when ``digest`` had it computed while writing.
+    on_file_written: Callable[[FilePlan, str | None], None] | None = None
+    digest: bool = False  # SHA-256 of each plain output while it is written (encrypted ones: None)
 
 
 Opener = Callable[[str], TensorIndex]
@@ -289,21 +292,30 @@ def _staging(nbytes: int) -> np.ndarray:
 
 
 def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options, budget: int,
-             tensor_workers: int = 1) -> None:
-    """Write one output file of the plan atomically (its tensors on ``tensor_workers`` threads)."""
+             tensor_workers: int = 1, hasher_pool: ThreadPoolExecutor | None = None) -> str | None:
+    """Write one output file of the plan atomically (its tensors on ``tensor_workers`` threads).
+
+    Returns the file's SHA-256, hashed while it was written, when ``hasher_pool`` is given and the
+    output is not encrypted (else None).
+    """
     layout = file_layout(file, options)
     by_name = {t.name: t for t in file.tensors}
+    encrypted = options.enc_key is not None and file.format == "ckpt"
+    hashing: list[StreamingSha256] = []  # the hasher of the file being written, if any
+    digest: list[str] = []
 
     def one(out: _Output, lay: FileLayout, name: str) -> None:
         t = by_name[name]
-        _fill_tensor(out, t, lay.placements[name], sources, plan, budget)
+        segments = lay.placements[name]
+        _fill_tensor(out, t, segments, sources, plan, budget)
+        for offset, length in segments if hashing else ():
+            hashing[0].finished(offset, length)
         for c in t.copies:
             sources.release(plan.sources[c.source], c.tensor)
         if options.progress is not None:
             options.progress(t.nbytes)
 
-    def fill(fd: int, lay: FileLayout) -> None:
-        base.preallocate(fd, lay.size)  # write_file did it already; the encrypted path's plaintext needs it
+    def fill_tensors(fd: int, lay: FileLayout) -> None:
         out = _Output(fd)
         if tensor_workers > 1 and len(lay.order) > 1:  # tensors fill disjoint byte ranges
             with ThreadPoolExecutor(tensor_workers, thread_name_prefix="reshard-tensor") as pool:
@@ -313,13 +325,39 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options,
             for name in lay.order:
                 one(out, lay, name)
 
-    finish = ckpt.crc_finish if (options.crc_check and file.format == "ckpt") else None
-    if options.enc_key is not None and file.format == "ckpt":  # plaintext temp file, then records
+    def fill(fd: int, lay: FileLayout) -> None:
+        base.preallocate(fd, lay.size)  # write_file did it already; the encrypted path's plaintext needs it
+        if hasher_pool is None or encrypted:
+            fill_tensors(fd, lay)
+            return
+        hashing.append(StreamingSha256(fd, hasher_pool))
+        for offset, data in lay.framing:  # written by write_file before fill
+            hashing[0].finished(offset, len(data))
+        try:
+            fill_tensors(fd, lay)
+        except BaseException:
+            hashing[0].abandon()
+            raise
+
+    def finish(fd: int, lay: FileLayout) -> None:
+        if options.crc_check and file.format == "ckpt":
+            try:
+                ckpt.crc_finish(fd, lay)
+            except BaseException:
+                for hasher in hashing:
+                    hasher.abandon()
+                raise
+        for hasher in hashing:  # the trailer is in the file now: hash up to its real end
+            digest.append(hasher.result(os.fstat(fd).st_size))
+
+    if encrypted:  # plaintext temp file, then records
         ckpt.write_encrypted(file.path, layout, fill, options.enc_key, options.enc_mode)
     else:
         base.write_file(file.path, layout, fill, finish)
+    sha = digest[0] if digest else None
     if options.on_file_written is not None:
-        options.on_file_written(file)
+        options.on_file_written(file, sha)
+    return sha
 
 
 def run_plan(plan: Plan, opener: Opener, options: Options | None = None) -> None:
@@ -333,16 +371,17 @@ def run_plan(plan: Plan, opener: Opener, options: Options | None = None) -> None
     if options.on_start is not None:
         options.on_start(sum(f.nbytes for f in plan.files))
     sources = SourceCache(opener)
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(sources.close)
+        hashers = stack.enter_context(hash_pool()) if options.digest else None
         if workers == 1:
             for f in plan.files:
-                run_file(f, plan, sources, options, budget, tensor_workers)
+                run_file(f, plan, sources, options, budget, tensor_workers, hashers)
         else:
             with ThreadPoolExecutor(workers) as pool:
-                for future in [pool.submit(run_file, f, plan, sources, options, budget) for f in plan.files]:
+                jobs = [pool.submit(run_file, f, plan, sources, options, budget, 1, hashers) for f in plan.files]
+                for future in jobs:
                     future.result()
-    finally:
-        sources.close()
     for text in plan.texts:
         with base.atomic_path(text.path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text.text)

@@ -45,6 +45,7 @@ import numpy as np
 
 from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
+from reshard.execute.digest import hash_pool
 from reshard.formats import base
 from reshard.plan import FilePlan, Plan
 
@@ -117,12 +118,18 @@ def _open(read: ReadOptions | None) -> local.Opener:
     return lambda path: open_checkpoint(path, read)
 
 
+TaskResult = tuple[list[str | None], list[np.ndarray] | None]  # SHA-256 per file, file bytes (no shared disk)
+
+
 def _task(sources: tuple[str, ...], files: list[FilePlan], read: ReadOptions | None, options: local.Options,
-          budget: int, needed: list[int], *blobs: np.ndarray) -> list[np.ndarray] | None:
-    """One Ray task: write ``files``; with ``blobs`` (no shared disk) work in a node-local folder."""
+          budget: int, needed: list[int], *blobs: np.ndarray) -> TaskResult:
+    """One Ray task: write ``files``; with ``blobs`` (no shared disk) work in a node-local folder.
+
+    Each file is hashed on the node while it is written (``options.digest``), so the driver does
+    not read the outputs back for the manifest.
+    """
     if not blobs:
-        _run_files(Plan("ray", sources, tuple(files)), read, options, budget)
-        return None
+        return _run_files(Plan("ray", sources, tuple(files)), read, options, budget), None
     with tempfile.TemporaryDirectory(prefix=TEMP_PREFIX) as tmp:
         remapped = list(sources)
         for i, blob in zip(needed, blobs, strict=True):
@@ -131,15 +138,16 @@ def _task(sources: tuple[str, ...], files: list[FilePlan], read: ReadOptions | N
                 fh.write(memoryview(blob))
         outs = [replace(f, path=os.path.join(tmp, f"out{k}-{os.path.basename(f.path)}"), tensors=tuple(f.tensors))
                 for k, f in enumerate(files)]
-        _run_files(Plan("ray", tuple(remapped), tuple(outs)), read, options, budget)
-        return [np.fromfile(f.path, dtype=np.uint8) for f in outs]
+        digests = _run_files(Plan("ray", tuple(remapped), tuple(outs)), read, options, budget)
+        return digests, [np.fromfile(f.path, dtype=np.uint8) for f in outs]
 
 
-def _run_files(plan: Plan, read: ReadOptions | None, options: local.Options, budget: int) -> None:
+def _run_files(plan: Plan, read: ReadOptions | None, options: local.Options, budget: int) -> list[str | None]:
     cache = local.SourceCache(_open(read))
     try:
-        for f in plan.files:
-            local.run_file(f, plan, cache, options, budget)
+        with contextlib.ExitStack() as stack:
+            hashers = stack.enter_context(hash_pool()) if options.digest else None
+            return [local.run_file(f, plan, cache, options, budget, 1, hashers) for f in plan.files]
     finally:
         cache.close()
 
@@ -247,11 +255,12 @@ def _finish(ray: Any, ref: Any, files: list[FilePlan], options: local.Options) -
         result = ray.get(ref)
     except ray.exceptions.RayError as exc:
         raise _task_error(exc) from None
+    digests, contents = result
     for k, f in enumerate(files):
-        if result is not None:
-            _write_output(f.path, result[k])
+        if contents is not None:
+            _write_output(f.path, contents[k])
         if options.on_file_written is not None:
-            options.on_file_written(f)
+            options.on_file_written(f, digests[k])
         if options.progress is not None:
             options.progress(f.nbytes)
 
