@@ -46,8 +46,8 @@ from typing import ClassVar, overload
 
 from reshard import dtypes, layout
 from reshard.dtypes import DType
-from reshard.errors import LayoutError, ReshardError, UsageError
-from reshard.formats import layout_dir
+from reshard.errors import LayoutError, ReshardError, UnsupportedError, UsageError
+from reshard.formats import hf_index, layout_dir
 from reshard.formats.strategy import ParamLayout, StagedLayout, StrategyFile, device_num, layout_map, stage_count
 
 Box = tuple[tuple[int, int], ...]
@@ -1230,3 +1230,194 @@ def plan_convert(pairs: Sequence[tuple[SourceFile, str, str]], name_map: Mapping
 
 def _metadata_strings(src: SourceFile) -> dict[str, str]:
     return {k[len(STRING_META_PREFIX):]: v for k, v in src.metadata.items() if k.startswith(STRING_META_PREFIX)}
+
+
+# --------------------------------------------------------------------------------------------
+# Hugging Face sharded safetensors (see reshard.formats.hf_index for the rules and their source)
+
+_ONE_PART = 2**63  # plan_unify's part size that packs every tensor into part0
+
+
+def plan_hf_shards(
+    tensors: Sequence[TensorPlan],
+    dst_dir: str,
+    max_shard_size: int = hf_index.DEFAULT_MAX_SHARD_SIZE,
+    metadata: Sequence[tuple[str, str]] = (),
+) -> tuple[tuple[FilePlan, ...], tuple[TextOutput, ...]]:
+    """Full-model tensors as Hugging Face shards in ``dst_dir``, and the index (none for one shard).
+
+    Tensors keep the given order (that order decides the shards); ``metadata`` (e.g. the strings
+    a ``.ckpt`` held) goes into the first shard, after ``{"format": "pt"}``.
+    """
+    for t in tensors:
+        if t.dtype is dtypes.STR:
+            raise UnsupportedError(f"{t.name!r} is a string; Hugging Face shards hold tensors only")
+    by_name = {t.name: t for t in tensors}
+    groups = hf_index.shard_groups([(t.name, t.nbytes) for t in tensors], max_shard_size) or [[]]
+    names = hf_index.shard_names(len(groups))
+    files = []
+    for j, (group, file_name) in enumerate(zip(groups, names, strict=True)):
+        meta = (*hf_index.SHARD_METADATA, *(metadata if j == 0 else ()))
+        files.append(FilePlan(os.path.join(dst_dir, file_name), "safetensors",
+                              tuple(by_name[n] for n in group), meta))
+    if len(groups) == 1:
+        return tuple(files), ()
+    weight_map = {n: file_name for group, file_name in zip(groups, names, strict=True) for n in group}
+    text = hf_index.index_text(sum(t.nbytes for t in tensors), weight_map)
+    return tuple(files), (TextOutput(os.path.join(dst_dir, hf_index.INDEX_NAME), text),)
+
+
+def hf_sharded(plan: Plan, dst_dir: str, max_shard_size: int = hf_index.DEFAULT_MAX_SHARD_SIZE) -> Plan:
+    """``plan`` with its one full-model output written as Hugging Face shards in ``dst_dir`` instead.
+
+    Strings that a safetensors output keeps in its metadata (``reshard.str:<name>``) stay in the
+    first shard's metadata; other metadata (``format: ms``) is replaced by ``format: pt``.
+    """
+    if len(plan.files) != 1:
+        raise UsageError(f"Hugging Face output needs one full-model file, but this {plan.operation} writes "
+                         f"{len(plan.files)}")
+    (full,) = plan.files
+    strings = tuple((k, v) for k, v in full.metadata if k.startswith(STRING_META_PREFIX))
+    files, texts = plan_hf_shards(tuple(full.tensors), dst_dir, max_shard_size, strings)
+    return Plan(plan.operation, plan.sources, files, (*plan.texts, *texts), plan.notes)
+
+
+def plan_unify_hf(
+    sources: Mapping[int, SourceFile],
+    src: StrategyFile,
+    dst_dir: str,
+    choice_func: ChoiceFunc | None = None,
+    max_shard_size: int = hf_index.DEFAULT_MAX_SHARD_SIZE,
+) -> Plan:
+    """``plan_unify`` with the full tensors as Hugging Face shards + index instead of parts.
+
+    The same tensors as ``unified_safetensors`` (same choice, same renames), in the order they
+    first appear in the rank files (rank order); the parameters outside the strategy stay in
+    ``hyper_param.safetensors`` beside the shards, outside the index, as in a unified folder.
+    """
+    whole = plan_unify(sources, src, dst_dir, choice_func, (), part_bytes=_ONE_PART)
+    part0 = os.path.join(dst_dir, "part0.safetensors")
+    (part,) = [f for f in whole.files if f.path == part0]
+    others = tuple(f for f in whole.files if f.path != part0)
+    order: dict[str, int] = {}
+    for f in sources.values():
+        for name in f.tensors:
+            order.setdefault(name, len(order))
+
+    def position(t: TensorPlan) -> int:
+        return order.get(t.copies[0].tensor if t.copies else t.name, len(order))
+
+    files, texts = plan_hf_shards(sorted(part.tensors, key=position), dst_dir, max_shard_size)
+    return Plan("unify", whole.sources, (*files, *others), texts)
+
+
+def plan_transform_full(
+    unified: Mapping[str, SourceFile],
+    name_to_file: Mapping[str, str],
+    dst: StrategyFile | None,
+    dst_dir: str,
+    prefix: str,
+    output_format: str,
+    ranks: Sequence[int] | None = None,
+) -> Plan:
+    """``plan_transform`` from a full model spread over several files (a Hugging Face sharded model).
+
+    Each name's tensor comes from ``unified[name_to_file[name]]``; names are taken in the map's
+    order. With a destination strategy this is exactly a transform of the same tensors held in
+    one full file (same tensors, order and errors: names outside the strategy are copied whole to
+    every rank); without one, every tensor is copied whole into ``rank_0`` (joining the shards).
+    Planned from shared tables like ``plan_split``; anything unusual goes to the reference loop.
+    """
+    planner = TransformPlanner({}, None, dst)
+    wanted = list(range(planner.dst_total)) if ranks is None else list(ranks)
+    bad = [r for r in wanted if not 0 <= r < planner.dst_total]
+    if bad:
+        raise UsageError(f"destination rank(s) {bad} out of range 0..{planner.dst_total - 1}")
+    args = (planner, unified, name_to_file, dst_dir, prefix, output_format, wanted)
+    try:
+        plan = _plan_transform_full_bulk(*args) if dst is not None else None
+    except ReshardError:
+        plan = None
+    return plan if plan is not None else _plan_transform_full_reference(*args)
+
+
+def _plan_transform_full_reference(
+    planner: TransformPlanner, unified: Mapping[str, SourceFile], name_to_file: Mapping[str, str], dst_dir: str,
+    prefix: str, output_format: str, wanted: Sequence[int],
+) -> Plan:
+    """``plan_transform_full`` one parameter and rank at a time (``TransformPlanner.plan_rank``'s loop)."""
+    interned = _Sources()
+    files = []
+    for rank in wanted:
+        dst_map = planner.dst_map(rank)
+        if dst_map is None:
+            tensors = tuple(_whole(interned, unified[f], name) for name, f in name_to_file.items())
+        else:
+            cut = _stage_cut(None, dst_map, rank // planner.n_dst)
+            transformed: list[TensorPlan] = []
+            deferred: list[str] = []
+            for name, file_id in name_to_file.items():
+                if not cut.keeps(name):
+                    continue
+                if not cut.transforms(name):
+                    deferred.append(name)
+                    continue
+                transformed.append(planner._transform_one(name, None, dst_map[name].layout, {0: unified[file_id]},
+                                                          rank % planner.n_dst, interned))
+            if not transformed:
+                raise LayoutError("none of the checkpoint's parameters is in the source or destination strategy")
+            tensors = (*transformed, *(_whole(interned, unified[name_to_file[n]], n) for n in deferred))
+        path = layout_dir.rank_output(dst_dir, rank, prefix, output_format)
+        files.append(FilePlan(path, output_format, tuple(tensors), _meta(output_format), rank))
+    return Plan("transform", tuple(interned.paths), tuple(files))
+
+
+def _plan_transform_full_bulk(
+    planner: TransformPlanner, unified: Mapping[str, SourceFile], name_to_file: Mapping[str, str], dst_dir: str,
+    prefix: str, output_format: str, wanted: Sequence[int],
+) -> Plan | None:
+    """``plan_transform_full`` from shared tables (one template per destination stage), or None."""
+    tables, interned = _Tables(), _Sources()
+    templates: dict[int, _Template | None] = {}
+    files = []
+    for rank in wanted:
+        stage = rank // planner.n_dst
+        if stage not in templates:
+            dst_map = planner.dst_map(rank)
+            assert dst_map is not None  # the reference path plans a transform without destination strategy
+            templates[stage] = _full_template(tables, unified, name_to_file, dst_map, stage)
+        template = templates[stage]
+        if template is None:
+            return None
+        path = layout_dir.rank_output(dst_dir, rank, prefix, output_format)
+        files.append(FilePlan(path, output_format, _rank_tensors(template, rank % planner.n_dst, False, interned),
+                              _meta(output_format), rank))
+    return Plan("transform", tuple(interned.paths), tuple(files))
+
+
+def _full_template(
+    tables: _Tables, unified: Mapping[str, SourceFile], name_to_file: Mapping[str, str],
+    dst_map: Mapping[str, StagedLayout], stage: int,
+) -> _Template | None:
+    """The tensors of one destination stage; None where the reference loop must decide (empty
+    tensors, or nothing to transform: it raises the error)."""
+    cut = _stage_cut(None, dict(dst_map), stage)
+    template = _Template()
+    class_index: dict[int, int] = {}
+    for name, file_id in name_to_file.items():
+        src = unified[file_id]
+        if not cut.keeps(name):
+            continue
+        if not cut.transforms(name):
+            template.deferred.append((name, {0: src}))
+            continue
+        t = src.tensors[name]
+        if not all(t.shape):
+            return None
+        cls = tables.get(None, dst_map[name].layout, t.shape)
+        _add_transformed(template, class_index, cls, name, name, t.dtype, {0: src})
+        template.device_n = 1  # a full source: one device
+    if template.device_n is None:
+        return None
+    template.finish()
+    return template
