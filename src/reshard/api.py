@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from reshard import manifest as _manifest
-from reshard.errors import UsageError
+from reshard.errors import FormatError, UsageError
 from reshard.execute import local
-from reshard.formats import layout_dir
+from reshard.formats import hf_index, layout_dir
 from reshard.formats.base import TensorIndex
 from reshard.formats.ckpt import read_ckpt
 from reshard.formats.safetensors import read_safetensors
@@ -28,11 +28,14 @@ from reshard.plan import (
     Plan,
     SourceFile,
     SourceTensor,
+    hf_sharded,
     plan_convert,
     plan_split,
     plan_transform,
     plan_transform_by_rank,
+    plan_transform_full,
     plan_unify,
+    plan_unify_hf,
 )
 
 
@@ -184,23 +187,53 @@ def transform(
     dry_run: bool = False,
     resume: bool = False,
     manifest: bool = True,
+    hf: bool = False,
+    max_shard_size: int | str | None = None,
 ) -> Report:
     """Move a distributed (or full) checkpoint to another layout: full->N, N->M, N->full.
 
-    ``src`` is a folder of ``rank_<r>`` folders, or one full checkpoint file (then
-    ``src_strategy`` must be None). Strategies may be files or folders of per-stage files (merged
+    ``src`` is a folder of ``rank_<r>`` folders, one full checkpoint file, or a Hugging Face
+    sharded model (its folder or its ``model.safetensors.index.json``); for a full model
+    ``src_strategy`` must be None. Strategies may be files or folders of per-stage files (merged
     in memory). ``ranks`` restricts the output to some destination ranks (multi-node runs).
+    ``hf=True`` writes the full model (no ``dst_strategy``) as Hugging Face shards of at most
+    ``max_shard_size`` (default ``5GB``) plus ``model.safetensors.index.json`` into ``dst_dir``.
     """
     notes: list[str] = []
-    fmt, sources = _sources_for(src, read, notes)
-    src_sf, dst_sf = _strategy(src_strategy), _strategy(dst_strategy)
-    if src_sf is None and len(sources) > 1:
-        raise UsageError("several rank folders but no source strategy; give --src-strategy", src)
-    plan = plan_transform(sources, src_sf, dst_sf, dst_dir, prefix, output_format or fmt, ranks)
+    shard_size = _shard_size(hf, max_shard_size)
+    if shard_size is not None and (dst_strategy is not None or output_format == "ckpt"):
+        raise UsageError("Hugging Face output is a full safetensors model: give no destination strategy and no "
+                         "ckpt output format")
+    if is_hf_model(src):
+        if src_strategy is not None:
+            raise UsageError("a Hugging Face model is a full model: give no source strategy", src)
+        files, mapping, hyper = unified_index(src)
+        if hyper is not None:  # unify --hf keeps them beside the shards; a full model holds them
+            files[HYPER_NAME] = hyper
+            mapping = {**mapping, **{n: HYPER_NAME for n in hyper.tensors if n not in mapping}}
+        plan = plan_transform_full(files, mapping, _strategy(dst_strategy), dst_dir, prefix,
+                                   output_format or "safetensors", ranks)
+    else:
+        fmt, sources = _sources_for(src, read, notes)
+        src_sf, dst_sf = _strategy(src_strategy), _strategy(dst_strategy)
+        if src_sf is None and len(sources) > 1:
+            raise UsageError("several rank folders but no source strategy; give --src-strategy", src)
+        plan = plan_transform(sources, src_sf, dst_sf, dst_dir, prefix, output_format or fmt, ranks)
+    if shard_size is not None:
+        plan = hf_sharded(plan, dst_dir, shard_size)
     if not dry_run:
-        check_destination(dst_dir, [src], overwrite, resume)
+        check_destination(dst_dir, [model_folder(src)], overwrite, resume)
         _kept_note(execute(plan, read, run, root=dst_dir, resume=resume, manifest=manifest), notes)
     return Report(plan, notes)
+
+
+def _shard_size(hf: bool, max_shard_size: int | str | None) -> int | None:
+    """The Hugging Face shard size in bytes, or None without ``hf``."""
+    if not hf:
+        if max_shard_size is not None:
+            raise UsageError("a maximum shard size needs Hugging Face output (--hf)")
+        return None
+    return hf_index.parse_size(hf_index.DEFAULT_MAX_SHARD_SIZE if max_shard_size is None else max_shard_size)
 
 
 def _kept_note(kept: list[str], notes: list[str]) -> None:
@@ -260,60 +293,118 @@ def unify(
     mindspore_order: bool = False,
     resume: bool = False,
     manifest: bool = True,
+    hf: bool = False,
+    max_shard_size: int | str | None = None,
 ) -> Report:
     """Merge N rank shards into full tensors: ``part<j>.safetensors`` + ``param_name_map.json``.
 
     Parts are packed from the rank folders in rank order; ``mindspore_order=True`` uses the
     folder listing order as MindSpore does (same packing and index order as its output).
+    ``hf=True`` writes Hugging Face shards (``model-00001-of-0000N.safetensors`` of at most
+    ``max_shard_size``, default ``5GB``) and ``model.safetensors.index.json`` instead (one
+    ``model.safetensors`` when everything fits); ``hyper_param.safetensors`` is written as usual.
     """
     notes: list[str] = []
+    shard_size = _shard_size(hf, max_shard_size)
+    if shard_size is not None and split_dst_file:
+        raise UsageError("split_dst_file (--split) does not apply to Hugging Face output")
     _, sources = rank_sources(src_dir, "safetensors", None, file_suffix, read, notes, mindspore_order)
     sf = _strategy(src_strategy)
     if sf is None:
         raise UsageError("unify needs the source strategy")
-    plan = plan_unify(sources, sf, dst_dir, choice_func, split_dst_file)
+    if shard_size is not None:
+        plan = plan_unify_hf(sources, sf, dst_dir, choice_func, shard_size)
+    else:
+        plan = plan_unify(sources, sf, dst_dir, choice_func, split_dst_file)
     if not dry_run:
         check_destination(dst_dir, [src_dir], overwrite, resume)
         _kept_note(execute(plan, read, run, root=dst_dir, resume=resume, manifest=manifest), notes)
     return Report(plan, notes)
 
 
+HYPER_NAME = "hyper_param.safetensors"  # unify's file of the parameters outside the strategy
+
+
 def unified_index(
     unified_dir: str, name_map: Mapping[str, str] | None = None
 ) -> tuple[dict[str, SourceFile], dict[str, str], SourceFile | None]:
-    """The part files of a unified folder, the name -> part map, and ``hyper_param.safetensors``.
+    """The files of a full model, the name -> file map, and ``hyper_param.safetensors``.
 
-    A folder with a single ``.safetensors`` file needs no index: its keys, translated back
-    through the inverted ``name_map``, are the names.
+    ``unified_dir`` is a unified folder (``part<j>.safetensors`` + ``param_name_map.json``), a
+    Hugging Face folder (``model.safetensors.index.json`` + shards) or that index file itself: both
+    indexes are read by ``hf_index.read_weight_map``; the Hugging Face one is also checked against
+    its shards (``hf_model``). A folder with a single ``.safetensors`` file (besides
+    ``hyper_param.safetensors``) needs no index: its keys, translated back through the inverted
+    ``name_map``, are the names.
     """
-    import json
-
+    index = hf_index.find_index(unified_dir)
+    if index is not None:
+        return hf_model(index)
     if not os.path.isdir(unified_dir):
         raise UsageError("not a folder", unified_dir)
     names = sorted(n for n in os.listdir(unified_dir) if n.endswith(".safetensors"))
     if not names:
         raise UsageError("no .safetensors files", unified_dir)
-    files = {n: source_file(os.path.join(unified_dir, n)) for n in names}
-    hyper = files.pop("hyper_param.safetensors", None)
     index_path = os.path.join(unified_dir, "param_name_map.json")
-    if len(names) == 1:
-        (only,) = names
+    models = [n for n in names if n != HYPER_NAME] or names
+    if len(names) == 1 or (len(models) == 1 and not os.path.isfile(index_path)):
+        (only,) = models
+        files = {only: source_file(os.path.join(unified_dir, only))}
+        hyper = source_file(os.path.join(unified_dir, HYPER_NAME)) if HYPER_NAME in names and only != HYPER_NAME \
+            else None
         inverse = {v: k for k, v in (name_map or {}).items()}
-        mapping = {inverse.get(k, k): only for k in source_file(os.path.join(unified_dir, only)).tensors}
-        files[only] = source_file(os.path.join(unified_dir, only))
-        hyper = None if only == "hyper_param.safetensors" else hyper
-    else:
-        if not os.path.isfile(index_path):
-            raise UsageError("several .safetensors files but no param_name_map.json", unified_dir)
-        try:
-            with open(index_path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"unreadable index: {exc}", index_path) from None
-        mapping = data.get("weight_map", data) if isinstance(data, dict) else None
-        if not isinstance(mapping, dict):
-            raise UsageError("index has no weight_map object", index_path)
+        return files, {inverse.get(k, k): only for k in files[only].tensors}, hyper
+    if not os.path.isfile(index_path):
+        raise UsageError("several .safetensors files but no param_name_map.json", unified_dir)
+    files = {n: source_file(os.path.join(unified_dir, n)) for n in names}
+    hyper = files.pop(HYPER_NAME, None)
+    return files, hf_index.read_weight_map(index_path, strict=False), hyper
+
+
+def hf_model(index_path: str) -> tuple[dict[str, SourceFile], dict[str, str], SourceFile | None]:
+    """``unified_index`` of a Hugging Face index: its shards (by file name), its weight map, and a
+    ``hyper_param.safetensors`` beside it that the index does not name (``unify --hf`` writes one).
+
+    Refused, each with one line naming the file: a shard the index names but the folder lacks, a
+    name the weight map assigns to a shard that does not hold it, a tensor held by two shards.
+    """
+    mapping = hf_index.read_weight_map(index_path)
+    folder = os.path.dirname(os.path.abspath(index_path))
+    index_name = os.path.basename(index_path)
+    files: dict[str, SourceFile] = {}
+    for shard in dict.fromkeys(mapping.values()):
+        path = os.path.join(folder, shard)
+        if not shard.endswith(".safetensors"):
+            raise FormatError(f"the weight_map names {shard!r}, which is not a .safetensors shard", index_path)
+        if not os.path.isfile(path):
+            raise UsageError(f"shard named by {index_name} is missing", path)
+        files[shard] = source_file(path)
+    holder: dict[str, str] = {}
+    for shard, sf in files.items():
+        for name in sf.tensors:
+            if name in holder:
+                raise FormatError(f"tensor {name!r} is in two shards: {holder[name]} and {shard}", index_path)
+            holder[name] = shard
+    for name, shard in mapping.items():
+        if name not in files[shard].tensors:
+            raise FormatError(f"{index_name} lists {name!r} in this shard, but it is not there", files[shard].path)
+    hyper_path = os.path.join(folder, HYPER_NAME)
+    hyper = source_file(hyper_path) if HYPER_NAME not in files and os.path.isfile(hyper_path) else None
     return files, mapping, hyper
+
+
+def is_hf_model(path: str) -> bool:
+    """A Hugging Face model: an index file, a folder holding one, or a folder (without ``rank_<r>``
+    folders) holding ``model.safetensors``, the single-shard form."""
+    if hf_index.find_index(path) is not None:
+        return True
+    return (os.path.isdir(path) and os.path.isfile(os.path.join(path, hf_index.SINGLE_NAME))
+            and not layout_dir.rank_dirs(path))
+
+
+def model_folder(path: str) -> str:
+    """The folder a full-model input stands for (an index file stands for its folder)."""
+    return os.path.dirname(os.path.abspath(path)) if hf_index.is_index_file(path) else path
 
 
 def split(
@@ -330,7 +421,10 @@ def split(
     resume: bool = False,
     manifest: bool = True,
 ) -> Report:
-    """Slice a unified (full) model into ``dst_dir/rank_<r>/net.<fmt>`` for a target strategy."""
+    """Slice a unified (full) model into ``dst_dir/rank_<r>/net.<fmt>`` for a target strategy.
+
+    ``unified_dir`` may also be a Hugging Face sharded model (its folder or its index file).
+    """
     files, mapping, hyper = unified_index(unified_dir, name_map)
     sf = _strategy(dst_strategy)
     if sf is None:
@@ -338,7 +432,7 @@ def split(
     plan = plan_split(files, mapping, hyper, sf, dst_dir, output_format, ranks, name_map)
     notes: list[str] = []
     if not dry_run:
-        check_destination(dst_dir, [unified_dir], overwrite, resume)
+        check_destination(dst_dir, [model_folder(unified_dir)], overwrite, resume)
         _kept_note(execute(plan, None, run, root=dst_dir, resume=resume, manifest=manifest), notes)
     return Report(plan, notes)
 
@@ -385,24 +479,33 @@ def convert(
     overwrite: bool = False,
     resume: bool = False,
     manifest: bool = True,
+    hf: bool = False,
+    max_shard_size: int | str | None = None,
 ) -> Report:
     """Convert ``.ckpt`` <-> ``.safetensors`` for one file or a folder of ``rank*`` folders.
 
     Without ``dst`` the outputs go next to the inputs (as MindSpore does) and the manifest into
     the source folder (the file's folder for one file); then existing outputs are refused unless
-    ``overwrite``/``resume``.
+    ``overwrite``/``resume``. ``hf=True`` converts one full ``.ckpt`` file into Hugging Face
+    shards (at most ``max_shard_size``, default ``5GB``) + ``model.safetensors.index.json``.
     """
     if to not in layout_dir.FORMATS:
         raise UsageError(f"--to must be ckpt or safetensors, not {to!r}")
+    shard_size = _shard_size(hf, max_shard_size)
+    if shard_size is not None and (to != "safetensors" or not os.path.isfile(src)):
+        raise UsageError("Hugging Face output converts one full .ckpt file to safetensors", src)
     pairs = convert_targets(src, dst, to, file_regex)
     plan = plan_convert([(source_file(i, 0, read), o, to) for i, o in pairs], name_map)
+    if shard_size is not None:
+        out_dir = os.path.dirname(pairs[0][1]) if pairs else (dst or os.path.dirname(os.path.abspath(src)))
+        plan = hf_sharded(plan, out_dir, shard_size)
     notes: list[str] = []
     if not dry_run:
         root = dst if dst else (src if os.path.isdir(src) else os.path.dirname(os.path.abspath(src)))
         if dst:
             check_destination(dst, [src], overwrite, resume)
         elif not (overwrite or resume):
-            existing = [o for _, o in pairs if os.path.exists(o)]
+            existing = [p for p in [f.path for f in plan.files] + [t.path for t in plan.texts] if os.path.exists(p)]
             if existing:
                 raise UsageError("output exists (use --overwrite to replace it)", existing[0])
         _kept_note(execute(plan, read, run, root=root, resume=resume, manifest=manifest), notes)
