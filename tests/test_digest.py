@@ -1,12 +1,14 @@
-"""The SHA-256 that the executor computes while writing equals ``hashlib`` of the finished file."""
+"""The checksum the executor computes while writing equals a fresh hash of the finished file."""
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import random
 import threading
 
+import blake3
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -14,22 +16,23 @@ from hypothesis import strategies as st
 
 from reshard import api, manifest
 from reshard.execute import digest as digest_mod
-from reshard.execute.digest import StreamingSha256, hash_pool, sha256_file
 from reshard.execute import local
+from reshard.execute.digest import StreamingDigest, file_digest, hash_pool
 from reshard.manifest import read_manifest
 from tests.trust_helpers import make_job
 
 
 def _pieces(size: int, cuts: list[int]) -> list[tuple[int, int]]:
     points = sorted({0, size, *(c % (size + 1) for c in cuts)})
-    return [(a, b - a) for a, b in zip(points, points[1:], strict=False)]
+    return [(a, b - a) for a, b in itertools.pairwise(points)]
 
 
 @settings(max_examples=40, deadline=None)
 @given(size=st.integers(0, 3 * 1024 * 1024), cuts=st.lists(st.integers(0, 1 << 30), max_size=12),
        seed=st.integers(0, 1 << 16), skip=st.booleans())
-def test_streaming_hash_matches_hashlib_in_any_order(tmp_path_factory, size: int, cuts: list[int], seed: int,
-                                                     skip: bool) -> None:
+@pytest.mark.parametrize("algorithm", ["blake3", "sha256"])
+def test_streaming_hash_matches_a_fresh_hash_in_any_order(tmp_path_factory, algorithm: str, size: int,
+                                                          cuts: list[int], seed: int, skip: bool) -> None:
     path = tmp_path_factory.mktemp("d") / "f.bin"
     data = random.Random(seed).randbytes(size)
     pieces = _pieces(size, cuts)
@@ -41,16 +44,21 @@ def test_streaming_hash_matches_hashlib_in_any_order(tmp_path_factory, size: int
     try:
         os.ftruncate(fd, size)
         with hash_pool() as pool:
-            hasher = StreamingSha256(fd, pool)
+            hasher = StreamingDigest(fd, pool, algorithm)
             for offset, length in pieces:
                 os.pwrite(fd, data[offset : offset + length], offset)
                 hasher.finished(offset, length)
-            assert hasher.result(size) == hashlib.sha256(data).hexdigest()
+            assert hasher.result(size) == _reference(algorithm, data)
     finally:
         os.close(fd)
 
 
-def test_streaming_hash_from_many_threads(tmp_path, monkeypatch) -> None:
+def _reference(algorithm: str, data: bytes) -> str:
+    return blake3.blake3(data).hexdigest() if algorithm == "blake3" else hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize("algorithm", ["blake3", "sha256"])
+def test_streaming_hash_from_many_threads(tmp_path, monkeypatch, algorithm: str) -> None:
     monkeypatch.setattr(digest_mod, "HASH_BLOCK_BYTES", 4096)
     monkeypatch.setattr(digest_mod, "_THREAD", threading.local())
     size = 1 << 20
@@ -60,7 +68,7 @@ def test_streaming_hash_from_many_threads(tmp_path, monkeypatch) -> None:
     try:
         os.ftruncate(fd, size)
         with hash_pool() as pool:
-            hasher = StreamingSha256(fd, pool)
+            hasher = StreamingDigest(fd, pool, algorithm)
 
             def write(part: int) -> None:
                 for offset in range(part * 4096, size, 4 * 4096):
@@ -72,7 +80,7 @@ def test_streaming_hash_from_many_threads(tmp_path, monkeypatch) -> None:
                 t.start()
             for t in threads:
                 t.join()
-            assert hasher.result(size) == hashlib.sha256(data).hexdigest()
+            assert hasher.result(size) == _reference(algorithm, data)
     finally:
         os.close(fd)
 
@@ -82,7 +90,7 @@ def test_read_error_is_raised_by_result(tmp_path) -> None:
     try:
         os.write(fd, b"abc")
         with hash_pool() as pool:
-            hasher = StreamingSha256(fd, pool)
+            hasher = StreamingDigest(fd, pool)
             with pytest.raises(OSError, match="ended at byte 3"):
                 hasher.result(10)  # the file is shorter than what the caller says was written
     finally:
@@ -94,7 +102,7 @@ def test_abandon_lets_go_of_the_descriptor(tmp_path) -> None:
     try:
         os.write(fd, bytes(1 << 20))
         with hash_pool() as pool:
-            hasher = StreamingSha256(fd, pool)
+            hasher = StreamingDigest(fd, pool)
             hasher.finished(0, 1 << 19)
             hasher.abandon()
             hasher.finished(1 << 19, 1 << 19)  # ignored after abandon: nothing reads the fd any more
@@ -104,24 +112,26 @@ def test_abandon_lets_go_of_the_descriptor(tmp_path) -> None:
 
 @pytest.mark.parametrize("target", ["r8", "r8st"])
 @pytest.mark.parametrize("workers", [1, 3])
-@pytest.mark.parametrize("crc", [False, True])
-def test_manifest_digests_equal_a_fresh_read(tmp_path, target: str, workers: int, crc: bool) -> None:
-    """Every output's manifest SHA-256 (computed while writing) is the hash of the file on disk."""
+@pytest.mark.parametrize(("crc", "algorithm"), [(False, "blake3"), (True, "sha256")])
+def test_manifest_digests_equal_a_fresh_read(tmp_path, target: str, workers: int, crc: bool, algorithm: str) -> None:
+    """Every output's manifest checksum (computed while writing) is the hash of the file on disk."""
     job = make_job(str(tmp_path / "job"))
     for dst_strategy, out in ((job["s4"], tmp_path / "to4"), (None, tmp_path / "full")):
         api.transform(job[target], str(out), job["s8"], dst_strategy,
-                      run=local.Options(workers=workers, crc_check=crc and target == "r8"))
+                      run=local.Options(workers=workers, crc_check=crc and target == "r8", digest=algorithm))
         doc = read_manifest(str(out))
-        assert doc["outputs"]
+        assert doc["outputs"] and doc["checksum"] == algorithm
         for item in doc["outputs"]:
-            assert (item["bytes"], item["sha256"]) == sha256_file(os.path.join(out, item["path"])), item["path"]
+            expected = file_digest(os.path.join(out, item["path"]), algorithm)
+            assert (item["bytes"], item[algorithm]) == expected, item["path"]
 
 
 def test_plain_outputs_are_not_read_back(tmp_path, monkeypatch) -> None:
     """The executor hashed every plain output while writing it: the recorder never re-reads one."""
     job = make_job(str(tmp_path / "job"))
     read_back: list[str] = []
-    real = manifest.sha256_file
-    monkeypatch.setattr(manifest, "sha256_file", lambda path: read_back.append(path) or real(path))
+    real = manifest.file_digest
+    monkeypatch.setattr(manifest, "file_digest",
+                        lambda path, algorithm: read_back.append(path) or real(path, algorithm))
     api.transform(job["r8"], str(tmp_path / "out"), job["s8"], job["s4"], run=local.Options(workers=2))
     assert read_back == []

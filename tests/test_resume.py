@@ -21,10 +21,11 @@ import pytest
 from reshard import api, manifest
 from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
+from reshard.execute.digest import file_digest
 from reshard.formats.ckpt import read_ckpt
 from reshard.formats.strategy import merge_pipeline_strategies
 from reshard.synthetic import ModelShape, stage_strategies, write_stage_strategies
-from tests.trust_helpers import make_job, run_cli, sha256, snapshot, temp_files, tree
+from tests.trust_helpers import make_job, run_cli, snapshot, temp_files, tree
 
 KILL_POLL_SECONDS = 0.002
 BIG = ModelShape.for_bytes(40_000_000)  # ~57 MB full checkpoint with Adam moments
@@ -195,7 +196,7 @@ def test_manifest_lists_every_output_and_is_last(job: dict[str, str], tmp_path) 
     outputs = {o["path"]: o for o in data["outputs"]}
     assert set(outputs) == {os.path.relpath(f.path, dst) for f in report.plan.files}
     for rel, entry in outputs.items():
-        assert entry["sha256"] == sha256(os.path.join(dst, rel))
+        assert (entry["bytes"], entry["blake3"]) == file_digest(os.path.join(dst, rel), "blake3")
         assert entry["bytes"] == os.path.getsize(os.path.join(dst, rel))
     assert {s["path"] for s in data["sources"]} == set(report.plan.sources)
     assert not os.path.exists(os.path.join(dst, manifest.JOURNAL_NAME))

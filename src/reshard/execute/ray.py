@@ -118,14 +118,14 @@ def _open(read: ReadOptions | None) -> local.Opener:
     return lambda path: open_checkpoint(path, read)
 
 
-TaskResult = tuple[list[str | None], list[np.ndarray] | None]  # SHA-256 per file, file bytes (no shared disk)
+TaskResult = tuple[list[str | None], list[np.ndarray] | None]  # checksum per file, file bytes (no shared disk)
 
 
 def _task(sources: tuple[str, ...], files: list[FilePlan], read: ReadOptions | None, options: local.Options,
           budget: int, needed: list[int], *blobs: np.ndarray) -> TaskResult:
     """One Ray task: write ``files``; with ``blobs`` (no shared disk) work in a node-local folder.
 
-    Each file is hashed on the node while it is written (``options.digest``), so the driver does
+    Each file is hashed on the node while it is written (``options.hash_outputs``), so the driver does
     not read the outputs back for the manifest.
     """
     if not blobs:
@@ -146,7 +146,7 @@ def _run_files(plan: Plan, read: ReadOptions | None, options: local.Options, bud
     cache = local.SourceCache(_open(read))
     try:
         with contextlib.ExitStack() as stack:
-            hashers = stack.enter_context(hash_pool()) if options.digest else None
+            hashers = stack.enter_context(hash_pool()) if options.hash_outputs else None
             return [local.run_file(f, plan, cache, options, budget, 1, hashers) for f in plan.files]
     finally:
         cache.close()

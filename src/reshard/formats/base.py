@@ -126,6 +126,21 @@ def encode_string(value: str) -> bytes:
     return value.encode("utf-32-le") if value else bytes(4)
 
 
+def segment_pieces(segments: tuple[Segment, ...], start: int, length: int) -> Iterator[Segment]:
+    """File (offset, length) pieces of tensor bytes ``[start, start + length)`` stored in ``segments``."""
+    pos = 0
+    for offset, seg_len in segments:
+        if length <= 0:
+            return
+        if start < pos + seg_len:
+            skip = max(0, start - pos)
+            n = min(seg_len - skip, length)
+            yield offset + skip, n
+            start += n
+            length -= n
+        pos += seg_len
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """What a writer needs to know about one output tensor before any data exists."""

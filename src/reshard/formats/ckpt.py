@@ -30,6 +30,7 @@ Deliberate choices, each checked against MindSpore 2.10:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import mmap
@@ -77,6 +78,7 @@ ENCRYPTED_MAGICS = {0x7F3A5ED8: "AES-GCM", 0x7F3A5ED9: "AES-CBC", 0x7F3A5EDA: "S
 # Protobuf wire types and the field numbers of checkpoint.proto (spec 1.1).
 VARINT, FIXED64, LEN, FIXED32 = 0, 1, 2, 5
 MAX_VARINT_BYTES = 10  # a 64-bit value needs at most 10 groups of 7 bits
+RECORD_HEAD_PREFETCH_BYTES = 4096  # one small read covers a record head (name, dims, type, lengths)
 CHECKPOINT_VALUE = 1
 VALUE_TAG, VALUE_TENSOR, VALUE_MAPTENSOR = 1, 2, 3
 TENSOR_DIMS, TENSOR_TYPE, TENSOR_CONTENT = 1, 2, 3
@@ -98,11 +100,27 @@ class _Chunk:
 
 
 class _Scanner:
-    """Protobuf wire-format primitives over a buffer; every error names the byte offset."""
+    """Protobuf wire-format primitives over a buffer; every error names the byte offset.
 
-    def __init__(self, buf: Any, path: str) -> None:
+    ``fd`` (a descriptor of the mapped file, if it is one) lets ``prefetch`` pull a record's head
+    into the page cache with one small ``pread`` before the map is touched there. Why: a fault on
+    a cold map reads the device's whole read-ahead window around it (8 MiB on this machine's
+    disk), so walking the record heads through the map read every byte of every source before
+    planning could even start (0.89 s for 1.2 GB of 8 rank files); with a 4 KiB ``pread`` per
+    record the same scan takes 0.16 s and the tensor bytes are read once, later, by the copy.
+    """
+
+    def __init__(self, buf: Any, path: str, fd: int | None = None) -> None:
         self.buf = buf
         self.path = path
+        self.fd = fd
+
+    def prefetch(self, pos: int) -> None:
+        if self.fd is not None:
+            try:
+                os.pread(self.fd, RECORD_HEAD_PREFETCH_BYTES, pos)
+            except OSError:
+                self.fd = None  # only a hint: the map reports real read errors
 
     def error(self, message: str, offset: int) -> FormatError:
         return FormatError(f"{message} at byte {offset}", self.path)
@@ -182,7 +200,8 @@ def read_ckpt(
             buf, closer = plain, plain_closer
         end = _payload_end(buf, size, crc_check, path)
         try:
-            entries = _index(_Scanner(buf, path), end)
+            with _prefetch_fd(path if dec_key is None and not crc_check else None) as fd:
+                entries = _index(_Scanner(buf, path, fd), end)
             drop_resident(buf)
         except FormatError as exc:
             if dec_key is None:
@@ -195,6 +214,24 @@ def read_ckpt(
         closer()
         raise
     return TensorIndex(path, "ckpt", buf, entries, _closer=closer, file_backed=dec_key is None)
+
+
+@contextlib.contextmanager
+def _prefetch_fd(path: str | None) -> Iterator[int | None]:
+    """A read-only descriptor for ``_Scanner.prefetch`` (None: no prefetching, e.g. decrypted bytes,
+    or a crc check, which has just read the whole file anyway)."""
+    if path is None:
+        yield None
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        yield None
+        return
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def _encryption_mode(buf: Any, size: int) -> str | None:
@@ -262,6 +299,7 @@ def _records(scan: _Scanner, end: int) -> Iterator[_Chunk]:
     pos = 0
     while pos < end:
         at = pos
+        scan.prefetch(pos)
         field, wire, pos = scan.key(pos, end)
         if field != CHECKPOINT_VALUE:
             pos = scan.skip(wire, pos, end, at)
