@@ -159,6 +159,18 @@ def _kwargs(args: argparse.Namespace) -> dict[str, bool]:
     return {"overwrite": args.overwrite, "resume": args.resume, "manifest": not args.no_manifest}
 
 
+def _hf(args: argparse.Namespace) -> dict[str, Any]:
+    """``--hf`` / ``--max-shard-size``: the API parses the size (``5GB``, ``500MB``, ``2GiB``, bytes)."""
+    return {"hf": args.hf, "max_shard_size": args.max_shard_size}
+
+
+def _add_hf_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hf", action="store_true",
+                   help="write the full model as Hugging Face shards + model.safetensors.index.json")
+    p.add_argument("--max-shard-size", "--max_shard_size", dest="max_shard_size", metavar="SIZE",
+                   help="with --hf: largest shard, e.g. 5GB (default, decimal), 500MB, 2GiB or bytes")
+
+
 def _notes(report: api.Report) -> None:
     for note in report.notes:
         print(f"reshard: note: {one_line(note)}", file=sys.stderr)
@@ -184,7 +196,7 @@ def cmd_transform(args: argparse.Namespace) -> None:
     report = api.transform(
         args.src, args.dst, _none(args.src_strategy), _none(args.dst_strategy), prefix=args.prefix,
         output_format=args.output_format, ranks=args.ranks, read=_read_options(args), run=_run_options(args),
-        dry_run=args.dry_run or args.command == "plan", **_kwargs(args),
+        dry_run=args.dry_run or args.command == "plan", **_kwargs(args), **_hf(args),
     )
     if args.command == "plan":
         args.dry_run = True
@@ -199,7 +211,7 @@ def cmd_unify(args: argparse.Namespace) -> None:
     split = tuple(int(x) for x in args.split.split("/")) if args.split else ()
     report = api.unify(args.src, args.strategy, args.dst, file_suffix=args.file_suffix,
                        split_dst_file=split, run=_run_options(args), dry_run=args.dry_run,
-                       **_kwargs(args))  # type: ignore[arg-type]
+                       **_kwargs(args), **_hf(args))  # type: ignore[arg-type]
     _finish(report, args)
 
 
@@ -229,7 +241,8 @@ def _load_json(path: str) -> dict[str, str]:
 def cmd_convert(args: argparse.Namespace) -> None:
     name_map = _load_json(args.name_map) if args.name_map else None
     report = api.convert(args.src, args.dst, args.to, name_map=name_map, file_regex=args.file_regex,
-                         read=_read_options(args), run=_run_options(args), dry_run=args.dry_run, **_kwargs(args))
+                         read=_read_options(args), run=_run_options(args), dry_run=args.dry_run, **_kwargs(args),
+                         **_hf(args))
     _finish(report, args)
 
 
@@ -354,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_flags(p)
     _add_crypto_flags(p)
     _add_check_crc_flag(p)
+    _add_hf_flags(p)
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("merge-strategies", help="merge per-stage strategy files into one")
@@ -368,6 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_run_flags(p)
         _add_crypto_flags(p)
         _add_check_crc_flag(p)
+        _add_hf_flags(p)
         p.set_defaults(func=cmd_transform)
 
     p = sub.add_parser("unify", help="merge rank shards into full safetensors parts + param_name_map.json")
@@ -379,6 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--json", action="store_true")
     _add_run_flags(p)
+    _add_hf_flags(p)
     p.set_defaults(func=cmd_unify)
 
     p = sub.add_parser("split", help="slice a unified model into per-rank files for a strategy")
