@@ -372,7 +372,7 @@ def hf_model(index_path: str) -> tuple[dict[str, SourceFile], dict[str, str], So
     folder = os.path.dirname(os.path.abspath(index_path))
     index_name = os.path.basename(index_path)
     files: dict[str, SourceFile] = {}
-    for shard in dict.fromkeys(mapping.values()):
+    for shard in sorted(set(mapping.values())):  # model-00001-of-... first
         path = os.path.join(folder, shard)
         if not shard.endswith(".safetensors"):
             raise FormatError(f"the weight_map names {shard!r}, which is not a .safetensors shard", index_path)
