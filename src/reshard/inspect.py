@@ -1,4 +1,5 @@
-"""``reshard inspect``: what is in a checkpoint file, a rank-folder tree, or a strategy file.
+"""``reshard inspect``: what is in a checkpoint file, a rank-folder tree, a Hugging Face sharded
+model, or a strategy file.
 
 Reads headers only (tensor data is never touched), so inspecting a 1 TB checkpoint is instant.
 With a strategy, each sharded parameter also shows its full shape and layout.
@@ -69,8 +70,24 @@ def strategy_rows(sf: StrategyFile) -> list[dict[str, Any]]:
     ]
 
 
+def full_model_info(path: str, strategy: StrategyFile | None = None) -> dict[str, Any]:
+    """A Hugging Face sharded model (folder or index file) as one checkpoint; rows name their shard."""
+    from reshard.api import unified_index
+
+    files, _, hyper = unified_index(path)
+    parts = [*files.values(), *([hyper] if hyper is not None else [])]
+    rows = [{**row, "file": os.path.basename(part.path)}
+            for part in parts for row in checkpoint_rows(part.path, strategy)]
+    return {"kind": "checkpoint", "format": "safetensors", "path": path, "files": [p.path for p in parts],
+            "tensors": rows, "bytes": sum(r["bytes"] for r in rows)}
+
+
 def gather(path: str, strategy: str | None = None) -> dict[str, Any]:
     sf = load_strategy(strategy) if strategy else None
+    from reshard.api import is_hf_model
+
+    if is_hf_model(path):
+        return full_model_info(path, sf)
     if os.path.isdir(path):
         if layout_dir.rank_dirs(path):
             fmt, chosen = layout_dir.collect_rank_files(path)
@@ -128,4 +145,4 @@ def main(path: str, as_json: bool = False, strategy: str | None = None) -> None:
         if part.get("ignored"):
             console.print(f"ignored: {', '.join(part['ignored'])}")
     count = sum(len(p["tensors"]) for _, p in groups)
-    console.print(f"{count} tensors, {_size(info['bytes'])} in {len(groups)} file(s)")
+    console.print(f"{count} tensors, {_size(info['bytes'])} in {len(info.get('files', groups))} file(s)")

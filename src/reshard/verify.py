@@ -1,7 +1,8 @@
 """``reshard verify A B``: do two checkpoints hold the same model, whatever their layouts?
 
 Each side is a full checkpoint file, a unified folder (``part*.safetensors`` +
-``param_name_map.json``), or a ``rank_<r>`` folder tree with its strategy, in either format.
+``param_name_map.json``), a Hugging Face sharded model (its folder or its index file), or a
+``rank_<r>`` folder tree with its strategy, in either format.
 Why it is built this way:
 
 * **No second slicer.** Each side is turned into a plan of its *full* tensors with the planners
@@ -34,7 +35,7 @@ import numpy as np
 from reshard import api, dtypes
 from reshard.errors import UsageError
 from reshard.execute.local import SourceCache
-from reshard.formats import crypto, layout_dir
+from reshard.formats import crypto, hf_index, layout_dir
 from reshard.formats.base import decode_string
 from reshard.formats.strategy import StrategyFile
 from reshard.plan import Plan, TensorPlan, plan_convert
@@ -148,13 +149,14 @@ def _side_read(path: str, read: api.ReadOptions) -> api.ReadOptions:
 
 def side_plan(path: str, strategy: str | StrategyFile | None, read: api.ReadOptions, notes: list[str]) -> Plan:
     """A plan whose tensors are the full tensors of one side (never executed)."""
-    if os.path.isfile(path):
+    index_file = hf_index.is_index_file(path)  # a Hugging Face index stands for the sharded model it indexes
+    if os.path.isfile(path) and not index_file:
         if strategy is not None:
             raise UsageError("a strategy belongs to a folder of rank_<r> folders, not to one file", path)
         return plan_convert([(api.source_file(path, 0, read), _VIRTUAL_OUT, "ckpt")])
-    if not os.path.isdir(path):
+    if not os.path.isdir(path) and not index_file:
         raise UsageError("no such file or folder", path)
-    if layout_dir.rank_dirs(path):
+    if not index_file and layout_dir.rank_dirs(path):
         report = api.transform(path, _VIRTUAL_OUT, strategy, None, output_format="ckpt", read=read, dry_run=True)
         notes.extend(f"{path}: {note}" for note in report.notes)
         return report.plan
