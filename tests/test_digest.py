@@ -19,7 +19,7 @@ from reshard.execute import digest as digest_mod
 from reshard.execute import local
 from reshard.execute.digest import StreamingDigest, file_digest, hash_pool
 from reshard.manifest import read_manifest
-from tests.trust_helpers import make_job
+from tests.trust_helpers import make_job, run_cli
 
 
 def _pieces(size: int, cuts: list[int]) -> list[tuple[int, int]]:
@@ -118,7 +118,7 @@ def test_manifest_digests_equal_a_fresh_read(tmp_path, target: str, workers: int
     job = make_job(str(tmp_path / "job"))
     for dst_strategy, out in ((job["s4"], tmp_path / "to4"), (None, tmp_path / "full")):
         api.transform(job[target], str(out), job["s8"], dst_strategy,
-                      run=local.Options(workers=workers, crc_check=crc and target == "r8", digest=algorithm))
+                      run=local.Options(workers=workers, crc_check=crc and target == "r8", checksum=algorithm))
         doc = read_manifest(str(out))
         assert doc["outputs"] and doc["checksum"] == algorithm
         for item in doc["outputs"]:
@@ -135,3 +135,21 @@ def test_plain_outputs_are_not_read_back(tmp_path, monkeypatch) -> None:
                         lambda path, algorithm: read_back.append(path) or real(path, algorithm))
     api.transform(job["r8"], str(tmp_path / "out"), job["s8"], job["s4"], run=local.Options(workers=2))
     assert read_back == []
+
+
+def test_cli_checksum_choice(tmp_path) -> None:
+    """``--checksum sha256`` gives ``sha256sum``-compatible records; an unknown name is one clean line."""
+    job = make_job(str(tmp_path / "job"))
+    out = tmp_path / "out"
+    proc = run_cli("transform", "--src", job["r8"], "--dst", str(out), "--src-strategy", job["s8"],
+                   "--checksum", "sha256")
+    assert proc.returncode == 0, proc.stderr
+    doc = read_manifest(str(out))
+    assert doc["checksum"] == "sha256"
+    for item in doc["outputs"]:
+        with open(out / item["path"], "rb") as fh:
+            assert item["sha256"] == hashlib.sha256(fh.read()).hexdigest()
+    bad = run_cli("transform", "--src", job["r8"], "--dst", str(tmp_path / "bad"), "--src-strategy", job["s8"],
+                  "--checksum", "md5")
+    assert bad.returncode == 2 and "md5" in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "bad").exists()

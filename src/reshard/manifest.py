@@ -226,8 +226,8 @@ class RunRecorder:
         self.plan = plan
         self.root = os.path.abspath(root)
         self.run = run
-        self.algorithm = run.digest
-        new_hash(run.digest)  # an unknown algorithm is refused before anything is written
+        self.algorithm = run.checksum
+        new_hash(run.checksum)  # an unknown algorithm is refused before anything is written
         self.resume = resume
         self.manifest = manifest
         self.records: dict[str, OutputRecord] = {}

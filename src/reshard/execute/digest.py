@@ -12,7 +12,7 @@ has ended; for a one-file output (a merge to full weights, a unify part) that ta
 the pass. Hashes must see the bytes in order, but the executor fills a file in (roughly) file
 order, so ``StreamingDigest`` follows the longest finished prefix of the file: the executor reports
 each byte range it completed, and a hash thread reads the newly finished prefix back from the page
-cache (``pread`` on the output's descriptor, large blocks, GIL released) while later ranges are
+cache (through a read-only map of the output, large blocks, GIL released) while later ranges are
 still being copied. On a cold cache the copy waits for the disk and the hashing fills that wait.
 
 Ranges never reported (padding the layout leaves as zeros) are covered at the end: ``result``
@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import heapq
+import mmap
 import os
 import threading
 from collections.abc import Iterator
@@ -100,6 +101,8 @@ class StreamingDigest:
         self._stopped = False
         self._error: BaseException | None = None
         self._changed = threading.Condition()
+        self._map: mmap.mmap | None = None
+        self._map_failed = False
 
     def finished(self, offset: int, length: int) -> None:
         """Bytes ``[offset, offset + length)`` hold their final content."""
@@ -124,12 +127,7 @@ class StreamingDigest:
                         self._running = False
                         self._changed.notify_all()
                         return
-                while start < end:
-                    n = os.preadv(self._fd, [view[: min(len(view), end - start)]], start)
-                    if n <= 0:
-                        raise OSError(f"output ended at byte {start} while hashing it")
-                    self._sha.update(view[:n])
-                    start += n
+                self._hash_range(start, end)
                 with self._changed:
                     self._hashed = end
         except BaseException as exc:  # reported by result(); the drain stops
@@ -137,11 +135,51 @@ class StreamingDigest:
                 self._error, self._running = exc, False
                 self._changed.notify_all()
 
+    def _hash_range(self, start: int, end: int) -> None:
+        """Hash ``[start, end)``: from a read-only map of the output where it reaches, else ``pread``.
+
+        The map costs a minor fault per 64 KiB instead of a copy of every byte (``pread`` into a
+        buffer was 0.2 s of system time per GB here); hashed pages are unmapped again so the
+        resident set stays one block.
+        """
+        mapped = self._mapping()
+        while start < end:
+            stop = min(end, start + HASH_BLOCK_BYTES)
+            if mapped is not None and stop <= len(mapped):
+                with memoryview(mapped) as whole, whole[start:stop] as view:
+                    self._sha.update(view)
+                page_start = start - start % mmap.PAGESIZE
+                with contextlib.suppress(OSError, ValueError):
+                    mapped.madvise(mmap.MADV_DONTNEED, page_start, stop - page_start)
+            else:  # past the mapped size (a crc trailer appended after the layout)
+                view = _buffer()[: stop - start]
+                n = os.preadv(self._fd, [view], start)
+                if n <= 0:
+                    raise OSError(f"output ended at byte {start} while hashing it")
+                self._sha.update(view[:n])
+                stop = start + n
+            start = stop
+
+    def _mapping(self) -> mmap.mmap | None:
+        """A read-only map of the output at its size when hashing starts (None: empty or unmappable)."""
+        if self._map is None and not self._map_failed:
+            try:
+                self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError):
+                self._map_failed = True
+        return self._map
+
+    def _unmap(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+
     def result(self, size: int) -> str:
         """Hex checksum of the file's first ``size`` bytes, once every write has been made."""
         self.finished(0, size)
         with self._changed:
             self._changed.wait_for(lambda: self._error is not None or (self._hashed >= size and not self._running))
+            self._unmap()
             if self._error is not None:
                 raise self._error
         return self._sha.hexdigest()
@@ -151,6 +189,7 @@ class StreamingDigest:
         with self._changed:
             self._stopped = True
             self._changed.wait_for(lambda: not self._running)
+            self._unmap()
 
 
 __all__ = ["ALGORITHMS", "DEFAULT_ALGORITHM", "HASH_BLOCK_BYTES", "StreamingDigest", "file_digest", "hash_pool",

@@ -59,7 +59,7 @@ class Options:
     # After each output is renamed into place, with its checksum when ``hash_outputs`` had it computed
     # while writing.
     on_file_written: Callable[[FilePlan, str | None], None] | None = None
-    digest: str = DEFAULT_ALGORITHM  # checksum of the manifest: "blake3" or "sha256" (execute.digest)
+    checksum: str = DEFAULT_ALGORITHM  # of the manifest: "blake3" or "sha256" (execute.digest says why)
     hash_outputs: bool = False  # checksum each plain output while writing it (encrypted ones: None)
 
 
@@ -285,7 +285,7 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options,
              tensor_workers: int = 1, hasher_pool: ThreadPoolExecutor | None = None) -> str | None:
     """Write one output file of the plan atomically (its tensors on ``tensor_workers`` threads).
 
-    Returns the file's checksum (``options.digest``), hashed while it was written, when
+    Returns the file's checksum (``options.checksum``), hashed while it was written, when
     ``hasher_pool`` is given and the output is not encrypted (else None).
     """
     layout = file_layout(file, options)
@@ -320,7 +320,7 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options,
         if hasher_pool is None or encrypted:
             fill_tensors(fd, lay)
             return
-        hashing.append(StreamingDigest(fd, hasher_pool, options.digest))
+        hashing.append(StreamingDigest(fd, hasher_pool, options.checksum))
         for offset, data in lay.framing:  # written by write_file before fill
             hashing[0].finished(offset, len(data))
         try:
