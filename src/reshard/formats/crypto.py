@@ -47,15 +47,16 @@ no message ever contains key material.
 
 from __future__ import annotations
 
+import functools
 import os
 import string
 import struct
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-from cryptography.exceptions import InvalidTag, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import padding
-from cryptography.hazmat.primitives.ciphers import Cipher, CipherAlgorithm, algorithms, modes
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers import CipherAlgorithm, modes
 
 from reshard.errors import CryptoError, FormatError, UnsupportedError, UsageError
 
@@ -81,6 +82,18 @@ _MAGIC = struct.Struct("<I")
 _SIZES = struct.Struct("<ii")  # block_size, iv_len
 # What MindSpore appends after the records when crc_check and enc_key are both set (spec 1.6).
 _ZERO_CRC_TRAILER = b"crc_num" + bytes(10)
+
+
+@functools.cache
+def _lib() -> SimpleNamespace:
+    """``cryptography``'s pieces, imported on first use: a run without encrypted files never loads
+    them (19 modules, part of every command's start-up otherwise)."""
+    from cryptography.exceptions import InvalidTag, UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import padding
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    return SimpleNamespace(InvalidTag=InvalidTag, UnsupportedAlgorithm=UnsupportedAlgorithm, padding=padding,
+                           Cipher=Cipher, algorithms=algorithms, modes=modes)
 
 
 def encrypted_mode(head: bytes) -> str | None:
@@ -203,12 +216,12 @@ def _decrypt_record(
 ) -> None:
     """Decrypt one record and write its plaintext only once tag or padding has checked out."""
     if mode == "AES-GCM":
-        gcm = modes.GCM(record.iv[:GCM_NONCE_BYTES], record.tag)
+        gcm = _lib().modes.GCM(record.iv[:GCM_NONCE_BYTES], record.tag)
         decryptor = _context(key, mode, gcm, path, encrypt=False)
         plain = decryptor.update(cipher)
         try:
             decryptor.finalize()
-        except InvalidTag:
+        except _lib().InvalidTag:
             raise CryptoError(
                 f"AES-GCM tag check failed for the record at offset {record.offset}: "
                 "wrong key or mode, or the file was modified",
@@ -216,11 +229,11 @@ def _decrypt_record(
             ) from None
         dst.write(plain)
         return
-    decryptor = _context(key, mode, modes.CBC(record.iv), path, encrypt=False)
+    decryptor = _context(key, mode, _lib().modes.CBC(record.iv), path, encrypt=False)
     plain = decryptor.update(cipher)
     decryptor.finalize()
     # Unpad only the last block, so the record's plaintext is never copied a second time.
-    unpadder = padding.PKCS7(CIPHER_BLOCK_BYTES * 8).unpadder()
+    unpadder = _lib().padding.PKCS7(CIPHER_BLOCK_BYTES * 8).unpadder()
     try:
         tail = unpadder.update(plain[-CIPHER_BLOCK_BYTES:]) + unpadder.finalize()
     except ValueError:
@@ -236,11 +249,12 @@ def _decrypt_record(
 
 def _context(key: bytes, mode: str, cipher_mode: modes.Mode, path: str | None, encrypt: bool) -> Any:
     """A ``cryptography`` encryptor/decryptor for ``mode``; SM4 may be missing from the OpenSSL build."""
-    algorithm: CipherAlgorithm = algorithms.SM4(key) if mode == "SM4-CBC" else algorithms.AES(key)
+    lib = _lib()
+    algorithm: CipherAlgorithm = lib.algorithms.SM4(key) if mode == "SM4-CBC" else lib.algorithms.AES(key)
     try:
-        cipher = Cipher(algorithm, cipher_mode)
+        cipher = lib.Cipher(algorithm, cipher_mode)
         return cipher.encryptor() if encrypt else cipher.decryptor()
-    except UnsupportedAlgorithm:
+    except lib.UnsupportedAlgorithm:
         raise UnsupportedError(f"{mode} is not supported by this cryptography/OpenSSL build", path) from None
 
 
@@ -268,16 +282,16 @@ def _write_record(dst: BinaryIO, block: bytes, key: bytes, mode: str) -> None:
     """Encrypt one block exactly as MindSpore does and write the record."""
     iv = os.urandom(IV_BYTES)
     if mode == "AES-GCM":
-        encryptor = _context(key, mode, modes.GCM(iv[:GCM_NONCE_BYTES]), None, encrypt=True)
+        encryptor = _context(key, mode, _lib().modes.GCM(iv[:GCM_NONCE_BYTES]), None, encrypt=True)
         cipher = encryptor.update(block)
         encryptor.finalize()
         dst.write(_MAGIC.pack(MAGIC_AES_GCM) + encryptor.tag + _header_tail(iv, len(cipher)))
         dst.write(cipher)
         return
     whole = len(block) - len(block) % CIPHER_BLOCK_BYTES
-    padder = padding.PKCS7(CIPHER_BLOCK_BYTES * 8).padder()
+    padder = _lib().padding.PKCS7(CIPHER_BLOCK_BYTES * 8).padder()
     last = padder.update(block[whole:]) + padder.finalize()
-    encryptor = _context(key, mode, modes.CBC(iv), None, encrypt=True)
+    encryptor = _context(key, mode, _lib().modes.CBC(iv), None, encrypt=True)
     dst.write(_MAGIC.pack(_MAGIC_OF_MODE[mode]) + _header_tail(iv, whole + len(last)))
     with memoryview(block) as view:
         dst.write(encryptor.update(view[:whole]))
