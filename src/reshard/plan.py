@@ -42,7 +42,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, overload
+from typing import Any, ClassVar, overload
 
 from reshard import dtypes, layout
 from reshard.dtypes import DType
@@ -913,10 +913,7 @@ def plan_transform(
     """Plan a transform of a distributed (or full) checkpoint into ``dst_dir/rank_<r>/``."""
     planner = TransformPlanner(sources, src, dst)
     planner.check_rank_count()
-    wanted = list(range(planner.dst_total)) if ranks is None else list(ranks)
-    bad = [r for r in wanted if not 0 <= r < planner.dst_total]
-    if bad:
-        raise UsageError(f"destination rank(s) {bad} out of range 0..{planner.dst_total - 1}")
+    wanted = _wanted_ranks(ranks, planner.dst_total)
     bulk = _BulkPlanner(planner)
     meta = _meta(output_format)
     files = []
@@ -924,6 +921,25 @@ def plan_transform(
         path = layout_dir.rank_output(dst_dir, rank, prefix, output_format)
         files.append(FilePlan(path, output_format, bulk.rank(rank), meta, rank))
     return Plan("transform", tuple(bulk.sources.paths), tuple(files))
+
+
+def _wanted_ranks(ranks: Sequence[int] | None, total: int) -> list[int]:
+    """The destination ranks to plan (all by default); any outside ``0..total-1`` is a usage error."""
+    wanted = list(range(total)) if ranks is None else list(ranks)
+    bad = [r for r in wanted if not 0 <= r < total]
+    if bad:
+        raise UsageError(f"destination rank(s) {bad} out of range 0..{total - 1}")
+    return wanted
+
+
+def _bulk_or_reference(bulk: Callable[..., Plan | None] | None, reference: Callable[..., Plan], *args: Any) -> Plan:
+    """The fast planner's plan, or the reference loop's where the fast one declines or meets an error
+    (the reference loop is the definition: it raises the precise, blamed error)."""
+    try:
+        plan = bulk(*args) if bulk is not None else None
+    except ReshardError:
+        plan = None
+    return plan if plan is not None else reference(*args)
 
 
 def _meta(fmt: str) -> tuple[tuple[str, str], ...]:
@@ -1081,18 +1097,9 @@ def plan_split(
     Planned like a transform from full tensors (shared tables, lazy ``RankTensors``); when that
     fast path meets anything unusual, the reference loop ``_plan_split_reference`` decides.
     """
-    n_dst = device_num(dst)
-    total = n_dst * stage_count(dst)
-    wanted = list(range(total)) if ranks is None else list(ranks)
-    bad = [r for r in wanted if not 0 <= r < total]
-    if bad:
-        raise UsageError(f"destination rank(s) {bad} out of range 0..{total - 1}")
+    wanted = _wanted_ranks(ranks, device_num(dst) * stage_count(dst))
     args = (unified, name_to_file, hyper, dst, dst_dir, output_format, wanted, name_map or {}, file_name)
-    try:
-        plan = _plan_split_bulk(*args)
-    except ReshardError:
-        plan = None
-    return plan if plan is not None else _plan_split_reference(*args)
+    return _bulk_or_reference(_plan_split_bulk, _plan_split_reference, *args)
 
 
 def _split_path(dst_dir: str, rank: int, file_name: str, output_format: str) -> str:
@@ -1329,16 +1336,10 @@ def plan_transform_full(
     Planned from shared tables like ``plan_split``; anything unusual goes to the reference loop.
     """
     planner = TransformPlanner({}, None, dst)
-    wanted = list(range(planner.dst_total)) if ranks is None else list(ranks)
-    bad = [r for r in wanted if not 0 <= r < planner.dst_total]
-    if bad:
-        raise UsageError(f"destination rank(s) {bad} out of range 0..{planner.dst_total - 1}")
+    wanted = _wanted_ranks(ranks, planner.dst_total)
     args = (planner, unified, name_to_file, dst_dir, prefix, output_format, wanted)
-    try:
-        plan = _plan_transform_full_bulk(*args) if dst is not None else None
-    except ReshardError:
-        plan = None
-    return plan if plan is not None else _plan_transform_full_reference(*args)
+    bulk = _plan_transform_full_bulk if dst is not None else None
+    return _bulk_or_reference(bulk, _plan_transform_full_reference, *args)
 
 
 def _plan_transform_full_reference(
