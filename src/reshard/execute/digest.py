@@ -118,7 +118,6 @@ class StreamingDigest:
 
     def _drain(self) -> None:
         """Hash the finished prefix until it is caught up (one task per file at a time: in order)."""
-        view = _buffer()
         try:
             while True:
                 with self._changed:
