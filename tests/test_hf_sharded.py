@@ -2,8 +2,8 @@
 ``model.safetensors.index.json``, or that file) wherever a full model goes in or comes out.
 
 The shards must load with the ``safetensors`` library and hold the unified tensors; the sharding
-decision must be ``huggingface_hub``'s (compared with the library when it is installed, with a
-hand-computed expectation otherwise); round trips through the Hugging Face layout must give back
+decision must be ``huggingface_hub``'s (compared with the library itself, installed by the test
+extra, and with a hand-computed expectation); round trips through the Hugging Face layout must give back
 the original rank files; bad indexes fail with one line and exit code 2, writing nothing.
 """
 
@@ -98,12 +98,10 @@ def expected_groups(sizes: list[tuple[str, int]], limit: int) -> list[list[str]]
     return [*shards, current] if current else shards
 
 
-def hub_groups(sizes: list[tuple[str, int]], limit: int) -> list[list[str]] | None:
-    """``huggingface_hub``'s own decision for these sizes, or None when it is not installed."""
-    try:
-        from huggingface_hub import serialization
-    except ImportError:
-        return None
+def hub_groups(sizes: list[tuple[str, int]], limit: int) -> list[list[str]]:
+    """``huggingface_hub``'s own decision for these sizes (its generic splitter: no torch needed)."""
+    from huggingface_hub import serialization
+
     factory = serialization.split_state_dict_into_shards_factory
     size_kw = "get_storage_size" if "get_storage_size" in inspect.signature(factory).parameters else "get_tensor_size"
     split = factory(dict(sizes), max_shard_size=limit, filename_pattern="model{suffix}.safetensors",
@@ -139,9 +137,7 @@ def test_bad_sizes(text: str) -> None:
 def test_shard_groups_hand_computed(sizes: list[int], limit: int, groups: list[list[int]]) -> None:
     named = [(f"t{i}", s) for i, s in enumerate(sizes)]
     assert hf_index.shard_groups(named, limit) == [[f"t{i}" for i in g] for g in groups]
-    hub = hub_groups(named, limit)
-    if hub is not None:
-        assert hub == [[f"t{i}" for i in g] for g in groups]
+    assert hub_groups(named, limit) == [[f"t{i}" for i in g] for g in groups]
 
 
 def test_index_text_as_save_pretrained() -> None:
@@ -182,8 +178,8 @@ def test_unify_hf_index_is_huggingface_hubs_decision(job: dict[str, str]) -> Non
         text = fh.read()
     unified = load_folder(job["uni"], "part*.safetensors")
     sizes = [(n, unified[n].nbytes) for n in source_order(job["r8st"], set(unified))]
-    groups = hub_groups(sizes, SMALL_SHARD) or expected_groups(sizes, SMALL_SHARD)
-    assert groups == expected_groups(sizes, SMALL_SHARD)
+    groups = hub_groups(sizes, SMALL_SHARD)
+    assert groups == expected_groups(sizes, SMALL_SHARD) == hf_index.shard_groups(sizes, SMALL_SHARD)
     count = len(groups)
     weight_map = {n: f"model-{j + 1:05d}-of-{count:05d}.safetensors" for j, g in enumerate(groups) for n in g}
     expected = {"metadata": {"total_size": sum(s for _, s in sizes)}, "weight_map": weight_map}
