@@ -291,7 +291,9 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1), help="parallel output files")
+    p.add_argument("--workers", type=int, default=local.default_workers(),
+                   help="worker threads: parallel output files, or tensors of a one-file output "
+                        "(default: one per core, at least 4, at most 8)")
     p.add_argument("--max-memory", "--max_memory", type=_parse_memory, default=local.DEFAULT_MAX_MEMORY,
                    help="bound on staging bytes in flight (e.g. 512M, 2G)")
     p.add_argument("--dry-run", "--dry_run", action="store_true", help="print the plan, write nothing")

@@ -43,12 +43,23 @@ from reshard.formats.base import FileLayout, TensorIndex, TensorSpec, pwrite_all
 from reshard.plan import FilePlan, Plan, TensorPlan
 
 DEFAULT_MAX_MEMORY = 1024**3  # bytes in flight across all workers (staging buffers)
+MIN_DEFAULT_WORKERS = 4  # even on 2 cores: on a cold cache the threads mostly wait on the disk
+MAX_DEFAULT_WORKERS = 8
+
+
+def default_workers() -> int:
+    """Worker threads when none are asked for: one per core, at least 4, at most 8.
+
+    Measured on 2 cores, cold cache: 4 threads instead of 2 took a merge 8 ranks -> full from
+    1.14-1.20 s to 1.05-1.09 s (the disk gets more requests at once); warm, no difference.
+    """
+    return max(MIN_DEFAULT_WORKERS, min(MAX_DEFAULT_WORKERS, os.cpu_count() or 1))
 _PAGE = mmap.PAGESIZE
 
 
 @dataclass(frozen=True)
 class Options:
-    workers: int = 1
+    workers: int = field(default_factory=default_workers)
     max_memory: int = DEFAULT_MAX_MEMORY
     crc_check: bool = False  # write crc trailers on .ckpt outputs
     chunk_bytes: int = ckpt.SLICE_BYTES
