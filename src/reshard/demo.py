@@ -84,11 +84,14 @@ def main(work_dir: str | None = None) -> None:
     step("transform 4 ranks -> full, check",
          lambda: _to_full_and_check(four, os.path.join(root, "full_from_4"), dst_merged, model))
     console.print(table)
-    rank0 = layout_dir.rank_output(ranks8, 0, "checkpoint_", "ckpt")
-    console.print(f"next: reshard inspect {rank0} --strategy {src_merged}")
     if own_dir and os.environ.get("RESHARD_DEMO_KEEP") is None:
         shutil.rmtree(root, ignore_errors=True)
-        console.print("(temporary demo folder removed; pass --dir to keep the files)")
+        console.print("(temporary demo folder removed; `reshard demo --dir DIR` keeps the files, then: "
+                      "reshard inspect DIR/ckpt_8ranks/rank_0/checkpoint_0.ckpt --strategy "
+                      "DIR/merged/src_strategy.ckpt)")
+    else:
+        rank0 = layout_dir.rank_output(ranks8, 0, "checkpoint_", "ckpt")
+        console.print(f"next: reshard inspect {rank0} --strategy {src_merged}")
 
 
 def _to_full_and_check(src: str, dst: str, strategy: str, model: dict[str, object]) -> str:
