@@ -5,23 +5,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from reshard import api
-from reshard.formats.ckpt import save_ckpt
-from reshard.formats.strategy import merge_pipeline_strategies
-from reshard.synthetic import ModelShape, full_model, stage_strategies, write_stage_strategies
-
-SHAPE = ModelShape(vocab=32, hidden=8, ffn=16, layers=2)
-
-
-def run(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "reshard.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
+from reshard.synthetic import full_model
+from tests.trust_helpers import SMALL as SHAPE
+from tests.trust_helpers import make_job
+from tests.trust_helpers import run_cli as run
 
 
 def ranks_in(folder: object) -> list[str]:
@@ -43,19 +35,11 @@ def snapshot(root: str) -> dict[str, tuple[str, int, float]]:
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """An 8-rank pipelined checkpoint (dp2 mp2 pp2, opt shards) and a 4-rank target strategy."""
-    root = str(tmp_path_factory.mktemp("job"))
-    model = full_model(SHAPE)
-    full = os.path.join(root, "full", "model.ckpt")
-    save_ckpt(full, model)
-    write_stage_strategies(f"{root}/s8", stage_strategies(SHAPE, 2, 2, 2, True), 4)
-    write_stage_strategies(f"{root}/s4", stage_strategies(SHAPE, 1, 2, 2, False), 2)
-    merge_pipeline_strategies(f"{root}/s8", f"{root}/merged/s8.ckpt")
-    merge_pipeline_strategies(f"{root}/s4", f"{root}/merged/s4.ckpt")
-    api.transform(full, f"{root}/r8", None, f"{root}/merged/s8.ckpt")
-    np.save(f"{root}/emb.npy", model["model.tok_embeddings.embedding_weight"])
-    return {"root": root, "full": full, "r8": f"{root}/r8", "s8": f"{root}/merged/s8.ckpt",
-            "s4": f"{root}/merged/s4.ckpt", "s8dir": f"{root}/s8"}
+    """An 8-rank pipelined checkpoint (dp2 mp2 pp2, opt shards), a 4-rank target strategy, and the
+    embedding as .npy."""
+    job = make_job(str(tmp_path_factory.mktemp("job")), SHAPE)
+    np.save(f"{job['root']}/emb.npy", full_model(SHAPE)["model.tok_embeddings.embedding_weight"])
+    return job
 
 
 def test_transform_with_mindformers_flags(job: dict[str, str], tmp_path) -> None:

@@ -290,6 +290,14 @@ def cmd_demo(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------ parser
 
 
+def _add_write_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of the commands that read checkpoints of any kind and write them (convert, transform)."""
+    _add_run_flags(p)
+    _add_crypto_flags(p)
+    _add_check_crc_flag(p)
+    _add_hf_flags(p)
+
+
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=local.default_workers(),
                    help="worker threads: parallel output files, or tensors of a one-file output "
@@ -376,10 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--file-regex", "--file_name_regex", dest="file_regex", help="only files matching this regex")
     p.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     p.add_argument("--json", action="store_true")
-    _add_run_flags(p)
-    _add_crypto_flags(p)
-    _add_check_crc_flag(p)
-    _add_hf_flags(p)
+    _add_write_flags(p)
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("merge-strategies", help="merge per-stage strategy files into one")
@@ -391,10 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
                             ("plan", "print the transform plan without writing anything")):
         p = sub.add_parser(name, help=help_text)
         _add_transform_flags(p)
-        _add_run_flags(p)
-        _add_crypto_flags(p)
-        _add_check_crc_flag(p)
-        _add_hf_flags(p)
+        _add_write_flags(p)
         p.set_defaults(func=cmd_transform)
 
     p = sub.add_parser("unify", help="merge rank shards into full safetensors parts + param_name_map.json")

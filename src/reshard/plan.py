@@ -1106,6 +1106,22 @@ def _split_path(dst_dir: str, rank: int, file_name: str, output_format: str) -> 
     return os.path.join(layout_dir.rank_dir(dst_dir, rank), f"{file_name}.{output_format}")
 
 
+def _split_params(
+    unified: Mapping[str, SourceFile], name_to_file: Mapping[str, str], dst_map: Mapping[str, StagedLayout],
+    stage: int, name_map: Mapping[str, str],
+) -> Iterator[tuple[str, StagedLayout, str, SourceFile]]:
+    """(strategy name, layout, file key, source) of every parameter a split writes for ``stage``:
+    in the strategy's order, present in its unified file under ``name_map``'s key."""
+    for name, staged in dst_map.items():
+        if stage not in staged.stages:
+            continue
+        key = name_map.get(name, name)
+        file_id = name_to_file.get(name)
+        if file_id is None or file_id not in unified or key not in unified[file_id].tensors:
+            continue
+        yield name, staged, key, unified[file_id]
+
+
 def _plan_split_reference(
     unified: Mapping[str, SourceFile], name_to_file: Mapping[str, str], hyper: SourceFile | None,
     dst: StrategyFile, dst_dir: str, output_format: str, wanted: Sequence[int], name_map: Mapping[str, str],
@@ -1119,14 +1135,7 @@ def _plan_split_reference(
         dst_map = layout_map(dst, rank)
         stage = rank // n_dst
         tensors: dict[str, TensorPlan] = {}  # MindSpore's dict order: strategy names, then hyper params
-        for name, staged in dst_map.items():
-            if stage not in staged.stages:
-                continue
-            key = name_map.get(name, name)
-            file_id = name_to_file.get(name)
-            if file_id is None or file_id not in unified or key not in unified[file_id].tensors:
-                continue
-            src = unified[file_id]
+        for name, staged, key, src in _split_params(unified, name_to_file, dst_map, stage, name_map):
             full = src.tensors[key].shape
             box = layout.rank_box(staged.layout, full, rank % n_dst)
             full_box = tuple((0, d) for d in full)
@@ -1176,14 +1185,7 @@ def _split_template(
     (empty tensors: one empty copy there, none in the tables; a hyper parameter replacing a sliced one)."""
     template = _Template()
     class_index: dict[int, int] = {}
-    for name, staged in dst_map.items():
-        if stage not in staged.stages:
-            continue
-        key = name_map.get(name, name)
-        file_id = name_to_file.get(name)
-        if file_id is None or file_id not in unified or key not in unified[file_id].tensors:
-            continue
-        src = unified[file_id]
+    for name, staged, key, src in _split_params(unified, name_to_file, dst_map, stage, name_map):
         full = src.tensors[key].shape
         if not all(full):
             return None
