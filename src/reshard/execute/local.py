@@ -305,15 +305,16 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options,
     layout = file_layout(file, options)
     by_name = {t.name: t for t in file.tensors}
     encrypted = options.enc_key is not None and file.format == "ckpt"
-    hashing: list[StreamingDigest] = []  # the hasher of the file being written, if any
-    checksum: list[str] = []
+    hasher: StreamingDigest | None = None  # follows the file while it is written (plain outputs)
+    checksum: str | None = None
 
     def one(out: _Output, lay: FileLayout, name: str) -> None:
         t = by_name[name]
         segments = lay.placements[name]
         _fill_tensor(out, t, segments, sources, plan, budget)
-        for offset, length in segments if hashing else ():
-            hashing[0].finished(offset, length)
+        if hasher is not None:
+            for offset, length in segments:
+                hasher.finished(offset, length)
         for c in t.copies:
             sources.release(plan.sources[c.source], c.tensor)
         if options.progress is not None:
@@ -330,38 +331,39 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options,
                 one(out, lay, name)
 
     def fill(fd: int, lay: FileLayout) -> None:
+        nonlocal hasher
         base.preallocate(fd, lay.size)  # write_file did it already; the encrypted path's plaintext needs it
         if hasher_pool is None or encrypted:
             fill_tensors(fd, lay)
             return
-        hashing.append(StreamingDigest(fd, hasher_pool, options.checksum))
+        hasher = StreamingDigest(fd, hasher_pool, options.checksum)
         for offset, data in lay.framing:  # written by write_file before fill
-            hashing[0].finished(offset, len(data))
+            hasher.finished(offset, len(data))
         try:
             fill_tensors(fd, lay)
         except BaseException:
-            hashing[0].abandon()
+            hasher.abandon()
             raise
 
     def finish(fd: int, lay: FileLayout) -> None:
+        nonlocal checksum
         if options.crc_check and file.format == "ckpt":
             try:
                 ckpt.crc_finish(fd, lay)
             except BaseException:
-                for hasher in hashing:
+                if hasher is not None:
                     hasher.abandon()
                 raise
-        for hasher in hashing:  # the trailer is in the file now: hash up to its real end
-            checksum.append(hasher.result(os.fstat(fd).st_size))
+        if hasher is not None:  # the trailer is in the file now: hash up to its real end
+            checksum = hasher.result(os.fstat(fd).st_size)
 
     if encrypted:  # plaintext temp file, then records
         ckpt.write_encrypted(file.path, layout, fill, options.enc_key, options.enc_mode)
     else:
         base.write_file(file.path, layout, fill, finish)
-    sha = checksum[0] if checksum else None
     if options.on_file_written is not None:
-        options.on_file_written(file, sha)
-    return sha
+        options.on_file_written(file, checksum)
+    return checksum
 
 
 def run_plan(plan: Plan, opener: Opener, options: Options | None = None) -> None:
