@@ -84,7 +84,6 @@ from reshard.plan import REDUNDANT_STATE_PREFIXES, FilePlan, Plan, plan_split, p
 FORMATS = ("ckpt", "safetensors")
 DEFAULT_ENC_MODE = "AES-GCM"
 DEFAULT_MAX_PROCESS_NUM = 64
-DEFAULT_UMASK = 0o022  # when /proc does not tell: the usual one
 # MindSpore writes only the checkpoints: no reshard-manifest.json in the drop-in's output folders.
 WRITE_MANIFEST = False
 # MindSpore's _check_path_safe rejects these in ckpt_prefix (spec 3.9); we add path separators,
@@ -571,25 +570,13 @@ def merge_pipeline_strategys(src_strategy_dirs: str, dst_strategy_file: str) -> 
 
 
 def _write_plain(path: str, data: bytes) -> None:
-    """Atomically, with the permissions of a plain ``open(path, "wb")`` (``0o666 & ~umask``)."""
+    """Atomically, with the permissions of a plain ``open(path, "wb")`` (``atomic_path`` sets them)."""
     with atomic_path(path) as tmp:
         try:
             with open(tmp, "wb") as fh:
                 fh.write(data)
-            os.chmod(tmp, 0o666 & ~_umask())
         except OSError as exc:
             raise UsageError(f"cannot write: {exc.strerror}", path) from None
-
-
-def _umask() -> int:
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return DEFAULT_UMASK
 
 
 def build_searched_strategy(strategy_filename: str) -> dict[str, Any]:

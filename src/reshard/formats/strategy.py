@@ -110,7 +110,6 @@ DEFAULT_OP_NAME = "reshard_stage_marker"
 DEFAULT_OP_STRATEGY: tuple[tuple[int, ...], ...] = ((1,),)
 
 # Fallback permission bits of written files when the umask cannot be read (rw-r--r--).
-_FALLBACK_FILE_MODE = 0o644
 
 # --------------------------------------------------------------------------------------------
 # Protobuf classes, built at runtime from a descriptor (spec 2.1)
@@ -439,21 +438,8 @@ def _write_bytes(path: str, data: bytes) -> None:
         try:
             with open(tmp, "wb") as f:
                 f.write(data)
-            os.chmod(tmp, _default_file_mode())
         except OSError as exc:
             raise UsageError(f"cannot write strategy file: {exc.strerror}", path) from None
-
-
-def _default_file_mode() -> int:
-    """``0o666 & ~umask``: what a plain ``open(path, "w")`` would give (mkstemp gives 0o600)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return 0o666 & ~int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return _FALLBACK_FILE_MODE
 
 
 def _to_message(sf: StrategyFile) -> Any:
