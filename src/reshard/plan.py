@@ -338,6 +338,12 @@ class TransformPlanner:
         found = sorted(self.files)
         if found != list(range(expected)):
             where = self.src.path if self.src is not None else None
+            missing = sorted(set(range(expected)) - set(found))
+            if found and missing and found[-1] < expected:  # the strategy is right; rank folders are missing
+                folder = os.path.dirname(os.path.dirname(self.files[found[0]].path))
+                raise UsageError(
+                    f"no folder for rank(s) {_ranges(missing)}: the source strategy describes {expected} ranks "
+                    f"(0..{expected - 1}), the checkpoint has rank folders {_ranges(found)}", folder)
             raise LayoutError(
                 f"the source strategy describes {expected} rank(s) (0..{expected - 1}) but the checkpoint has "
                 f"{len(found)} rank folder(s) ({_ranges(found)})", where)
