@@ -206,16 +206,14 @@ class _ProgressLines:
         with self.lock:
             self.done += nbytes
             now = time.monotonic()
-            if now - self.last >= self.every:
+            if self.running and now - self.last >= self.every:
                 self.last = now
                 self._print(now)
 
     def stop(self) -> None:
+        """A run that failed ends with its error line alone."""
         with self.lock:
-            if self.running:
-                self.running = False
-                if self.done and self.done < self.total:  # stopped early; the error line follows
-                    self._print(time.monotonic())
+            self.running = False
 
     def finish(self) -> None:
         """The last line, once everything was written."""
@@ -323,9 +321,8 @@ def _notes(notes: Sequence[str], args: argparse.Namespace) -> None:
 
 
 def _finish(report: api.Report, args: argparse.Namespace, dst: str | None = None) -> None:
-    for bar in _BARS:
-        if isinstance(bar, _ProgressLines):
-            bar.finish()
+    for bar in _BARS:  # the bar goes (or the last line prints) before the summary
+        bar.finish() if isinstance(bar, _ProgressLines) else bar.stop()
     _notes(report.notes, args)
     if getattr(args, "dry_run", False) or getattr(args, "json", False):
         print_plan(report.plan, getattr(args, "json", False))
