@@ -351,6 +351,12 @@ def unify_ckpt_rank_folders(tmp: Path, job: dict[str, str]) -> tuple[list[str], 
     return ["unify", job["r8"], OUT, "--strategy", job["s8"]], "hold .ckpt files and unify reads .safetensors"
 
 
+def unify_missing_rank_folder(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _copy_tree(tmp, job["r8st"])
+    shutil.rmtree(os.path.join(src, "rank_5"))
+    return ["unify", src, OUT, "--strategy", job["s8"]], "src: no folder for rank(s) 5"
+
+
 def split_given_rank_folders(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     return ["split", job["r8st"], OUT, "--strategy", job["s4"]], "holds rank_<r> folders, not a unified model"
 
@@ -468,7 +474,8 @@ CASES: list[Case] = [
     dst_under_a_file, convert_wrong_extension, bad_name_map, rank_out_of_range, verify_corrupt_side,
     inspect_truncated,
     unify_other_rank_count, unify_split_not_a_number, unify_split_three_numbers, unify_split_empty_group,
-    unify_ckpt_rank_folders, split_given_rank_folders, src_is_one_rank_folder, ranks_twice, ranks_backwards,
+    unify_ckpt_rank_folders, unify_missing_rank_folder, split_given_rank_folders, src_is_one_rank_folder,
+    ranks_twice, ranks_backwards,
     ranks_empty, ranks_beyond_destination, rank_list_beyond_destination, demo_dir_is_a_file, demo_dir_not_empty,
     workers_zero, max_memory_zero, no_shared_disk_without_ray, ray_address_without_ray, plan_resume,
     plan_overwrite, plan_progress, verify_rank_folders_without_strategy, file_suffix_matches_nothing,

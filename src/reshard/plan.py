@@ -1015,7 +1015,8 @@ def plan_unify(
     needed = planner.needed(0)
     missing = [r for r in needed if r not in planner.files]
     if missing:
-        raise UsageError(f"the checkpoint of rank(s) {sorted(missing)} is missing")
+        where = os.path.dirname(os.path.dirname(next(iter(planner.files.values())).path)) if planner.files else None
+        raise UsageError(f"no folder for rank(s) {_ranges(sorted(missing))}, which the full tensors need", where)
     src_map = planner.src_map or {}
     actual = {n for f in planner.files.values() for n in f.tensors}
     name_set = {n for n in actual & set(src_map) if not n.startswith("accu_grads")}
