@@ -656,6 +656,8 @@ def one_line(text: str) -> str:
 
 
 def _run(args: argparse.Namespace) -> object:
+    _BARS.clear()
+    _ASSUMED_KEYS.clear()
     _rich_raises_broken_pipe()
     try:
         return args.func(args)
