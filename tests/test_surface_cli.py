@@ -277,8 +277,3 @@ def test_dropin_hint_names_its_parameter(job: dict[str, str], tmp_path: Path) ->
         mindspore.transform_checkpoints(job["r8"], str(tmp_path / "out"), "checkpoint_", None, job["s4"])
     assert not (tmp_path / "out").exists()
 
-
-def test_api_refuses_a_rank_named_twice(job: dict[str, str], tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match=r"destination rank\(s\) \[1\] named more than once"):
-        api.transform(job["r8"], str(tmp_path / "out"), job["s8"], job["s4"], ranks=[1, 2, 1])
-    assert not (tmp_path / "out").exists()

@@ -935,9 +935,6 @@ def _wanted_ranks(ranks: Sequence[int] | None, total: int) -> list[int]:
     bad = [r for r in wanted if not 0 <= r < total]
     if bad:
         raise UsageError(f"destination rank(s) {bad} out of range 0..{total - 1}")
-    if len(set(wanted)) != len(wanted):  # each would be planned, and written, once per mention
-        twice = sorted({r for r in wanted if wanted.count(r) > 1})
-        raise UsageError(f"destination rank(s) {twice} named more than once")
     return wanted
 
 
