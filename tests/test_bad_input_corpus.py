@@ -72,7 +72,7 @@ def _rank_file(tree: str, rank: int, fmt: str = "ckpt") -> str:
 def ckpt_truncated(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     src = _copy_tree(tmp, job["r8"])
     _truncate(_rank_file(src, 3))
-    return _transform(src, job["s8"], job["s4"]), "checkpoint_3.ckpt"
+    return _transform(src, job["s8"], job["s4"]), "checkpoint_3.ckpt: truncated"
 
 
 def ckpt_garbage_header(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
@@ -257,13 +257,13 @@ def merge_garbage(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
 def missing_rank_folder(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     src = _copy_tree(tmp, job["r8"])
     shutil.rmtree(os.path.join(src, "rank_5"))
-    return _transform(src, job["s8"], job["s4"]), "rank"
+    return _transform(src, job["s8"], job["s4"]), "src: no folder for rank(s) 5"
 
 
 def missing_rank_file(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     src = _copy_tree(tmp, job["r8"])
     os.unlink(_rank_file(src, 2))
-    return _transform(src, job["s8"], job["s4"]), "rank"
+    return _transform(src, job["s8"], job["s4"]), "rank_2: rank 2's folder is empty"
 
 
 def missing_source(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
@@ -324,6 +324,145 @@ def inspect_truncated(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     return ["inspect", _rank_file(src, 1)], "checkpoint_1.ckpt"
 
 
+# ------------------------------------------------------------------------------------ flags and commands
+
+
+def _unify(job: dict[str, str], *extra: str, strategy: str = "s8") -> list[str]:
+    return ["unify", job["r8st"], OUT, "--strategy", job[strategy], *extra]
+
+
+def unify_other_rank_count(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _unify(job, strategy="s4"), "s4.ckpt: the strategy describes 4 rank(s)"
+
+
+def unify_split_not_a_number(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _unify(job, "--split", "x"), "not a part group: 'x'"
+
+
+def unify_split_three_numbers(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _unify(job, "--split", "1/2/3"), "not a part group: '1/2/3'"
+
+
+def unify_split_empty_group(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _unify(job, "--split", "2/2"), "--split 2/2: that part group is empty"
+
+
+def unify_ckpt_rank_folders(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return ["unify", job["r8"], OUT, "--strategy", job["s8"]], "hold .ckpt files and unify reads .safetensors"
+
+
+def unify_missing_rank_folder(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _copy_tree(tmp, job["r8st"])
+    shutil.rmtree(os.path.join(src, "rank_5"))
+    return ["unify", src, OUT, "--strategy", job["s8"]], "src: no folder for rank(s) 5"
+
+
+def split_given_rank_folders(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return ["split", job["r8st"], OUT, "--strategy", job["s4"]], "holds rank_<r> folders, not a unified model"
+
+
+def src_is_one_rank_folder(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return (_transform(os.path.join(job["r8"], "rank_0"), job["s8"], job["s4"]),
+            f"give the folder holding the rank_<r> folders ({job['r8']})")
+
+
+def ranks_twice(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _transform(job["r8"], job["s8"], job["s4"], "--ranks", "1,1,1"), "names rank 1 more than once"
+
+
+def ranks_backwards(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _transform(job["r8"], job["s8"], job["s4"], "--ranks", "3-1"), "runs backwards"
+
+
+def ranks_empty(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _transform(job["r8"], job["s8"], job["s4"], "--ranks", ""), "names no rank"
+
+
+def ranks_beyond_destination(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _transform(job["r8"], job["s8"], job["s4"], "--ranks", "0,9"), "out of range 0..3"
+
+
+def rank_list_beyond_destination(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return (["rank-list", "9", "--src-strategy", job["s8"], "--dst-strategy", job["s4"]],
+            "destination rank 9 out of range: the destination strategy has 4 ranks")
+
+
+def demo_dir_is_a_file(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    (tmp / "afile").write_text("x")
+    return ["demo", "--dir", str(tmp / "afile")], "--dir is a file"
+
+
+def demo_dir_not_empty(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    (tmp / "mine").mkdir()
+    (tmp / "mine" / "full").mkdir()
+    (tmp / "mine" / "notes.txt").write_text("keep me")
+    return ["demo", "--dir", str(tmp / "mine")], "--dir is not empty"
+
+
+def workers_zero(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _transform(job["r8"], job["s8"], job["s4"], "--workers", "0"), "--workers: '0': must be at least 1"
+
+
+def max_memory_zero(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _transform(job["r8"], job["s8"], job["s4"], "--max-memory", "0"), "must be more than 0"
+
+
+def no_shared_disk_without_ray(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _transform(job["r8"], job["s8"], job["s4"], "--no-shared-disk"), "--no-shared-disk applies to --executor ray"
+
+
+def ray_address_without_ray(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return (_transform(job["r8"], job["s8"], job["s4"], "--ray-address", "127.0.0.1:1"),
+            "--ray-address applies to --executor ray")
+
+
+def _plan(job: dict[str, str], flag: str) -> list[str]:
+    return ["plan", "--src", job["r8"], "--dst", OUT, "--src-strategy", job["s8"], "--dst-strategy", job["s4"], flag]
+
+
+def plan_resume(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _plan(job, "--resume"), "unrecognized arguments: --resume"
+
+
+def plan_overwrite(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _plan(job, "--overwrite"), "unrecognized arguments: --overwrite"
+
+
+def plan_progress(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _plan(job, "--progress"), "unrecognized arguments: --progress"
+
+
+def verify_rank_folders_without_strategy(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return ["verify", job["full"], job["r8"]], "give --b-strategy"
+
+
+def file_suffix_matches_nothing(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _transform(job["r8"], job["s8"], job["s4"], "--file-suffix", "-9_9"), "no *-9_9.ckpt file"
+
+
+def key_format_hex_not_hex(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    path = tmp / "enc.ckpt"
+    save_ckpt(path, {"w": np.arange(4, dtype=np.float32)}, enc_key=bytes(16))
+    (tmp / "key.bin").write_bytes(b"0123456789ABCDEF")
+    return (["convert", str(path), OUT, "--to", "safetensors", "--dec-key-file", str(tmp / "key.bin"),
+             "--key-format", "hex"], "--key-format hex: the key file must hold")
+
+
+def ray_address_nobody_answers(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    address = f"127.0.0.1:{_closed_port()}"
+    return (_transform(job["r8"], job["s8"], job["s4"], "--executor", "ray", "--ray-address", address),
+            "no Ray cluster answers there")
+
+
+def _closed_port() -> int:
+    """A local port nobody listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 CASES: list[Case] = [
     ckpt_truncated, ckpt_garbage_header, ckpt_bit_flips, ckpt_lying_dims, ckpt_unknown_dtype, ckpt_crc_mismatch,
     ckpt_encrypted_no_key, ckpt_wrong_key, ckpt_empty_file,
@@ -334,7 +473,20 @@ CASES: list[Case] = [
     missing_rank_folder, missing_rank_file, missing_source, missing_strategy, dst_inside_source, dst_not_empty,
     dst_under_a_file, convert_wrong_extension, bad_name_map, rank_out_of_range, verify_corrupt_side,
     inspect_truncated,
+    unify_other_rank_count, unify_split_not_a_number, unify_split_three_numbers, unify_split_empty_group,
+    unify_ckpt_rank_folders, unify_missing_rank_folder, split_given_rank_folders, src_is_one_rank_folder,
+    ranks_twice, ranks_backwards,
+    ranks_empty, ranks_beyond_destination, rank_list_beyond_destination, demo_dir_is_a_file, demo_dir_not_empty,
+    workers_zero, max_memory_zero, no_shared_disk_without_ray, ray_address_without_ray, plan_resume,
+    plan_overwrite, plan_progress, verify_rank_folders_without_strategy, file_suffix_matches_nothing,
+    key_format_hex_not_hex,
 ]
+try:
+    import ray  # noqa: F401  (the test extra installs it)
+
+    CASES.append(ray_address_nobody_answers)
+except ImportError:
+    pass
 
 
 def assert_clean_failure(proc: subprocess.CompletedProcess[str], text: str) -> None:
@@ -375,7 +527,8 @@ def test_several_candidate_files_are_reported(job: dict[str, str], tmp_path: Pat
     proc = run_cli(*[a.replace(OUT, str(tmp_path / "out")) for a in _transform(src, job["s8"], job["s4"])])
     assert proc.returncode == 0, proc.stderr
     notes = [line for line in proc.stderr.splitlines() if "rank 2" in line]
-    assert notes == ["reshard: note: rank 2: using checkpoint_2.ckpt, ignoring checkpoint_0-old.ckpt"], proc.stderr
+    assert notes == ["reshard: note: rank 2: using checkpoint_2.ckpt (the last name, MindSpore's rule for .ckpt), "
+                     "ignoring checkpoint_0-old.ckpt"], proc.stderr
 
 
 # ------------------------------------------------------------------------------------ full disk, read-only
@@ -439,3 +592,20 @@ def test_read_only_destination(job: dict[str, str], tmp_path: Path) -> None:
         proc = run_cli(*[a.replace(OUT, str(ro / "out")) for a in _transform(job["r8"], job["s8"], job["s4"])])
         assert_clean_failure(proc, "Read-only file system")
         assert os.listdir(ro) == []
+
+
+@pytest.mark.parametrize("flag", ["--overwrite", "--resume"])
+def test_read_only_existing_destination(job: dict[str, str], tmp_path: Path, flag: str) -> None:
+    """A previous run's folder on a read-only mount: "read-only", not "cannot remove reshard-manifest.json"."""
+    ro = tmp_path / "ro"
+    with _tmpfs(ro, "size=1m") as mounted:
+        if not mounted:
+            pytest.skip("mount is not permitted here")
+        out = ro / "out"
+        argv = [a.replace(OUT, str(out)) for a in _transform(job["r8"], job["s8"], job["s4"])]
+        assert run_cli(*argv).returncode == 0
+        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+        before = snapshot(str(ro))
+        proc = run_cli(*argv, flag)
+        assert_clean_failure(proc, "out: destination folder is read-only")
+        assert snapshot(str(ro)) == before

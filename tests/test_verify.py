@@ -152,8 +152,10 @@ def test_bad_sides(job, tmp_path) -> None:
         verify.verify(str(tmp_path / "nope"), job["full"])
     with pytest.raises(UsageError, match="strategy belongs"):
         verify.verify(job["full"], job["full"], a_strategy=job["s8"])
-    with pytest.raises(UsageError, match="no source strategy"):
+    with pytest.raises(UsageError, match="no strategy for them: give --a-strategy"):
         verify.verify(job["r8"], job["full"])
+    with pytest.raises(UsageError, match="give --b-strategy"):
+        verify.verify(job["full"], job["r8"])
 
 
 # ------------------------------------------------------------------------------------ CLI

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from reshard import manifest as _manifest
-from reshard.errors import FormatError, UsageError
+from reshard.errors import FormatError, LayoutError, UsageError
 from reshard.execute import local
 from reshard.formats import hf_index, layout_dir
 from reshard.formats.base import TensorIndex
@@ -44,15 +44,22 @@ INDEX_THREADS = 8  # source files indexed at once while planning (the scans wait
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """How to open source checkpoints (decryption, crc checking).
+    """How to find and open source checkpoints (which file of a rank folder, decryption, crc checking).
 
     ``crc_check=True`` verifies the crc trailer of every plain ``.ckpt`` source that has one (one
-    extra read of the file); files without a trailer are accepted, as MindSpore does.
+    extra read of the file); files without a trailer are accepted, as MindSpore does. When a rank
+    folder holds several checkpoints, ``file_suffix`` takes the one whose name ends in it
+    (MindSpore's ``file_suffix`` rule), ``pick`` chooses by ``"last-name"`` or ``"newest"`` (mtime;
+    default: MindSpore's rule for the format), and ``src_format`` reads ``"ckpt"`` or
+    ``"safetensors"`` files when the folders hold both.
     """
 
     dec_key: bytes | None = field(default=None, repr=False)  # never printed
     dec_mode: str = "AES-GCM"
     crc_check: bool = False
+    file_suffix: str | None = None
+    pick: str | None = None
+    src_format: str | None = None
 
 
 @dataclass
@@ -61,6 +68,7 @@ class Report:
 
     plan: Plan
     notes: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)  # outputs of an interrupted run that resume kept
 
 
 def open_checkpoint(path: str, options: ReadOptions | None = None) -> TensorIndex:
@@ -109,14 +117,54 @@ def rank_sources(
     notes: list[str] | None = None,
     listing_order: bool = False,
 ) -> tuple[str, dict[int, SourceFile]]:
-    """The chosen checkpoint of every ``rank_<r>`` folder, as planning facts."""
+    """The chosen checkpoint of every ``rank_<r>`` folder, as planning facts.
+
+    ``fmt``, ``rule`` and ``file_suffix`` default to ``options``' ``src_format``, ``pick`` and
+    ``file_suffix``; a note names the file used, the rule that chose it and the files passed over.
+    """
+    fmt, rule, file_suffix = _source_choice(fmt, rule, file_suffix, options)
+    folder_check(model_dir)
     fmt, chosen = layout_dir.collect_rank_files(model_dir, fmt, rule, file_suffix, listing_order)
+    rule = rule or ("name" if fmt == "ckpt" else "numbers")
     if notes is not None:
         for picked in chosen.values():
             if picked.ignored:
                 ignored = ", ".join(os.path.basename(p) for p in picked.ignored)
-                notes.append(f"rank {picked.rank}: using {os.path.basename(picked.path)}, ignoring {ignored}")
+                why = f"the one ending in {file_suffix}" if file_suffix else layout_dir.RULE_TEXT[rule]
+                notes.append(f"rank {picked.rank}: using {os.path.basename(picked.path)} ({why}), ignoring {ignored}")
     return fmt, _source_files({r: p.path for r, p in chosen.items()}, options)
+
+
+def _source_choice(
+    fmt: str | None, rule: str | None, file_suffix: str | None, options: ReadOptions | None
+) -> tuple[str | None, str | None, str | None]:
+    """The format, pick rule and file suffix asked for, by argument or else by ``options``."""
+    if options is None:
+        return fmt, rule, file_suffix
+    if options.src_format is not None:
+        if options.src_format not in layout_dir.FORMATS:
+            raise UsageError(f"unknown source format {options.src_format!r} (choose ckpt or safetensors)")
+        if fmt is not None and fmt != options.src_format:
+            raise UsageError(f"this operation reads .{fmt} files; the source format {options.src_format} "
+                             "does not apply")
+    if options.pick is not None and options.pick not in layout_dir.PICKS:
+        raise UsageError(f"unknown pick rule {options.pick!r} (choose {' or '.join(layout_dir.PICKS)})")
+    return (fmt or options.src_format, rule or layout_dir.PICKS.get(options.pick or ""),
+            file_suffix or options.file_suffix)
+
+
+def folder_check(model_dir: str) -> None:
+    """A rank folder given where its parent belongs, or an empty ``rank_<r>`` folder: said plainly."""
+    name = os.path.basename(os.path.normpath(model_dir))
+    if os.path.isdir(model_dir) and name.startswith("rank_") and not layout_dir.rank_dirs(model_dir):
+        parent = os.path.dirname(os.path.normpath(model_dir)) or "."
+        raise UsageError(f"this is one rank's folder; give the folder holding the rank_<r> folders ({parent})",
+                         model_dir)
+    if not os.path.isdir(model_dir):
+        return
+    for rank, folder in layout_dir.rank_dirs(model_dir).items():
+        if not any(layout_dir.files_in(folder, f) for f in layout_dir.FORMATS):
+            raise UsageError(f"rank {rank}'s folder is empty (no .ckpt or .safetensors file)", folder)
 
 
 def _source_files(paths: Mapping[int, str], options: ReadOptions | None) -> dict[int, SourceFile]:
@@ -157,6 +205,8 @@ def check_destination(dst: str, sources: Sequence[str], overwrite: bool, resume:
             raise UsageError(f"destination lies inside the source folder {src}", dst)
     if os.path.isfile(dst):
         raise UsageError("destination exists and is a file", dst)
+    if os.path.isdir(dst) and not os.access(dst, os.W_OK):
+        raise UsageError("destination folder is read-only", dst)
     if os.path.isdir(dst) and os.listdir(dst) and not (overwrite or resume):
         if _manifest.has_unfinished_run(dst):
             raise UsageError("destination holds an unfinished run (use --resume to continue it)", dst)
@@ -235,14 +285,16 @@ def transform(
         fmt, sources = _sources_for(src, read, notes)
         src_sf, dst_sf = _strategy(src_strategy), _strategy(dst_strategy)
         if src_sf is None and len(sources) > 1:
-            raise UsageError("several rank folders but no source strategy; give --src-strategy", src)
+            raise UsageError("several rank folders but no source strategy (--src-strategy, src_strategy in Python)",
+                             src)
         plan = plan_transform(sources, src_sf, dst_sf, dst_dir, prefix, output_format or fmt, ranks)
     if shard_size is not None:
         plan = hf_sharded(plan, dst_dir, shard_size)
+    kept: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [model_folder(src)], overwrite, resume)
-        _kept_note(execute(plan, read, run, root=dst_dir, resume=resume, manifest=manifest), notes)
-    return Report(plan, notes)
+        kept = _kept_note(execute(plan, read, run, root=dst_dir, resume=resume, manifest=manifest), notes)
+    return Report(plan, notes, kept)
 
 
 def _shard_size(hf: bool, max_shard_size: int | str | None) -> int | None:
@@ -254,9 +306,10 @@ def _shard_size(hf: bool, max_shard_size: int | str | None) -> int | None:
     return hf_index.parse_size(hf_index.DEFAULT_MAX_SHARD_SIZE if max_shard_size is None else max_shard_size)
 
 
-def _kept_note(kept: list[str], notes: list[str]) -> None:
+def _kept_note(kept: list[str], notes: list[str]) -> list[str]:
     if kept:
         notes.append(f"resume: kept {len(kept)} finished file(s) of the interrupted run")
+    return kept
 
 
 def transform_by_rank(
@@ -326,18 +379,44 @@ def unify(
     shard_size = _shard_size(hf, max_shard_size)
     if shard_size is not None and split_dst_file:
         raise UsageError("split_dst_file (--split) does not apply to Hugging Face output")
+    _refuse_ckpt_ranks(src_dir)
     _, sources = rank_sources(src_dir, "safetensors", None, file_suffix, read, notes, mindspore_order)
     sf = _strategy(src_strategy)
     if sf is None:
         raise UsageError("unify needs the source strategy")
+    _check_unify_ranks(src_dir, sources, sf)
     if shard_size is not None:
         plan = plan_unify_hf(sources, sf, dst_dir, choice_func, shard_size)
     else:
         plan = plan_unify(sources, sf, dst_dir, choice_func, split_dst_file)
+    kept: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [src_dir], overwrite, resume)
-        _kept_note(execute(plan, read, run, root=dst_dir, resume=resume, manifest=manifest), notes)
-    return Report(plan, notes)
+        kept = _kept_note(execute(plan, read, run, root=dst_dir, resume=resume, manifest=manifest), notes)
+    return Report(plan, notes, kept)
+
+
+def _refuse_ckpt_ranks(src_dir: str) -> None:
+    """unify reads safetensors: rank folders of .ckpt files get the two ways forward, not "missing"."""
+    dirs = layout_dir.rank_dirs(src_dir) if os.path.isdir(src_dir) else {}
+    folders = list(dirs.values())
+    if folders and not any(layout_dir.files_in(d, "safetensors") for d in folders) and any(
+            layout_dir.files_in(d, "ckpt") for d in folders):
+        raise UsageError("the rank folders hold .ckpt files and unify reads .safetensors: convert them first "
+                         "(reshard convert SRC ST_DIR --to safetensors), or get a full .ckpt with reshard transform "
+                         "--src SRC --src-strategy S --dst OUT", src_dir)
+
+
+def _check_unify_ranks(src_dir: str, sources: Mapping[int, SourceFile], sf: StrategyFile) -> None:
+    """Rank folders beyond the strategy's ranks mean the strategy belongs to another job."""
+    from reshard.formats.strategy import device_num, stage_count
+
+    expected = device_num(sf) * stage_count(sf)
+    beyond = sorted(r for r in sources if r >= expected)
+    if beyond:
+        raise LayoutError(f"the strategy describes {expected} rank(s) (0..{expected - 1}) but the checkpoint "
+                          f"{src_dir} has {len(sources)} rank folders; is it the strategy of this job?",
+                          sf.path)
 
 
 HYPER_NAME = "hyper_param.safetensors"  # unify's file of the parameters outside the strategy
@@ -360,6 +439,9 @@ def unified_index(
         return hf_model(index)
     if not os.path.isdir(unified_dir):
         raise UsageError("not a folder", unified_dir)
+    if layout_dir.rank_dirs(unified_dir):
+        raise UsageError("this folder holds rank_<r> folders, not a unified model: unify them first (reshard unify "
+                         "SRC UNIFIED --strategy S), or reshard them directly (reshard transform)", unified_dir)
     names = sorted(n for n in os.listdir(unified_dir) if n.endswith(".safetensors"))
     if not names:
         raise UsageError("no .safetensors files", unified_dir)
@@ -449,14 +531,18 @@ def split(
         raise UsageError("split needs the destination strategy")
     plan = plan_split(files, mapping, hyper, sf, dst_dir, output_format, ranks, name_map)
     notes: list[str] = []
+    kept: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [model_folder(unified_dir)], overwrite, resume)
-        _kept_note(execute(plan, None, run, root=dst_dir, resume=resume, manifest=manifest), notes)
-    return Report(plan, notes)
+        kept = _kept_note(execute(plan, None, run, root=dst_dir, resume=resume, manifest=manifest), notes)
+    return Report(plan, notes, kept)
 
 
-def convert_targets(src: str, dst: str | None, to: str, file_regex: str | None = None) -> list[tuple[str, str]]:
-    """(input, output) pairs of a convert: a file, or every matching file of the ``rank*`` folders."""
+def convert_targets(src: str, dst: str | None, to: str, file_regex: str | None = None,
+                    choose: ReadOptions | None = None, notes: list[str] | None = None) -> list[tuple[str, str]]:
+    """(input, output) pairs of a convert: a file, or every matching file of the ``rank*`` folders.
+
+    With ``choose.file_suffix`` or ``choose.pick``, one file per rank folder (a note names it)."""
     import re
 
     src_ext = ".ckpt" if to == "safetensors" else ".safetensors"
@@ -477,11 +563,29 @@ def convert_targets(src: str, dst: str | None, to: str, file_regex: str | None =
         raise UsageError("no rank* sub-folders", src)
     for sub in subdirs:
         folder = os.path.join(src, sub)
-        for name in sorted(os.listdir(folder)):
+        names = _chosen_names(folder, src_ext[1:], choose, notes) if choose else sorted(os.listdir(folder))
+        for name in names:
             if name.endswith(src_ext) and (pattern is None or pattern.search(name)):
                 out_dir = os.path.join(dst, sub) if dst else folder
                 pairs.append((os.path.join(folder, name), os.path.join(out_dir, name.replace(src_ext, dst_ext))))
     return pairs
+
+
+def _chosen_names(folder: str, fmt: str, choose: ReadOptions, notes: list[str] | None) -> list[str]:
+    """Every file name of ``folder``, or only the one ``choose`` picks (``--file-suffix``/``--pick``)."""
+    if not (choose.file_suffix or choose.pick):
+        return sorted(os.listdir(folder))
+    _, rule, suffix = _source_choice(None, None, None, choose)
+    files = layout_dir.files_in(folder, fmt)
+    if not files and not suffix:
+        return []
+    chosen = layout_dir.choose_file(folder, files, fmt, rule or "name", suffix)
+    ignored = [os.path.basename(p) for p in files if p != chosen]
+    if ignored and notes is not None:
+        why = f"the one ending in {suffix}" if suffix else layout_dir.RULE_TEXT[rule or "name"]
+        notes.append(f"{os.path.basename(folder)}: using {os.path.basename(chosen)} ({why}), ignoring "
+                     f"{', '.join(ignored)}")
+    return [os.path.basename(chosen)]
 
 
 def convert(
@@ -512,12 +616,13 @@ def convert(
     shard_size = _shard_size(hf, max_shard_size)
     if shard_size is not None and (to != "safetensors" or not os.path.isfile(src)):
         raise UsageError("Hugging Face output converts one full .ckpt file to safetensors", src)
-    pairs = convert_targets(src, dst, to, file_regex)
+    notes: list[str] = []
+    pairs = convert_targets(src, dst, to, file_regex, read, notes)
     plan = plan_convert([(source_file(i, 0, read), o, to) for i, o in pairs], name_map)
     if shard_size is not None:
         out_dir = os.path.dirname(pairs[0][1]) if pairs else (dst or os.path.dirname(os.path.abspath(src)))
         plan = hf_sharded(plan, out_dir, shard_size)
-    notes: list[str] = []
+    kept: list[str] = []
     if not dry_run:
         root = dst if dst else (src if os.path.isdir(src) else os.path.dirname(os.path.abspath(src)))
         if dst:
@@ -526,8 +631,8 @@ def convert(
             existing = [p for p in [f.path for f in plan.files] + [t.path for t in plan.texts] if os.path.exists(p)]
             if existing:
                 raise UsageError("output exists (use --overwrite to replace it)", existing[0])
-        _kept_note(execute(plan, read, run, root=root, resume=resume, manifest=manifest), notes)
-    return Report(plan, notes)
+        kept = _kept_note(execute(plan, read, run, root=root, resume=resume, manifest=manifest), notes)
+    return Report(plan, notes, kept)
 
 
 ProgressFn = Callable[[int], None]

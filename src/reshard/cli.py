@@ -1,13 +1,16 @@
 """The ``reshard`` command.
 
 Every user-facing failure is a ``ReshardError``: it becomes one line on stderr and exit code 2.
-Anything else is a bug; it is still reported as one line (set ``RESHARD_DEBUG=1`` for the
-traceback) so scripts never parse a Python stack. ``transform`` accepts MindFormers'
-``transform_ckpt.py`` flags verbatim (``--src_ckpt_strategy`` ...) as well as hyphenated forms.
+Anything else is a bug; it is still reported as one line, with exit code 3 (set ``RESHARD_DEBUG=1``
+for the traceback) so scripts never parse a Python stack. Exit codes: 0 done, 1 ``verify`` found
+a difference, 2 bad input or usage, 3 internal error, 130 interrupted; output cut short by its
+reader (``reshard inspect --json | head``) ends quietly with 141, as ``cat`` killed by SIGPIPE does.
+``transform`` accepts MindFormers' ``transform_ckpt.py`` flags verbatim (``--src_ckpt_strategy`` ...)
+as well as hyphenated forms.
 
 Keys never appear on the command line (shell history, ``ps``): ``--dec-key-file``/``--enc-key-file``
-name a file, ``--dec-key-env``/``--enc-key-env`` an environment variable holding hex. ``verify``
-exits 0 when both sides hold the same tensors, 1 when they differ, 2 on bad input.
+name a file, ``--dec-key-env``/``--enc-key-env`` an environment variable holding hex (``--key-format``
+says how to read a key file whose text is also a valid raw key).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,10 +32,14 @@ from reshard import api
 from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM
+from reshard.formats.layout_dir import PICKS
 from reshard.plan import Plan
 
 EXIT_USAGE = 2
-EXIT_BUG = 1
+EXIT_BUG = 3
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what the shell reports for `cat big | head`
+EXIT_CODES = ("exit codes: 0 done, 1 verify found a difference, 2 bad input or usage, 3 internal error, "
+              "130 interrupted, 141 output closed by its reader (e.g. | head)")
 
 
 def _size(n: int) -> str:
@@ -46,25 +54,69 @@ def _parse_memory(text: str) -> int:
     units = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
     t = text.strip().lower().rstrip("ib").rstrip("b") if text.strip().lower()[-1:] == "b" else text.strip().lower()
     try:
-        if t and t[-1] in units:
-            return int(float(t[:-1]) * units[t[-1]])
-        return int(t)
+        value = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 512M or 2G)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the memory bound must be more than 0 (try 512M or 2G)")
+    return value
+
+
+def _rank_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a rank: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: ranks count from 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return value
 
 
 def _parse_ranks(text: str) -> list[int]:
+    """``0,1,4-7``: ranks in the order given. A reversed range, an empty list or a rank named twice is
+    refused: each is a typo more often than not, and a run that writes the wrong set of files is worse
+    than a one-line error (a duplicate would also plan the same output file twice)."""
     ranks: list[int] = []
-    try:
-        for part in text.split(","):
+    hint = "(try 0,1,4-7)"
+    for part in text.split(","):
+        part = part.strip()
+        try:
             if "-" in part:
-                a, b = part.split("-")
-                ranks.extend(range(int(a), int(b) + 1))
-            elif part.strip():
+                first, last = (int(x) for x in part.split("-"))
+                if first > last:
+                    raise argparse.ArgumentTypeError(f"{text!r}: range {part} runs backwards (write {last}-{first})")
+                ranks.extend(range(first, last + 1))
+            elif part:
                 ranks.append(int(part))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a rank list: {text!r} (try 0,1,4-7)") from None
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a rank list: {text!r} {hint}") from None
+    if not ranks:
+        raise argparse.ArgumentTypeError(f"{text!r} names no rank {hint}")
+    twice = sorted({r for r in ranks if ranks.count(r) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"{text!r} names rank {', '.join(map(str, twice))} more than once")
     return ranks
+
+
+def _parse_split(text: str) -> tuple[int, int]:
+    """``i/n``: part group i of n, 1 <= i <= n."""
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a part group: {text!r} (write i/n, e.g. 1/2)") from None
+    if not 1 <= index <= count:
+        raise argparse.ArgumentTypeError(f"{text!r}: i/n needs 1 <= i <= n")
+    return index, count
 
 
 def _console():  # imported lazily: rich is only needed for human output
@@ -96,16 +148,29 @@ def print_plan(plan: Plan, as_json: bool) -> None:
     )
 
 
+def _speed_column() -> Any:
+    """Transfer speed in MiB/s or GiB/s (rich's own column counts in MB/s), matching the summary."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class BinarySpeed(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            speed = task.finished_speed or task.speed
+            return Text("?" if speed is None else f"{_size(int(speed))}/s", style="progress.data.speed")
+
+    return BinarySpeed()
+
+
 class _ProgressBar:
-    """A rich progress bar over bytes written, on stderr, only when stderr is a terminal (or forced)."""
+    """A rich progress bar over bytes written, on stderr, for a terminal (binary units, like the summary)."""
 
     def __init__(self) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
-        self.progress = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                                 TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True),
-                                 transient=True)
+        self.progress = Progress("[progress.description]{task.description}", BarColumn(),
+                                 DownloadColumn(binary_units=True), _speed_column(), TimeRemainingColumn(),
+                                 console=Console(stderr=True), transient=True)
         self.task: Any = None
 
     def start(self, total: int) -> None:
@@ -120,25 +185,87 @@ class _ProgressBar:
         self.progress.stop()
 
 
-_BARS: list[_ProgressBar] = []
+class _ProgressLines:
+    """Progress for logs (stderr is a pipe or a file): a plain line every few seconds and one at the end,
+    ``reshard: 1.23 GiB / 4.00 GiB (30%), 850.00 MiB/s, ETA 0:03``."""
+
+    def __init__(self, every: float = 5.0) -> None:
+        import threading
+
+        self.every = every
+        self.lock = threading.Lock()
+        self.total = self.done = 0
+        self.started = self.last = 0.0
+        self.running = False
+
+    def start(self, total: int) -> None:
+        self.total, self.done, self.running = total, 0, True
+        self.started = self.last = time.monotonic()
+
+    def advance(self, nbytes: int) -> None:
+        with self.lock:
+            self.done += nbytes
+            now = time.monotonic()
+            if self.running and now - self.last >= self.every:
+                self.last = now
+                self._print(now)
+
+    def stop(self) -> None:
+        """A run that failed ends with its error line alone."""
+        with self.lock:
+            self.running = False
+
+    def finish(self) -> None:
+        """The last line, once everything was written."""
+        with self.lock:
+            if self.running:
+                self.running = False
+                self._print(time.monotonic())
+
+    def _print(self, now: float) -> None:
+        elapsed = max(now - self.started, 1e-9)
+        rate = self.done / elapsed
+        percent = 100 * self.done // self.total if self.total else 100
+        left = (self.total - self.done) / rate if rate > 0 else 0.0
+        print(f"reshard: {_size(self.done)} / {_size(self.total)} ({percent}%), {_size(int(rate))}/s, "
+              f"ETA {_clock(left)}", file=sys.stderr, flush=True)
+
+
+def _clock(seconds: float) -> str:
+    """``0:03``, ``12:40``, ``1:02:03``."""
+    whole = int(seconds + 0.5)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+_BARS: list[_ProgressBar | _ProgressLines] = []
+
+
+def _progress_hooks(args: argparse.Namespace) -> dict[str, Any]:
+    """``--progress``: a bar on a terminal, plain lines in a log; by default a bar on a terminal only.
+    ``--quiet`` or ``--no-progress`` silences it."""
+    show = getattr(args, "progress", None)
+    terminal = sys.stderr.isatty()
+    if getattr(args, "quiet", False) or getattr(args, "dry_run", False) or show is False or not (show or terminal):
+        return {}
+    bar: _ProgressBar | _ProgressLines = _ProgressBar() if terminal else _ProgressLines()
+    _BARS.append(bar)
+    return {"on_start": bar.start, "progress": bar.advance}
 
 
 def _run_options(args: argparse.Namespace) -> local.Options:
     key = _key(args, "enc")
-    show = getattr(args, "progress", None)
-    if show is None:
-        show = sys.stderr.isatty()
-    hooks: dict[str, Any] = {}
-    if show and not getattr(args, "dry_run", False):
-        bar = _ProgressBar()
-        _BARS.append(bar)
-        hooks = {"on_start": bar.start, "progress": bar.advance}
+    hooks = _progress_hooks(args)
     if getattr(args, "executor", "local") == "ray":  # Ray imported only when the run starts
         from reshard.execute.ray import RayOptions
 
         hooks.update(address=args.ray_address, shared_disk=args.shared_disk)
         options_class: type[local.Options] = RayOptions
     else:
+        if getattr(args, "ray_address", None) is not None or getattr(args, "shared_disk", True) is False:
+            flag = "--ray-address" if getattr(args, "ray_address", None) is not None else "--no-shared-disk"
+            raise UsageError(f"{flag} applies to --executor ray only")
         options_class = local.Options
     return options_class(workers=args.workers, max_memory=args.max_memory, crc_check=getattr(args, "crc", False),
                          enc_key=key, enc_mode=getattr(args, "enc_mode", None) or "AES-GCM",
@@ -147,7 +274,11 @@ def _run_options(args: argparse.Namespace) -> local.Options:
 
 def _read_options(args: argparse.Namespace) -> api.ReadOptions:
     return api.ReadOptions(dec_key=_key(args, "dec"), dec_mode=getattr(args, "dec_mode", None) or "AES-GCM",
-                           crc_check=getattr(args, "check_crc", False))
+                           crc_check=getattr(args, "check_crc", False), file_suffix=getattr(args, "file_suffix", None),
+                           pick=getattr(args, "pick", None), src_format=getattr(args, "src_format", None))
+
+
+_ASSUMED_KEYS: list[str] = []  # "--dec-key-file k.txt read as hex (...)": said again when decryption fails
 
 
 def _key(args: argparse.Namespace, side: str) -> bytes | None:
@@ -155,11 +286,15 @@ def _key(args: argparse.Namespace, side: str) -> bytes | None:
     from reshard.formats import crypto
 
     key_file, env = getattr(args, f"{side}_key_file", None), getattr(args, f"{side}_key_env", None)
+    key_format = getattr(args, "key_format", None)
     if key_file is None and env is None:
         if getattr(args, f"{side}_mode", None):
             raise UsageError(f"--{side}-mode needs a key: give --{side}-key-file or --{side}-key-env")
         return None
-    return crypto.load_key(key_file, env)
+    if key_file is not None and key_format is None and crypto.ambiguous_key_file(key_file):
+        _ASSUMED_KEYS.append(f"--{side}-key-file {key_file} was read as hex (32 hex digits: a 16-byte key); "
+                             "if it is a 32-byte raw key, pass --key-format raw")
+    return crypto.load_key(key_file, env, key_format or "auto")
 
 
 def _kwargs(args: argparse.Namespace) -> dict[str, bool]:
@@ -178,36 +313,53 @@ def _add_hf_flags(p: argparse.ArgumentParser) -> None:
                    help="with --hf: largest shard, e.g. 5GB (default, decimal), 500MB, 2GiB or bytes")
 
 
-def _notes(report: api.Report) -> None:
-    for note in report.notes:
+def _notes(notes: Sequence[str], args: argparse.Namespace) -> None:
+    if getattr(args, "quiet", False):
+        return
+    for note in notes:
         print(f"reshard: note: {one_line(note)}", file=sys.stderr)
 
 
-def _finish(report: api.Report, args: argparse.Namespace) -> None:
-    _notes(report)
+def _finish(report: api.Report, args: argparse.Namespace, dst: str | None = None) -> None:
+    for bar in _BARS:  # the bar goes (or the last line prints) before the summary
+        bar.finish() if isinstance(bar, _ProgressLines) else bar.stop()
+    _notes(report.notes, args)
     if getattr(args, "dry_run", False) or getattr(args, "json", False):
         print_plan(report.plan, getattr(args, "json", False))
     else:
-        p = report.plan
-        print(f"wrote {len(p.files)} files ({_size(p.bytes_written)})")
+        print(summary(report, dst, time.monotonic() - getattr(args, "started", time.monotonic())))
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def summary(report: api.Report, dst: str | None, seconds: float) -> str:
+    """``wrote 8 files (1.13 GiB) to out/ in 2.1 s, 540.00 MiB/s; kept 3 from the interrupted run``."""
+    p = report.plan
+    where = f" to {dst.rstrip(os.sep) + os.sep}" if dst else ""
+    rate = f", {_size(int(p.bytes_written / seconds))}/s" if seconds > 0 and p.bytes_written else ""
+    kept = f"; kept {len(report.kept)} from the interrupted run" if report.kept else ""
+    return f"wrote {_count(len(p.files), 'file')} ({_size(p.bytes_written)}){where} in {seconds:.1f} s{rate}{kept}"
 
 
 # ------------------------------------------------------------------------------------ commands
 
 
 def cmd_transform(args: argparse.Namespace) -> None:
+    if args.command == "plan":
+        args.dry_run = True
     if not args.src:
         raise UsageError("give the source with --src_ckpt_dir")
     if not args.dst:
         raise UsageError("give the destination with --dst_ckpt_dir")
     report = api.transform(
         args.src, args.dst, _none(args.src_strategy), _none(args.dst_strategy), prefix=args.prefix,
-        output_format=args.output_format, ranks=args.ranks, read=_read_options(args), run=_run_options(args),
-        dry_run=args.dry_run or args.command == "plan", **_kwargs(args), **_hf(args),
+        output_format=args.output_format, ranks=args.ranks, read=_read_options(args),
+        run=None if args.command == "plan" else _run_options(args), dry_run=args.dry_run, **_kwargs(args),
+        **_hf(args),
     )
-    if args.command == "plan":
-        args.dry_run = True
-    _finish(report, args)
+    _finish(report, args, args.dst)
 
 
 def _none(value: str | None) -> str | None:
@@ -215,22 +367,36 @@ def _none(value: str | None) -> str | None:
 
 
 def cmd_unify(args: argparse.Namespace) -> None:
-    split = tuple(int(x) for x in args.split.split("/")) if args.split else ()
-    report = api.unify(args.src, args.strategy, args.dst, file_suffix=args.file_suffix,
-                       split_dst_file=split, run=_run_options(args), dry_run=args.dry_run,
-                       **_kwargs(args), **_hf(args))  # type: ignore[arg-type]
-    _finish(report, args)
+    split = args.split or ()
+    read, run = _read_options(args), _run_options(args)
+    if split and not args.dry_run:  # an empty part group is refused before anything is written
+        groups = api.unify(args.src, args.strategy, args.dst, split_dst_file=split, read=read, dry_run=True).plan
+        if not groups.files:
+            raise UsageError(f"--split {split[0]}/{split[1]}: that part group is empty (this model fills fewer "
+                             f"than {split[1]} part files; use a smaller n)")
+    report = api.unify(args.src, args.strategy, args.dst, split_dst_file=split, read=read, run=run,
+                       dry_run=args.dry_run, **_kwargs(args), **_hf(args))
+    _finish(report, args, args.dst)
 
 
 def cmd_split(args: argparse.Namespace) -> None:
     name_map = _load_json(args.name_map) if args.name_map else None
     report = api.split(args.src, args.strategy, args.dst, ranks=args.ranks, output_format=args.output_format,
                        name_map=name_map, run=_run_options(args), dry_run=args.dry_run, **_kwargs(args))
-    _finish(report, args)
+    _finish(report, args, args.dst)
 
 
 def cmd_rank_list(args: argparse.Namespace) -> None:
-    ranks = api.needed_ranks(args.rank, _none(args.src_strategy), _none(args.dst_strategy))
+    from reshard.formats.strategy import device_num, load_strategy, stage_count
+
+    dst = _none(args.dst_strategy)
+    dst_sf = load_strategy(dst) if dst is not None else None
+    total = device_num(dst_sf) * stage_count(dst_sf) if dst_sf is not None else 1
+    if args.rank >= total:
+        where = f"the destination strategy has {total} ranks (0..{total - 1})" if dst_sf is not None else \
+            "without a destination strategy the destination is one full model, rank 0"
+        raise UsageError(f"destination rank {args.rank} out of range: {where}", dst)
+    ranks = api.needed_ranks(args.rank, _none(args.src_strategy), dst_sf)
     print(json.dumps([int(r) for r in ranks]) if args.json else " ".join(str(r) for r in ranks))
 
 
@@ -250,7 +416,7 @@ def cmd_convert(args: argparse.Namespace) -> None:
     report = api.convert(args.src, args.dst, args.to, name_map=name_map, file_regex=args.file_regex,
                          read=_read_options(args), run=_run_options(args), dry_run=args.dry_run, **_kwargs(args),
                          **_hf(args))
-    _finish(report, args)
+    _finish(report, args, args.dst)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -259,8 +425,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     report = verify.verify(args.a, args.b, a_strategy=_none(args.a_strategy), b_strategy=_none(args.b_strategy),
                            read=_read_options(args), crc_check=not args.no_crc_check, atol=args.atol,
                            max_memory=args.max_memory)
-    for note in report.notes:
-        print(f"reshard: note: {one_line(note)}", file=sys.stderr)
+    _notes(report.notes, args)
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
     else:
@@ -299,14 +464,16 @@ def _add_write_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workers", type=int, default=local.default_workers(),
+    p.add_argument("--workers", type=_positive_int, default=local.default_workers(),
                    help="worker threads: parallel output files, or tensors of a one-file output "
                         "(default: one per core, at least 4, at most 8)")
     p.add_argument("--max-memory", "--max_memory", type=_parse_memory, default=local.DEFAULT_MAX_MEMORY,
                    help="bound on staging bytes in flight (e.g. 512M, 2G)")
     p.add_argument("--dry-run", "--dry_run", action="store_true", help="print the plan, write nothing")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar on stderr (default: when stderr is a terminal)")
+                   help="progress on stderr: a bar on a terminal, a plain line every 5 s in a log or pipe "
+                        "(default: the bar, on a terminal only)")
+    _add_quiet_flag(p)
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted run: keep its verified files, redo the rest")
     p.add_argument("--no-manifest", action="store_true",
@@ -316,9 +483,26 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                         "sha256 (sha256sum)")
     p.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="run output files on this machine's threads or as Ray tasks (pip install reshard[ray])")
-    p.add_argument("--ray-address", help="Ray cluster to join (default: RAY_ADDRESS or a new local cluster)")
+    p.add_argument("--ray-address", help="with --executor ray: the cluster to join, HOST:PORT (default: RAY_ADDRESS "
+                                         "or a new local cluster)")
     p.add_argument("--shared-disk", action=argparse.BooleanOptionalAction, default=True,
                    help="with --executor ray: nodes see the same paths (else sources/outputs travel through Ray)")
+
+
+def _add_quiet_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-q", "--quiet", action="store_true", help="no notes and no progress on stderr (errors still print)")
+
+
+def _add_source_flags(p: argparse.ArgumentParser, src_format: bool = True) -> None:
+    """Which file of a rank folder holding several checkpoints is the source."""
+    p.add_argument("--file-suffix", "--file_suffix", dest="file_suffix", metavar="SUFFIX",
+                   help="the file of each rank folder whose name ends in SUFFIX, e.g. -1_4 (MindFormers' "
+                        "-{epoch}_{step}) or 1_4")
+    p.add_argument("--pick", choices=tuple(PICKS), help="when a rank folder holds several checkpoints: the last name "
+                   "(MindSpore) or the newest file (MindFormers by rank); default: MindSpore's rule, said in a note")
+    if src_format:
+        p.add_argument("--src-format", "--src_format", dest="src_format", choices=("ckpt", "safetensors"),
+                       help="read these files when the rank folders hold both .ckpt and .safetensors")
 
 
 def _add_check_crc_flag(p: argparse.ArgumentParser) -> None:
@@ -333,8 +517,15 @@ def _add_crypto_flags(p: argparse.ArgumentParser, read: bool = True, write: bool
         p.add_argument("--dec-key-file", "--dec_key_file", help="key of encrypted .ckpt sources (raw bytes or hex)")
         p.add_argument("--dec-key-env", "--dec_key_env", metavar="VAR", help="environment variable holding it in hex")
         p.add_argument("--dec-mode", "--dec_mode", choices=MODES, help="cipher of the sources (default AES-GCM)")
+        p.add_argument("--key-format", choices=("raw", "hex"),
+                       help="how to read a key file: raw bytes, or hex digits (default: hex when the file holds "
+                            "exactly 32, 48 or 64 hex digits, raw otherwise; 32 hex characters are also a valid "
+                            "raw AES-256 key, so name the format for those)")
     if write:
         p.add_argument("--enc-key-file", "--enc_key_file", help="encrypt .ckpt outputs with this key file")
+        if not read:
+            p.add_argument("--key-format", choices=("raw", "hex"), help="how to read a key file (default: as for "
+                           "transform: hex when it holds exactly 32, 48 or 64 hex digits, raw otherwise)")
         p.add_argument("--enc-key-env", "--enc_key_env", metavar="VAR", help="... or the key in this variable (hex)")
         p.add_argument("--enc-mode", "--enc_mode", choices=MODES, help="cipher of the outputs (default AES-GCM)")
         p.add_argument("--crc", action="store_true", help="append a crc trailer to .ckpt outputs (MindSpore crc_check)")
@@ -350,8 +541,8 @@ def _add_transform_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix", default="checkpoint_", help="output name prefix (default checkpoint_)")
     p.add_argument("--output_format", "--output-format", dest="output_format", choices=("ckpt", "safetensors"))
     p.add_argument("--ranks", type=_parse_ranks, help="only these destination ranks, e.g. 0,1,4-7")
-    p.add_argument("--overwrite", action="store_true", help="replace files in a non-empty destination")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    _add_source_flags(p)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -363,11 +554,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="reshard", description="Convert, merge, split and reshard MindSpore checkpoints.")
+    parser = _Parser(prog="reshard", description="Convert, merge, split and reshard MindSpore checkpoints.",
+                     epilog=EXIT_CODES)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("demo", help="build an 8-rank example model and show what reshard does")
-    p.add_argument("--dir", help="work folder (default: a temporary one)")
+    p.add_argument("--dir", help="a new or empty folder to keep the demo's files in (default: a temporary one)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("inspect", help="tensors of a checkpoint, a rank folder tree or a strategy file")
@@ -384,6 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--file-regex", "--file_name_regex", dest="file_regex", help="only files matching this regex")
     p.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     p.add_argument("--json", action="store_true")
+    _add_source_flags(p, src_format=False)
     _add_write_flags(p)
     p.set_defaults(func=cmd_convert)
 
@@ -392,19 +585,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dst", help="merged strategy file to write")
     p.set_defaults(func=cmd_merge_strategies)
 
-    for name, help_text in (("transform", "move a checkpoint to another parallel layout"),
-                            ("plan", "print the transform plan without writing anything")):
-        p = sub.add_parser(name, help=help_text)
-        _add_transform_flags(p)
-        _add_write_flags(p)
-        p.set_defaults(func=cmd_transform)
+    p = sub.add_parser("transform", help="move a checkpoint to another parallel layout", epilog=EXIT_CODES)
+    _add_transform_flags(p)
+    p.add_argument("--overwrite", action="store_true", help="replace files in a non-empty destination")
+    _add_write_flags(p)
+    p.set_defaults(func=cmd_transform)
+
+    p = sub.add_parser("plan", help="print the transform plan without writing anything", epilog=EXIT_CODES)
+    _add_transform_flags(p)  # only what shapes the plan: nothing about running it
+    _add_crypto_flags(p, write=False)
+    _add_check_crc_flag(p)
+    _add_hf_flags(p)
+    p.set_defaults(func=cmd_transform, overwrite=False, resume=False, no_manifest=False, dry_run=True)
 
     p = sub.add_parser("unify", help="merge rank shards into full safetensors parts + param_name_map.json")
     p.add_argument("src", help="folder of rank_<r> folders (safetensors)")
     p.add_argument("dst", help="output folder")
     p.add_argument("--strategy", "--src-strategy", required=True, help="source strategy file or folder")
-    p.add_argument("--file-suffix", "--file_suffix", dest="file_suffix")
-    p.add_argument("--split", help="produce only part group i of n, as i/n")
+    _add_source_flags(p, src_format=False)
+    p.add_argument("--split", type=_parse_split, help="produce only part group i of n, as i/n (1 <= i <= n)")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--json", action="store_true")
     _add_run_flags(p)
@@ -435,15 +634,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-memory", "--max_memory", type=_parse_memory, default=256 * 1024**2,
                    help="bound on the tensor blocks compared at once (e.g. 256M)")
     p.add_argument("--json", action="store_true")
+    _add_quiet_flag(p)
+    _add_source_flags(p)
     _add_crypto_flags(p, write=False)
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("rank-list", help="source ranks a destination rank needs")
-    p.add_argument("rank", type=int)
+    p.add_argument("rank", type=_rank_number, help="a destination rank")
     p.add_argument("--src-strategy", "--src_ckpt_strategy", dest="src_strategy", required=True)
     p.add_argument("--dst-strategy", "--dst_ckpt_strategy", dest="dst_strategy")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_rank_list)
+    for command in sub.choices.values():
+        command.epilog = command.epilog or EXIT_CODES
     return parser
 
 
@@ -453,6 +656,9 @@ def one_line(text: str) -> str:
 
 
 def _run(args: argparse.Namespace) -> object:
+    _BARS.clear()
+    _ASSUMED_KEYS.clear()
+    _rich_raises_broken_pipe()
     try:
         return args.func(args)
     finally:
@@ -460,13 +666,73 @@ def _run(args: argparse.Namespace) -> object:
             bar.stop()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _rich_raises_broken_pipe() -> None:
+    """rich answers a closed stdout with ``SystemExit(1)``; reshard wants its own quiet exit (141)."""
+    from rich.console import Console
+
+    def on_broken_pipe(self: Console) -> None:
+        raise BrokenPipeError
+
+    Console.on_broken_pipe = on_broken_pipe  # type: ignore[method-assign]
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader of stdout went away (``| head``): say nothing, exit like a tool killed by SIGPIPE.
+
+    stdout now points at /dev/null, so the interpreter's last flush cannot fail a second time."""
     try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return EXIT_BROKEN_PIPE
+
+
+_VALUE_FLAGS = ("--file-suffix", "--file_suffix")  # values such as -1_4 start with a dash
+
+
+def _join_dash_values(argv: Sequence[str]) -> list[str]:
+    """``--file-suffix -1_4`` -> ``--file-suffix=-1_4``: argparse would take ``-1_4`` for a flag."""
+    out: list[str] = []
+    items = list(argv)
+    i = 0
+    while i < len(items):
+        if items[i] in _VALUE_FLAGS and i + 1 < len(items) and items[i + 1].startswith("-"):
+            out.append(f"{items[i]}={items[i + 1]}")
+            i += 2
+            continue
+        out.append(items[i])
+        i += 1
+    return out
+
+
+def _error_line(exc: ReshardError) -> str:
+    from reshard.errors import CryptoError
+
+    text = one_line(str(exc))
+    if isinstance(exc, CryptoError) and _ASSUMED_KEYS:
+        text += f" ({'; '.join(_ASSUMED_KEYS)})"
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(_join_dash_values(sys.argv[1:] if argv is None else argv))
+    try:
+        args.started = time.monotonic()
         status = _run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
+    except BrokenPipeError:
+        raise
     except ReshardError as exc:
-        print(f"reshard: error: {one_line(str(exc))}", file=sys.stderr)
+        print(f"reshard: error: {_error_line(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("reshard: interrupted; no output file was completed from the interrupted step", file=sys.stderr)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from reshard import api
+from reshard.errors import UsageError
 from reshard.formats import layout_dir
 from reshard.formats.ckpt import save_ckpt
 from reshard.formats.strategy import merge_pipeline_strategies
@@ -45,6 +46,8 @@ def main(work_dir: str | None = None) -> None:
     from rich.table import Table
 
     console = Console(highlight=False)
+    if work_dir is not None:
+        _check_work_dir(work_dir)
     own_dir = work_dir is None
     root = work_dir or tempfile.mkdtemp(prefix="reshard-demo-")
     os.makedirs(root, exist_ok=True)
@@ -92,6 +95,19 @@ def main(work_dir: str | None = None) -> None:
     else:
         rank0 = layout_dir.rank_output(ranks8, 0, "checkpoint_", "ckpt")
         console.print(f"next: reshard inspect {rank0} --strategy {src_merged}")
+
+
+def _check_work_dir(work_dir: str) -> None:
+    """The demo writes a dozen folders: only into a new or empty folder, never over the user's files."""
+    if os.path.exists(work_dir) and not os.path.isdir(work_dir):
+        raise UsageError("--dir is a file; give a new or empty folder", work_dir)
+    if os.path.isdir(work_dir) and os.listdir(work_dir):
+        raise UsageError("--dir is not empty; give a new or empty folder (the demo never writes over files)",
+                         work_dir)
+    try:
+        os.makedirs(work_dir, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create the folder: {exc.strerror or exc}", work_dir) from None
 
 
 def _to_full_and_check(src: str, dst: str, strategy: str, model: dict[str, object]) -> str:

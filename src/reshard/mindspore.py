@@ -682,6 +682,9 @@ def transform_checkpoints(
         raise UsageError("output_format='safetensors' needs .safetensors sources; this folder holds .ckpt", src_dir)
     src = _optional_strategy(src_strategy_file, "src_strategy_file")
     dst = _optional_strategy(dst_strategy_file, "dst_strategy_file")
+    if src is None and len(layout_dir.rank_dirs(src_dir)) > 1:
+        raise UsageError("src_strategy_file is None but src_checkpoints_dir holds several rank folders: pass their "
+                         "strategy as src_strategy_file", src_dir)
     if fmt == "ckpt" and _is_by_stage(src, dst):
         assert src is not None and dst is not None
         plans = _plan_by_stage(src_dir, dst_dir, prefix, src, dst)  # every plan before any write

@@ -338,6 +338,12 @@ class TransformPlanner:
         found = sorted(self.files)
         if found != list(range(expected)):
             where = self.src.path if self.src is not None else None
+            missing = sorted(set(range(expected)) - set(found))
+            if found and missing and found[-1] < expected:  # the strategy is right; rank folders are missing
+                folder = os.path.dirname(os.path.dirname(self.files[found[0]].path))
+                raise UsageError(
+                    f"no folder for rank(s) {_ranges(missing)}: the source strategy describes {expected} ranks "
+                    f"(0..{expected - 1}), the checkpoint has rank folders {_ranges(found)}", folder)
             raise LayoutError(
                 f"the source strategy describes {expected} rank(s) (0..{expected - 1}) but the checkpoint has "
                 f"{len(found)} rank folder(s) ({_ranges(found)})", where)
@@ -1006,7 +1012,8 @@ def plan_unify(
     needed = planner.needed(0)
     missing = [r for r in needed if r not in planner.files]
     if missing:
-        raise UsageError(f"the checkpoint of rank(s) {sorted(missing)} is missing")
+        where = os.path.dirname(os.path.dirname(next(iter(planner.files.values())).path)) if planner.files else None
+        raise UsageError(f"no folder for rank(s) {_ranges(sorted(missing))}, which the full tensors need", where)
     src_map = planner.src_map or {}
     actual = {n for f in planner.files.values() for n in f.tensors}
     name_set = {n for n in actual & set(src_map) if not n.startswith("accu_grads")}

@@ -275,6 +275,13 @@ def _compare(name: str, a: _Side, ta: TensorPlan, b: _Side, tb: TensorPlan, atol
     return TensorResult(name, DIFFER, dtype, ta.shape, worst, detail or "values differ")
 
 
+def _need_strategy(path: str, strategy: str | StrategyFile | None, side: str) -> None:
+    """Several rank folders need their strategy; the hint names this command's flag for that side."""
+    if strategy is None and os.path.isdir(path) and len(layout_dir.rank_dirs(path)) > 1:
+        raise UsageError(f"several rank folders but no strategy for them: give --{side}-strategy "
+                         f"({side}_strategy in Python)", path)
+
+
 def verify(
     a: str,
     b: str,
@@ -294,6 +301,8 @@ def verify(
         raise UsageError(f"atol must be a finite number >= 0, got {atol}")
     read = replace(read or api.ReadOptions(), crc_check=crc_check)
     notes: list[str] = []
+    _need_strategy(a, a_strategy, "a")
+    _need_strategy(b, b_strategy, "b")
     side_a = _open_side(a, a_strategy, read, notes)
     side_b = _open_side(b, b_strategy, read, notes)
     results: list[TensorResult] = []

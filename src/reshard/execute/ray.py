@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import socket
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -79,6 +80,7 @@ def _cluster(address: str | None) -> Iterator[Any]:
     if ray.is_initialized():
         yield ray
         return
+    probe_address(address if address is not None else os.environ.get("RAY_ADDRESS"))
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     except Exception as exc:  # ConnectionError, RuntimeError, ValueError: all "cannot reach it"
@@ -87,6 +89,34 @@ def _cluster(address: str | None) -> Iterator[Any]:
         yield ray
     finally:
         ray.shutdown()
+
+
+PROBE_SECONDS = 10.0  # a cluster head answers a TCP connect at once; Ray itself would retry for minutes
+RAY_DEFAULT_PORT = 6379
+
+
+def probe_address(address: str | None, timeout: float = PROBE_SECONDS) -> None:
+    """Refuse, in one line and within ``timeout``, a cluster address where nothing listens.
+
+    ``ray.init`` keeps retrying an address that does not answer (about 13 minutes here), so the
+    head's port is tried first with a plain TCP connect. ``None``, ``auto`` and ``local`` name no
+    remote head and are left to Ray.
+    """
+    if not address or address in ("auto", "local"):
+        return
+    target = address.split("://", 1)[-1].rstrip("/")
+    host, _, port_text = target.rpartition(":") if ":" in target else (target, "", str(RAY_DEFAULT_PORT))
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise UsageError("not a Ray address: expected HOST:PORT", address) from None
+    try:
+        with socket.create_connection((host.strip("[]"), port), timeout=timeout):
+            pass
+    except TimeoutError:
+        raise UsageError(f"no Ray cluster answers there (no reply within {timeout:.0f} s)", address) from None
+    except OSError as exc:
+        raise UsageError(f"no Ray cluster answers there ({exc.strerror or exc})", address) from None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -150,6 +150,9 @@ class _Scanner:
         """(start, stop) of a length-delimited payload whose length varint is at ``pos``."""
         length, start = self.varint(pos, end)
         if length > end - start:
+            if start + length > len(self.buf):
+                raise self.error(f"truncated (or damaged): a field of {length} bytes runs past the end of the file "
+                                 f"({len(self.buf)} bytes)", pos)
             raise self.error(f"length {length} runs past the end of its message", pos)
         return start, start + length
 

@@ -308,30 +308,31 @@ _HEX_KEY_CHARS = frozenset(string.hexdigits)
 _HEX_KEY_LENGTHS = tuple(2 * n for n in AES_KEY_BYTES)  # 32/48/64 hex digits = a 16/24/32-byte key
 
 
-def load_key(key_file: str | None = None, env_var: str | None = None) -> bytes:
+KEY_FORMATS = ("auto", "raw", "hex")
+
+
+def load_key(key_file: str | None = None, env_var: str | None = None, key_format: str = "auto") -> bytes:
     """The key from a file or from the environment variable named ``env_var`` (hex); see _key_from_file.
 
     Exactly one source must be given. The key is never taken from a command-line value, so it does
     not show up in shell history or ``ps``; error messages never contain key material.
+    ``key_format`` says how to read a key file: ``auto`` (see _key_from_file), ``raw`` (its bytes are
+    the key) or ``hex`` (hex digits, whitespace ignored). The environment variable is always hex.
     """
+    if key_format not in KEY_FORMATS:
+        raise UsageError(f"unknown key format {key_format!r} (choose {', '.join(KEY_FORMATS)})")
     if key_file is not None and env_var is not None:
         raise UsageError("give either a key file or a key environment variable, not both")
     if key_file is not None:
-        return _key_from_file(key_file)
+        return _key_from_file(key_file, key_format)
     if env_var is not None:
+        if key_format == "raw":
+            raise UsageError(f"the key environment variable {env_var} holds hex; --key-format raw is for key files")
         return _key_from_env(env_var)
     raise UsageError("no key given: pass a key file or the name of an environment variable holding hex")
 
 
-def _key_from_file(key_file: str) -> bytes:
-    """Raw bytes, unless the file is hex text.
-
-    The file is read as hex when it holds only hex digits and whitespace *and* those digits spell a
-    16, 24 or 32-byte key (32, 48 or 64 digits); otherwise its bytes are the key, unchanged (no
-    newline stripping: a binary key may end in 0x0A). The length condition keeps MindSpore's
-    documented style of ASCII key, e.g. ``0123456789ABCDEF`` (16 raw bytes), working. An ASCII key
-    that is itself 32/48/64 hex characters is read as hex; store such a key in hex to be explicit.
-    """
+def _read_key_file(key_file: str) -> bytes:
     try:
         with open(key_file, "rb") as f:
             data = f.read()
@@ -339,10 +340,45 @@ def _key_from_file(key_file: str) -> bytes:
         raise UsageError(f"cannot read the key file: {e.strerror or e}", key_file) from None
     if not data:
         raise UsageError("the key file is empty", key_file)
-    text = data.decode("ascii", errors="replace")
-    digits = "".join(text.split())
-    if len(digits) in _HEX_KEY_LENGTHS and set(digits) <= _HEX_KEY_CHARS:
+    return data
+
+
+def _hex_digits(data: bytes) -> str | None:
+    """The hex digits of a key file that spells a 16/24/32-byte key in hex (whitespace ignored), else None."""
+    digits = "".join(data.decode("ascii", errors="replace").split())
+    return digits if len(digits) in _HEX_KEY_LENGTHS and set(digits) <= _HEX_KEY_CHARS else None
+
+
+def ambiguous_key_file(key_file: str) -> bool:
+    """True when the file is both a valid raw key and a valid hex key: exactly 32 hex characters, no
+    whitespace (a 32-byte AES-256 key as raw bytes, or a 16-byte key in hex). ``auto`` reads it as hex."""
+    try:
+        with open(key_file, "rb") as f:
+            data = f.read(65)
+    except OSError:
+        return False  # load_key reports it
+    return len(data) in AES_KEY_BYTES and _hex_digits(data) is not None
+
+
+def _key_from_file(key_file: str, key_format: str = "auto") -> bytes:
+    """Raw bytes, unless the file is hex text (``key_format="auto"``), or as ``key_format`` says.
+
+    In ``auto`` the file is read as hex when it holds only hex digits and whitespace *and* those
+    digits spell a 16, 24 or 32-byte key (32, 48 or 64 digits); otherwise its bytes are the key,
+    unchanged (no newline stripping: a binary key may end in 0x0A). The length condition keeps
+    MindSpore's documented style of ASCII key, e.g. ``0123456789ABCDEF`` (16 raw bytes), working. An
+    ASCII key that is itself 32 hex characters is ambiguous (``ambiguous_key_file``) and read as
+    hex; ``key_format="raw"`` takes it as 32 raw bytes.
+    """
+    data = _read_key_file(key_file)
+    if key_format == "raw":
+        return data
+    digits = _hex_digits(data)
+    if digits is not None:
         return bytes.fromhex(digits)
+    if key_format == "hex":
+        raise UsageError("--key-format hex: the key file must hold 32, 48 or 64 hex digits (a 16, 24 or 32-byte "
+                         "key)", key_file)
     return data
 
 

@@ -79,6 +79,16 @@ PICK_RULES: dict[str, Callable[[list[str]], str]] = {
 }
 
 
+# The CLI's ``--pick`` names for the rules a user may choose (the default stays MindSpore's rule).
+PICKS = {"last-name": "name", "newest": "mtime"}
+
+RULE_TEXT = {  # for the note that says which file was used
+    "name": "the last name, MindSpore's rule for .ckpt",
+    "numbers": "the largest epoch/step numbers, MindSpore's rule for .safetensors",
+    "mtime": "the newest, by --pick newest",
+}
+
+
 def _suffix_matches(files: list[str], fmt: str, suffix: str) -> list[str]:
     """MindSpore's ``file_suffix`` matching (spec 4.0): exact tail, shortest basename wins."""
     tail = suffix if suffix.startswith(("_", "-")) else None
@@ -97,21 +107,25 @@ def _suffix_matches(files: list[str], fmt: str, suffix: str) -> list[str]:
 def pick_file(folder: str, fmt: str, rule: str = "name", file_suffix: str | None = None) -> RankFile | None:
     """Choose the checkpoint of ``fmt`` in a rank folder; None when the folder has none."""
     files = files_in(folder, fmt)
-    if file_suffix:
-        files = _suffix_matches(files, fmt, file_suffix)
-        if not files:
-            raise UsageError(f"no *{file_suffix}.{fmt} file", folder)
-        shortest = min(len(os.path.basename(p)) for p in files)
-        best = [p for p in files if len(os.path.basename(p)) == shortest]
-        if len(best) > 1:
-            raise UsageError(f"several files match suffix {file_suffix!r}: {', '.join(best)}", folder)
-        chosen = best[0]
-    elif not files:
+    if not files and not file_suffix:
         return None
-    else:
-        chosen = PICK_RULES[rule](files)
+    chosen = choose_file(folder, files, fmt, rule, file_suffix)
     rank = int(_RANK_DIR.search(os.path.basename(folder.rstrip("/"))).group(1))  # type: ignore[union-attr]
-    return RankFile(rank, chosen, tuple(p for p in files_in(folder, fmt) if p != chosen))
+    return RankFile(rank, chosen, tuple(p for p in files if p != chosen))
+
+
+def choose_file(folder: str, files: list[str], fmt: str, rule: str = "name", file_suffix: str | None = None) -> str:
+    """One of ``files`` (checkpoints of ``fmt`` in ``folder``): the one ending in ``file_suffix``, else by ``rule``."""
+    if not file_suffix:
+        return PICK_RULES[rule](files)
+    matching = _suffix_matches(files, fmt, file_suffix)
+    if not matching:
+        raise UsageError(f"no *{file_suffix}.{fmt} file", folder)
+    shortest = min(len(os.path.basename(p)) for p in matching)
+    best = [p for p in matching if len(os.path.basename(p)) == shortest]
+    if len(best) > 1:
+        raise UsageError(f"several files match suffix {file_suffix!r}: {', '.join(best)}", folder)
+    return best[0]
 
 
 def collect_rank_files(
