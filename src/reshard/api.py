@@ -141,10 +141,24 @@ def _strategy(value: str | StrategyFile | None) -> StrategyFile | None:
 
 
 def _sources_for(src: str, options: ReadOptions | None, notes: list[str]) -> tuple[str, dict[int, SourceFile]]:
-    """A full checkpoint file is rank 0 of a one-rank job; a folder holds rank_<r> folders."""
-    if os.path.isfile(src):
-        return layout_dir.detect_format(src), {0: source_file(src, 0, options)}
+    """A full checkpoint (a file, or a folder holding just one) is rank 0 of a one-rank job; a
+    folder otherwise holds rank_<r> folders."""
+    single = full_model_file(src)
+    if single is not None:
+        return layout_dir.detect_format(single), {0: source_file(single, 0, options)}
     return rank_sources(src, options=options, notes=notes)
+
+
+def full_model_file(path: str) -> str | None:
+    """The one checkpoint file ``path`` stands for: the file itself, or the only ``.ckpt`` /
+    ``.safetensors`` file of a folder without ``rank_<r>`` folders (``full/model.ckpt``'s folder);
+    None otherwise."""
+    if os.path.isfile(path):
+        return path
+    if not os.path.isdir(path) or layout_dir.rank_dirs(path):
+        return None
+    found = [f for fmt in layout_dir.FORMATS for f in layout_dir.files_in(path, fmt)]
+    return found[0] if len(found) == 1 else None
 
 
 def check_destination(dst: str, sources: Sequence[str], overwrite: bool, resume: bool = False) -> None:
