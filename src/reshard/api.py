@@ -134,10 +134,14 @@ def _source_files(paths: Mapping[int, str], options: ReadOptions | None) -> dict
     return {r: f for (r, _), f in zip(items, facts, strict=True)}
 
 
-def _strategy(value: str | StrategyFile | None) -> StrategyFile | None:
+def _strategy(value: str | StrategyFile | None, notes: list[str] | None = None) -> StrategyFile | None:
+    """The strategy a path names; its loading notes (a merged file passed over) go to ``notes``."""
     if value is None or isinstance(value, StrategyFile):
         return value
-    return load_strategy(value)
+    sf = load_strategy(value)
+    if notes is not None:
+        notes.extend(sf.notes)
+    return sf
 
 
 def _sources_for(src: str, options: ReadOptions | None, notes: list[str]) -> tuple[str, dict[int, SourceFile]]:
@@ -243,11 +247,11 @@ def transform(
         if hyper is not None:  # unify --hf keeps them beside the shards; a full model holds them
             files[HYPER_NAME] = hyper
             mapping = {**mapping, **{n: HYPER_NAME for n in hyper.tensors if n not in mapping}}
-        plan = plan_transform_full(files, mapping, _strategy(dst_strategy), dst_dir, prefix,
+        plan = plan_transform_full(files, mapping, _strategy(dst_strategy, notes), dst_dir, prefix,
                                    output_format or "safetensors", ranks)
     else:
         fmt, sources = _sources_for(src, read, notes)
-        src_sf, dst_sf = _strategy(src_strategy), _strategy(dst_strategy)
+        src_sf, dst_sf = _strategy(src_strategy, notes), _strategy(dst_strategy, notes)
         if src_sf is None and len(sources) > 1:
             raise UsageError("several rank folders but no source strategy; give --src-strategy", src)
         plan = plan_transform(sources, src_sf, dst_sf, dst_dir, prefix, output_format or fmt, ranks)
@@ -297,13 +301,17 @@ def transform_by_rank(
 
 
 def needed_ranks(
-    rank_id: int, src_strategy: str | StrategyFile | None, dst_strategy: str | StrategyFile | None = None
+    rank_id: int, src_strategy: str | StrategyFile | None, dst_strategy: str | StrategyFile | None = None,
+    notes: list[str] | None = None,
 ) -> list[int]:
-    """Source ranks whose files destination ``rank_id`` needs (MindSpore's ``rank_list_for_transform``)."""
+    """Source ranks whose files destination ``rank_id`` needs (MindSpore's ``rank_list_for_transform``).
+
+    Notes on loading the strategies (a merged file passed over) go to ``notes`` when given.
+    """
     from reshard import layout
     from reshard.formats.strategy import layout_map
 
-    src_sf, dst_sf = _strategy(src_strategy), _strategy(dst_strategy)
+    src_sf, dst_sf = _strategy(src_strategy, notes), _strategy(dst_strategy, notes)
     if src_sf is None:
         return [0]
     dst_map = layout_map(dst_sf, rank_id) if dst_sf is not None else None
@@ -341,7 +349,7 @@ def unify(
     if shard_size is not None and split_dst_file:
         raise UsageError("split_dst_file (--split) does not apply to Hugging Face output")
     _, sources = rank_sources(src_dir, "safetensors", None, file_suffix, read, notes, mindspore_order)
-    sf = _strategy(src_strategy)
+    sf = _strategy(src_strategy, notes)
     if sf is None:
         raise UsageError("unify needs the source strategy")
     if shard_size is not None:
@@ -458,11 +466,11 @@ def split(
     ``unified_dir`` may also be a Hugging Face sharded model (its folder or its index file).
     """
     files, mapping, hyper = unified_index(unified_dir, name_map)
-    sf = _strategy(dst_strategy)
+    notes: list[str] = []
+    sf = _strategy(dst_strategy, notes)
     if sf is None:
         raise UsageError("split needs the destination strategy")
     plan = plan_split(files, mapping, hyper, sf, dst_dir, output_format, ranks, name_map)
-    notes: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [model_folder(unified_dir)], overwrite, resume)
         _kept_note(execute(plan, None, run, root=dst_dir, resume=resume, manifest=manifest), notes)

@@ -230,7 +230,10 @@ def cmd_split(args: argparse.Namespace) -> None:
 
 
 def cmd_rank_list(args: argparse.Namespace) -> None:
-    ranks = api.needed_ranks(args.rank, _none(args.src_strategy), _none(args.dst_strategy))
+    notes: list[str] = []
+    ranks = api.needed_ranks(args.rank, _none(args.src_strategy), _none(args.dst_strategy), notes)
+    for note in notes:
+        print(f"reshard: note: {one_line(note)}", file=sys.stderr)
     print(json.dumps([int(r) for r in ranks]) if args.json else " ".join(str(r) for r in ranks))
 
 

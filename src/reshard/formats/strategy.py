@@ -41,7 +41,7 @@ from typing import Any
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
 
-from reshard.errors import FormatError, LayoutError, UnsupportedError, UsageError
+from reshard.errors import FormatError, LayoutError, ReshardError, UnsupportedError, UsageError
 from reshard.formats.base import atomic_path
 
 TensorMapEntry = int | tuple[int, ...]
@@ -102,6 +102,7 @@ MERGED_CURRENT_STAGE = 1
 # Merged files name each layout item "<stage>-<param>" (spec 2.5).
 STAGE_SEPARATOR = "-"
 _STAGE_PREFIX = re.compile(r"[0-9]+")
+_MERGED_NAME = re.compile(r"[0-9]+-[^-]+")
 
 # Hand-built strategy files need at least one ``parallel_strategy_item``: it is the only place a
 # file records its pipeline stage, and merging refuses files without one. One placeholder operator
@@ -218,6 +219,7 @@ class StrategyFile:
     strategy_items: list[StrategyItem]
     layouts: dict[str, ParamLayout]
     tensor_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list, compare=False)  # for the user, e.g. files passed over
 
     @property
     def stage(self) -> int | None:
@@ -592,14 +594,41 @@ def merge_pipeline_strategies(src_dir: str | os.PathLike[str], dst_file: str | o
 
 
 def load_strategy(path_or_dir: str | os.PathLike[str]) -> StrategyFile:
-    """A strategy file, or a directory of per-stage files merged in memory (nothing is written)."""
+    """A strategy file, or a directory of per-stage files merged in memory (nothing is written).
+
+    A directory may also hold an already merged file (MindFormers leaves ``merged_ckpt_strategy.ckpt``
+    in ``output/strategy``; ``merge-strategies`` into the folder puts one there): the per-stage files
+    are used and ``notes`` says which merged file was ignored. A directory holding nothing but one
+    merged file is that file. Nothing is ever deleted.
+    """
     path = os.fspath(path_or_dir)
     if not os.path.isdir(path):
         return read_strategy(path)
     files = find_strategy_files(path)
+    merged = [f for f in files if is_merged_file(f)]
+    per_stage = [f for f in files if f not in merged]
+    if not per_stage and len(merged) == 1:
+        return read_strategy(merged[0])
+    if per_stage:
+        files = per_stage
     if _merge_format(files) == PROTOBUF:
-        return _from_message(_merge_messages(files), path)
-    return _from_json(_merge_json(files), path)
+        sf = _from_message(_merge_messages(files), path)
+    else:
+        sf = _from_json(_merge_json(files), path)
+    sf.notes.extend(f"ignored {os.path.basename(f)}: the per-stage files were used" for f in merged if per_stage)
+    return sf
+
+
+def is_merged_file(path: str) -> bool:
+    """Whether a strategy file is already merged: every layout name is ``<stage>-<name>``.
+
+    A file that does not parse counts as not merged, so that the merge reports its problem.
+    """
+    try:
+        names = list(read_strategy(path).layouts)
+    except ReshardError:
+        return False
+    return bool(names) and all(_MERGED_NAME.fullmatch(n) is not None for n in names)
 
 
 def _merge_format(files: Sequence[str]) -> str:
