@@ -281,7 +281,7 @@ def cmd_merge_strategies(args: argparse.Namespace) -> None:
 def cmd_inspect(args: argparse.Namespace) -> None:
     from reshard import inspect as inspect_mod
 
-    inspect_mod.main(args.path, as_json=args.json, strategy=args.strategy)
+    inspect_mod.main(args.path, as_json=args.json, strategy=args.strategy, read=_read_options(args))
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -377,6 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path")
     p.add_argument("--strategy", help="strategy file or folder, to show full shapes and layouts")
     p.add_argument("--json", action="store_true")
+    _add_crypto_flags(p, write=False)
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("convert", help="convert .ckpt <-> .safetensors (a file or rank* folders)")
