@@ -477,11 +477,15 @@ def split(
     return Report(plan, notes)
 
 
-def convert_targets(src: str, dst: str | None, to: str, file_regex: str | None = None) -> list[tuple[str, str]]:
-    """(input, output) pairs of a convert: a file, or every matching file of the ``rank*`` folders."""
+def convert_targets(src: str, dst: str | None, to: str, file_regex: str | None = None,
+                    src_ext: str | None = None) -> list[tuple[str, str]]:
+    """(input, output) pairs of a convert: a file, or every matching file of the ``rank*`` folders.
+
+    ``src_ext`` defaults to the other format's extension (``.ckpt`` to ``.ckpt`` re-encrypts).
+    """
     import re
 
-    src_ext = ".ckpt" if to == "safetensors" else ".safetensors"
+    src_ext = src_ext or (".ckpt" if to == "safetensors" else ".safetensors")
     dst_ext = "." + to
     pattern = re.compile(file_regex) if file_regex else None
     if os.path.isfile(src):
@@ -528,13 +532,23 @@ def convert(
     the source folder (the file's folder for one file); then existing outputs are refused unless
     ``overwrite``/``resume``. ``hf=True`` converts one full ``.ckpt`` file into Hugging Face
     shards (at most ``max_shard_size``, default ``5GB``) + ``model.safetensors.index.json``.
+    ``.ckpt`` sources with ``to="ckpt"`` are re-written into ``dst``: encrypted with ``run.enc_key``
+    (after decrypting with ``read.dec_key`` when given) or decrypted (only ``read.dec_key``); with
+    neither key there is nothing to do, a usage error. A folder without ``rank*`` folders that holds
+    one checkpoint file stands for that file.
     """
     if to not in layout_dir.FORMATS:
         raise UsageError(f"--to must be ckpt or safetensors, not {to!r}")
     shard_size = _shard_size(hf, max_shard_size)
+    src = _convert_source(src)
     if shard_size is not None and (to != "safetensors" or not os.path.isfile(src)):
         raise UsageError("Hugging Face output converts one full .ckpt file to safetensors", src)
-    pairs = convert_targets(src, dst, to, file_regex)
+    recrypt = to == "ckpt" and holds_only_ckpt(src)
+    if recrypt:
+        _check_recrypt(src, dst, read, run)
+    pairs = convert_targets(src, dst, to, file_regex, ".ckpt" if recrypt else None)
+    if recrypt:
+        _check_not_inputs(pairs)
     plan = plan_convert([(source_file(i, 0, read), o, to) for i, o in pairs], name_map)
     if shard_size is not None:
         out_dir = os.path.dirname(pairs[0][1]) if pairs else (dst or os.path.dirname(os.path.abspath(src)))
@@ -550,6 +564,44 @@ def convert(
                 raise UsageError("output exists (use --overwrite to replace it)", existing[0])
         _kept_note(execute(plan, read, run, root=root, resume=resume, manifest=manifest), notes)
     return Report(plan, notes)
+
+
+def _convert_source(src: str) -> str:
+    """A folder without ``rank*`` folders that holds one checkpoint file converts that file."""
+    if not os.path.isdir(src) or any(d.startswith("rank") and os.path.isdir(os.path.join(src, d))
+                                     for d in os.listdir(src)):
+        return src
+    return full_model_file(src) or src
+
+
+def holds_only_ckpt(src: str) -> bool:
+    """A ``.ckpt`` file, or ``rank*`` folders holding ``.ckpt`` files and no ``.safetensors`` file."""
+    if os.path.isfile(src):
+        return src.endswith(".ckpt")
+    if not os.path.isdir(src):
+        return False
+    folders = [os.path.join(src, d) for d in os.listdir(src)
+               if d.startswith("rank") and os.path.isdir(os.path.join(src, d))]
+    return (any(layout_dir.files_in(f, "ckpt") for f in folders)
+            and not any(layout_dir.files_in(f, "safetensors") for f in folders))
+
+
+def _check_recrypt(src: str, dst: str | None, read: ReadOptions | None, run: local.Options | None) -> None:
+    """``.ckpt`` to ``.ckpt`` re-encrypts (``enc_key``), decrypts (only ``dec_key``), or both."""
+    if (read is None or read.dec_key is None) and (run is None or run.enc_key is None):
+        raise UsageError("the source is already .ckpt and no key was given: nothing to do (give --enc-key-file/"
+                         "--enc-key-env to encrypt, --dec-key-file/--dec-key-env to decrypt)", src)
+    if not dst:
+        raise UsageError("re-encrypting writes new files: give an output folder (the input is never replaced)",
+                         src)
+
+
+def _check_not_inputs(pairs: Sequence[tuple[str, str]]) -> None:
+    """An output may never be one of the inputs (re-encrypting into the source's own folder)."""
+    inputs = {os.path.realpath(i) for i, _ in pairs}
+    for _, out in pairs:
+        if os.path.realpath(out) in inputs:
+            raise UsageError("the output would replace an input file; choose another output folder", out)
 
 
 ProgressFn = Callable[[int], None]

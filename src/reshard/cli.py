@@ -380,7 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_crypto_flags(p, write=False)
     p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("convert", help="convert .ckpt <-> .safetensors (a file or rank* folders)")
+    p = sub.add_parser("convert", help="convert .ckpt <-> .safetensors, or re-encrypt / decrypt .ckpt "
+                       "(a file or rank* folders)")
     p.add_argument("src")
     p.add_argument("dst", nargs="?", help="output folder (default: next to the input)")
     p.add_argument("--to", required=True, choices=("safetensors", "ckpt"))
