@@ -188,6 +188,9 @@ def test_inspect_missing_and_empty(tmp_path: Path) -> None:
     assert "does not exist" in one_error(run("inspect", str(tmp_path / "nothing")))
     (tmp_path / "empty").mkdir()
     assert "is empty" in one_error(run("inspect", str(tmp_path / "empty")))
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "readme.txt").write_text("hello")
+    assert "holds no checkpoint or strategy files" in one_error(run("inspect", str(tmp_path / "notes")))
 
 
 # ------------------------------------------------------------------------- merged file in a strategy folder

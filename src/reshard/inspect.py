@@ -35,6 +35,7 @@ from reshard.formats.strategy import (
 
 STRATEGY_FIRST_BYTE = 0x08  # ParallelStrategyMap starts with current_stage (field 1, varint)
 _RANK_FOLDER = re.compile(r"rank_(\d+)")
+_INDEX_NAMES = ("param_name_map.json", "model.safetensors.index.json")  # JSON that is not a strategy
 
 # name -> (the layout that applies, every stage holding the parameter)
 Layouts = dict[str, tuple[ParamLayout, list[int]]]
@@ -176,8 +177,6 @@ def _distributed_info(path: str, sf: StrategyFile | None, read: Any) -> dict[str
 
 
 def _folder_info(path: str, sf: StrategyFile | None, read: Any, notes: list[str]) -> dict[str, Any]:
-    from reshard.api import unified_index
-
     if layout_dir.rank_dirs(path):
         return _distributed_info(path, sf, read)
     try:
@@ -188,7 +187,8 @@ def _folder_info(path: str, sf: StrategyFile | None, read: Any, notes: list[str]
         raise UsageError("the folder is empty", path)
     files = [os.path.join(path, n) for n in names if os.path.isfile(os.path.join(path, n))]
     checkpoints = [f for f in files if f.endswith((".ckpt", ".safetensors")) and not _is_strategy(f)]
-    strategies = [f for f in files if f.endswith((".ckpt", ".json")) and _is_strategy(f)]
+    strategies = [f for f in files if f.endswith((".ckpt", ".json")) and os.path.basename(f) not in _INDEX_NAMES
+                  and _is_strategy(f)]
     if not checkpoints and strategies:
         found = load_strategy(path)
         notes.extend(found.notes)
@@ -207,8 +207,7 @@ def _folder_info(path: str, sf: StrategyFile | None, read: Any, notes: list[str]
     if checkpoints:
         raise UsageError(f"the folder holds {len(checkpoints)} checkpoint files and no rank_<r> folders; "
                          "inspect one of them", path)
-    unified_index(path)  # raises the precise problem
-    raise UsageError("no checkpoint or strategy files", path)
+    raise UsageError("the folder holds no checkpoint or strategy files", path)
 
 
 def gather(path: str, strategy: str | None = None, read: Any = None,
