@@ -300,3 +300,16 @@ def test_verify_full_file_against_reshard_full_output(demo: dict[str, str], pair
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["ok"] and report["summary"]["match"] == 119
+
+
+def test_dropin_still_refuses_a_transform_without_strategies(demo: dict[str, str], tmp_path: Path) -> None:
+    """reshard's transform copies a full model with no strategy at all; MindSpore's functions refuse
+    it (checked against MindSpore 2.10), and so does the drop-in."""
+    from reshard import mindspore as ms
+    from reshard.errors import LayoutError
+
+    with pytest.raises(LayoutError, match="none of the checkpoint's parameters"):
+        ms.transform_checkpoints(demo["full_back"], str(tmp_path / "o"), "c", None, None)
+    with pytest.raises(LayoutError, match="none of the checkpoint's parameters"):
+        ms.transform_checkpoint_by_rank(0, {0: demo["full"]}, str(tmp_path / "o.ckpt"), None, None)
+    assert not os.listdir(tmp_path)
