@@ -219,6 +219,10 @@ def test_strategy_folder_with_merged_file(demo: dict[str, str], full_run: str, t
     proc = run("verify", demo["full"], demo["r8"], "--b-strategy", str(folder))
     assert proc.returncode == 0 and any(line.endswith(note[len("reshard: note: "):]) for line in
                                         proc.stderr.splitlines()), proc.stderr
+    again = tmp_path / "again.ckpt"
+    proc = run("merge-strategies", str(folder), str(again))
+    assert proc.returncode == 0 and note in proc.stderr.splitlines(), proc.stderr
+    assert again.read_bytes() == Path(demo["s8"]).read_bytes()
     assert snapshot(str(folder)) == before  # never deleted, never touched
     alone = tmp_path / "only_merged"
     alone.mkdir()

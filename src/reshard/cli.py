@@ -274,7 +274,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_merge_strategies(args: argparse.Namespace) -> None:
     from reshard.formats.strategy import merge_pipeline_strategies
 
-    out = merge_pipeline_strategies(args.src, args.dst)
+    notes: list[str] = []
+    out = merge_pipeline_strategies(args.src, args.dst, notes)
+    for note in notes:
+        print(f"reshard: note: {one_line(note)}", file=sys.stderr)
     print(f"wrote {out}")
 
 

@@ -571,25 +571,29 @@ def merge_strategy_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[str, 
     return fmt, json.dumps(_merge_json(files)).encode("ascii")
 
 
-def merge_pipeline_strategies(src_dir: str | os.PathLike[str], dst_file: str | os.PathLike[str]) -> str:
+def merge_pipeline_strategies(src_dir: str | os.PathLike[str], dst_file: str | os.PathLike[str],
+                              notes: list[str] | None = None) -> str:
     """``merge_pipeline_strategys`` (spec 2.5): merge every per-stage file of ``src_dir`` into ``dst_file``.
 
     Same output as MindSpore for the same candidate order: per file, byte-identical copies are
     skipped, the first file of each stage wins, layout items become ``"<stage>-<name>"``. Different
     on purpose: candidates are taken in sorted name order (MindSpore: directory order), ``dst_file``
-    is never a candidate, every candidate (even one skipped for its stage) must have names without
-    ``-`` (so a stale merged file is refused whatever the order), an empty folder is an error (MindSpore
+    is never a candidate, an already merged file beside the per-stage files (MindFormers'
+    ``merged_ckpt_strategy.ckpt``) is passed over (said in ``notes``), every other candidate (even
+    one skipped for its stage) must have names without ``-``, an empty folder is an error (MindSpore
     writes an empty merge), nothing is deleted, the parent directory gets normal permissions and the
     file appears atomically. The destination must have the sources' kind (``.json`` for JSON
     sources, anything else for protobuf) so that it can be read back. Returns the destination path.
     """
     dst = os.fspath(dst_file)
-    files = find_strategy_files(src_dir, exclude=dst)
+    files, merged = _per_stage_files(find_strategy_files(src_dir, exclude=dst))
     fmt, data = merge_strategy_files(files)
     if format_of(dst) != fmt:
         want = "end with .json" if fmt == JSON else "not end with .json"
         raise UsageError(f"the merged {fmt} strategy file name must {want}", dst)
     _write_bytes(dst, data)
+    if notes is not None:
+        notes.extend(_ignored_notes(merged))
     return dst
 
 
@@ -604,19 +608,30 @@ def load_strategy(path_or_dir: str | os.PathLike[str]) -> StrategyFile:
     path = os.fspath(path_or_dir)
     if not os.path.isdir(path):
         return read_strategy(path)
-    files = find_strategy_files(path)
-    merged = [f for f in files if is_merged_file(f)]
-    per_stage = [f for f in files if f not in merged]
-    if not per_stage and len(merged) == 1:
-        return read_strategy(merged[0])
-    if per_stage:
-        files = per_stage
+    candidates = find_strategy_files(path)
+    if len(candidates) == 1 and is_merged_file(candidates[0]):  # nothing but one merged file
+        return read_strategy(candidates[0])
+    files, merged = _per_stage_files(candidates)
     if _merge_format(files) == PROTOBUF:
         sf = _from_message(_merge_messages(files), path)
     else:
         sf = _from_json(_merge_json(files), path)
-    sf.notes.extend(f"ignored {os.path.basename(f)}: the per-stage files were used" for f in merged if per_stage)
+    sf.notes.extend(_ignored_notes(merged))
     return sf
+
+
+def _per_stage_files(candidates: list[str]) -> tuple[list[str], list[str]]:
+    """The files to merge and the already merged files passed over.
+
+    When every candidate is merged they are all returned to merge, so the merge refuses them.
+    """
+    merged = [f for f in candidates if is_merged_file(f)]
+    per_stage = [f for f in candidates if f not in merged]
+    return (per_stage, merged) if per_stage else (candidates, [])
+
+
+def _ignored_notes(merged: Sequence[str]) -> list[str]:
+    return [f"ignored {os.path.basename(f)}: the per-stage files were used" for f in merged]
 
 
 def is_merged_file(path: str) -> bool:
