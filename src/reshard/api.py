@@ -477,15 +477,11 @@ def split(
     return Report(plan, notes)
 
 
-def convert_targets(src: str, dst: str | None, to: str, file_regex: str | None = None,
-                    src_ext: str | None = None) -> list[tuple[str, str]]:
-    """(input, output) pairs of a convert: a file, or every matching file of the ``rank*`` folders.
-
-    ``src_ext`` defaults to the other format's extension (``.ckpt`` to ``.ckpt`` re-encrypts).
-    """
+def convert_targets(src: str, dst: str | None, to: str, file_regex: str | None = None) -> list[tuple[str, str]]:
+    """(input, output) pairs of a convert: a file, or every matching file of the ``rank*`` folders."""
     import re
 
-    src_ext = src_ext or (".ckpt" if to == "safetensors" else ".safetensors")
+    src_ext = ".ckpt" if to == "safetensors" else ".safetensors"
     dst_ext = "." + to
     pattern = re.compile(file_regex) if file_regex else None
     if os.path.isfile(src):
@@ -541,14 +537,12 @@ def convert(
         raise UsageError(f"--to must be ckpt or safetensors, not {to!r}")
     shard_size = _shard_size(hf, max_shard_size)
     src = _convert_source(src)
+    if to == "ckpt" and shard_size is None and holds_only_ckpt(src):
+        return recrypt(src, dst, file_regex=file_regex, read=read, run=run, dry_run=dry_run, overwrite=overwrite,
+                       resume=resume, manifest=manifest)
     if shard_size is not None and (to != "safetensors" or not os.path.isfile(src)):
         raise UsageError("Hugging Face output converts one full .ckpt file to safetensors", src)
-    recrypt = to == "ckpt" and holds_only_ckpt(src)
-    if recrypt:
-        _check_recrypt(src, dst, read, run)
-    pairs = convert_targets(src, dst, to, file_regex, ".ckpt" if recrypt else None)
-    if recrypt:
-        _check_not_inputs(pairs)
+    pairs = convert_targets(src, dst, to, file_regex)
     plan = plan_convert([(source_file(i, 0, read), o, to) for i, o in pairs], name_map)
     if shard_size is not None:
         out_dir = os.path.dirname(pairs[0][1]) if pairs else (dst or os.path.dirname(os.path.abspath(src)))
@@ -586,14 +580,43 @@ def holds_only_ckpt(src: str) -> bool:
             and not any(layout_dir.files_in(f, "safetensors") for f in folders))
 
 
-def _check_recrypt(src: str, dst: str | None, read: ReadOptions | None, run: local.Options | None) -> None:
-    """``.ckpt`` to ``.ckpt`` re-encrypts (``enc_key``), decrypts (only ``dec_key``), or both."""
+def recrypt(
+    src: str,
+    dst: str | None,
+    *,
+    file_regex: str | None = None,
+    read: ReadOptions | None = None,
+    run: local.Options | None = None,
+    dry_run: bool = False,
+    overwrite: bool = False,
+    resume: bool = False,
+    manifest: bool = True,
+) -> Report:
+    """``.ckpt`` to ``.ckpt`` in one step: a file or ``rank*`` folders re-written into ``dst`` (same
+    names), encrypted with ``run.enc_key``/``enc_mode`` after decrypting with ``read.dec_key`` when
+    given, or decrypted when only ``read.dec_key`` is given. The inputs are never replaced."""
+    out_dir = _recrypt_destination(src, dst, read, run)
+    # the .ckpt inputs a conversion to safetensors would read, each written under its own name
+    pairs = [(i, os.path.join(os.path.dirname(o), os.path.basename(i)))
+             for i, o in convert_targets(src, out_dir, "safetensors", file_regex)]
+    _check_not_inputs(pairs)
+    plan = plan_convert([(source_file(i, 0, read), o, "ckpt") for i, o in pairs])
+    notes: list[str] = []
+    if not dry_run:
+        check_destination(out_dir, [src], overwrite, resume)
+        _kept_note(execute(plan, read, run, root=out_dir, resume=resume, manifest=manifest), notes)
+    return Report(plan, notes)
+
+
+def _recrypt_destination(src: str, dst: str | None, read: ReadOptions | None, run: local.Options | None) -> str:
+    """The output folder of a re-encryption, which needs a key and an output folder."""
     if (read is None or read.dec_key is None) and (run is None or run.enc_key is None):
         raise UsageError("the source is already .ckpt and no key was given: nothing to do (give --enc-key-file/"
                          "--enc-key-env to encrypt, --dec-key-file/--dec-key-env to decrypt)", src)
     if not dst:
         raise UsageError("re-encrypting writes new files: give an output folder (the input is never replaced)",
                          src)
+    return dst
 
 
 def _check_not_inputs(pairs: Sequence[tuple[str, str]]) -> None:

@@ -682,7 +682,6 @@ def transform_checkpoints(
         raise UsageError("output_format='safetensors' needs .safetensors sources; this folder holds .ckpt", src_dir)
     src = _optional_strategy(src_strategy_file, "src_strategy_file")
     dst = _optional_strategy(dst_strategy_file, "dst_strategy_file")
-    _refuse_no_strategy(src, dst)
     if fmt == "ckpt" and _is_by_stage(src, dst):
         assert src is not None and dst is not None
         plans = _plan_by_stage(src_dir, dst_dir, prefix, src, dst)  # every plan before any write
@@ -690,6 +689,7 @@ def transform_checkpoints(
         for plan in plans:
             api.execute(plan, None, run, root=dst_dir, manifest=WRITE_MANIFEST)
         return
+    _refuse_no_strategy(src, dst)
     api.transform(
         src_dir,
         dst_dir,
