@@ -401,10 +401,18 @@ def test_merge_never_merges_its_own_output(tmp_path: Path) -> None:
     again = Path(merge_pipeline_strategies(src, src / "merged.ckpt")).read_bytes()  # no "0-0-emb"
     assert first == again
     assert sorted(p.name for p in src.iterdir()) == ["a.ckpt", "b.ckpt", "merged.ckpt"]
-    # a stale merged file under another name is refused clearly rather than merged
+    # a stale merged file under another name is passed over (with a note), never merged
     (src / "old_merged.ckpt").write_bytes(first)
+    notes: list[str] = []
+    assert Path(merge_pipeline_strategies(src, tmp_path / "m.ckpt", notes)).read_bytes() == first
+    assert notes == ["ignored merged.ckpt: the per-stage files were used",
+                     "ignored old_merged.ckpt: the per-stage files were used"]
+    # merged files alone are refused clearly rather than merged
+    alone = write_stages(tmp_path / "alone", {})
+    (alone / "old_merged.ckpt").write_bytes(first)
+    (alone / "other_merged.ckpt").write_bytes(first)
     with pytest.raises(FormatError, match=r"contains '-'.*already merged"):
-        merge_pipeline_strategies(src, tmp_path / "m.ckpt")
+        merge_pipeline_strategies(alone, tmp_path / "m2.ckpt")
 
 
 def test_merge_output_directory_is_created_with_normal_mode(tmp_path: Path) -> None:

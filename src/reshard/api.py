@@ -182,17 +182,35 @@ def _source_files(paths: Mapping[int, str], options: ReadOptions | None) -> dict
     return {r: f for (r, _), f in zip(items, facts, strict=True)}
 
 
-def _strategy(value: str | StrategyFile | None) -> StrategyFile | None:
+def _strategy(value: str | StrategyFile | None, notes: list[str] | None = None) -> StrategyFile | None:
+    """The strategy a path names; its loading notes (a merged file passed over) go to ``notes``."""
     if value is None or isinstance(value, StrategyFile):
         return value
-    return load_strategy(value)
+    sf = load_strategy(value)
+    if notes is not None:
+        notes.extend(sf.notes)
+    return sf
 
 
 def _sources_for(src: str, options: ReadOptions | None, notes: list[str]) -> tuple[str, dict[int, SourceFile]]:
-    """A full checkpoint file is rank 0 of a one-rank job; a folder holds rank_<r> folders."""
-    if os.path.isfile(src):
-        return layout_dir.detect_format(src), {0: source_file(src, 0, options)}
+    """A full checkpoint (a file, or a folder holding just one) is rank 0 of a one-rank job; a
+    folder otherwise holds rank_<r> folders."""
+    single = full_model_file(src)
+    if single is not None:
+        return layout_dir.detect_format(single), {0: source_file(single, 0, options)}
     return rank_sources(src, options=options, notes=notes)
+
+
+def full_model_file(path: str) -> str | None:
+    """The one checkpoint file ``path`` stands for: the file itself, or the only ``.ckpt`` /
+    ``.safetensors`` file of a folder without ``rank_<r>`` folders (``full/model.ckpt``'s folder);
+    None otherwise."""
+    if os.path.isfile(path):
+        return path
+    if not os.path.isdir(path) or layout_dir.rank_dirs(path):
+        return None
+    found = [f for fmt in layout_dir.FORMATS for f in layout_dir.files_in(path, fmt)]
+    return found[0] if len(found) == 1 else None
 
 
 def check_destination(dst: str, sources: Sequence[str], overwrite: bool, resume: bool = False) -> None:
@@ -279,11 +297,11 @@ def transform(
         if hyper is not None:  # unify --hf keeps them beside the shards; a full model holds them
             files[HYPER_NAME] = hyper
             mapping = {**mapping, **{n: HYPER_NAME for n in hyper.tensors if n not in mapping}}
-        plan = plan_transform_full(files, mapping, _strategy(dst_strategy), dst_dir, prefix,
+        plan = plan_transform_full(files, mapping, _strategy(dst_strategy, notes), dst_dir, prefix,
                                    output_format or "safetensors", ranks)
     else:
         fmt, sources = _sources_for(src, read, notes)
-        src_sf, dst_sf = _strategy(src_strategy), _strategy(dst_strategy)
+        src_sf, dst_sf = _strategy(src_strategy, notes), _strategy(dst_strategy, notes)
         if src_sf is None and len(sources) > 1:
             raise UsageError("several rank folders but no source strategy (--src-strategy, src_strategy in Python)",
                              src)
@@ -336,13 +354,17 @@ def transform_by_rank(
 
 
 def needed_ranks(
-    rank_id: int, src_strategy: str | StrategyFile | None, dst_strategy: str | StrategyFile | None = None
+    rank_id: int, src_strategy: str | StrategyFile | None, dst_strategy: str | StrategyFile | None = None,
+    notes: list[str] | None = None,
 ) -> list[int]:
-    """Source ranks whose files destination ``rank_id`` needs (MindSpore's ``rank_list_for_transform``)."""
+    """Source ranks whose files destination ``rank_id`` needs (MindSpore's ``rank_list_for_transform``).
+
+    Notes on loading the strategies (a merged file passed over) go to ``notes`` when given.
+    """
     from reshard import layout
     from reshard.formats.strategy import layout_map
 
-    src_sf, dst_sf = _strategy(src_strategy), _strategy(dst_strategy)
+    src_sf, dst_sf = _strategy(src_strategy, notes), _strategy(dst_strategy, notes)
     if src_sf is None:
         return [0]
     dst_map = layout_map(dst_sf, rank_id) if dst_sf is not None else None
@@ -381,7 +403,7 @@ def unify(
         raise UsageError("split_dst_file (--split) does not apply to Hugging Face output")
     _refuse_ckpt_ranks(src_dir)
     _, sources = rank_sources(src_dir, "safetensors", None, file_suffix, read, notes, mindspore_order)
-    sf = _strategy(src_strategy)
+    sf = _strategy(src_strategy, notes)
     if sf is None:
         raise UsageError("unify needs the source strategy")
     _check_unify_ranks(src_dir, sources, sf)
@@ -526,11 +548,11 @@ def split(
     ``unified_dir`` may also be a Hugging Face sharded model (its folder or its index file).
     """
     files, mapping, hyper = unified_index(unified_dir, name_map)
-    sf = _strategy(dst_strategy)
+    notes: list[str] = []
+    sf = _strategy(dst_strategy, notes)
     if sf is None:
         raise UsageError("split needs the destination strategy")
     plan = plan_split(files, mapping, hyper, sf, dst_dir, output_format, ranks, name_map)
-    notes: list[str] = []
     kept: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [model_folder(unified_dir)], overwrite, resume)
@@ -610,10 +632,18 @@ def convert(
     the source folder (the file's folder for one file); then existing outputs are refused unless
     ``overwrite``/``resume``. ``hf=True`` converts one full ``.ckpt`` file into Hugging Face
     shards (at most ``max_shard_size``, default ``5GB``) + ``model.safetensors.index.json``.
+    ``.ckpt`` sources with ``to="ckpt"`` are re-written into ``dst``: encrypted with ``run.enc_key``
+    (after decrypting with ``read.dec_key`` when given) or decrypted (only ``read.dec_key``); with
+    neither key there is nothing to do, a usage error. A folder without ``rank*`` folders that holds
+    one checkpoint file stands for that file.
     """
     if to not in layout_dir.FORMATS:
         raise UsageError(f"--to must be ckpt or safetensors, not {to!r}")
     shard_size = _shard_size(hf, max_shard_size)
+    src = _convert_source(src)
+    if to == "ckpt" and shard_size is None and holds_only_ckpt(src):
+        return recrypt(src, dst, file_regex=file_regex, read=read, run=run, dry_run=dry_run, overwrite=overwrite,
+                       resume=resume, manifest=manifest)
     if shard_size is not None and (to != "safetensors" or not os.path.isfile(src)):
         raise UsageError("Hugging Face output converts one full .ckpt file to safetensors", src)
     notes: list[str] = []
@@ -633,6 +663,74 @@ def convert(
                 raise UsageError("output exists (use --overwrite to replace it)", existing[0])
         kept = _kept_note(execute(plan, read, run, root=root, resume=resume, manifest=manifest), notes)
     return Report(plan, notes, kept)
+
+
+def _convert_source(src: str) -> str:
+    """A folder without ``rank*`` folders that holds one checkpoint file converts that file."""
+    if not os.path.isdir(src) or any(d.startswith("rank") and os.path.isdir(os.path.join(src, d))
+                                     for d in os.listdir(src)):
+        return src
+    return full_model_file(src) or src
+
+
+def holds_only_ckpt(src: str) -> bool:
+    """A ``.ckpt`` file, or ``rank*`` folders holding ``.ckpt`` files and no ``.safetensors`` file."""
+    if os.path.isfile(src):
+        return src.endswith(".ckpt")
+    if not os.path.isdir(src):
+        return False
+    folders = [os.path.join(src, d) for d in os.listdir(src)
+               if d.startswith("rank") and os.path.isdir(os.path.join(src, d))]
+    return (any(layout_dir.files_in(f, "ckpt") for f in folders)
+            and not any(layout_dir.files_in(f, "safetensors") for f in folders))
+
+
+def recrypt(
+    src: str,
+    dst: str | None,
+    *,
+    file_regex: str | None = None,
+    read: ReadOptions | None = None,
+    run: local.Options | None = None,
+    dry_run: bool = False,
+    overwrite: bool = False,
+    resume: bool = False,
+    manifest: bool = True,
+) -> Report:
+    """``.ckpt`` to ``.ckpt`` in one step: a file or ``rank*`` folders re-written into ``dst`` (same
+    names), encrypted with ``run.enc_key``/``enc_mode`` after decrypting with ``read.dec_key`` when
+    given, or decrypted when only ``read.dec_key`` is given. The inputs are never replaced."""
+    out_dir = _recrypt_destination(src, dst, read, run)
+    # the .ckpt inputs a conversion to safetensors would read, each written under its own name
+    pairs = [(i, os.path.join(os.path.dirname(o), os.path.basename(i)))
+             for i, o in convert_targets(src, out_dir, "safetensors", file_regex)]
+    _check_not_inputs(pairs)
+    plan = plan_convert([(source_file(i, 0, read), o, "ckpt") for i, o in pairs])
+    notes: list[str] = []
+    kept: list[str] = []
+    if not dry_run:
+        check_destination(out_dir, [src], overwrite, resume)
+        kept = _kept_note(execute(plan, read, run, root=out_dir, resume=resume, manifest=manifest), notes)
+    return Report(plan, notes, kept)
+
+
+def _recrypt_destination(src: str, dst: str | None, read: ReadOptions | None, run: local.Options | None) -> str:
+    """The output folder of a re-encryption, which needs a key and an output folder."""
+    if (read is None or read.dec_key is None) and (run is None or run.enc_key is None):
+        raise UsageError("the source is already .ckpt and no key was given: nothing to do (give --enc-key-file/"
+                         "--enc-key-env to encrypt, --dec-key-file/--dec-key-env to decrypt)", src)
+    if not dst:
+        raise UsageError("re-encrypting writes new files: give an output folder (the input is never replaced)",
+                         src)
+    return dst
+
+
+def _check_not_inputs(pairs: Sequence[tuple[str, str]]) -> None:
+    """An output may never be one of the inputs (re-encrypting into the source's own folder)."""
+    inputs = {os.path.realpath(i) for i, _ in pairs}
+    for _, out in pairs:
+        if os.path.realpath(out) in inputs:
+            raise UsageError("the output would replace an input file; choose another output folder", out)
 
 
 ProgressFn = Callable[[int], None]

@@ -389,14 +389,18 @@ def cmd_split(args: argparse.Namespace) -> None:
 def cmd_rank_list(args: argparse.Namespace) -> None:
     from reshard.formats.strategy import device_num, load_strategy, stage_count
 
+    notes: list[str] = []
     dst = _none(args.dst_strategy)
     dst_sf = load_strategy(dst) if dst is not None else None
+    if dst_sf is not None:
+        notes.extend(dst_sf.notes)
     total = device_num(dst_sf) * stage_count(dst_sf) if dst_sf is not None else 1
     if args.rank >= total:
         where = f"the destination strategy has {total} ranks (0..{total - 1})" if dst_sf is not None else \
             "without a destination strategy the destination is one full model, rank 0"
         raise UsageError(f"destination rank {args.rank} out of range: {where}", dst)
-    ranks = api.needed_ranks(args.rank, _none(args.src_strategy), dst_sf)
+    ranks = api.needed_ranks(args.rank, _none(args.src_strategy), dst_sf, notes)
+    _notes(notes, args)
     print(json.dumps([int(r) for r in ranks]) if args.json else " ".join(str(r) for r in ranks))
 
 
@@ -436,14 +440,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_merge_strategies(args: argparse.Namespace) -> None:
     from reshard.formats.strategy import merge_pipeline_strategies
 
-    out = merge_pipeline_strategies(args.src, args.dst)
+    notes: list[str] = []
+    out = merge_pipeline_strategies(args.src, args.dst, notes)
+    _notes(notes, args)
     print(f"wrote {out}")
 
 
 def cmd_inspect(args: argparse.Namespace) -> None:
     from reshard import inspect as inspect_mod
 
-    inspect_mod.main(args.path, as_json=args.json, strategy=args.strategy)
+    inspect_mod.main(args.path, as_json=args.json, strategy=args.strategy, read=_read_options(args))
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -566,9 +572,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path")
     p.add_argument("--strategy", help="strategy file or folder, to show full shapes and layouts")
     p.add_argument("--json", action="store_true")
+    _add_crypto_flags(p, write=False)
     p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("convert", help="convert .ckpt <-> .safetensors (a file or rank* folders)")
+    p = sub.add_parser("convert", help="convert .ckpt <-> .safetensors, or re-encrypt / decrypt .ckpt "
+                       "(a file or rank* folders)")
     p.add_argument("src")
     p.add_argument("dst", nargs="?", help="output folder (default: next to the input)")
     p.add_argument("--to", required=True, choices=("safetensors", "ckpt"))

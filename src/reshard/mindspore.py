@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from reshard import api, dtypes
-from reshard.errors import FormatError, IntegrityError, UnsupportedError, UsageError
+from reshard.errors import FormatError, IntegrityError, LayoutError, UnsupportedError, UsageError
 from reshard.execute import local
 from reshard.formats import layout_dir
 from reshard.formats.base import TensorIndex, atomic_path
@@ -692,6 +692,7 @@ def transform_checkpoints(
         for plan in plans:
             api.execute(plan, None, run, root=dst_dir, manifest=WRITE_MANIFEST)
         return
+    _refuse_no_strategy(src, dst)
     api.transform(
         src_dir,
         dst_dir,
@@ -731,8 +732,16 @@ def transform_checkpoint_by_rank(
         raise UsageError("save_checkpoint_file_name must end with .ckpt", out)
     src = _optional_strategy(src_strategy_file, "src_strategy_file")
     dst = _optional_strategy(dst_strategy_file, "dst_strategy_file")
+    _refuse_no_strategy(src, dst)
     rank = _rank(rank_id, _rank_bound(None, dst))
     api.transform_by_rank(rank, files, out, src, dst, manifest=WRITE_MANIFEST)
+
+
+def _refuse_no_strategy(src: StrategyFile | None, dst: StrategyFile | None) -> None:
+    """MindSpore refuses a transform without any strategy (reshard's own transform copies the model)."""
+    if src is None and dst is None:
+        raise LayoutError("none of the checkpoint's parameters is in the source or destination strategy "
+                          "(both strategies are None)")
 
 
 # --------------------------------------------------------------------------------------------

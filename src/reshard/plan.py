@@ -302,6 +302,8 @@ class StageCut:
     dropped: frozenset[str]
 
     def keeps(self, name: str) -> bool:
+        if self.src is None and self.dst is None:  # full model to full model: every name is kept
+            return True
         not_local_src = self.src is None or (name in self.src and name in self.dropped)
         not_local_dst = self.dst is None or name in self.dropped
         return not (not_local_src and not_local_dst)
@@ -347,6 +349,25 @@ class TransformPlanner:
             raise LayoutError(
                 f"the source strategy describes {expected} rank(s) (0..{expected - 1}) but the checkpoint has "
                 f"{len(found)} rank folder(s) ({_ranges(found)})", where)
+
+    def check_needed_present(self, wanted: Sequence[int]) -> None:
+        """With chosen destination ranks (a node without a shared disk), only the source ranks they
+        need must be present; every rank folder present must still be one the strategy describes."""
+        expected = self.n_src * stage_count(self.src) if self.src is not None else 1
+        extra = [r for r in sorted(self.files) if r >= expected]
+        if extra:
+            where = self.src.path if self.src is not None else None
+            raise LayoutError(
+                f"the source strategy describes {expected} rank(s) (0..{expected - 1}) but the checkpoint has "
+                f"rank folder(s) {_ranges(extra)}", where)
+        base = os.path.dirname(os.path.dirname(next(iter(self.files.values())).path)) if self.files else ""
+        for rank in wanted:
+            missing = [r for r in sorted(self.needed(rank)) if r not in self.files]
+            if missing:
+                r = missing[0]
+                others = f" (also missing: {_ranges(missing[1:])})" if len(missing) > 1 else ""
+                raise UsageError(f"rank {r} is needed by destination rank {rank} but "
+                                 f"{os.path.join(base, f'rank_{r}')} is missing{others}")
 
     def dst_map(self, rank: int) -> dict[str, StagedLayout] | None:
         if self.dst is None:
@@ -918,8 +939,11 @@ def plan_transform(
 ) -> Plan:
     """Plan a transform of a distributed (or full) checkpoint into ``dst_dir/rank_<r>/``."""
     planner = TransformPlanner(sources, src, dst)
-    planner.check_rank_count()
     wanted = _wanted_ranks(ranks, planner.dst_total)
+    if ranks is None:
+        planner.check_rank_count()
+    else:
+        planner.check_needed_present(wanted)
     bulk = _BulkPlanner(planner)
     meta = _meta(output_format)
     files = []

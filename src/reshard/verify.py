@@ -162,6 +162,9 @@ def side_plan(path: str, strategy: str | StrategyFile | None, read: api.ReadOpti
         return report.plan
     if strategy is not None:
         raise UsageError("a strategy was given but the folder has no rank_<r> folders", path)
+    single = None if index_file else api.full_model_file(path)
+    if single is not None:  # a folder holding one full checkpoint file
+        return plan_convert([(api.source_file(single, 0, read), _VIRTUAL_OUT, "ckpt")])
     files, _, hyper = api.unified_index(path)
     parts = [*files.values(), *([hyper] if hyper is not None else [])]
     return plan_convert([(sf, _VIRTUAL_OUT, "ckpt") for sf in parts])

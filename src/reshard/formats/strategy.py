@@ -41,7 +41,7 @@ from typing import Any
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
 
-from reshard.errors import FormatError, LayoutError, UnsupportedError, UsageError
+from reshard.errors import FormatError, LayoutError, ReshardError, UnsupportedError, UsageError
 from reshard.formats.base import atomic_path
 
 TensorMapEntry = int | tuple[int, ...]
@@ -102,6 +102,7 @@ MERGED_CURRENT_STAGE = 1
 # Merged files name each layout item "<stage>-<param>" (spec 2.5).
 STAGE_SEPARATOR = "-"
 _STAGE_PREFIX = re.compile(r"[0-9]+")
+_MERGED_NAME = re.compile(r"[0-9]+-[^-]+")
 
 # Hand-built strategy files need at least one ``parallel_strategy_item``: it is the only place a
 # file records its pipeline stage, and merging refuses files without one. One placeholder operator
@@ -218,6 +219,7 @@ class StrategyFile:
     strategy_items: list[StrategyItem]
     layouts: dict[str, ParamLayout]
     tensor_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list, compare=False)  # for the user, e.g. files passed over
 
     @property
     def stage(self) -> int | None:
@@ -569,37 +571,79 @@ def merge_strategy_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[str, 
     return fmt, json.dumps(_merge_json(files)).encode("ascii")
 
 
-def merge_pipeline_strategies(src_dir: str | os.PathLike[str], dst_file: str | os.PathLike[str]) -> str:
+def merge_pipeline_strategies(src_dir: str | os.PathLike[str], dst_file: str | os.PathLike[str],
+                              notes: list[str] | None = None) -> str:
     """``merge_pipeline_strategys`` (spec 2.5): merge every per-stage file of ``src_dir`` into ``dst_file``.
 
     Same output as MindSpore for the same candidate order: per file, byte-identical copies are
     skipped, the first file of each stage wins, layout items become ``"<stage>-<name>"``. Different
     on purpose: candidates are taken in sorted name order (MindSpore: directory order), ``dst_file``
-    is never a candidate, every candidate (even one skipped for its stage) must have names without
-    ``-`` (so a stale merged file is refused whatever the order), an empty folder is an error (MindSpore
+    is never a candidate, an already merged file beside the per-stage files (MindFormers'
+    ``merged_ckpt_strategy.ckpt``) is passed over (said in ``notes``), every other candidate (even
+    one skipped for its stage) must have names without ``-``, an empty folder is an error (MindSpore
     writes an empty merge), nothing is deleted, the parent directory gets normal permissions and the
     file appears atomically. The destination must have the sources' kind (``.json`` for JSON
     sources, anything else for protobuf) so that it can be read back. Returns the destination path.
     """
     dst = os.fspath(dst_file)
-    files = find_strategy_files(src_dir, exclude=dst)
+    files, merged = _per_stage_files(find_strategy_files(src_dir, exclude=dst))
     fmt, data = merge_strategy_files(files)
     if format_of(dst) != fmt:
         want = "end with .json" if fmt == JSON else "not end with .json"
         raise UsageError(f"the merged {fmt} strategy file name must {want}", dst)
     _write_bytes(dst, data)
+    if notes is not None:
+        notes.extend(_ignored_notes(merged))
     return dst
 
 
 def load_strategy(path_or_dir: str | os.PathLike[str]) -> StrategyFile:
-    """A strategy file, or a directory of per-stage files merged in memory (nothing is written)."""
+    """A strategy file, or a directory of per-stage files merged in memory (nothing is written).
+
+    A directory may also hold an already merged file (MindFormers leaves ``merged_ckpt_strategy.ckpt``
+    in ``output/strategy``; ``merge-strategies`` into the folder puts one there): the per-stage files
+    are used and ``notes`` says which merged file was ignored. A directory holding nothing but one
+    merged file is that file. Nothing is ever deleted.
+    """
     path = os.fspath(path_or_dir)
     if not os.path.isdir(path):
         return read_strategy(path)
-    files = find_strategy_files(path)
+    candidates = find_strategy_files(path)
+    if len(candidates) == 1 and is_merged_file(candidates[0]):  # nothing but one merged file
+        return read_strategy(candidates[0])
+    files, merged = _per_stage_files(candidates)
     if _merge_format(files) == PROTOBUF:
-        return _from_message(_merge_messages(files), path)
-    return _from_json(_merge_json(files), path)
+        sf = _from_message(_merge_messages(files), path)
+    else:
+        sf = _from_json(_merge_json(files), path)
+    sf.notes.extend(_ignored_notes(merged))
+    return sf
+
+
+def _per_stage_files(candidates: list[str]) -> tuple[list[str], list[str]]:
+    """The files to merge and the already merged files passed over.
+
+    When every candidate is merged they are all returned to merge, so the merge refuses them.
+    """
+    merged = [f for f in candidates if is_merged_file(f)]
+    per_stage = [f for f in candidates if f not in merged]
+    return (per_stage, merged) if per_stage else (candidates, [])
+
+
+def _ignored_notes(merged: Sequence[str]) -> list[str]:
+    return [f"ignored {os.path.basename(f)}: the per-stage files were used" for f in merged]
+
+
+def is_merged_file(path: str) -> bool:
+    """Whether a strategy file is already merged: every layout name is ``<stage>-<name>``.
+
+    A file that does not parse counts as not merged, so that the merge reports its problem.
+    """
+    try:
+        names = list(read_strategy(path).layouts)
+    except ReshardError:
+        return False
+    return bool(names) and all(_MERGED_NAME.fullmatch(n) is not None for n in names)
 
 
 def _merge_format(files: Sequence[str]) -> str:
