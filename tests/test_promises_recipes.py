@@ -97,7 +97,7 @@ def test_node_missing_a_needed_rank_names_it(demo: dict[str, str], tmp_path: Pat
     assert f"rank {gone} is needed by destination rank 1 but {node_src}/rank_{gone} is missing" in line, line
     assert not out.exists()
     line = one_error(run("transform", *args))  # without --ranks every rank must be there
-    assert "describes 8 rank(s)" in line and f"{len(ranks) - 1} rank folder(s)" in line, line
+    assert "no folder for rank(s)" in line and "describes 8 ranks" in line, line
     line = one_error(run("transform", *args, "--ranks", "0"))  # needs the stage's other ranks
     assert "is needed by destination rank 0" in line and "also missing" in line, line
     assert not out.exists()
@@ -241,7 +241,7 @@ def test_convert_encrypts_reencrypts_and_decrypts(demo: dict[str, str], tmp_path
     before = snapshot(demo["full_dir"])
     enc, re_enc, plain = tmp_path / "enc", tmp_path / "re_enc", tmp_path / "plain"
     proc = run("convert", demo["full"], str(enc), "--to", "ckpt", "--enc-key-file", str(key_a))
-    assert proc.returncode == 0 and "wrote 1 files" in proc.stdout, proc.stderr
+    assert proc.returncode == 0 and "wrote 1 file " in proc.stdout, proc.stderr
     assert (enc / "model.ckpt").read_bytes()[:4] != Path(demo["full"]).read_bytes()[:4]
     proc = run("convert", str(enc), str(re_enc), "--to", "ckpt", "--dec-key-file", str(key_a),
                "--enc-key-env", "PROMISES_KEY_B", "--enc-mode", "SM4-CBC", env=env)

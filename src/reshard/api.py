@@ -300,6 +300,8 @@ def transform(
         plan = plan_transform_full(files, mapping, _strategy(dst_strategy, notes), dst_dir, prefix,
                                    output_format or "safetensors", ranks)
     else:
+        if src_strategy is not None:  # a rank_<r> folder with the job's strategy: its parent was meant
+            folder_check(src)
         fmt, sources = _sources_for(src, read, notes)
         src_sf, dst_sf = _strategy(src_strategy, notes), _strategy(dst_strategy, notes)
         if src_sf is None and len(sources) > 1:
