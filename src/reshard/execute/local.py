@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import math
 import mmap
 import os
 import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -295,13 +296,23 @@ def _staging(nbytes: int) -> np.ndarray:
     return buf[:nbytes]
 
 
+class Cancelled(Exception):
+    """An output abandoned half-way because the run is stopping (another output failed, or a signal).
+
+    Its temporary file is removed like any failed write's; the caller raises the real reason.
+    """
+
+
 def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options, budget: int,
-             tensor_workers: int = 1, hasher_pool: ThreadPoolExecutor | None = None) -> str | None:
+             tensor_workers: int = 1, hasher_pool: ThreadPoolExecutor | None = None,
+             cancel: threading.Event | None = None) -> str | None:
     """Write one output file of the plan atomically (its tensors on ``tensor_workers`` threads).
 
     Returns the file's checksum (``options.checksum``), hashed while it was written, when
-    ``hasher_pool`` is given and the output is not encrypted (else None).
+    ``hasher_pool`` is given and the output is not encrypted (else None). Once ``cancel`` is set,
+    the file is abandoned before its next tensor (``Cancelled``; no temporary file stays).
     """
+    stop = cancel if cancel is not None else threading.Event()
     layout = file_layout(file, options)
     by_name = {t.name: t for t in file.tensors}
     encrypted = options.enc_key is not None and file.format == "ckpt"
@@ -309,6 +320,8 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options,
     checksum: str | None = None
 
     def one(out: _Output, lay: FileLayout, name: str) -> None:
+        if stop.is_set():
+            raise Cancelled(file.path)
         t = by_name[name]
         segments = lay.placements[name]
         _fill_tensor(out, t, segments, sources, plan, budget)
@@ -324,8 +337,12 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options,
         out = _Output(fd)
         if tensor_workers > 1 and len(lay.order) > 1:  # tensors fill disjoint byte ranges
             with ThreadPoolExecutor(tensor_workers, thread_name_prefix="reshard-tensor") as pool:
-                for future in [pool.submit(one, out, lay, name) for name in lay.order]:
-                    future.result()
+                try:
+                    for future in [pool.submit(one, out, lay, name) for name in lay.order]:
+                        future.result()
+                except BaseException:  # a failed tensor or Ctrl-C: the queued tensors give up at once
+                    stop.set()
+                    raise
         else:
             for name in lay.order:
                 one(out, lay, name)
@@ -366,6 +383,39 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options,
     return checksum
 
 
+def _run_files_fail_fast(files: Sequence[FilePlan], workers: int,
+                         write: Callable[[FilePlan, threading.Event], object]) -> None:
+    """Write ``files`` on ``workers`` threads, starting each only while no output has failed.
+
+    At most ``workers`` outputs are in flight: an output starts when another finishes. After the
+    first failure (or Ctrl-C/SIGTERM in the waiting thread) nothing new starts, the outputs still
+    running give up before their next tensor (``Cancelled``, temporary file removed), and the first
+    error is raised. At terabyte scale, submitting every output up front would write the whole job
+    before the error could return (and roll-back would delete it all again).
+    """
+    cancel = threading.Event()
+    queue = iter(files)
+    failure: BaseException | None = None
+    with ThreadPoolExecutor(workers, thread_name_prefix="reshard-file") as pool:
+        running: set[Future[object]] = set()
+        try:
+            for f in itertools.islice(queue, workers):
+                running.add(pool.submit(write, f, cancel))
+            while running:
+                done, running = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    if failure is None and future.exception() is not None:
+                        failure = future.exception()
+                        cancel.set()
+                if failure is None:
+                    running |= {pool.submit(write, f, cancel) for f in itertools.islice(queue, len(done))}
+        except BaseException:  # Ctrl-C / SIGTERM while waiting: start nothing more, abandon the rest
+            cancel.set()
+            raise
+    if failure is not None:
+        raise failure
+
+
 def run_plan(plan: Plan, opener: Opener, options: Options | None = None) -> None:
     """Execute every output of ``plan``; text outputs (index JSON) are written last."""
     options = options or Options()
@@ -384,10 +434,8 @@ def run_plan(plan: Plan, opener: Opener, options: Options | None = None) -> None
             for f in plan.files:
                 run_file(f, plan, sources, options, budget, tensor_workers, hashers)
         else:
-            with ThreadPoolExecutor(workers) as pool:
-                jobs = [pool.submit(run_file, f, plan, sources, options, budget, 1, hashers) for f in plan.files]
-                for future in jobs:
-                    future.result()
+            _run_files_fail_fast(plan.files, workers,
+                                 lambda f, cancel: run_file(f, plan, sources, options, budget, 1, hashers, cancel))
     for text in plan.texts:
         with base.atomic_path(text.path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text.text)
