@@ -46,13 +46,15 @@ INDEX_THREADS = 8  # source files indexed at once while planning (the scans wait
 class ReadOptions:
     """How to open source checkpoints (decryption, crc checking).
 
-    ``crc_check=True`` verifies the crc trailer of every plain ``.ckpt`` source that has one (one
-    extra read of the file); files without a trailer are accepted, as MindSpore does.
+    ``crc_check=True`` (the default) verifies the crc trailer of every plain ``.ckpt`` source that
+    has one, on every read path, while planning (one extra read of the file, which also warms the
+    page cache for the copy); files without a trailer are accepted, as MindSpore does.
+    ``crc_check=False`` skips it (``--no-check-crc``).
     """
 
     dec_key: bytes | None = field(default=None, repr=False)  # never printed
     dec_mode: str = "AES-GCM"
-    crc_check: bool = False
+    crc_check: bool = True
 
 
 @dataclass

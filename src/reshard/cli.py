@@ -147,7 +147,7 @@ def _run_options(args: argparse.Namespace) -> local.Options:
 
 def _read_options(args: argparse.Namespace) -> api.ReadOptions:
     return api.ReadOptions(dec_key=_key(args, "dec"), dec_mode=getattr(args, "dec_mode", None) or "AES-GCM",
-                           crc_check=getattr(args, "check_crc", False))
+                           crc_check=getattr(args, "check_crc", True))
 
 
 def _key(args: argparse.Namespace, side: str) -> bytes | None:
@@ -217,7 +217,7 @@ def _none(value: str | None) -> str | None:
 def cmd_unify(args: argparse.Namespace) -> None:
     split = tuple(int(x) for x in args.split.split("/")) if args.split else ()
     report = api.unify(args.src, args.strategy, args.dst, file_suffix=args.file_suffix,
-                       split_dst_file=split, run=_run_options(args), dry_run=args.dry_run,
+                       split_dst_file=split, read=_read_options(args), run=_run_options(args), dry_run=args.dry_run,
                        **_kwargs(args), **_hf(args))  # type: ignore[arg-type]
     _finish(report, args)
 
@@ -322,8 +322,12 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_check_crc_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--check-crc", "--check_crc", action="store_true",
-                   help="verify the crc trailer of every .ckpt source that has one (one extra read)")
+    """The crc trailer of every .ckpt source is checked by default; ``--no-check-crc`` skips it."""
+    p.add_argument("--no-check-crc", "--no_check_crc", dest="check_crc", action="store_false", default=True,
+                   help="skip verifying the crc trailer of .ckpt sources that have one (checked by default: "
+                        "one extra read of each)")
+    p.add_argument("--check-crc", "--check_crc", dest="check_crc", action="store_true",
+                   help=argparse.SUPPRESS)  # the old opt-in flag: now the default, still accepted
 
 
 def _add_crypto_flags(p: argparse.ArgumentParser, read: bool = True, write: bool = True) -> None:
@@ -409,6 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     _add_run_flags(p)
     _add_hf_flags(p)
+    _add_check_crc_flag(p)
     p.set_defaults(func=cmd_unify)
 
     p = sub.add_parser("split", help="slice a unified model into per-rank files for a strategy")
