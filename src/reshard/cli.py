@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -465,17 +466,63 @@ def _run(args: argparse.Namespace) -> object:
             bar.stop()
 
 
+class Signalled(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (schedulers, ``timeout``, a closed terminal), raised like Ctrl-C so that the
+    same clean-up runs: temporary files removed, finished outputs journaled for ``--resume``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_signalled(signum: int, _frame: object) -> None:
+    for other in _STOP_SIGNALS:  # a second TERM/HUP while cleaning up must not cut the clean-up short
+        signal.signal(other, signal.SIG_IGN)
+    raise Signalled(signum)
+
+
+_STOP_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s)
+
+
+def install_signal_handlers() -> None:
+    """SIGTERM and SIGHUP behave like Ctrl-C (only possible from the main thread; elsewhere a no-op)."""
+    for signum in _STOP_SIGNALS:
+        try:
+            if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup's ignored SIGHUP stays ignored
+                signal.signal(signum, _raise_signalled)
+        except ValueError:
+            return
+
+
+def interrupted(exc: KeyboardInterrupt) -> int:
+    """The one line an interrupted command prints, and its exit code (128 + signal, as Unix tools)."""
+    from reshard.manifest import PROGRESS_ATTRIBUTE
+
+    signum = exc.signum if isinstance(exc, Signalled) else signal.SIGINT
+    progress = getattr(exc, PROGRESS_ATTRIBUTE, None)
+    if progress is None:
+        detail = "no output file was written"
+    elif progress.resumable:
+        detail = (f"{progress.completed} of {progress.total} files completed; run the same command with --resume "
+                  "to continue")
+    else:
+        detail = (f"{progress.completed} of {progress.total} files completed; without a manifest (--no-manifest) "
+                  "--resume cannot tell them apart: run the command again")
+    print(f"reshard: interrupted ({signal.Signals(signum).name}): {detail}", file=sys.stderr)
+    return 128 + int(signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    install_signal_handlers()
     try:
         status = _run(args)
     except ReshardError as exc:
         print(f"reshard: error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("reshard: interrupted; no output file was completed from the interrupted step", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        return interrupted(exc)
     except Exception as exc:  # a bug: still one line, unless debugging
         if os.environ.get("RESHARD_DEBUG"):
             raise

@@ -63,6 +63,23 @@ _KEY_ID_CONTEXT = b"reshard key id\x00"  # the key id is a hash of this and the 
 
 
 @dataclass(frozen=True)
+class RunProgress:
+    """How far an interrupted run got: attached to the ``KeyboardInterrupt`` as ``reshard_progress``.
+
+    ``completed`` counts the outputs in place and journaled (kept from an earlier run or written by
+    this one) of the ``total`` the plan writes; ``resumable`` is False without a journal
+    (``manifest=False``), when ``resume`` cannot tell finished files from others.
+    """
+
+    completed: int
+    total: int
+    resumable: bool
+
+
+PROGRESS_ATTRIBUTE = "reshard_progress"
+
+
+@dataclass(frozen=True)
 class OutputRecord:
     """One completed output: path relative to the destination root, size, checksum, fingerprint."""
 
@@ -240,6 +257,7 @@ class RunRecorder:
         self._new_dirs: list[str] = []
         self._journal: Any = None
         self.kept: list[str] = []  # relative paths of outputs verified and kept from an earlier run
+        self._written = 0  # outputs renamed into place by this run
 
     # ------------------------------------------------------------------ paths
 
@@ -331,6 +349,8 @@ class RunRecorder:
         ``digest`` is the hash the executor computed while writing; without it the file is read
         back on a hash thread.
         """
+        with self._lock:
+            self._written += 1
         if self._hasher is None:
             return
         self._raise_hash_errors(wait=False)
@@ -426,10 +446,20 @@ class RunRecorder:
             with contextlib.suppress(OSError):
                 os.rmdir(folder)  # only when empty
 
-    def interrupted(self) -> None:
-        """Stop without undoing: finished files are journaled (pending hashes complete) for ``resume``."""
+    def interrupted(self) -> RunProgress:
+        """Stop without undoing: finished files are journaled (pending hashes complete) for ``resume``.
+
+        The executor has stopped (its threads joined), so temporary files of the plan's outputs
+        are leftovers; they are removed. Returns how far the run got.
+        """
         with contextlib.suppress(BaseException):
             self._stop(cancel=False)
+        with contextlib.suppress(BaseException):
+            for tmp in stale_temp_files(self._own_files()):
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+        total = len(self.plan.files)
+        return RunProgress(min(total, len(self.kept) + self._written), total, self.manifest)
 
     @staticmethod
     def _remove(path: str) -> None:
@@ -470,8 +500,10 @@ def run_recorded(
         if isinstance(exc, OSError):
             raise ReshardError(f"write failed: {exc.strerror or exc}", exc.filename) from None
         raise
-    except BaseException:
-        recorder.interrupted()
+    except BaseException as exc:  # Ctrl-C, SIGTERM, SIGHUP (the CLI raises KeyboardInterrupt for them)
+        progress = recorder.interrupted()
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(exc, PROGRESS_ATTRIBUTE, progress)
         raise
     return recorder.kept
 
@@ -480,6 +512,7 @@ __all__ = [
     "JOURNAL_NAME",
     "MANIFEST_NAME",
     "OutputRecord",
+    "RunProgress",
     "RunRecorder",
     "has_unfinished_run",
     "read_journal",
