@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from reshard import api, manifest
+from reshard import api, lock, manifest
 from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
 from reshard.execute.digest import file_digest
@@ -83,7 +83,7 @@ def _assert_no_false_complete(dst: str, reference: dict[str, str]) -> None:
     """Whatever a killed run left: every file that is not reshard's bookkeeping is a complete output."""
     for rel, digest in tree(dst).items():
         name = os.path.basename(rel)
-        if name.endswith(".reshard-tmp") or name == manifest.JOURNAL_NAME:
+        if name.endswith(".reshard-tmp") or name in (manifest.JOURNAL_NAME, lock.LOCK_NAME):
             continue
         assert reference.get(rel) == digest, f"{rel} looks complete but is not the finished output"
 

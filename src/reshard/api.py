@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
+from reshard import lock as _lock
 from reshard import manifest as _manifest
 from reshard.errors import FormatError, UsageError
 from reshard.execute import local
@@ -159,10 +160,19 @@ def check_destination(dst: str, sources: Sequence[str], overwrite: bool, resume:
             raise UsageError(f"destination lies inside the source folder {src}", dst)
     if os.path.isfile(dst):
         raise UsageError("destination exists and is a file", dst)
-    if os.path.isdir(dst) and os.listdir(dst) and not (overwrite or resume):
+    holder = _lock.is_held(dst) if os.path.isdir(dst) else None
+    if holder is not None:
+        raise UsageError(f"{_lock.describe(holder)} is writing into this destination; wait for it to finish or "
+                         "stop it", dst)
+    if os.path.isdir(dst) and _entries(dst) and not (overwrite or resume):
         if _manifest.has_unfinished_run(dst):
             raise UsageError("destination holds an unfinished run (use --resume to continue it)", dst)
         raise UsageError("destination is not empty (use --overwrite to replace the files this run writes)", dst)
+
+
+def _entries(folder: str) -> list[str]:
+    """What a folder holds, without a lock file a killed run left (it is no output)."""
+    return [name for name in os.listdir(folder) if name != _lock.LOCK_NAME]
 
 
 def execute(

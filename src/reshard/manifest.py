@@ -53,6 +53,7 @@ from reshard.execute import local
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM, file_digest, new_hash
 from reshard.formats import crypto
 from reshard.formats.base import atomic_path
+from reshard.lock import DestinationLock
 from reshard.plan import FilePlan, Plan
 
 MANIFEST_NAME = "reshard-manifest.json"
@@ -258,6 +259,8 @@ class RunRecorder:
         self._journal: Any = None
         self.kept: list[str] = []  # relative paths of outputs verified and kept from an earlier run
         self._written = 0  # outputs renamed into place by this run
+        self._dest_lock = DestinationLock(self.root)
+        self._locked = False  # nothing in the destination is touched (not even rolled back) without it
 
     # ------------------------------------------------------------------ paths
 
@@ -284,12 +287,15 @@ class RunRecorder:
     # ------------------------------------------------------------------ start
 
     def start(self) -> Plan:
-        """Prepare the destination; return the plan restricted to the files still to write."""
+        """Lock and prepare the destination; return the plan restricted to the files still to write."""
         self._snapshot()
         try:
             os.makedirs(self.root, exist_ok=True)
         except OSError as exc:
             raise UsageError(f"cannot create the destination folder: {exc.strerror or exc}", self.root) from None
+        self._dest_lock.acquire()  # another run writing here: UsageError naming it, nothing touched
+        self._locked = True
+        self._existed = {p for p in self._own_files() if os.path.lexists(p)}  # as the lock found them
         for tmp in stale_temp_files(self._own_files()):
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -435,13 +441,19 @@ class RunRecorder:
             self._journal = None
 
     def rollback(self) -> None:
-        """Remove what this run created (outputs, temp files, journal, folders); keep what existed."""
+        """Remove what this run created (outputs, temp files, journal, folders); keep what existed.
+
+        Without the lock (another run holds the destination) only folders this run created and
+        left empty are removed: the files there are the other run's.
+        """
         self._stop()
-        own = self._own_files()
-        doomed = [p for p in own if p not in self._existed] + stale_temp_files(own)
-        for path in doomed:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        if self._locked:
+            own = self._own_files()
+            doomed = [p for p in own if p not in self._existed] + stale_temp_files(own)
+            for path in doomed:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        self.release()  # the lock file goes before the folders it may keep from being empty
         for folder in self._new_dirs:
             with contextlib.suppress(OSError):
                 os.rmdir(folder)  # only when empty
@@ -455,11 +467,18 @@ class RunRecorder:
         with contextlib.suppress(BaseException):
             self._stop(cancel=False)
         with contextlib.suppress(BaseException):
-            for tmp in stale_temp_files(self._own_files()):
+            for tmp in stale_temp_files(self._own_files()) if self._locked else ():
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
+        self.release()
         total = len(self.plan.files)
         return RunProgress(min(total, len(self.kept) + self._written), total, self.manifest)
+
+    def release(self) -> None:
+        """Let go of the destination lock (idempotent)."""
+        self._locked = False
+        with contextlib.suppress(OSError):
+            self._dest_lock.release()
 
     @staticmethod
     def _remove(path: str) -> None:
@@ -495,6 +514,7 @@ def run_recorded(
         todo = recorder.start()
         execute(todo, replace(run, on_file_written=recorder.written, hash_outputs=manifest))
         recorder.finish()
+        recorder.release()
     except Exception as exc:
         recorder.rollback()
         if isinstance(exc, OSError):
