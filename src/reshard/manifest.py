@@ -55,6 +55,7 @@ from reshard.formats import crypto
 from reshard.formats.base import atomic_path
 from reshard.lock import DestinationLock
 from reshard.plan import FilePlan, Plan
+from reshard.validate import validate_plan
 
 MANIFEST_NAME = "reshard-manifest.json"
 JOURNAL_NAME = ".reshard-journal"
@@ -508,6 +509,7 @@ def run_recorded(
     """
     run = run or local.Options()
     check_write_options(plan, run)
+    validate_plan(plan)  # a planner bug is an internal error before the destination is touched
     recorder = RunRecorder(plan, root or common_root(plan), run, resume=resume, manifest=manifest)
     execute = runner or (lambda todo_plan, options: local.run_plan(todo_plan, opener, options))
     try:

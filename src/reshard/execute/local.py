@@ -45,6 +45,7 @@ from reshard.execute.digest import DEFAULT_ALGORITHM, StreamingDigest, hash_pool
 from reshard.formats import base, ckpt, safetensors
 from reshard.formats.base import FileLayout, TensorIndex, TensorSpec, pwrite_all
 from reshard.plan import FilePlan, Plan, TensorPlan
+from reshard.validate import validate_plan
 
 DEFAULT_MAX_MEMORY = 1024**3  # bytes in flight across all workers (staging buffers)
 MIN_DEFAULT_WORKERS = 4  # even on 2 cores: on a cold cache the threads mostly wait on the disk
@@ -96,6 +97,11 @@ class SourceCache:
             if path not in self._open:
                 self._open[path] = self._opener(path)
             return self._open[path]
+
+    def shape(self, path: str, name: str) -> tuple[int, ...] | None:
+        """Shape of tensor ``name`` in the source file ``path`` (None when it holds no such tensor)."""
+        entry = self.get(path).entries.get(name)
+        return entry.shape if entry is not None else None
 
     def release(self, path: str, name: str) -> None:
         """Drop the resident pages of one tensor from this process (the page cache keeps them)."""
@@ -419,6 +425,12 @@ def _run_files_fail_fast(files: Sequence[FilePlan], workers: int,
 def run_plan(plan: Plan, opener: Opener, options: Options | None = None) -> None:
     """Execute every output of ``plan``; text outputs (index JSON) are written last."""
     options = options or Options()
+    sources = SourceCache(opener)
+    try:
+        validate_plan(plan, lambda i, name: sources.shape(plan.sources[i], name))  # before any byte
+    except BaseException:
+        sources.close()
+        raise
     # Workers go to output files first; spare ones fill the tensors of a file in parallel (a merge
     # to one full file, a unify into one part).
     workers = max(1, min(options.workers, len(plan.files) or 1))
@@ -426,7 +438,6 @@ def run_plan(plan: Plan, opener: Opener, options: Options | None = None) -> None
     budget = max(_PAGE, options.max_memory // (workers * tensor_workers))
     if options.on_start is not None:
         options.on_start(sum(f.nbytes for f in plan.files))
-    sources = SourceCache(opener)
     with contextlib.ExitStack() as stack:
         stack.callback(sources.close)
         hashers = stack.enter_context(hash_pool()) if options.hash_outputs else None

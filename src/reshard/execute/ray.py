@@ -48,6 +48,7 @@ from reshard.execute import local
 from reshard.execute.digest import hash_pool
 from reshard.formats import base
 from reshard.plan import FilePlan, Plan
+from reshard.validate import validate_plan
 
 if TYPE_CHECKING:
     from reshard.api import ReadOptions
@@ -145,6 +146,7 @@ def _task(sources: tuple[str, ...], files: list[FilePlan], read: ReadOptions | N
 def _run_files(plan: Plan, read: ReadOptions | None, options: local.Options, budget: int) -> list[str | None]:
     cache = local.SourceCache(_open(read))
     try:
+        validate_plan(plan, lambda i, name: cache.shape(plan.sources[i], name))  # source bounds, on the node
         with contextlib.ExitStack() as stack:
             hashers = stack.enter_context(hash_pool()) if options.hash_outputs else None
             return [local.run_file(f, plan, cache, options, budget, 1, hashers) for f in plan.files]
