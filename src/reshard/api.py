@@ -184,12 +184,15 @@ def execute(
     resume: bool = False,
     manifest: bool = True,
     executor: str = "local",
+    remove: Sequence[str] = (),
 ) -> list[str]:
     """Run ``plan`` into ``root`` (default: the folder holding its outputs) with journal and manifest.
 
     Sources' crc trailers were checked while planning, so the executor does not read them again.
     Returns the outputs kept from an interrupted earlier run (``resume``). ``executor="ray"`` (or
     ``run`` being a ``reshard.execute.ray.RayOptions``) runs the output files as Ray tasks.
+    ``remove`` lists an earlier run's outputs to delete once the destination is locked
+    (``superseded``).
     """
     opened = replace(options, crc_check=False) if options is not None else None
     from reshard.execute import ray as ray_executor  # light: Ray itself is imported only when used
@@ -197,9 +200,20 @@ def execute(
     if executor not in ("local", "ray"):
         raise UsageError(f"unknown executor {executor!r} (choose local or ray)")
     if executor == "ray" or isinstance(run, ray_executor.RayOptions):
-        return ray_executor.run_recorded(plan, opened, run, root, resume=resume, manifest=manifest)
+        return ray_executor.run_recorded(plan, opened, run, root, resume=resume, manifest=manifest, remove=remove)
     return _manifest.run_recorded(plan, lambda path: open_checkpoint(path, opened), run, root,
-                                  resume=resume, manifest=manifest)
+                                  resume=resume, manifest=manifest, remove=remove)
+
+
+def superseded(dst: str, plan: Plan, dst_strategy: StrategyFile | None, overwrite: bool) -> list[str]:
+    """With ``overwrite``: an earlier run's rank outputs in ``dst`` that this plan's layout no longer
+    has (``manifest.superseded_outputs``; a foreign checkpoint in the way is a ``UsageError``)."""
+    if not overwrite or not any(f.rank is not None for f in plan.files):
+        return []
+    from reshard.formats.strategy import device_num, stage_count
+
+    total = device_num(dst_strategy) * stage_count(dst_strategy) if dst_strategy is not None else 1
+    return _manifest.superseded_outputs(dst, plan, total)
 
 
 def transform(
@@ -253,7 +267,8 @@ def transform(
         plan = hf_sharded(plan, dst_dir, shard_size)
     if not dry_run:
         check_destination(dst_dir, [model_folder(src)], overwrite, resume)
-        _kept_note(execute(plan, read, run, root=dst_dir, resume=resume, manifest=manifest), notes)
+        remove = superseded(dst_dir, plan, _strategy(dst_strategy), overwrite)
+        _kept_note(execute(plan, read, run, root=dst_dir, resume=resume, manifest=manifest, remove=remove), notes)
     return Report(plan, notes)
 
 
@@ -463,7 +478,8 @@ def split(
     notes: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [model_folder(unified_dir)], overwrite, resume)
-        _kept_note(execute(plan, None, run, root=dst_dir, resume=resume, manifest=manifest), notes)
+        remove = superseded(dst_dir, plan, sf, overwrite)
+        _kept_note(execute(plan, None, run, root=dst_dir, resume=resume, manifest=manifest, remove=remove), notes)
     return Report(plan, notes)
 
 

@@ -42,7 +42,7 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -51,7 +51,7 @@ from reshard import __version__
 from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM, file_digest, new_hash
-from reshard.formats import crypto
+from reshard.formats import crypto, layout_dir
 from reshard.formats.base import atomic_path
 from reshard.lock import DestinationLock
 from reshard.plan import FilePlan, Plan
@@ -224,6 +224,50 @@ def stale_temp_files(paths: Iterable[str]) -> list[str]:
     return found
 
 
+def previous_outputs(root: str) -> set[str]:
+    """Relative paths of the outputs an earlier run wrote into ``root``: its manifest and its journal."""
+    listed: set[str] = set()
+    with contextlib.suppress(ReshardError, KeyError, TypeError, AttributeError):
+        listed.update(str(item["path"]) for item in read_manifest(root)["outputs"])
+    with contextlib.suppress(OSError), open(journal_path(root), "rb") as fh:
+        for line in fh.read().splitlines():
+            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+                listed.add(OutputRecord.from_json(json.loads(line)).path)
+    return listed
+
+
+def superseded_outputs(root: str, plan: Plan, rank_total: int) -> list[str]:
+    """Files an ``overwrite`` run into ``root`` must remove so the next read sees only its outputs.
+
+    They are the files an earlier reshard run wrote (its manifest or journal lists them) in the
+    ``rank_<r>`` folders this run writes (besides this run's own outputs), and in every ``rank_<r>``
+    folder with ``r`` beyond this layout's ``rank_total`` ranks (8 ranks overwritten by 4). Folders of
+    ranks inside the layout that this run does not write (``--ranks``: another node's share) are left
+    alone. A checkpoint file there that reshard did not write would be read as part of the output:
+    ``UsageError`` naming it, before anything is written. Nothing reshard did not write is removed.
+    """
+    if not os.path.isdir(root):
+        return []
+    root = os.path.abspath(root)
+    ours = {os.path.abspath(f.path) for f in plan.files}
+    written_ranks = {f.rank for f in plan.files if f.rank is not None}
+    listed = {os.path.normpath(os.path.join(root, rel)) for rel in previous_outputs(root)}
+    doomed: list[str] = []
+    for rank, folder in layout_dir.rank_dirs(root).items():
+        if rank < rank_total and rank not in written_ranks:
+            continue
+        for name in sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
+            if path in ours or not os.path.isfile(path):
+                continue
+            if path in listed or (rank >= rank_total and name.endswith(TEMP_SUFFIX)):
+                doomed.append(path)
+            elif name.endswith((".ckpt", ".safetensors")):
+                raise UsageError("reshard did not write this checkpoint, and the next read would take it for part "
+                                 "of this output; move it away or choose another destination", path)
+    return doomed
+
+
 def check_write_options(plan: Plan, run: local.Options) -> None:
     """Refuse option combinations before a byte is written."""
     if run.enc_key is None:
@@ -239,7 +283,8 @@ def check_write_options(plan: Plan, run: local.Options) -> None:
 class RunRecorder:
     """Journal, manifest and roll-back around one execution of a plan into ``root``."""
 
-    def __init__(self, plan: Plan, root: str, run: local.Options, *, resume: bool, manifest: bool) -> None:
+    def __init__(self, plan: Plan, root: str, run: local.Options, *, resume: bool, manifest: bool,
+                 remove: Sequence[str] = ()) -> None:
         if resume and not manifest:
             raise UsageError("resume needs the journal, which is only kept with manifest=True")
         self.plan = plan
@@ -260,6 +305,7 @@ class RunRecorder:
         self._journal: Any = None
         self.kept: list[str] = []  # relative paths of outputs verified and kept from an earlier run
         self._written = 0  # outputs renamed into place by this run
+        self.remove = tuple(remove)  # an earlier run's outputs this one supersedes (superseded_outputs)
         self._dest_lock = DestinationLock(self.root)
         self._locked = False  # nothing in the destination is touched (not even rolled back) without it
 
@@ -297,6 +343,7 @@ class RunRecorder:
         self._dest_lock.acquire()  # another run writing here: UsageError naming it, nothing touched
         self._locked = True
         self._existed = {p for p in self._own_files() if os.path.lexists(p)}  # as the lock found them
+        self._remove_superseded()
         for tmp in stale_temp_files(self._own_files()):
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -314,6 +361,14 @@ class RunRecorder:
         self.kept = sorted(kept)
         todo = tuple(f for f in self.plan.files if self.rel(f.path) not in kept)
         return replace(self.plan, files=todo)
+
+    def _remove_superseded(self) -> None:
+        """Remove an earlier run's outputs that this run replaces with fewer, and their emptied folders."""
+        for path in self.remove:
+            self._remove(path)
+        for folder in sorted({os.path.dirname(p) for p in self.remove}, reverse=True):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)  # only when empty: a folder this run writes into is refilled anyway
 
     def _kept_files(self) -> dict[str, OutputRecord]:
         """Journal entries whose file is on disk with the same fingerprint, size and hash."""
@@ -500,17 +555,19 @@ def run_recorded(
     resume: bool = False,
     manifest: bool = True,
     runner: Callable[[Plan, local.Options], None] | None = None,
+    remove: Sequence[str] = (),
 ) -> list[str]:
     """Execute ``plan`` with journal, manifest (``manifest=True``) and roll-back on errors.
 
     ``runner(plan, options)`` executes the outputs still to write (default: the local executor
-    with ``opener``; the Ray executor passes its own). Returns the relative paths of the outputs
-    kept from an earlier run (``resume``).
+    with ``opener``; the Ray executor passes its own). ``remove``: an earlier run's outputs to delete
+    once the destination is locked (``superseded_outputs``). Returns the relative paths of the
+    outputs kept from an earlier run (``resume``).
     """
     run = run or local.Options()
     check_write_options(plan, run)
     validate_plan(plan)  # a planner bug is an internal error before the destination is touched
-    recorder = RunRecorder(plan, root or common_root(plan), run, resume=resume, manifest=manifest)
+    recorder = RunRecorder(plan, root or common_root(plan), run, resume=resume, manifest=manifest, remove=remove)
     execute = runner or (lambda todo_plan, options: local.run_plan(todo_plan, opener, options))
     try:
         todo = recorder.start()
@@ -541,4 +598,5 @@ __all__ = [
     "read_manifest",
     "run_recorded",
     "stale_temp_files",
+    "superseded_outputs",
 ]

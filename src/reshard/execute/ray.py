@@ -285,6 +285,7 @@ def run_recorded(
     *,
     resume: bool = False,
     manifest: bool = True,
+    remove: Sequence[str] = (),
 ) -> list[str]:
     """``manifest.run_recorded`` with the Ray executor: journal, manifest and roll-back on the driver."""
     from reshard import manifest as _manifest
@@ -298,7 +299,7 @@ def run_recorded(
 
     unused_opener = None  # tasks open their sources on the nodes; the driver opens none
     return _manifest.run_recorded(plan, unused_opener, run, root, resume=resume, manifest=manifest,  # type: ignore[arg-type]
-                                  runner=runner)
+                                  runner=runner, remove=remove)
 
 
 __all__ = ["RayOptions", "run_plan_ray", "run_recorded"]
