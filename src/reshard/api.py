@@ -3,9 +3,11 @@
 Every operation first builds a :class:`~reshard.plan.Plan` from file headers and strategies (so
 ``dry_run=True`` returns it without writing a byte), then runs it with the local executor.
 Paths are checked before anything is written: the destination may not lie inside a source
-folder, and an existing non-empty destination is refused unless ``overwrite=True`` (then only
-the files the plan writes are replaced; nothing is deleted) or ``resume=True`` (continue an
-interrupted run). Each run journals its outputs and writes ``reshard-manifest.json`` last
+folder, and an existing non-empty destination is refused unless ``overwrite=True`` (then the
+files the plan writes are replaced, and an earlier run's outputs that a layout with fewer ranks
+no longer has are removed as its manifest lists them; nothing reshard did not write is deleted)
+or ``resume=True`` (continue an interrupted run). A run holds the destination's lock
+(``reshard.lock``) while it writes. Each run journals its outputs and writes ``reshard-manifest.json`` last
 (``manifest=True``, see ``reshard.manifest``); a run that fails removes what it created.
 """
 
@@ -205,10 +207,15 @@ def execute(
                                   resume=resume, manifest=manifest, remove=remove)
 
 
-def superseded(dst: str, plan: Plan, dst_strategy: StrategyFile | None, overwrite: bool) -> list[str]:
+def superseded(dst: str, plan: Plan, dst_strategy: StrategyFile | None, overwrite: bool, manifest: bool) -> list[str]:
     """With ``overwrite``: an earlier run's rank outputs in ``dst`` that this plan's layout no longer
-    has (``manifest.superseded_outputs``; a foreign checkpoint in the way is a ``UsageError``)."""
-    if not overwrite or not any(f.rank is not None for f in plan.files):
+    has (``manifest.superseded_outputs``; a foreign checkpoint in the way is a ``UsageError``).
+
+    Only runs that keep reshard's records (``manifest=True``) clean up after an earlier record; a
+    run without one (``--no-manifest``, the MindSpore drop-in) replaces same-named files only, as
+    MindSpore does.
+    """
+    if not (overwrite and manifest) or not any(f.rank is not None for f in plan.files):
         return []
     from reshard.formats.strategy import device_num, stage_count
 
@@ -267,7 +274,7 @@ def transform(
         plan = hf_sharded(plan, dst_dir, shard_size)
     if not dry_run:
         check_destination(dst_dir, [model_folder(src)], overwrite, resume)
-        remove = superseded(dst_dir, plan, _strategy(dst_strategy), overwrite)
+        remove = superseded(dst_dir, plan, _strategy(dst_strategy), overwrite, manifest)
         _kept_note(execute(plan, read, run, root=dst_dir, resume=resume, manifest=manifest, remove=remove), notes)
     return Report(plan, notes)
 
@@ -478,7 +485,7 @@ def split(
     notes: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [model_folder(unified_dir)], overwrite, resume)
-        remove = superseded(dst_dir, plan, sf, overwrite)
+        remove = superseded(dst_dir, plan, sf, overwrite, manifest)
         _kept_note(execute(plan, None, run, root=dst_dir, resume=resume, manifest=manifest, remove=remove), notes)
     return Report(plan, notes)
 

@@ -25,6 +25,10 @@ Why it is built this way:
   prefix of the file), so the hash is ready moments after the last byte; outputs it could not hash
   that way (encrypted ones, the Ray executor's) are read back on hash threads while later files are
   still being copied.
+* One run per destination: ``RunRecorder.start`` takes the destination's lock (``reshard.lock``)
+  before it touches anything, and a run that cannot get it changes nothing there.
+* ``--overwrite`` with fewer ranks removes the earlier run's outputs (as its manifest or journal
+  lists them) that the new layout no longer has (``superseded_outputs``), after the lock is taken.
 * A run that fails with an error rolls back: the outputs, folders, journal and temporary files it
   created are removed, so a bad input or a full disk leaves the destination as it was. (Files that
   ``overwrite`` already replaced cannot be restored; they are complete.) An interrupted run

@@ -48,7 +48,7 @@ from reshard.execute import local
 from reshard.execute.digest import hash_pool
 from reshard.formats import base
 from reshard.plan import FilePlan, Plan
-from reshard.validate import validate_plan
+from reshard.validate import PlanError, validate_plan
 
 if TYPE_CHECKING:
     from reshard.api import ReadOptions
@@ -175,9 +175,12 @@ def _write_output(path: str, data: np.ndarray) -> None:
         raise ReshardError(f"write failed: {exc.strerror or exc}", path) from None
 
 
-def _task_error(exc: BaseException) -> ReshardError:
-    """A one-line ``ReshardError`` for what a task raised (the same class and message if it was ours)."""
+def _task_error(exc: BaseException) -> ReshardError | PlanError:
+    """A one-line ``ReshardError`` for what a task raised (the same class and message if it was ours);
+    a ``PlanError`` stays what it is: an internal error, not the user's."""
     cause = getattr(exc, "cause", None)
+    if isinstance(cause, PlanError):
+        return PlanError(str(cause))
     if isinstance(cause, ReshardError):
         err = type(cause).__new__(type(cause))
         ReshardError.__init__(err, cause.detail, cause.path)
