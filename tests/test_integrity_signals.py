@@ -75,6 +75,19 @@ def test_signal_mid_run_cleans_up_and_resume_finishes(big: dict[str, Any], tmp_p
     assert tree(dst) == big["reference"]
 
 
+def test_sigterm_while_the_main_thread_copies(big: dict[str, Any], tmp_path) -> None:
+    """One worker: the main thread itself is inside a copy when the signal lands."""
+    dst = str(tmp_path / "out")
+    args = [*big["args"][:-1], "1", "--dst", dst]
+    assert big["args"][-2:] == ["--workers", "2"]
+    proc = _signal_mid_write(args, dst, signal.SIGTERM)
+    assert proc.returncode == 143, proc.stderr
+    assert LINE.match(proc.stderr.strip()), proc.stderr
+    assert not temp_files(dst)
+    assert run_cli(*big["args"], "--dst", dst, "--resume").returncode == 0
+    assert tree(dst) == big["reference"]
+
+
 def test_interrupt_before_any_output_says_nothing_was_written(capsys: pytest.CaptureFixture[str]) -> None:
     """A signal while planning (no run recorded yet): 143 and one line."""
     assert cli.interrupted(cli.Signalled(signal.SIGTERM)) == 143

@@ -34,9 +34,10 @@ import itertools
 import math
 import mmap
 import os
+import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -398,23 +399,31 @@ def _run_files_fail_fast(files: Sequence[FilePlan], workers: int,
     running give up before their next tensor (``Cancelled``, temporary file removed), and the first
     error is raised. At terabyte scale, submitting every output up front would write the whole job
     before the error could return (and roll-back would delete it all again).
+
+    The waiting thread takes finished outputs from a ``SimpleQueue`` (a C-level wait) rather than
+    ``concurrent.futures.wait``: a signal raised as an exception inside ``wait``'s own locking could
+    leave a future's lock held, and the worker finishing it would block forever.
     """
     cancel = threading.Event()
-    queue = iter(files)
+    finished: queue.SimpleQueue[Future[object]] = queue.SimpleQueue()
+    queued = iter(files)
     failure: BaseException | None = None
     with ThreadPoolExecutor(workers, thread_name_prefix="reshard-file") as pool:
-        running: set[Future[object]] = set()
         try:
-            for f in itertools.islice(queue, workers):
-                running.add(pool.submit(write, f, cancel))
+            running = 0
+            for f in itertools.islice(queued, workers):
+                pool.submit(write, f, cancel).add_done_callback(finished.put)
+                running += 1
             while running:
-                done, running = wait(running, return_when=FIRST_COMPLETED)
-                for future in done:
-                    if failure is None and future.exception() is not None:
-                        failure = future.exception()
-                        cancel.set()
+                done = finished.get()
+                running -= 1
+                if failure is None and done.exception() is not None:
+                    failure = done.exception()
+                    cancel.set()
                 if failure is None:
-                    running |= {pool.submit(write, f, cancel) for f in itertools.islice(queue, len(done))}
+                    for f in itertools.islice(queued, 1):
+                        pool.submit(write, f, cancel).add_done_callback(finished.put)
+                        running += 1
         except BaseException:  # Ctrl-C / SIGTERM while waiting: start nothing more, abandon the rest
             cancel.set()
             raise
