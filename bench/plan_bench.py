@@ -15,7 +15,9 @@ and a warm second call would time dictionary lookups. Timings:
 
 * ``plan``: ``plan_transform`` end to end plus ``Plan.summary()`` (what ``reshard plan`` /
   ``transform`` pay before IO: every rank is planned and checked against the source files' shapes);
-* ``materialise`` (same process, after ``plan``): building every output's ``TensorPlan`` objects,
+* ``validate`` (same process, after ``plan``): ``validate_plan``, which every run does before
+  writing (once per layout class and destination rank, nothing built); reported, not part of the target;
+* ``materialise`` (same process, after ``validate``): building every output's ``TensorPlan`` objects,
   which transform plans leave to the executor, one file at a time; reported, not part of the target;
 * ``layout``: only the calls the planner makes into ``reshard.layout`` for the same job
   (``rank_list_for_transform`` per rank; ``full_shape`` per distinct source layout and slice shape;
@@ -40,6 +42,7 @@ from reshard import dtypes, layout
 from reshard.formats.strategy import ParamLayout, StrategyFile, layout_map, make_strategy
 from reshard.plan import SourceFile, SourceTensor, plan_transform
 from reshard.synthetic import COLUMN, REPLICATED_1D, ROW
+from reshard.validate import validate_plan
 
 HIDDEN, FFN, VOCAB = 4096, 11264, 32768  # LLaMA-7B-like; divisible by every split below
 SRC_DEV = (2, 4)  # dp, mp of the 8-rank source
@@ -102,11 +105,14 @@ def time_plan(params: int, dst_ranks: int, pp: int) -> dict[str, Any]:
     s = plan.summary()
     seconds = time.perf_counter() - start
     start = time.perf_counter()
+    validate_plan(plan)
+    validate = time.perf_counter() - start
+    start = time.perf_counter()
     built = sum(len(tuple(f.tensors)) for f in plan.files)
     materialise = time.perf_counter() - start
     assert built == s["tensors"]
-    return {"seconds": seconds, "materialise_seconds": materialise, "tensors": s["tensors"],
-            "copies": s["copies"], "outputs": s["outputs"]}
+    return {"seconds": seconds, "validate_seconds": validate, "materialise_seconds": materialise,
+            "tensors": s["tensors"], "copies": s["copies"], "outputs": s["outputs"]}
 
 
 def time_layout(params: int, dst_ranks: int, pp: int) -> dict[str, Any]:
@@ -177,6 +183,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "params": args.params, "dst_ranks": args.ranks, "pp": args.pp, "src_ranks": SRC_DEV[0] * SRC_DEV[1],
         "repeat": len(plans), "plan_seconds": best, "plan_runs": [p["seconds"] for p in plans],
+        "validate_seconds": min(p["validate_seconds"] for p in plans),
         "materialise_seconds": min(p["materialise_seconds"] for p in plans),
         "layout_seconds": min(x["seconds"] for x in layouts), "layout_runs": [x["seconds"] for x in layouts],
         "tensors": plans[0]["tensors"], "copies": plans[0]["copies"], "outputs": plans[0]["outputs"],
@@ -213,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
           f"source {result['src_ranks']} ranks: {result['tensors']:,} tensor plans, {result['copies']:,} copies")
     print(f"  plan_transform + summary(): best {result['plan_seconds']:.3f} s of {result['repeat']} "
           f"({', '.join(f'{s:.3f}' for s in result['plan_runs'])}); target < {SLOW_SECONDS:g} s")
+    print(f"  validate_plan (what every run checks before writing): best {result['validate_seconds']:.3f} s")
     print(f"  building every TensorPlan afterwards (executors do it file by file): "
           f"best {result['materialise_seconds']:.3f} s")
     print(f"  layout engine alone: best {result['layout_seconds']:.3f} s "

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from reshard import api, manifest
+from reshard import api, lock, manifest
 from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
 from reshard.execute.digest import file_digest
@@ -83,7 +83,7 @@ def _assert_no_false_complete(dst: str, reference: dict[str, str]) -> None:
     """Whatever a killed run left: every file that is not reshard's bookkeeping is a complete output."""
     for rel, digest in tree(dst).items():
         name = os.path.basename(rel)
-        if name.endswith(".reshard-tmp") or name == manifest.JOURNAL_NAME:
+        if name.endswith(".reshard-tmp") or name in (manifest.JOURNAL_NAME, lock.LOCK_NAME):
             continue
         assert reference.get(rel) == digest, f"{rel} looks complete but is not the finished output"
 
@@ -223,8 +223,8 @@ def test_interrupt_keeps_finished_files_and_resume_verifies_them(job, tmp_path, 
     ref, dst = str(tmp_path / "ref"), str(tmp_path / "out")
     _transform(job, ref)
     interrupt_after(2, KeyboardInterrupt())
-    with pytest.raises(KeyboardInterrupt):
-        _transform(job, dst)
+    with pytest.raises(KeyboardInterrupt):  # one worker: outputs 0 and 1 are done when 2 is interrupted
+        _transform(job, dst, run=local.Options(workers=1))  # (with more, running outputs give up at once)
     journal = manifest.read_journal(dst)
     assert sorted(journal) == ["rank_0/checkpoint_0.ckpt", "rank_1/checkpoint_1.ckpt"]
     assert not os.path.exists(os.path.join(dst, manifest.MANIFEST_NAME))

@@ -3,9 +3,11 @@
 Every operation first builds a :class:`~reshard.plan.Plan` from file headers and strategies (so
 ``dry_run=True`` returns it without writing a byte), then runs it with the local executor.
 Paths are checked before anything is written: the destination may not lie inside a source
-folder, and an existing non-empty destination is refused unless ``overwrite=True`` (then only
-the files the plan writes are replaced; nothing is deleted) or ``resume=True`` (continue an
-interrupted run). Each run journals its outputs and writes ``reshard-manifest.json`` last
+folder, and an existing non-empty destination is refused unless ``overwrite=True`` (then the
+files the plan writes are replaced, and an earlier run's outputs that a layout with fewer ranks
+no longer has are removed as its manifest lists them; nothing reshard did not write is deleted)
+or ``resume=True`` (continue an interrupted run). A run holds the destination's lock
+(``reshard.lock``) while it writes. Each run journals its outputs and writes ``reshard-manifest.json`` last
 (``manifest=True``, see ``reshard.manifest``); a run that fails removes what it created.
 """
 
@@ -16,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
+from reshard import lock as _lock
 from reshard import manifest as _manifest
 from reshard.errors import FormatError, LayoutError, UsageError
 from reshard.execute import local
@@ -46,17 +49,19 @@ INDEX_THREADS = 8  # source files indexed at once while planning (the scans wait
 class ReadOptions:
     """How to find and open source checkpoints (which file of a rank folder, decryption, crc checking).
 
-    ``crc_check=True`` verifies the crc trailer of every plain ``.ckpt`` source that has one (one
-    extra read of the file); files without a trailer are accepted, as MindSpore does. When a rank
-    folder holds several checkpoints, ``file_suffix`` takes the one whose name ends in it
-    (MindSpore's ``file_suffix`` rule), ``pick`` chooses by ``"last-name"`` or ``"newest"`` (mtime;
-    default: MindSpore's rule for the format), and ``src_format`` reads ``"ckpt"`` or
-    ``"safetensors"`` files when the folders hold both.
+    ``crc_check=True`` (the default) verifies the crc trailer of every plain ``.ckpt`` source that
+    has one, on every read path, while planning (one extra read of the file, which also warms the
+    page cache for the copy); files without a trailer are accepted, as MindSpore does.
+    ``crc_check=False`` skips it (``--no-check-crc``). When a rank folder holds several
+    checkpoints, ``file_suffix`` takes the one whose name ends in it (MindSpore's ``file_suffix``
+    rule), ``pick`` chooses by ``"last-name"`` or ``"newest"`` (mtime; default: MindSpore's rule for
+    the format), and ``src_format`` reads ``"ckpt"`` or ``"safetensors"`` files when the folders
+    hold both.
     """
 
     dec_key: bytes | None = field(default=None, repr=False)  # never printed
     dec_mode: str = "AES-GCM"
-    crc_check: bool = False
+    crc_check: bool = True
     file_suffix: str | None = None
     pick: str | None = None
     src_format: str | None = None
@@ -225,10 +230,19 @@ def check_destination(dst: str, sources: Sequence[str], overwrite: bool, resume:
         raise UsageError("destination exists and is a file", dst)
     if os.path.isdir(dst) and not os.access(dst, os.W_OK):
         raise UsageError("destination folder is read-only", dst)
-    if os.path.isdir(dst) and os.listdir(dst) and not (overwrite or resume):
+    holder = _lock.is_held(dst) if os.path.isdir(dst) else None
+    if holder is not None:
+        raise UsageError(f"{_lock.describe(holder)} is writing into this destination; wait for it to finish or "
+                         "stop it", dst)
+    if os.path.isdir(dst) and _entries(dst) and not (overwrite or resume):
         if _manifest.has_unfinished_run(dst):
             raise UsageError("destination holds an unfinished run (use --resume to continue it)", dst)
         raise UsageError("destination is not empty (use --overwrite to replace the files this run writes)", dst)
+
+
+def _entries(folder: str) -> list[str]:
+    """What a folder holds, without a lock file a killed run left (it is no output)."""
+    return [name for name in os.listdir(folder) if name != _lock.LOCK_NAME]
 
 
 def execute(
@@ -240,12 +254,15 @@ def execute(
     resume: bool = False,
     manifest: bool = True,
     executor: str = "local",
+    remove: Sequence[str] = (),
 ) -> list[str]:
     """Run ``plan`` into ``root`` (default: the folder holding its outputs) with journal and manifest.
 
     Sources' crc trailers were checked while planning, so the executor does not read them again.
     Returns the outputs kept from an interrupted earlier run (``resume``). ``executor="ray"`` (or
     ``run`` being a ``reshard.execute.ray.RayOptions``) runs the output files as Ray tasks.
+    ``remove`` lists an earlier run's outputs to delete once the destination is locked
+    (``superseded``).
     """
     opened = replace(options, crc_check=False) if options is not None else None
     from reshard.execute import ray as ray_executor  # light: Ray itself is imported only when used
@@ -253,9 +270,25 @@ def execute(
     if executor not in ("local", "ray"):
         raise UsageError(f"unknown executor {executor!r} (choose local or ray)")
     if executor == "ray" or isinstance(run, ray_executor.RayOptions):
-        return ray_executor.run_recorded(plan, opened, run, root, resume=resume, manifest=manifest)
+        return ray_executor.run_recorded(plan, opened, run, root, resume=resume, manifest=manifest, remove=remove)
     return _manifest.run_recorded(plan, lambda path: open_checkpoint(path, opened), run, root,
-                                  resume=resume, manifest=manifest)
+                                  resume=resume, manifest=manifest, remove=remove)
+
+
+def superseded(dst: str, plan: Plan, dst_strategy: StrategyFile | None, overwrite: bool, manifest: bool) -> list[str]:
+    """With ``overwrite``: an earlier run's rank outputs in ``dst`` that this plan's layout no longer
+    has (``manifest.superseded_outputs``; a foreign checkpoint in the way is a ``UsageError``).
+
+    Only runs that keep reshard's records (``manifest=True``) clean up after an earlier record; a
+    run without one (``--no-manifest``, the MindSpore drop-in) replaces same-named files only, as
+    MindSpore does.
+    """
+    if not (overwrite and manifest) or not any(f.rank is not None for f in plan.files):
+        return []
+    from reshard.formats.strategy import device_num, stage_count
+
+    total = device_num(dst_strategy) * stage_count(dst_strategy) if dst_strategy is not None else 1
+    return _manifest.superseded_outputs(dst, plan, total)
 
 
 def transform(
@@ -313,7 +346,9 @@ def transform(
     kept: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [model_folder(src)], overwrite, resume)
-        kept = _kept_note(execute(plan, read, run, root=dst_dir, resume=resume, manifest=manifest), notes)
+        remove = superseded(dst_dir, plan, _strategy(dst_strategy), overwrite, manifest)
+        kept = _kept_note(execute(plan, read, run, root=dst_dir, resume=resume, manifest=manifest, remove=remove),
+                          notes)
     return Report(plan, notes, kept)
 
 
@@ -558,7 +593,9 @@ def split(
     kept: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [model_folder(unified_dir)], overwrite, resume)
-        kept = _kept_note(execute(plan, None, run, root=dst_dir, resume=resume, manifest=manifest), notes)
+        remove = superseded(dst_dir, plan, sf, overwrite, manifest)
+        kept = _kept_note(execute(plan, None, run, root=dst_dir, resume=resume, manifest=manifest, remove=remove),
+                          notes)
     return Report(plan, notes, kept)
 
 

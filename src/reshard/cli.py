@@ -3,7 +3,8 @@
 Every user-facing failure is a ``ReshardError``: it becomes one line on stderr and exit code 2.
 Anything else is a bug; it is still reported as one line, with exit code 3 (set ``RESHARD_DEBUG=1``
 for the traceback) so scripts never parse a Python stack. Exit codes: 0 done, 1 ``verify`` found
-a difference, 2 bad input or usage, 3 internal error, 130 interrupted; output cut short by its
+a difference, 2 bad input or usage, 3 internal error, 128+signal interrupted (130 Ctrl-C, 143
+SIGTERM, 129 SIGHUP; ``--resume`` continues); output cut short by its
 reader (``reshard inspect --json | head``) ends quietly with 141, as ``cat`` killed by SIGPIPE does.
 ``transform`` accepts MindFormers' ``transform_ckpt.py`` flags verbatim (``--src_ckpt_strategy`` ...)
 as well as hyphenated forms.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -39,7 +41,8 @@ EXIT_USAGE = 2
 EXIT_BUG = 3
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what the shell reports for `cat big | head`
 EXIT_CODES = ("exit codes: 0 done, 1 verify found a difference, 2 bad input or usage, 3 internal error, "
-              "130 interrupted, 141 output closed by its reader (e.g. | head)")
+              "128+signal interrupted (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), 141 output closed by its reader "
+              "(e.g. | head)")
 
 
 def _size(n: int) -> str:
@@ -274,7 +277,7 @@ def _run_options(args: argparse.Namespace) -> local.Options:
 
 def _read_options(args: argparse.Namespace) -> api.ReadOptions:
     return api.ReadOptions(dec_key=_key(args, "dec"), dec_mode=getattr(args, "dec_mode", None) or "AES-GCM",
-                           crc_check=getattr(args, "check_crc", False), file_suffix=getattr(args, "file_suffix", None),
+                           crc_check=getattr(args, "check_crc", True), file_suffix=getattr(args, "file_suffix", None),
                            pick=getattr(args, "pick", None), src_format=getattr(args, "src_format", None))
 
 
@@ -512,8 +515,12 @@ def _add_source_flags(p: argparse.ArgumentParser, src_format: bool = True) -> No
 
 
 def _add_check_crc_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--check-crc", "--check_crc", action="store_true",
-                   help="verify the crc trailer of every .ckpt source that has one (one extra read)")
+    """The crc trailer of every .ckpt source is checked by default; ``--no-check-crc`` skips it."""
+    p.add_argument("--no-check-crc", "--no_check_crc", dest="check_crc", action="store_false", default=True,
+                   help="skip verifying the crc trailer of .ckpt sources that have one (checked by default: "
+                        "one extra read of each)")
+    p.add_argument("--check-crc", "--check_crc", dest="check_crc", action="store_true",
+                   help=argparse.SUPPRESS)  # the old opt-in flag: now the default, still accepted
 
 
 def _add_crypto_flags(p: argparse.ArgumentParser, read: bool = True, write: bool = True) -> None:
@@ -616,6 +623,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     _add_run_flags(p)
     _add_hf_flags(p)
+    _add_check_crc_flag(p)
     p.set_defaults(func=cmd_unify)
 
     p = sub.add_parser("split", help="slice a unified model into per-rank files for a strategy")
@@ -672,6 +680,52 @@ def _run(args: argparse.Namespace) -> object:
     finally:
         for bar in _BARS:
             bar.stop()
+
+
+class Signalled(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (schedulers, ``timeout``, a closed terminal), raised like Ctrl-C so that the
+    same clean-up runs: temporary files removed, finished outputs journaled for ``--resume``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_signalled(signum: int, _frame: object) -> None:
+    for other in _STOP_SIGNALS:  # a second TERM/HUP while cleaning up must not cut the clean-up short
+        signal.signal(other, signal.SIG_IGN)
+    raise Signalled(signum)
+
+
+_STOP_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s)
+
+
+def install_signal_handlers() -> None:
+    """SIGTERM and SIGHUP behave like Ctrl-C (only possible from the main thread; elsewhere a no-op)."""
+    for signum in _STOP_SIGNALS:
+        try:
+            if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup's ignored SIGHUP stays ignored
+                signal.signal(signum, _raise_signalled)
+        except ValueError:
+            return
+
+
+def interrupted(exc: KeyboardInterrupt) -> int:
+    """The one line an interrupted command prints, and its exit code (128 + signal, as Unix tools)."""
+    from reshard.manifest import PROGRESS_ATTRIBUTE
+
+    signum = exc.signum if isinstance(exc, Signalled) else signal.SIGINT
+    progress = getattr(exc, PROGRESS_ATTRIBUTE, None)
+    if progress is None:
+        detail = "no output file was written"
+    elif progress.resumable:
+        detail = (f"{progress.completed} of {progress.total} files completed; run the same command with --resume "
+                  "to continue")
+    else:
+        detail = (f"{progress.completed} of {progress.total} files completed; without a manifest (--no-manifest) "
+                  "--resume cannot tell them apart: run the command again")
+    print(f"reshard: interrupted ({signal.Signals(signum).name}): {detail}", file=sys.stderr)
+    return 128 + int(signum)
 
 
 def _rich_raises_broken_pipe() -> None:
@@ -733,6 +787,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(_join_dash_values(sys.argv[1:] if argv is None else argv))
+    install_signal_handlers()
     try:
         args.started = time.monotonic()
         status = _run(args)
@@ -742,9 +797,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except ReshardError as exc:
         print(f"reshard: error: {_error_line(exc)}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("reshard: interrupted; no output file was completed from the interrupted step", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        return interrupted(exc)
     except Exception as exc:  # a bug: still one line, unless debugging
         if os.environ.get("RESHARD_DEBUG"):
             raise

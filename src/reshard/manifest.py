@@ -25,6 +25,10 @@ Why it is built this way:
   prefix of the file), so the hash is ready moments after the last byte; outputs it could not hash
   that way (encrypted ones, the Ray executor's) are read back on hash threads while later files are
   still being copied.
+* One run per destination: ``RunRecorder.start`` takes the destination's lock (``reshard.lock``)
+  before it touches anything, and a run that cannot get it changes nothing there.
+* ``--overwrite`` with fewer ranks removes the earlier run's outputs (as its manifest or journal
+  lists them) that the new layout no longer has (``superseded_outputs``), after the lock is taken.
 * A run that fails with an error rolls back: the outputs, folders, journal and temporary files it
   created are removed, so a bad input or a full disk leaves the destination as it was. (Files that
   ``overwrite`` already replaced cannot be restored; they are complete.) An interrupted run
@@ -42,7 +46,7 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -51,15 +55,34 @@ from reshard import __version__
 from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM, file_digest, new_hash
-from reshard.formats import crypto
+from reshard.formats import crypto, layout_dir
 from reshard.formats.base import atomic_path
+from reshard.lock import DestinationLock
 from reshard.plan import FilePlan, Plan
+from reshard.validate import validate_plan
 
 MANIFEST_NAME = "reshard-manifest.json"
 JOURNAL_NAME = ".reshard-journal"
 MANIFEST_VERSION = 1
 TEMP_SUFFIX = ".reshard-tmp"  # atomic_path's temporary names: .<name>.<random>.reshard-tmp
 _KEY_ID_CONTEXT = b"reshard key id\x00"  # the key id is a hash of this and the key, never the key
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    """How far an interrupted run got: attached to the ``KeyboardInterrupt`` as ``reshard_progress``.
+
+    ``completed`` counts the outputs in place and journaled (kept from an earlier run or written by
+    this one) of the ``total`` the plan writes; ``resumable`` is False without a journal
+    (``manifest=False``), when ``resume`` cannot tell finished files from others.
+    """
+
+    completed: int
+    total: int
+    resumable: bool
+
+
+PROGRESS_ATTRIBUTE = "reshard_progress"
 
 
 @dataclass(frozen=True)
@@ -205,6 +228,50 @@ def stale_temp_files(paths: Iterable[str]) -> list[str]:
     return found
 
 
+def previous_outputs(root: str) -> set[str]:
+    """Relative paths of the outputs an earlier run wrote into ``root``: its manifest and its journal."""
+    listed: set[str] = set()
+    with contextlib.suppress(ReshardError, KeyError, TypeError, AttributeError):
+        listed.update(str(item["path"]) for item in read_manifest(root)["outputs"])
+    with contextlib.suppress(OSError), open(journal_path(root), "rb") as fh:
+        for line in fh.read().splitlines():
+            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+                listed.add(OutputRecord.from_json(json.loads(line)).path)
+    return listed
+
+
+def superseded_outputs(root: str, plan: Plan, rank_total: int) -> list[str]:
+    """Files an ``overwrite`` run into ``root`` must remove so the next read sees only its outputs.
+
+    They are the files an earlier reshard run wrote (its manifest or journal lists them) in the
+    ``rank_<r>`` folders this run writes (besides this run's own outputs), and in every ``rank_<r>``
+    folder with ``r`` beyond this layout's ``rank_total`` ranks (8 ranks overwritten by 4). Folders of
+    ranks inside the layout that this run does not write (``--ranks``: another node's share) are left
+    alone. A checkpoint file there that reshard did not write would be read as part of the output:
+    ``UsageError`` naming it, before anything is written. Nothing reshard did not write is removed.
+    """
+    if not os.path.isdir(root):
+        return []
+    root = os.path.abspath(root)
+    ours = {os.path.abspath(f.path) for f in plan.files}
+    written_ranks = {f.rank for f in plan.files if f.rank is not None}
+    listed = {os.path.normpath(os.path.join(root, rel)) for rel in previous_outputs(root)}
+    doomed: list[str] = []
+    for rank, folder in layout_dir.rank_dirs(root).items():
+        if rank < rank_total and rank not in written_ranks:
+            continue
+        for name in sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
+            if path in ours or not os.path.isfile(path):
+                continue
+            if path in listed or (rank >= rank_total and name.endswith(TEMP_SUFFIX)):
+                doomed.append(path)
+            elif name.endswith((".ckpt", ".safetensors")):
+                raise UsageError("reshard did not write this checkpoint, and the next read would take it for part "
+                                 "of this output; move it away or choose another destination", path)
+    return doomed
+
+
 def check_write_options(plan: Plan, run: local.Options) -> None:
     """Refuse option combinations before a byte is written."""
     if run.enc_key is None:
@@ -220,7 +287,8 @@ def check_write_options(plan: Plan, run: local.Options) -> None:
 class RunRecorder:
     """Journal, manifest and roll-back around one execution of a plan into ``root``."""
 
-    def __init__(self, plan: Plan, root: str, run: local.Options, *, resume: bool, manifest: bool) -> None:
+    def __init__(self, plan: Plan, root: str, run: local.Options, *, resume: bool, manifest: bool,
+                 remove: Sequence[str] = ()) -> None:
         if resume and not manifest:
             raise UsageError("resume needs the journal, which is only kept with manifest=True")
         self.plan = plan
@@ -240,6 +308,10 @@ class RunRecorder:
         self._new_dirs: list[str] = []
         self._journal: Any = None
         self.kept: list[str] = []  # relative paths of outputs verified and kept from an earlier run
+        self._written = 0  # outputs renamed into place by this run
+        self.remove = tuple(remove)  # an earlier run's outputs this one supersedes (superseded_outputs)
+        self._dest_lock = DestinationLock(self.root)
+        self._locked = False  # nothing in the destination is touched (not even rolled back) without it
 
     # ------------------------------------------------------------------ paths
 
@@ -266,12 +338,16 @@ class RunRecorder:
     # ------------------------------------------------------------------ start
 
     def start(self) -> Plan:
-        """Prepare the destination; return the plan restricted to the files still to write."""
+        """Lock and prepare the destination; return the plan restricted to the files still to write."""
         self._snapshot()
         try:
             os.makedirs(self.root, exist_ok=True)
         except OSError as exc:
             raise UsageError(f"cannot create the destination folder: {exc.strerror or exc}", self.root) from None
+        self._dest_lock.acquire()  # another run writing here: UsageError naming it, nothing touched
+        self._locked = True
+        self._existed = {p for p in self._own_files() if os.path.lexists(p)}  # as the lock found them
+        self._remove_superseded()
         for tmp in stale_temp_files(self._own_files()):
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -289,6 +365,14 @@ class RunRecorder:
         self.kept = sorted(kept)
         todo = tuple(f for f in self.plan.files if self.rel(f.path) not in kept)
         return replace(self.plan, files=todo)
+
+    def _remove_superseded(self) -> None:
+        """Remove an earlier run's outputs that this run replaces with fewer, and their emptied folders."""
+        for path in self.remove:
+            self._remove(path)
+        for folder in sorted({os.path.dirname(p) for p in self.remove}, reverse=True):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)  # only when empty: a folder this run writes into is refilled anyway
 
     def _kept_files(self) -> dict[str, OutputRecord]:
         """Journal entries whose file is on disk with the same fingerprint, size and hash."""
@@ -331,6 +415,8 @@ class RunRecorder:
         ``digest`` is the hash the executor computed while writing; without it the file is read
         back on a hash thread.
         """
+        with self._lock:
+            self._written += 1
         if self._hasher is None:
             return
         self._raise_hash_errors(wait=False)
@@ -415,21 +501,44 @@ class RunRecorder:
             self._journal = None
 
     def rollback(self) -> None:
-        """Remove what this run created (outputs, temp files, journal, folders); keep what existed."""
+        """Remove what this run created (outputs, temp files, journal, folders); keep what existed.
+
+        Without the lock (another run holds the destination) only folders this run created and
+        left empty are removed: the files there are the other run's.
+        """
         self._stop()
-        own = self._own_files()
-        doomed = [p for p in own if p not in self._existed] + stale_temp_files(own)
-        for path in doomed:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        if self._locked:
+            own = self._own_files()
+            doomed = [p for p in own if p not in self._existed] + stale_temp_files(own)
+            for path in doomed:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        self.release()  # the lock file goes before the folders it may keep from being empty
         for folder in self._new_dirs:
             with contextlib.suppress(OSError):
                 os.rmdir(folder)  # only when empty
 
-    def interrupted(self) -> None:
-        """Stop without undoing: finished files are journaled (pending hashes complete) for ``resume``."""
+    def interrupted(self) -> RunProgress:
+        """Stop without undoing: finished files are journaled (pending hashes complete) for ``resume``.
+
+        The executor has stopped (its threads joined), so temporary files of the plan's outputs
+        are leftovers; they are removed. Returns how far the run got.
+        """
         with contextlib.suppress(BaseException):
             self._stop(cancel=False)
+        with contextlib.suppress(BaseException):
+            for tmp in stale_temp_files(self._own_files()) if self._locked else ():
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+        self.release()
+        total = len(self.plan.files)
+        return RunProgress(min(total, len(self.kept) + self._written), total, self.manifest)
+
+    def release(self) -> None:
+        """Let go of the destination lock (idempotent)."""
+        self._locked = False
+        with contextlib.suppress(OSError):
+            self._dest_lock.release()
 
     @staticmethod
     def _remove(path: str) -> None:
@@ -450,28 +559,34 @@ def run_recorded(
     resume: bool = False,
     manifest: bool = True,
     runner: Callable[[Plan, local.Options], None] | None = None,
+    remove: Sequence[str] = (),
 ) -> list[str]:
     """Execute ``plan`` with journal, manifest (``manifest=True``) and roll-back on errors.
 
     ``runner(plan, options)`` executes the outputs still to write (default: the local executor
-    with ``opener``; the Ray executor passes its own). Returns the relative paths of the outputs
-    kept from an earlier run (``resume``).
+    with ``opener``; the Ray executor passes its own). ``remove``: an earlier run's outputs to delete
+    once the destination is locked (``superseded_outputs``). Returns the relative paths of the
+    outputs kept from an earlier run (``resume``).
     """
     run = run or local.Options()
     check_write_options(plan, run)
-    recorder = RunRecorder(plan, root or common_root(plan), run, resume=resume, manifest=manifest)
+    validate_plan(plan)  # a planner bug is an internal error before the destination is touched
+    recorder = RunRecorder(plan, root or common_root(plan), run, resume=resume, manifest=manifest, remove=remove)
     execute = runner or (lambda todo_plan, options: local.run_plan(todo_plan, opener, options))
     try:
         todo = recorder.start()
         execute(todo, replace(run, on_file_written=recorder.written, hash_outputs=manifest))
         recorder.finish()
+        recorder.release()
     except Exception as exc:
         recorder.rollback()
         if isinstance(exc, OSError):
             raise ReshardError(f"write failed: {exc.strerror or exc}", exc.filename) from None
         raise
-    except BaseException:
-        recorder.interrupted()
+    except BaseException as exc:  # Ctrl-C, SIGTERM, SIGHUP (the CLI raises KeyboardInterrupt for them)
+        progress = recorder.interrupted()
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(exc, PROGRESS_ATTRIBUTE, progress)
         raise
     return recorder.kept
 
@@ -480,10 +595,12 @@ __all__ = [
     "JOURNAL_NAME",
     "MANIFEST_NAME",
     "OutputRecord",
+    "RunProgress",
     "RunRecorder",
     "has_unfinished_run",
     "read_journal",
     "read_manifest",
     "run_recorded",
     "stale_temp_files",
+    "superseded_outputs",
 ]

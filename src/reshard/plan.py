@@ -1068,6 +1068,7 @@ def plan_unify(
     for r in needed:
         for name in planner.files[r].tensors:
             holders.setdefault(name, {})[r % planner.n_src] = planner.files[r]
+    read_ranks = list(dict.fromkeys(needed))  # each source file's metadata once, in load order
     for j in selected:
         tensors = [
             planner._transform_one(name, src_map[name].layout, None, holders[name], 0, interned)
@@ -1075,8 +1076,8 @@ def plan_unify(
         ]
         tensors = [TensorPlan(renamed.get(t.name, t.name), t.dtype, t.shape, t.copies, t.nbytes) for t in tensors]
         meta: dict[str, str] = {"format": "ms"}
-        for path in {planner.files[r].path for r in needed}:
-            meta.update(next(f for f in planner.files.values() if f.path == path).metadata)
+        for r in read_ranks:  # MindSpore merges in set order; ours is the load order: same bytes every run
+            meta.update(planner.files[r].metadata)
         if "remove_redundancy" in meta:
             meta["remove_redundancy"] = "False"
         files.append(FilePlan(os.path.join(dst_dir, f"part{j}.safetensors"), "safetensors", tuple(tensors),

@@ -114,7 +114,11 @@ class StreamingDigest:
                 self._frontier = max(self._frontier, heapq.heappop(self._pending)[1])
             if self._frontier > self._hashed and not self._running and not self._stopped:
                 self._running = True
-                self._pool.submit(self._drain)
+                try:
+                    self._pool.submit(self._drain)
+                except BaseException:  # e.g. SIGTERM raised here: no drain will clear the flag
+                    self._running = False
+                    raise
 
     def _drain(self) -> None:
         """Hash the finished prefix until it is caught up (one task per file at a time: in order)."""

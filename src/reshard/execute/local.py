@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import math
 import mmap
 import os
+import queue
 import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,6 +46,7 @@ from reshard.execute.digest import DEFAULT_ALGORITHM, StreamingDigest, hash_pool
 from reshard.formats import base, ckpt, safetensors
 from reshard.formats.base import FileLayout, TensorIndex, TensorSpec, pwrite_all
 from reshard.plan import FilePlan, Plan, TensorPlan
+from reshard.validate import validate_plan
 
 DEFAULT_MAX_MEMORY = 1024**3  # bytes in flight across all workers (staging buffers)
 MIN_DEFAULT_WORKERS = 4  # even on 2 cores: on a cold cache the threads mostly wait on the disk
@@ -95,6 +98,11 @@ class SourceCache:
             if path not in self._open:
                 self._open[path] = self._opener(path)
             return self._open[path]
+
+    def shape(self, path: str, name: str) -> tuple[int, ...] | None:
+        """Shape of tensor ``name`` in the source file ``path`` (None when it holds no such tensor)."""
+        entry = self.get(path).entries.get(name)
+        return entry.shape if entry is not None else None
 
     def release(self, path: str, name: str) -> None:
         """Drop the resident pages of one tensor from this process (the page cache keeps them)."""
@@ -295,13 +303,23 @@ def _staging(nbytes: int) -> np.ndarray:
     return buf[:nbytes]
 
 
+class Cancelled(Exception):
+    """An output abandoned half-way because the run is stopping (another output failed, or a signal).
+
+    Its temporary file is removed like any failed write's; the caller raises the real reason.
+    """
+
+
 def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options, budget: int,
-             tensor_workers: int = 1, hasher_pool: ThreadPoolExecutor | None = None) -> str | None:
+             tensor_workers: int = 1, hasher_pool: ThreadPoolExecutor | None = None,
+             cancel: threading.Event | None = None) -> str | None:
     """Write one output file of the plan atomically (its tensors on ``tensor_workers`` threads).
 
     Returns the file's checksum (``options.checksum``), hashed while it was written, when
-    ``hasher_pool`` is given and the output is not encrypted (else None).
+    ``hasher_pool`` is given and the output is not encrypted (else None). Once ``cancel`` is set,
+    the file is abandoned before its next tensor (``Cancelled``; no temporary file stays).
     """
+    stop = cancel if cancel is not None else threading.Event()
     layout = file_layout(file, options)
     by_name = {t.name: t for t in file.tensors}
     encrypted = options.enc_key is not None and file.format == "ckpt"
@@ -309,6 +327,8 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options,
     checksum: str | None = None
 
     def one(out: _Output, lay: FileLayout, name: str) -> None:
+        if stop.is_set():
+            raise Cancelled(file.path)
         t = by_name[name]
         segments = lay.placements[name]
         _fill_tensor(out, t, segments, sources, plan, budget)
@@ -324,8 +344,12 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options,
         out = _Output(fd)
         if tensor_workers > 1 and len(lay.order) > 1:  # tensors fill disjoint byte ranges
             with ThreadPoolExecutor(tensor_workers, thread_name_prefix="reshard-tensor") as pool:
-                for future in [pool.submit(one, out, lay, name) for name in lay.order]:
-                    future.result()
+                try:
+                    for future in [pool.submit(one, out, lay, name) for name in lay.order]:
+                        future.result()
+                except BaseException:  # a failed tensor or Ctrl-C: the queued tensors give up at once
+                    stop.set()
+                    raise
         else:
             for name in lay.order:
                 one(out, lay, name)
@@ -366,9 +390,56 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options,
     return checksum
 
 
+def _run_files_fail_fast(files: Sequence[FilePlan], workers: int,
+                         write: Callable[[FilePlan, threading.Event], object]) -> None:
+    """Write ``files`` on ``workers`` threads, starting each only while no output has failed.
+
+    At most ``workers`` outputs are in flight: an output starts when another finishes. After the
+    first failure (or Ctrl-C/SIGTERM in the waiting thread) nothing new starts, the outputs still
+    running give up before their next tensor (``Cancelled``, temporary file removed), and the first
+    error is raised. At terabyte scale, submitting every output up front would write the whole job
+    before the error could return (and roll-back would delete it all again).
+
+    The waiting thread takes finished outputs from a ``SimpleQueue`` (a C-level wait) rather than
+    ``concurrent.futures.wait``: a signal raised as an exception inside ``wait``'s own locking could
+    leave a future's lock held, and the worker finishing it would block forever.
+    """
+    cancel = threading.Event()
+    finished: queue.SimpleQueue[Future[object]] = queue.SimpleQueue()
+    queued = iter(files)
+    failure: BaseException | None = None
+    with ThreadPoolExecutor(workers, thread_name_prefix="reshard-file") as pool:
+        try:
+            running = 0
+            for f in itertools.islice(queued, workers):
+                pool.submit(write, f, cancel).add_done_callback(finished.put)
+                running += 1
+            while running:
+                done = finished.get()
+                running -= 1
+                if failure is None and done.exception() is not None:
+                    failure = done.exception()
+                    cancel.set()
+                if failure is None:
+                    for f in itertools.islice(queued, 1):
+                        pool.submit(write, f, cancel).add_done_callback(finished.put)
+                        running += 1
+        except BaseException:  # Ctrl-C / SIGTERM while waiting: start nothing more, abandon the rest
+            cancel.set()
+            raise
+    if failure is not None:
+        raise failure
+
+
 def run_plan(plan: Plan, opener: Opener, options: Options | None = None) -> None:
     """Execute every output of ``plan``; text outputs (index JSON) are written last."""
     options = options or Options()
+    sources = SourceCache(opener)
+    try:
+        validate_plan(plan, lambda i, name: sources.shape(plan.sources[i], name))  # before any byte
+    except BaseException:
+        sources.close()
+        raise
     # Workers go to output files first; spare ones fill the tensors of a file in parallel (a merge
     # to one full file, a unify into one part).
     workers = max(1, min(options.workers, len(plan.files) or 1))
@@ -376,7 +447,6 @@ def run_plan(plan: Plan, opener: Opener, options: Options | None = None) -> None
     budget = max(_PAGE, options.max_memory // (workers * tensor_workers))
     if options.on_start is not None:
         options.on_start(sum(f.nbytes for f in plan.files))
-    sources = SourceCache(opener)
     with contextlib.ExitStack() as stack:
         stack.callback(sources.close)
         hashers = stack.enter_context(hash_pool()) if options.hash_outputs else None
@@ -384,10 +454,8 @@ def run_plan(plan: Plan, opener: Opener, options: Options | None = None) -> None
             for f in plan.files:
                 run_file(f, plan, sources, options, budget, tensor_workers, hashers)
         else:
-            with ThreadPoolExecutor(workers) as pool:
-                jobs = [pool.submit(run_file, f, plan, sources, options, budget, 1, hashers) for f in plan.files]
-                for future in jobs:
-                    future.result()
+            _run_files_fail_fast(plan.files, workers,
+                                 lambda f, cancel: run_file(f, plan, sources, options, budget, 1, hashers, cancel))
     for text in plan.texts:
         with base.atomic_path(text.path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text.text)

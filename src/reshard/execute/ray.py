@@ -49,6 +49,7 @@ from reshard.execute import local
 from reshard.execute.digest import hash_pool
 from reshard.formats import base
 from reshard.plan import FilePlan, Plan
+from reshard.validate import PlanError, validate_plan
 
 if TYPE_CHECKING:
     from reshard.api import ReadOptions
@@ -175,6 +176,7 @@ def _task(sources: tuple[str, ...], files: list[FilePlan], read: ReadOptions | N
 def _run_files(plan: Plan, read: ReadOptions | None, options: local.Options, budget: int) -> list[str | None]:
     cache = local.SourceCache(_open(read))
     try:
+        validate_plan(plan, lambda i, name: cache.shape(plan.sources[i], name))  # source bounds, on the node
         with contextlib.ExitStack() as stack:
             hashers = stack.enter_context(hash_pool()) if options.hash_outputs else None
             return [local.run_file(f, plan, cache, options, budget, 1, hashers) for f in plan.files]
@@ -203,9 +205,12 @@ def _write_output(path: str, data: np.ndarray) -> None:
         raise ReshardError(f"write failed: {exc.strerror or exc}", path) from None
 
 
-def _task_error(exc: BaseException) -> ReshardError:
-    """A one-line ``ReshardError`` for what a task raised (the same class and message if it was ours)."""
+def _task_error(exc: BaseException) -> ReshardError | PlanError:
+    """A one-line ``ReshardError`` for what a task raised (the same class and message if it was ours);
+    a ``PlanError`` stays what it is: an internal error, not the user's."""
     cause = getattr(exc, "cause", None)
+    if isinstance(cause, PlanError):
+        return PlanError(str(cause))
     if isinstance(cause, ReshardError):
         err = type(cause).__new__(type(cause))
         ReshardError.__init__(err, cause.detail, cause.path)
@@ -313,6 +318,7 @@ def run_recorded(
     *,
     resume: bool = False,
     manifest: bool = True,
+    remove: Sequence[str] = (),
 ) -> list[str]:
     """``manifest.run_recorded`` with the Ray executor: journal, manifest and roll-back on the driver."""
     from reshard import manifest as _manifest
@@ -326,7 +332,7 @@ def run_recorded(
 
     unused_opener = None  # tasks open their sources on the nodes; the driver opens none
     return _manifest.run_recorded(plan, unused_opener, run, root, resume=resume, manifest=manifest,  # type: ignore[arg-type]
-                                  runner=runner)
+                                  runner=runner, remove=remove)
 
 
 __all__ = ["RayOptions", "run_plan_ray", "run_recorded"]

@@ -1,0 +1,93 @@
+"""The local executor stops at the first failed output: nothing new starts after it, and the
+outputs still running give up (their temporary files removed), so a bad input at terabyte scale
+fails in seconds instead of after writing (and rolling back) the whole job."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from reshard import api
+from reshard.errors import FormatError
+from reshard.execute import local
+from reshard.formats.strategy import merge_pipeline_strategies
+from reshard.plan import FilePlan
+from reshard.synthetic import ModelShape, stage_strategies, write_stage_strategies
+from tests.trust_helpers import make_job, temp_files
+
+WORKERS = 3
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The small 8-rank job and a 32-rank target (32 outputs: room to see what starts after a failure)."""
+    root = str(tmp_path_factory.mktemp("ff"))
+    shape = ModelShape(vocab=64, hidden=16, ffn=32, layers=2)
+    job = make_job(root, shape)
+    write_stage_strategies(f"{root}/s32", stage_strategies(shape, 2, 8, 2, False), 16)
+    merge_pipeline_strategies(f"{root}/s32", f"{root}/merged/s32.ckpt")
+    job["s32"] = f"{root}/merged/s32.ckpt"
+    return job
+
+
+def test_no_output_starts_after_a_failure(job: dict[str, str], tmp_path, monkeypatch) -> None:
+    real = local.run_file
+    lock = threading.Lock()
+    events: list[tuple[str, str]] = []  # ("start" | "fail", path) in time order
+
+    def run_file(file: FilePlan, *args: Any, **kwargs: Any) -> Any:
+        with lock:
+            events.append(("start", file.path))
+            nth = sum(1 for kind, _ in events if kind == "start")
+        time.sleep(0.02)  # outputs overlap, as real ones do
+        if nth == 5:
+            with lock:
+                events.append(("fail", file.path))
+            raise FormatError("injected failure", file.path)
+        return real(file, *args, **kwargs)
+
+    monkeypatch.setattr(local, "run_file", run_file)
+    dst = tmp_path / "out"
+    with pytest.raises(FormatError, match="injected failure"):
+        api.transform(job["r8"], str(dst), job["s8"], job["s32"], run=local.Options(workers=WORKERS))
+    failed_at = events.index(next(e for e in events if e[0] == "fail"))
+    started_after = [p for kind, p in events[failed_at:] if kind == "start"]
+    assert len(started_after) <= WORKERS, started_after
+    assert sum(1 for kind, _ in events if kind == "start") < 32
+    assert not dst.exists() or not temp_files(str(dst))
+    assert not dst.exists()  # rolled back: it did not exist before
+
+
+def test_running_outputs_give_up_when_another_fails(job: dict[str, str], tmp_path, monkeypatch) -> None:
+    """An output already running when another fails stops before its next tensor."""
+    real_fill = local._fill_tensor
+    calls = {"n": 0}
+    lock = threading.Lock()
+
+    def fill(*args: Any, **kwargs: Any) -> None:
+        with lock:
+            calls["n"] += 1
+            n = calls["n"]
+        if n == 3:
+            raise OSError(28, "No space left on device")
+        time.sleep(0.01)
+        real_fill(*args, **kwargs)
+
+    monkeypatch.setattr(local, "_fill_tensor", fill)
+    dst = tmp_path / "out"
+    tensors_per_file = 30  # the small model's rank files hold dozens of tensors
+    with pytest.raises(Exception, match="No space left"):
+        api.transform(job["r8"], str(dst), job["s8"], job["s32"], run=local.Options(workers=WORKERS))
+    assert calls["n"] < WORKERS * tensors_per_file
+    assert not dst.exists()
+
+
+def test_all_outputs_written_without_failure(job: dict[str, str], tmp_path) -> None:
+    dst = tmp_path / "out"
+    report = api.transform(job["r8"], str(dst), job["s8"], job["s32"], run=local.Options(workers=WORKERS))
+    assert all(os.path.isfile(f.path) for f in report.plan.files)
+    assert len(report.plan.files) == 32
