@@ -73,14 +73,26 @@ def test_a_foreign_checkpoint_in_a_rank_folder_this_run_writes_is_refused(job: d
 
 
 def test_other_files_stay_and_do_not_confuse(job: dict[str, str], tmp_path) -> None:
+    """A file of the user's in a rank folder the new layout no longer has would leave that folder
+    behind, and the next read would take it for a rank: refused, naming it, nothing touched."""
     dst = str(tmp_path / "out")
     _to(job, dst, job["s8"])
     notes = Path(dst, "rank_6", "notes.txt")
     notes.write_text("mine")
-    _to(job, dst, job["s4"], "--overwrite")
+    before = sorted(str(p.relative_to(dst)) for p in Path(dst).rglob("*"))
+    proc = run_cli("transform", "--src", job["full"], "--dst", dst, "--dst-strategy", job["s4"], "--overwrite")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "notes.txt" in proc.stderr and "rank_6/ would stay" in proc.stderr, proc.stderr
+    assert sorted(str(p.relative_to(dst)) for p in Path(dst).rglob("*")) == before
     assert notes.read_text() == "mine"  # never deleted
-    assert os.listdir(os.path.join(dst, "rank_6")) == ["notes.txt"]
-    assert not os.path.exists(os.path.join(dst, "rank_7"))
+    notes.unlink()  # moved away: now the overwrite goes through
+    _to(job, dst, job["s4"], "--overwrite")
+    assert _ranks(dst) == [f"rank_{r}" for r in range(4)]
+    _reads_back_as_full(job, dst, job["s4"], tmp_path)
+
+    Path(dst, "rank_0", "notes.txt").write_text("mine")  # beside a rank this run writes: harmless, kept
+    _to(job, dst, job["s4"], "--overwrite")
+    assert Path(dst, "rank_0", "notes.txt").read_text() == "mine"
     _reads_back_as_full(job, dst, job["s4"], tmp_path)
 
 

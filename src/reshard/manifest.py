@@ -262,13 +262,17 @@ def superseded_outputs(root: str, plan: Plan, rank_total: int) -> list[str]:
             continue
         for name in sorted(os.listdir(folder)):
             path = os.path.join(folder, name)
-            if path in ours or not os.path.isfile(path):
+            if path in ours:
                 continue
-            if path in listed or (rank >= rank_total and name.endswith(TEMP_SUFFIX)):
+            if os.path.isfile(path) and (path in listed or (rank >= rank_total and name.endswith(TEMP_SUFFIX))):
                 doomed.append(path)
             elif name.endswith((".ckpt", ".safetensors")):
                 raise UsageError("reshard did not write this checkpoint, and the next read would take it for part "
                                  "of this output; move it away or choose another destination", path)
+            elif rank >= rank_total:
+                raise UsageError(f"reshard did not write this, so rank_{rank}/ would stay beside a {rank_total}-rank "
+                                 "output and the next read would take it for a rank folder; move it away or choose "
+                                 "another destination", path)
     return doomed
 
 
