@@ -615,12 +615,18 @@ def rank_list_for_transform(
 # transform_checkpoints / transform_checkpoint_by_rank (spec 3.8, 3.9, 4.2)
 
 
+def _model_names(sf: StrategyFile) -> set[str]:
+    """The strategy's parameter names without optimizer states (``accu_grads``/``adam_v``/``adam_m`` prefixes)."""
+    return {n for n in layout_map(sf) if not n.startswith(REDUNDANT_STATE_PREFIXES)}
+
+
 def _is_by_stage(src: StrategyFile | None, dst: StrategyFile | None) -> bool:
-    """Spec 3.9: two single-stage strategies whose src names are a strict subset of dst's."""
+    """MindSpore's by-stage test: two single-stage strategies whose names, optimizer states left
+    out on *both* sides, are a strict subset (source) of the destination's. A destination that
+    only adds optimizer states is the all-stage mode (``{prefix}{r}.ckpt``)."""
     if src is None or dst is None or stage_count(src) != 1 or stage_count(dst) != 1:
         return False
-    src_names = {n for n in layout_map(src) if not n.startswith(REDUNDANT_STATE_PREFIXES)}
-    return src_names < set(layout_map(dst))
+    return _model_names(src) < _model_names(dst)
 
 
 def _plan_by_stage(src_dir: str, dst_dir: str, prefix: str, src: StrategyFile, dst: StrategyFile) -> list[Plan]:
