@@ -156,9 +156,15 @@ def _name_map(value: Any) -> dict[str, str] | None:
 
 
 def _workers(value: Any, what: str) -> local.Options:
-    """Worker threads for MindSpore's process counts (threads share the source maps)."""
-    count = _int(value, what, minimum=1)
-    return local.Options(workers=max(1, min(count, os.cpu_count() or 1)))
+    """Run options for a MindSpore process count: checked, then left to reshard's own default.
+
+    ``process_num`` and friends size MindSpore's pools of loader *processes* (default 1 or 64); they
+    say nothing about how many IO threads reshard should keep busy. Taking them as a thread count
+    ran MindSpore's default ``process_num=1`` on one thread, slower than the CLI on the same job; the
+    drop-in runs at the CLI's speed whatever the count (``local.default_workers()``).
+    """
+    _int(value, what, minimum=1)
+    return local.Options()
 
 
 def _strategy_file(value: Any, what: str) -> str:
@@ -528,7 +534,8 @@ def ckpt_to_safetensors(
     """``mindspore.ckpt_to_safetensors``: a ``.ckpt`` file, or every ``.ckpt`` of the ``rank*`` folders.
 
     Outputs replace every ``.ckpt`` in the file name by ``.safetensors`` and go to ``save_path``
-    (same ``rank*`` sub-folder names) or next to the inputs. ``processes_num`` worker threads.
+    (same ``rank*`` sub-folder names) or next to the inputs. ``processes_num`` is checked (an int
+    >= 1) but does not size reshard's IO threads.
     """
     _convert("safetensors", file_path, save_path, name_map, file_name_regex, processes_num)
 
