@@ -156,3 +156,36 @@ def test_non_dividing_drop_in_matches_the_cli(non_dividing: str) -> None:
     rms.transform_checkpoints(f"{root}/ms8", f"{root}/dropin8", "checkpoint_", f"{root}/s8.ckpt",
                               f"{root}/s6_pp2.ckpt")
     assert_same_tree(f"{root}/dropin8", f"{root}/ms8_full_s6_pp2")
+
+
+# --------------------------------------------------------------------------------------------
+# safetensors output from a full safetensors source
+
+
+def test_full_safetensors_source_column_split_gets_the_right_slice(oracle, tmp_path) -> None:
+    """MindSpore 2.10's safetensors-output transform from a full safetensors model copies a
+    contiguous run of elements for a column-split block (its ``.ckpt`` output is right); reshard
+    writes the right slice, and everything else byte for byte as MindSpore does."""
+    from reshard.formats.safetensors import save_safetensors
+
+    root = str(tmp_path)
+    full = {"col": np.arange(48, dtype=np.float32).reshape(6, 8), "row": np.arange(48, dtype=np.float32).reshape(8, 6),
+            "v": np.arange(8, dtype=np.float16)}
+    layouts = {"col": L((2,), (-1, 0)), "row": L((2,), (0, -1)), "v": L((2,), (0,))}
+    save_safetensors(f"{root}/full/rank_0/model.safetensors", full, {"format": "ms"})
+    write_strategy(f"{root}/dst.ckpt", make_strategy(layouts))
+    run_ms_jobs(oracle, [
+        {"op": "transform", "src_checkpoints_dir": f"{root}/full", "dst_checkpoints_dir": f"{root}/ms_{fmt}",
+         "ckpt_prefix": "net_", "src_strategy_file": None, "dst_strategy_file": f"{root}/dst.ckpt",
+         "output_format": fmt} for fmt in ("safetensors", "ckpt")])
+    for fmt in ("safetensors", "ckpt"):
+        rms.transform_checkpoints(f"{root}/full", f"{root}/rs_{fmt}", "net_", None, f"{root}/dst.ckpt",
+                                  output_format=fmt)
+    assert_same_tree(f"{root}/rs_ckpt", f"{root}/ms_ckpt")
+    assert_same_tree(f"{root}/rs_safetensors", f"{root}/ms_safetensors", ms_wrong=frozenset({"col"}))
+    for rank in range(2):
+        with api.open_checkpoint(f"{root}/rs_safetensors/rank_{rank}/net_{rank}.safetensors") as ours, \
+                api.open_checkpoint(f"{root}/ms_safetensors/rank_{rank}/net_{rank}.safetensors") as theirs:
+            assert np.array_equal(ours.array("col"), full["col"][:, 4 * rank : 4 * rank + 4])
+            # MindSpore's block: the 24 elements from the block's first one on, not the column slice
+            assert np.array_equal(theirs.array("col").ravel(), full["col"].ravel()[4 * rank : 4 * rank + 24])
