@@ -97,9 +97,12 @@ def oracle_python() -> str:
 
 
 def child_env() -> dict[str, str]:
-    """Environment of every child: no PYTHON* variables leaking between venvs, quiet MindSpore logs."""
+    """Environment of every child: no PYTHON* variables leaking between venvs, quiet MindSpore logs,
+    and this checkout's ``src`` on the path, so the reshard measured is the one beside this script
+    (not whatever ``pip`` installed last; MindSpore's child never imports it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env["GLOG_v"] = "3"
+    env["PYTHONPATH"] = os.path.join(REPO, "src")
     return env
 
 
