@@ -1,7 +1,10 @@
 """The benchmarked operations: each one as a reshard command and as MindSpore's equivalent.
 
 Both contestants get the same input files and a fresh output folder. reshard runs through its
-CLI with default options (what a user gets); MindSpore 2.10 runs its public converters with their
+CLI with default options (what a user gets), and once (``dropin_transform``) through
+``reshard.mindspore.transform_checkpoints`` with MindSpore's defaults, the call a MindSpore script
+makes after swapping its import, against MindSpore running that very call. Otherwise MindSpore
+2.10 runs its public converters with their
 parallelism set to the machine's core count (``ms_procs``): ``process_num`` /
 ``processes_num`` / ``max_process_num`` default to 1 or 64 there, and neither is a better
 choice on a 2-core box (64 would fork one loader per file). Each operation names the MindSpore
@@ -36,7 +39,8 @@ class Operation:
     key: str
     title: str
     inputs: tuple[str, ...]  # every file or folder the operation reads (cache state is set on these)
-    reshard: Callable[[str], list[str]]  # output folder -> reshard CLI arguments
+    # output folder -> reshard CLI arguments, or a drop-in call {"dropin": name, "kwargs": {...}} (rs_child.py)
+    reshard: Callable[[str], list[str] | dict[str, Any]]
     mindspore: Callable[[str, int], dict[str, Any]]  # output folder, processes -> ms_child job
     ms_call: str  # what MindSpore runs, for the report
     ms_target: float  # required MindSpore / reshard time ratio
@@ -51,6 +55,12 @@ def operations(w: Workload) -> list[Operation]:
         return lambda out, procs: {"fn": "transform_checkpoints", "kwargs": {
             "src_checkpoints_dir": src, "dst_checkpoints_dir": out, "ckpt_prefix": "checkpoint_",
             "src_strategy_file": s8, "dst_strategy_file": dst_strategy, "process_num": procs, "output_format": fmt}}
+
+    def dropin_transform(out: str) -> dict[str, Any]:
+        """One call, run by ``reshard.mindspore`` and by MindSpore alike: MindSpore's defaults
+        (``process_num=1``), as a script written for MindSpore calls it."""
+        return {"src_checkpoints_dir": w.ranks8_ckpt, "dst_checkpoints_dir": out, "ckpt_prefix": "checkpoint_",
+                "src_strategy_file": s8, "dst_strategy_file": s4}
 
     return [
         Operation("transform_ckpt", "transform 8→4 ranks (.ckpt)", (w.ranks8_ckpt, s8, s4),
@@ -78,6 +88,10 @@ def operations(w: Workload) -> list[Operation]:
                       "format": "safetensors", "predict_strategy": s8, "unified_safetensors_dir": w.unified,
                       "dst_safetensors_dir": out, "max_process_num": procs}},
                   "load_distributed_checkpoint (save mode)", SAFETENSORS_PATH_TARGET, lambda: w.ranks8_st, True),
+        Operation("dropin_transform", "drop-in transform_checkpoints 8→4 ranks (.ckpt)", (w.ranks8_ckpt, s8, s4),
+                  lambda out: {"dropin": "transform_checkpoints", "kwargs": dropin_transform(out)},
+                  lambda out, procs: {"fn": "transform_checkpoints", "kwargs": dropin_transform(out)},
+                  "transform_checkpoints (.ckpt, same call)", CKPT_PATH_TARGET, lambda: w.ranks4_ckpt, True),
         Operation("convert", "convert .ckpt→.safetensors (8 ranks)", (w.ranks8_ckpt,),
                   lambda out: ["convert", w.ranks8_ckpt, out, "--to", "safetensors"],
                   lambda out, procs: {"fn": "ckpt_to_safetensors", "kwargs": {
@@ -86,4 +100,4 @@ def operations(w: Workload) -> list[Operation]:
     ]
 
 
-OPERATION_KEYS = ("transform_ckpt", "transform_st", "merge_ckpt", "unify", "split", "convert")
+OPERATION_KEYS = ("transform_ckpt", "transform_st", "merge_ckpt", "unify", "split", "dropin_transform", "convert")

@@ -87,8 +87,10 @@ def summarize_collapsed(text: str) -> dict[str, Any]:
     }
 
 
-def profile_reshard(child: str, cli_args: list[str], log_prefix: str, env: dict[str, str]) -> dict[str, Any]:
-    """Run ``rs_child.py`` with ``cli_args`` once under a profiler; the caller deletes the output."""
+def profile_reshard(child: str, cli_args: list[str] | dict[str, Any], log_prefix: str,
+                    env: dict[str, str]) -> dict[str, Any]:
+    """Run ``rs_child.py`` with ``cli_args`` (or a drop-in call) once under a profiler; the caller
+    deletes the output."""
     if shutil.which("py-spy"):
         raw = log_prefix + ".pyspy.txt"
         argv = ["py-spy", "record", "--idle", "--threads", "--rate", str(PYSPY_RATE), "--format", "raw",
@@ -98,11 +100,13 @@ def profile_reshard(child: str, cli_args: list[str], log_prefix: str, env: dict[
             with open(raw, encoding="utf-8") as fh:
                 return {"tool": f"py-spy --idle --threads, {PYSPY_RATE} Hz", **summarize_collapsed(fh.read())}
     stats_path = log_prefix + ".pstats"
-    code = ("import cProfile, json, sys; from reshard import cli; "
-            f"cProfile.run('cli.main(json.loads(sys.argv[1]))', {stats_path!r})")
-    subprocess.run([sys.executable, "-c", code, json.dumps([*cli_args, "--workers", "1"])],
-                   capture_output=True, text=True, env=env, check=True)
-    return {"tool": "cProfile, --workers 1 (py-spy not installed)", "text": cprofile_text(stats_path)}
+    code = (f"import cProfile, json, sys; sys.path.insert(0, {os.path.dirname(child)!r}); import rs_child; "
+            f"run = rs_child.load(json.loads(sys.argv[1])); cProfile.run('run()', {stats_path!r})")
+    job = [*cli_args, "--workers", "1"] if isinstance(cli_args, list) else cli_args
+    subprocess.run([sys.executable, "-c", code, json.dumps(job)], capture_output=True, text=True, env=env,
+                   check=True)
+    tool = "cProfile, --workers 1" if isinstance(cli_args, list) else "cProfile, main thread only"
+    return {"tool": f"{tool} (py-spy not installed)", "text": cprofile_text(stats_path)}
 
 
 def cprofile_text(stats_path: str) -> str:

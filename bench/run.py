@@ -97,9 +97,12 @@ def oracle_python() -> str:
 
 
 def child_env() -> dict[str, str]:
-    """Environment of every child: no PYTHON* variables leaking between venvs, quiet MindSpore logs."""
+    """Environment of every child: no PYTHON* variables leaking between venvs, quiet MindSpore logs,
+    and this checkout's ``src`` on the path, so the reshard measured is the one beside this script
+    (not whatever ``pip`` installed last; MindSpore's child never imports it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env["GLOG_v"] = "3"
+    env["PYTHONPATH"] = os.path.join(REPO, "src")
     return env
 
 
@@ -144,9 +147,11 @@ class Runner:
     def _run(self, argv: list[str], log: str) -> measure.Measurement:
         return measure.run_measured(argv, log, env=self.env)
 
-    def reshard_args(self, op: Operation, out: str) -> list[str]:
-        """The operation's reshard CLI arguments plus ``--reshard-flags`` (e.g. ``--no-manifest``)."""
-        return op.reshard(out) + self.args.reshard_flags.split()
+    def reshard_args(self, op: Operation, out: str) -> list[str] | dict[str, Any]:
+        """The operation's reshard CLI arguments plus ``--reshard-flags`` (e.g. ``--no-manifest``);
+        a drop-in call as it is (it has no CLI flags)."""
+        job = op.reshard(out)
+        return job if isinstance(job, dict) else job + self.args.reshard_flags.split()
 
     def reshard_argv(self, op: Operation, out: str) -> list[str]:
         return [sys.executable, os.path.join(BENCH_DIR, "rs_child.py"), json.dumps(self.reshard_args(op, out))]

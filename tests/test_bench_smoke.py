@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-OPERATIONS = {"transform_ckpt", "transform_st", "merge_ckpt", "unify", "split", "convert"}
+OPERATIONS = {"transform_ckpt", "transform_st", "merge_ckpt", "unify", "split", "dropin_transform", "convert"}
 
 pytest.importorskip("psutil")  # in the [test] extra; matplotlib ([bench]) is optional: no charts without it
 try:

@@ -13,37 +13,71 @@ executes, ``formats`` read and write), so the drop-in inherits their bounded mem
 outputs. Tensors go in and come out as numpy arrays (bf16 via ``ml_dtypes``), never as
 MindSpore ``Tensor``/``Parameter`` objects.
 
-Deliberate differences from MindSpore (each one a MindSpore behaviour that loses data or
-surprises users; valid inputs still give MindSpore's names and bytes):
+Deliberate differences from MindSpore 2.10, the same list as the README's (valid inputs otherwise
+give MindSpore's names and bytes):
 
-* Outputs are written to a temporary name and renamed atomically; a failing run removes what it
-  wrote, and no ``reshard-manifest.json`` is added (the folders hold MindSpore's files only). Files
-  keep the normal permissions of new files (MindSpore chmods every checkpoint 0o400 and creates
-  folders 0o700), missing parent folders are created, and nothing but the named outputs is ever
-  replaced, chmodded or deleted.
-* ``save_checkpoint(format="safetensors", crc_check=True)`` also works for float16/bfloat16
-  tensors (MindSpore fails: "cannot include dtype 'E' in a buffer").
+* device counts that do not divide each other (4 → 6, 8 → 6 ranks: MindSpore refuses), also from a
+  pipelined source whose shared parameters have a different layout in each stage;
+* pipeline-shared parameters with a different layout per stage come out right in the
+  safetensors-output transform, where MindSpore mixes one stage's data with another's layout;
+* a full ``.safetensors`` model transformed to ``.safetensors`` ranks gets the right slice of
+  column-split tensors, where MindSpore copies a contiguous run of elements (its ``.ckpt`` output is
+  right);
+* ``.ckpt`` files holding strings convert to safetensors (kept in the metadata as
+  ``reshard.str:<name>``) and back, also with ``ckpt_to_safetensors`` / ``safetensors_to_ckpt``
+  (MindSpore fails);
+* sources saved with ``remove_redundancy=True`` unify whatever ``merge_with_redundancy`` says
+  (MindSpore needs the flag or the metadata to find the copies);
+* empty tensors are kept (MindSpore's ``save_checkpoint`` silently drops them), so such files are
+  the one place our ``.ckpt`` bytes differ from MindSpore's;
+* ``reshard unify`` packs parts from the rank folders in rank order and ``reshard merge-strategies``
+  merges per-stage files in name order, so outputs never depend on the directory listing order
+  (MindSpore's order, which the drop-in's ``unified_safetensors`` and ``merge_pipeline_strategys``
+  keep);
+* ``reshard transform`` always plans MindSpore's all-stage mode (``{prefix}{r}`` names); its
+  by-stage mode (``{prefix}{r}_part{stage}.ckpt``, chosen when both strategies have one stage and
+  the source's names, optimizer states left out on both sides, are a strict subset of the
+  destination's) is the drop-in ``transform_checkpoints``'s;
+* reading is stricter: chunk sizes must add up to the shape, a crc check of a file without a crc
+  trailer is an error (MindSpore, and the drop-in's ``load_checkpoint``, only warn), malformed bytes
+  are reported with their byte offset, and ``MapTensor`` entries are refused; the crc trailer of a
+  ``.ckpt`` source is checked whenever it has one, on every read path but the drop-in's
+  ``load_checkpoint`` (which keeps ``crc_check``), so a damaged file is refused instead of converted
+  (``--no-check-crc`` skips; MindSpore checks only with ``crc_check=True``);
+* inputs are never modified, chmodded or deleted; outputs appear atomically (temporary name, then
+  rename); an interrupted run resumes (``--resume``) to byte-identical output; every run of the CLI
+  and ``api`` ends by writing ``reshard-manifest.json`` (size and checksum of every output: BLAKE3
+  by default, checked with ``b3sum``, or SHA-256 with ``--checksum sha256`` for ``sha256sum``; each
+  record names its algorithm);
+* bad input gets one line on stderr and exit code 2, never a traceback or a half-written folder;
+  when a rank folder holds several checkpoints, stderr says which one was used and which ignored;
+* the drop-in's outputs keep the normal permissions of new files (MindSpore chmods every checkpoint
+  0o400 and creates folders 0o700), missing parent folders are created, a failing run removes what
+  it wrote, no ``reshard-manifest.json`` is added (the folders hold MindSpore's files only), and
+  nothing but the named outputs is ever replaced, chmodded or deleted;
+* process counts (``process_num``, ``processes_num``, ``max_process_num``) must be ints >= 1 and do
+  not size reshard's IO: the drop-in runs with the CLI's default worker count, as fast as the CLI
+  (MindSpore's ``transform_checkpoints`` ignores ``process_num`` for ``.ckpt`` sources, takes
+  floats, and fails on counts below 1 elsewhere);
+* ``save_checkpoint(format="safetensors", crc_check=True)`` also works for float16/bfloat16 tensors
+  (MindSpore fails: "cannot include dtype 'E' in a buffer");
 * ``save_checkpoint`` always writes the tensor path (``integrated_save`` / ``async_save`` are
   accepted and checked, but there are no devices to gather from and no background thread); a name
   appearing twice, ``crc_check`` together with ``enc_key`` and python ints outside int64 raise
-  ``UsageError`` (MindSpore writes unreadable files or crashes).
-* ``load_checkpoint`` returns ``{name: numpy array | str}`` (owned copies). ``specify_prefix`` /
+  ``UsageError`` (MindSpore writes unreadable files or crashes);
+* ``load_checkpoint`` returns ``{name: numpy array | str}`` (owned copies); ``specify_prefix`` /
   ``filter_prefix`` also apply to ``.safetensors`` files (MindSpore 2.10 silently ignores them
-  there). A missing crc trailer with ``crc_check=True`` warns, as MindSpore does.
+  there);
 * ``transform_checkpoints`` refuses a prefix containing a path separator or an absolute path
   (MindSpore writes outside the destination), a source folder with several ranks but no source
-  strategy (MindSpore silently treats rank 0 as the full model), and an unknown ``output_format``.
-* ``merge_pipeline_strategys`` never merges the destination file into itself (MindSpore re-merges
-  a merged file left in the folder) and refuses an empty folder, a per-stage file whose names hold
-  ``-`` and a merged file whose extension does not match its content.
-* Strings cannot be stored in ``.safetensors``: ``ckpt_to_safetensors`` keeps them in the
-  metadata (``reshard.str:<name>``) and ``safetensors_to_ckpt`` restores them (MindSpore fails).
-* ``unified_safetensors`` merges sources saved with ``remove_redundancy=True`` whatever
-  ``merge_with_redundancy`` says (MindSpore needs the flag or the metadata to find the copies).
-* ``load_distributed_checkpoint`` with a network, with the legacy
-  ``.ckpt`` path or without ``predict_strategy`` raise ``UnsupportedError``.
+  strategy (MindSpore silently treats rank 0 as the full model), and an unknown ``output_format``;
+* ``merge_pipeline_strategys`` never merges the destination file into itself (MindSpore re-merges a
+  merged file left in the folder) and refuses an empty folder, a per-stage file whose names hold
+  ``-`` and a merged file whose extension does not match its content;
 * ``unified_safetensors`` with a ``split_dst_file`` that selects no part raises ``UsageError``
-  (MindSpore fails with "number sections must be larger than 0" after creating the folder).
+  (MindSpore fails with "number sections must be larger than 0" after creating the folder);
+* ``load_distributed_checkpoint`` with a network, with the legacy ``.ckpt`` path or without
+  ``predict_strategy`` raises ``UnsupportedError`` (there are no networks without MindSpore).
 """
 
 from __future__ import annotations
@@ -156,9 +190,15 @@ def _name_map(value: Any) -> dict[str, str] | None:
 
 
 def _workers(value: Any, what: str) -> local.Options:
-    """Worker threads for MindSpore's process counts (threads share the source maps)."""
-    count = _int(value, what, minimum=1)
-    return local.Options(workers=max(1, min(count, os.cpu_count() or 1)))
+    """Run options for a MindSpore process count: checked, then left to reshard's own default.
+
+    ``process_num`` and friends size MindSpore's pools of loader *processes* (default 1 or 64); they
+    say nothing about how many IO threads reshard should keep busy. Taking them as a thread count
+    ran MindSpore's default ``process_num=1`` on one thread, slower than the CLI on the same job; the
+    drop-in runs at the CLI's speed whatever the count (``local.default_workers()``).
+    """
+    _int(value, what, minimum=1)
+    return local.Options()
 
 
 def _strategy_file(value: Any, what: str) -> str:
@@ -528,7 +568,8 @@ def ckpt_to_safetensors(
     """``mindspore.ckpt_to_safetensors``: a ``.ckpt`` file, or every ``.ckpt`` of the ``rank*`` folders.
 
     Outputs replace every ``.ckpt`` in the file name by ``.safetensors`` and go to ``save_path``
-    (same ``rank*`` sub-folder names) or next to the inputs. ``processes_num`` worker threads.
+    (same ``rank*`` sub-folder names) or next to the inputs. ``processes_num`` is checked (an int
+    >= 1) but does not size reshard's IO threads.
     """
     _convert("safetensors", file_path, save_path, name_map, file_name_regex, processes_num)
 
@@ -615,12 +656,18 @@ def rank_list_for_transform(
 # transform_checkpoints / transform_checkpoint_by_rank (spec 3.8, 3.9, 4.2)
 
 
+def _model_names(sf: StrategyFile) -> set[str]:
+    """The strategy's parameter names without optimizer states (``accu_grads``/``adam_v``/``adam_m`` prefixes)."""
+    return {n for n in layout_map(sf) if not n.startswith(REDUNDANT_STATE_PREFIXES)}
+
+
 def _is_by_stage(src: StrategyFile | None, dst: StrategyFile | None) -> bool:
-    """Spec 3.9: two single-stage strategies whose src names are a strict subset of dst's."""
+    """MindSpore's by-stage test: two single-stage strategies whose names, optimizer states left
+    out on *both* sides, are a strict subset (source) of the destination's. A destination that
+    only adds optimizer states is the all-stage mode (``{prefix}{r}.ckpt``)."""
     if src is None or dst is None or stage_count(src) != 1 or stage_count(dst) != 1:
         return False
-    src_names = {n for n in layout_map(src) if not n.startswith(REDUNDANT_STATE_PREFIXES)}
-    return src_names < set(layout_map(dst))
+    return _model_names(src) < _model_names(dst)
 
 
 def _plan_by_stage(src_dir: str, dst_dir: str, prefix: str, src: StrategyFile, dst: StrategyFile) -> list[Plan]:

@@ -333,6 +333,7 @@ class TransformPlanner:
         self.dst_total = self.n_dst * stage_count(dst) if dst is not None else 1
         self._dst_maps: dict[int, dict[str, StagedLayout]] = {}
         self.beyond: set[int] = set()  # destination ranks planned beyond what MindSpore can do
+        self._shared: dict[str, int] | None = None  # see _own_stages
 
     def check_rank_count(self) -> None:
         """The source strategy must describe exactly the rank folders present."""
@@ -394,9 +395,13 @@ class TransformPlanner:
         return self._overlapping_ranks(rank)
 
     def _overlapping_ranks(self, rank: int) -> list[int]:
+        """Source ranks whose slices overlap destination ``rank``'s, by real shapes, in MindSpore's
+        form: the local ranks any parameter needs, repeated in every source stage that holds a
+        parameter this destination stage keeps (so names take the position they take in the
+        dividing path: their first appearance in this load order), descending."""
         dst_map = self.dst_map(rank)
         cut = _stage_cut(self.src_map, dst_map, rank // self.n_dst)
-        needed: set[int] = set()
+        keys: set[int] = set()
         for name, staged in (self.src_map or {}).items():
             if not cut.transforms(name):
                 continue
@@ -408,12 +413,47 @@ class TransformPlanner:
             dst_p = dst_map[name].layout if dst_map is not None else None
             with _blame(name, self.dst, f"full shape {list(full)}"):
                 pieces = layout.transfer_pieces(staged.layout, dst_p, full, rank % self.n_dst, any_device_num=True)
-            keys = {key for key, _ in pieces}
-            needed |= {min(staged.stages) * self.n_src + key for key in keys}
-        return sorted(needed, reverse=True)
+            keys |= {key for key, _ in pieces}
+        stages = {s for name, staged in (self.src_map or {}).items() if name not in cut.dropped for s in staged.stages}
+        return sorted({s * self.n_src + key for s in stages for key in keys}, reverse=True)
+
+    def holders(self, load_order: Sequence[int], own_stage_only: bool) -> dict[str, dict[int, SourceFile]]:
+        """name -> {source local rank: file}, as loading ``load_order`` leaves it (a later file
+        replaces an earlier one's local rank; names keep their first position).
+
+        ``own_stage_only`` (device counts that do not divide): a parameter held by several source
+        stages, each with its own layout, is taken only from the files of the stage whose layout the
+        source map gives it (its lowest stage). Every file is then read with its own stage's layout,
+        as in the dividing path, where the needed ranks repeat in every stage and the lowest stage's
+        file wins; here a load order may hold another stage's file for a local rank the lowest
+        stage's files do not supply, and its slice has a different shape or content.
+        """
+        own_stage = self._own_stages() if own_stage_only else {}
+        holders: dict[str, dict[int, SourceFile]] = {}
+        passed_over: dict[str, dict[int, SourceFile]] = {}  # other stages' files of shared parameters
+        for r in load_order:
+            f = self.files[r]
+            stage = r // self.n_src
+            for name in f.tensors:
+                by_key = holders.setdefault(name, {})  # the position is the first appearance, as always
+                if own_stage.get(name, stage) == stage:
+                    by_key[r % self.n_src] = f
+                else:
+                    passed_over.setdefault(name, {})[r % self.n_src] = f
+        for name, by_key in passed_over.items():
+            if not holders[name]:  # none of its own stage's files loaded: the usual checks decide
+                holders[name] = by_key
+        return holders
+
+    def _own_stages(self) -> dict[str, int]:
+        """Source parameters held by several stages -> the stage whose layout ``src_map`` gives them."""
+        if self._shared is None:
+            self._shared = {n: min(s.stages) for n, s in (self.src_map or {}).items() if len(s.stages) > 1}
+        return self._shared
 
     def _any_file_with(self, name: str, stages: tuple[int, ...]) -> SourceFile | None:
-        for stage in sorted(stages):
+        """A file holding ``name`` in its lowest stage (the one ``src_map``'s layout describes)."""
+        for stage in sorted(stages)[:1]:
             for r in range(stage * self.n_src, (stage + 1) * self.n_src):
                 if r in self.files and name in self.files[r].tensors:
                     return self.files[r]
@@ -433,11 +473,7 @@ class TransformPlanner:
             if missing:
                 raise UsageError(f"destination rank {rank} needs the checkpoint of source rank(s) "
                                  f"{', '.join(map(str, sorted(missing)))}, which is missing")
-        holders: dict[str, dict[int, SourceFile]] = {}
-        for r in load_order:
-            f = self.files[r]
-            for name in f.tensors:
-                holders.setdefault(name, {})[r % self.n_src] = f
+        holders = self.holders(load_order, rank in self.beyond)
         dst_map = self.dst_map(rank)
         cut = _stage_cut(self.src_map, dst_map, rank // self.n_dst)
         local = rank % self.n_dst
@@ -855,7 +891,7 @@ class _BulkPlanner:
         self.planner = planner
         self.sources = _Sources()
         self.tables = _Tables()
-        self._templates: dict[tuple[tuple[int, ...], int], _Template] = {}
+        self._templates: dict[tuple[tuple[int, ...], int, bool], _Template] = {}
         self._stages: dict[int, tuple[dict[str, _Role], StageCut, dict[str, StagedLayout] | None]] = {}
 
     def rank(self, rank: int) -> RankTensors:
@@ -865,27 +901,24 @@ class _BulkPlanner:
         if missing:
             raise UsageError(f"destination rank {rank} needs the checkpoint of source rank(s) "
                              f"{', '.join(map(str, sorted(missing)))}, which is missing")
+        beyond = rank in p.beyond
         try:
-            template = self._template(tuple(order), rank // p.n_dst)
-            return _rank_tensors(template, rank % p.n_dst, rank in p.beyond, self.sources)
+            template = self._template(tuple(order), rank // p.n_dst, beyond)
+            return _rank_tensors(template, rank % p.n_dst, beyond, self.sources)
         except ReshardError:
             p.plan_rank(rank, _Sources(), order)  # raises the precise, blamed error
             raise
 
-    def _template(self, order: tuple[int, ...], stage: int) -> _Template:
-        hit = self._templates.get((order, stage))
+    def _template(self, order: tuple[int, ...], stage: int, beyond: bool) -> _Template:
+        hit = self._templates.get((order, stage, beyond))
         if hit is None:
-            hit = self._templates[(order, stage)] = self._build_template(order, stage)
+            hit = self._templates[(order, stage, beyond)] = self._build_template(order, stage, beyond)
         return hit
 
-    def _build_template(self, order: tuple[int, ...], stage: int) -> _Template:
+    def _build_template(self, order: tuple[int, ...], stage: int, beyond: bool) -> _Template:
         """``plan_rank``'s loop over parameters, minus everything that depends on the rank."""
         p = self.planner
-        holders: dict[str, dict[int, SourceFile]] = {}
-        for r in order:
-            f = p.files[r]
-            for name in f.tensors:
-                holders.setdefault(name, {})[r % p.n_src] = f
+        holders = p.holders(order, beyond)
         roles, cut, dst_map = self._stage(stage)
         template = _Template()
         class_index: dict[int, int] = {}  # id(_Class) -> index in template.classes
