@@ -366,6 +366,20 @@ def src_is_one_rank_folder(tmp: Path, job: dict[str, str]) -> tuple[list[str], s
             f"give the folder holding the rank_<r> folders ({job['r8']})")
 
 
+def prefix_absolute(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    """``--prefix /abs/abs_`` wrote ``/abs/abs_0.ckpt``, outside ``--dst``."""
+    return _transform(job["r8"], job["s8"], job["s4"], "--prefix", str(tmp / "abs_")), "contains a path separator"
+
+
+def prefix_parent(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _transform(job["r8"], job["s8"], job["s4"], "--prefix", "..evil_"), "contains '..'"
+
+
+def prefix_subfolder(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return (["transform", "--src", job["full"], "--dst", OUT, "--dst-strategy", job["s4"], "--prefix", "a/b_"],
+            "may not lead out of it")
+
+
 def ranks_twice(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     return _transform(job["r8"], job["s8"], job["s4"], "--ranks", "1,1,1"), "names rank 1 more than once"
 
@@ -475,7 +489,7 @@ CASES: list[Case] = [
     inspect_truncated,
     unify_other_rank_count, unify_split_not_a_number, unify_split_three_numbers, unify_split_empty_group,
     unify_ckpt_rank_folders, unify_missing_rank_folder, split_given_rank_folders, src_is_one_rank_folder,
-    ranks_twice, ranks_backwards,
+    prefix_absolute, prefix_parent, prefix_subfolder, ranks_twice, ranks_backwards,
     ranks_empty, ranks_beyond_destination, rank_list_beyond_destination, demo_dir_is_a_file, demo_dir_not_empty,
     workers_zero, max_memory_zero, no_shared_disk_without_ray, ray_address_without_ray, plan_resume,
     plan_overwrite, plan_progress, verify_rank_folders_without_strategy, file_suffix_matches_nothing,
@@ -609,3 +623,14 @@ def test_read_only_existing_destination(job: dict[str, str], tmp_path: Path, fla
         proc = run_cli(*argv, flag)
         assert_clean_failure(proc, "out: destination folder is read-only")
         assert snapshot(str(ro)) == before
+
+
+@pytest.mark.parametrize("prefix", ["/abs/abs_", "../x_", "a/b_", "nul\x00_", "..", "a\\b"])
+def test_api_prefix_never_leaves_the_destination(job: dict[str, str], tmp_path: Path, prefix: str) -> None:
+    """The API refuses what the CLI refuses, NUL included (argv cannot carry one), before reading a source."""
+    from reshard import api
+    from reshard.errors import UsageError
+
+    with pytest.raises(UsageError, match="may not lead out of it"):
+        api.transform(job["r8"], str(tmp_path / "out"), job["s8"], job["s4"], prefix=prefix)
+    assert not (tmp_path / "out").exists() and not os.path.exists("/abs")

@@ -318,6 +318,7 @@ def transform(
     ``hf=True`` writes the full model (no ``dst_strategy``) as Hugging Face shards of at most
     ``max_shard_size`` (default ``5GB``) plus ``model.safetensors.index.json`` into ``dst_dir``.
     """
+    layout_dir.check_prefix(prefix)  # before anything is read: output names never leave the destination
     notes: list[str] = []
     shard_size = _shard_size(hf, max_shard_size)
     if shard_size is not None and (dst_strategy is not None or output_format == "ckpt"):

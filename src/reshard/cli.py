@@ -404,7 +404,8 @@ def cmd_rank_list(args: argparse.Namespace) -> None:
         raise UsageError(f"destination rank {args.rank} out of range: {where}", dst)
     ranks = api.needed_ranks(args.rank, _none(args.src_strategy), dst_sf, notes)
     _notes(notes, args)
-    print(json.dumps([int(r) for r in ranks]) if args.json else " ".join(str(r) for r in ranks))
+    ranks = sorted(int(r) for r in ranks)  # MindSpore's list order carries no meaning; a person reads 0 1 2
+    print(json.dumps(ranks) if args.json else " ".join(str(r) for r in ranks))
 
 
 def _load_json(path: str) -> dict[str, str]:

@@ -164,7 +164,23 @@ def rank_dir(dst_dir: str, rank: int) -> str:
     return os.path.join(dst_dir, f"rank_{rank}")
 
 
+# What an output name prefix may not hold: each lets the name leave its rank_<r> folder (or the
+# destination), or is not a file name at all. MindSpore's converters let "/x" write "/x0.ckpt".
+UNSAFE_PREFIX_PARTS = ("/", "\\", "..", "\x00")
+
+
+def check_prefix(prefix: str) -> str:
+    """``prefix`` when every output named with it stays inside its ``rank_<r>`` folder; else ``UsageError``."""
+    for part in UNSAFE_PREFIX_PARTS:
+        if part in prefix or (part == "/" and os.sep in prefix):
+            shown = {"\x00": "a NUL byte", "/": "a path separator", "\\": "a path separator"}.get(part, repr(part))
+            raise UsageError(f"output prefix {prefix!r} contains {shown}: a prefix names files inside each rank_<r> "
+                             "folder and may not lead out of it")
+    return prefix
+
+
 def rank_output(dst_dir: str, rank: int, prefix: str, fmt: str, part: int | None = None) -> str:
     """``dst/rank_<r>/<prefix><r>[_part<stage>].<fmt>`` as MindSpore's converters name outputs."""
+    check_prefix(prefix)
     tail = f"_part{part}" if part is not None else ""
     return os.path.join(rank_dir(dst_dir, rank), f"{prefix}{rank}{tail}.{fmt}")
