@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -160,3 +162,11 @@ def test_bad_input_one_line_exit_2_nothing_written(job: dict[str, str], tmp_path
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "o").exists()
     assert snapshot(job["root"]) == before
+
+
+def test_version_in_both_entry_points() -> None:
+    from reshard import __version__
+
+    for argv in (["-m", "reshard.cli", "--version"], ["-m", "reshard", "--version"]):
+        proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True)
+        assert proc.returncode == 0 and proc.stdout.strip() == f"reshard {__version__}", proc

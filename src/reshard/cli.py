@@ -30,7 +30,7 @@ from typing import Any
 # before numpy loads (a value the user set wins); library users keep their own setting.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from reshard import api
+from reshard import __version__, api
 from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM
@@ -570,6 +570,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="reshard", description="Convert, merge, split and reshard MindSpore checkpoints.",
                      epilog=EXIT_CODES)
+    parser.add_argument("--version", action="version", version=f"reshard {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("demo", help="build an 8-rank example model and show what reshard does")
