@@ -9,6 +9,9 @@ no longer has are removed as its manifest lists them; nothing reshard did not wr
 or ``resume=True`` (continue an interrupted run). A run holds the destination's lock
 (``reshard.lock``) while it writes. Each run journals its outputs and writes ``reshard-manifest.json`` last
 (``manifest=True``, see ``reshard.manifest``); a run that fails removes what it created.
+What a source path is (rank folders, a full file, a unified or Hugging Face model, a strategy)
+is asked of the source registry, ``reshard.sources``; its discovery functions (``ReadOptions``,
+``open_checkpoint``, ``unified_index`` ...) are re-exported here, where the README shows them.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from reshard.plan import (
     plan_unify_hf,
 )
 from reshard.sources import (
+    CHECKPOINTS,
     ENCRYPTED_CKPT,
     FULL_FILE,
     HUGGING_FACE,
@@ -385,14 +389,14 @@ def convert_targets(src: str, dst: str | None, to: str, file_regex: str | None =
     src_ext = ".ckpt" if to == "safetensors" else ".safetensors"
     dst_ext = "." + to
     pattern = re.compile(file_regex) if file_regex else None
-    if os.path.isfile(src):
+    if identify(src, CHECKPOINTS) is not RANK_FOLDERS:
+        src = full_model_file(src) or src
         if not src.endswith(src_ext):
             raise UsageError(f"expected a {src_ext} file", src)
         if pattern and not pattern.findall(src):
             return []
         out_dir = dst or os.path.dirname(os.path.abspath(src))
         return [(src, os.path.join(out_dir, os.path.basename(src).replace(src_ext, dst_ext)))]
-    identify(src, (RANK_FOLDERS,))
     pairs = []
     for sub in rank_subfolders(src):
         folder = os.path.join(src, sub)

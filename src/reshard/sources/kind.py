@@ -40,9 +40,10 @@ class Opened:
 class Kind(Protocol):
     """One kind of path reshard reads.
 
-    ``name`` says what it is in error messages, with its article ("a unified model", "rank folders"); ``looks_for`` what ``detect``
-    looks for ("a folder of rank_<r> folders"); ``detect(path)`` is cheap (names, a few header
-    bytes, never a whole checkpoint) and is asked only of paths that exist; ``open`` returns the
+    ``name`` says what it is in error messages, with its article ("a unified model", "rank
+    folders"); ``looks_for`` what ``detect`` looks for ("a folder of rank_<r> folders");
+    ``detect(path)`` is cheap (names, a few header bytes, never a whole checkpoint) and is asked
+    only of paths that exist; ``open`` returns the
     planning facts, with notes for the user (files passed over) appended to ``notes``.
     """
 
