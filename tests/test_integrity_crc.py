@@ -61,9 +61,9 @@ def test_unify_accepts_the_crc_flags(files: dict[str, str], tmp_path) -> None:
 
 
 def test_the_api_checks_by_default(files: dict[str, str], tmp_path) -> None:
-    assert api.ReadOptions().crc_check is True
+    assert api.ReadOptions().verify_crc is True
     with pytest.raises(IntegrityError):
         api.convert(files["bad"], str(tmp_path / "a"), "safetensors")
     with pytest.raises(IntegrityError):
         api.transform(files["bad"], str(tmp_path / "b"), None, files["job_s4"])
-    api.convert(files["bad"], str(tmp_path / "c"), "safetensors", read=api.ReadOptions(crc_check=False))
+    api.convert(files["bad"], str(tmp_path / "c"), "safetensors", read=api.ReadOptions(verify_crc=False))

@@ -185,7 +185,7 @@ def test_inspect_encrypted_checkpoint_with_key(demo: dict[str, str], tmp_path: P
 
 
 def test_inspect_missing_and_empty(tmp_path: Path) -> None:
-    assert "does not exist" in one_error(run("inspect", str(tmp_path / "nothing")))
+    assert "no such file or folder" in one_error(run("inspect", str(tmp_path / "nothing")))
     (tmp_path / "empty").mkdir()
     assert "is empty" in one_error(run("inspect", str(tmp_path / "empty")))
     (tmp_path / "notes").mkdir()

@@ -9,29 +9,27 @@ no longer has are removed as its manifest lists them; nothing reshard did not wr
 or ``resume=True`` (continue an interrupted run). A run holds the destination's lock
 (``reshard.lock``) while it writes. Each run journals its outputs and writes ``reshard-manifest.json`` last
 (``manifest=True``, see ``reshard.manifest``); a run that fails removes what it created.
+What a source path is (rank folders, a full file, a unified or Hugging Face model, a strategy)
+is asked of the source registry, ``reshard.sources``; its discovery functions (``ReadOptions``,
+``open_checkpoint``, ``unified_index`` ...) are re-exported here, where the README shows them.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from reshard import lock as _lock
 from reshard import manifest as _manifest
-from reshard.errors import FormatError, LayoutError, UsageError
+from reshard.errors import LayoutError, UsageError
 from reshard.execute import local
 from reshard.formats import hf_index, layout_dir
-from reshard.formats.base import TensorIndex
-from reshard.formats.ckpt import read_ckpt
-from reshard.formats.safetensors import read_safetensors
-from reshard.formats.strategy import StrategyFile, load_strategy
+from reshard.formats.strategy import StrategyFile
 from reshard.plan import (
     ChoiceFunc,
     Plan,
     SourceFile,
-    SourceTensor,
     hf_sharded,
     plan_convert,
     plan_split,
@@ -41,30 +39,30 @@ from reshard.plan import (
     plan_unify,
     plan_unify_hf,
 )
-
-INDEX_THREADS = 8  # source files indexed at once while planning (the scans wait on the disk)
-
-
-@dataclass(frozen=True)
-class ReadOptions:
-    """How to find and open source checkpoints (which file of a rank folder, decryption, crc checking).
-
-    ``crc_check=True`` (the default) verifies the crc trailer of every plain ``.ckpt`` source that
-    has one, on every read path, while planning (one extra read of the file, which also warms the
-    page cache for the copy); files without a trailer are accepted, as MindSpore does.
-    ``crc_check=False`` skips it (``--no-check-crc``). When a rank folder holds several
-    checkpoints, ``file_suffix`` takes the one whose name ends in it (MindSpore's ``file_suffix``
-    rule), ``pick`` chooses by ``"last-name"`` or ``"newest"`` (mtime; default: MindSpore's rule for
-    the format), and ``src_format`` reads ``"ckpt"`` or ``"safetensors"`` files when the folders
-    hold both.
-    """
-
-    dec_key: bytes | None = field(default=None, repr=False)  # never printed
-    dec_mode: str = "AES-GCM"
-    crc_check: bool = True
-    file_suffix: str | None = None
-    pick: str | None = None
-    src_format: str | None = None
+from reshard.sources import (
+    CHECKPOINTS,
+    ENCRYPTED_CKPT,
+    FULL_FILE,
+    HUGGING_FACE,
+    HYPER_NAME,
+    ONE_RANK_FOLDER,
+    RANK_FOLDERS,
+    Kind,
+    ReadOptions,
+    chosen_names,
+    full_model_file,
+    has_crc_trailer,
+    hf_model,
+    identify,
+    is_hf_model,
+    model_folder,
+    open_checkpoint,
+    rank_sources,
+    rank_subfolders,
+    source_file,
+    unified_index,
+)
+from reshard.sources import strategy as _strategy
 
 
 @dataclass
@@ -74,148 +72,6 @@ class Report:
     plan: Plan
     notes: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # outputs of an interrupted run that resume kept
-
-
-def open_checkpoint(path: str, options: ReadOptions | None = None) -> TensorIndex:
-    """Index a ``.ckpt`` or ``.safetensors`` file (zero-copy views over a memory map)."""
-    options = options or ReadOptions()
-    fmt = layout_dir.detect_format(path)
-    if not os.path.isfile(path):
-        raise UsageError("no such file", path)
-    if fmt == "ckpt":
-        crc = options.crc_check and has_crc_trailer(path)
-        return read_ckpt(path, crc_check=crc, dec_key=options.dec_key, dec_mode=options.dec_mode)
-    return read_safetensors(path)
-
-
-def has_crc_trailer(path: str) -> bool:
-    """True when a plain (unencrypted) ``.ckpt`` ends with MindSpore's crc trailer (spec 1.6)."""
-    from reshard.formats import ckpt, crypto
-
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(4)
-            size = fh.seek(0, os.SEEK_END)
-            if size < ckpt.CRC_TRAILER_BYTES:
-                return False
-            fh.seek(size - ckpt.CRC_TRAILER_BYTES)
-            mark = fh.read(len(ckpt.CRC_MARK))
-    except OSError:
-        return False  # read_ckpt reports the problem
-    return mark == ckpt.CRC_MARK and crypto.encrypted_mode(head) is None
-
-
-def source_file(path: str, rank: int = 0, options: ReadOptions | None = None) -> SourceFile:
-    """Header facts of one checkpoint (dtypes, shapes, metadata) for planning."""
-    with open_checkpoint(path, options) as index:
-        tensors = {name: SourceTensor(e.dtype, e.shape, e.nbytes) for name, e in index.entries.items()}
-        strings = {name: str(index.value(name)) for name, e in index.entries.items() if e.is_string}
-        return SourceFile(path, rank, tensors, dict(index.metadata), strings)
-
-
-def rank_sources(
-    model_dir: str,
-    fmt: str | None = None,
-    rule: str | None = None,
-    file_suffix: str | None = None,
-    options: ReadOptions | None = None,
-    notes: list[str] | None = None,
-    listing_order: bool = False,
-) -> tuple[str, dict[int, SourceFile]]:
-    """The chosen checkpoint of every ``rank_<r>`` folder, as planning facts.
-
-    ``fmt``, ``rule`` and ``file_suffix`` default to ``options``' ``src_format``, ``pick`` and
-    ``file_suffix``; a note names the file used, the rule that chose it and the files passed over.
-    """
-    fmt, rule, file_suffix = _source_choice(fmt, rule, file_suffix, options)
-    folder_check(model_dir)
-    fmt, chosen = layout_dir.collect_rank_files(model_dir, fmt, rule, file_suffix, listing_order)
-    rule = rule or ("name" if fmt == "ckpt" else "numbers")
-    if notes is not None:
-        for picked in chosen.values():
-            if picked.ignored:
-                ignored = ", ".join(os.path.basename(p) for p in picked.ignored)
-                why = f"the one ending in {file_suffix}" if file_suffix else layout_dir.RULE_TEXT[rule]
-                notes.append(f"rank {picked.rank}: using {os.path.basename(picked.path)} ({why}), ignoring {ignored}")
-    return fmt, _source_files({r: p.path for r, p in chosen.items()}, options)
-
-
-def _source_choice(
-    fmt: str | None, rule: str | None, file_suffix: str | None, options: ReadOptions | None
-) -> tuple[str | None, str | None, str | None]:
-    """The format, pick rule and file suffix asked for, by argument or else by ``options``."""
-    if options is None:
-        return fmt, rule, file_suffix
-    if options.src_format is not None:
-        if options.src_format not in layout_dir.FORMATS:
-            raise UsageError(f"unknown source format {options.src_format!r} (choose ckpt or safetensors)")
-        if fmt is not None and fmt != options.src_format:
-            raise UsageError(f"this operation reads .{fmt} files; the source format {options.src_format} "
-                             "does not apply")
-    if options.pick is not None and options.pick not in layout_dir.PICKS:
-        raise UsageError(f"unknown pick rule {options.pick!r} (choose {' or '.join(layout_dir.PICKS)})")
-    return (fmt or options.src_format, rule or layout_dir.PICKS.get(options.pick or ""),
-            file_suffix or options.file_suffix)
-
-
-def folder_check(model_dir: str) -> None:
-    """A rank folder given where its parent belongs, or an empty ``rank_<r>`` folder: said plainly."""
-    name = os.path.basename(os.path.normpath(model_dir))
-    if os.path.isdir(model_dir) and name.startswith("rank_") and not layout_dir.rank_dirs(model_dir):
-        parent = os.path.dirname(os.path.normpath(model_dir)) or "."
-        raise UsageError(f"this is one rank's folder; give the folder holding the rank_<r> folders ({parent})",
-                         model_dir)
-    if not os.path.isdir(model_dir):
-        return
-    for rank, folder in layout_dir.rank_dirs(model_dir).items():
-        if not any(layout_dir.files_in(folder, f) for f in layout_dir.FORMATS):
-            raise UsageError(f"rank {rank}'s folder is empty (no .ckpt or .safetensors file)", folder)
-
-
-def _source_files(paths: Mapping[int, str], options: ReadOptions | None) -> dict[int, SourceFile]:
-    """Planning facts of every rank's file, indexed on several threads.
-
-    A ``.ckpt`` index waits on the disk, not the CPU (one small ``pread`` per record, GIL
-    released), so overlapping the files hides most of the latency on a cold cache. Errors are
-    raised in rank order, as a sequential scan would.
-    """
-    items = list(paths.items())
-    if len(items) <= 1:
-        return {r: source_file(path, r, options) for r, path in items}
-    with ThreadPoolExecutor(min(INDEX_THREADS, len(items)), thread_name_prefix="reshard-index") as pool:
-        facts = list(pool.map(lambda item: source_file(item[1], item[0], options), items))
-    return {r: f for (r, _), f in zip(items, facts, strict=True)}
-
-
-def _strategy(value: str | StrategyFile | None, notes: list[str] | None = None) -> StrategyFile | None:
-    """The strategy a path names; its loading notes (a merged file passed over) go to ``notes``."""
-    if value is None or isinstance(value, StrategyFile):
-        return value
-    sf = load_strategy(value)
-    if notes is not None:
-        notes.extend(sf.notes)
-    return sf
-
-
-def _sources_for(src: str, options: ReadOptions | None, notes: list[str]) -> tuple[str, dict[int, SourceFile]]:
-    """A full checkpoint (a file, or a folder holding just one) is rank 0 of a one-rank job; a
-    folder otherwise holds rank_<r> folders."""
-    single = full_model_file(src)
-    if single is not None:
-        return layout_dir.detect_format(single), {0: source_file(single, 0, options)}
-    return rank_sources(src, options=options, notes=notes)
-
-
-def full_model_file(path: str) -> str | None:
-    """The one checkpoint file ``path`` stands for: the file itself, or the only ``.ckpt`` /
-    ``.safetensors`` file of a folder without ``rank_<r>`` folders (``full/model.ckpt``'s folder);
-    None otherwise."""
-    if os.path.isfile(path):
-        return path
-    if not os.path.isdir(path) or layout_dir.rank_dirs(path):
-        return None
-    found = [f for fmt in layout_dir.FORMATS for f in layout_dir.files_in(path, fmt)]
-    return found[0] if len(found) == 1 else None
 
 
 def check_destination(dst: str, sources: Sequence[str], overwrite: bool, resume: bool = False) -> None:
@@ -264,13 +120,15 @@ def execute(
     ``remove`` lists an earlier run's outputs to delete once the destination is locked
     (``superseded``).
     """
-    opened = replace(options, crc_check=False) if options is not None else None
+    opened = replace(options, verify_crc=False) if options is not None else None
     from reshard.execute import ray as ray_executor  # light: Ray itself is imported only when used
 
     if executor not in ("local", "ray"):
         raise UsageError(f"unknown executor {executor!r} (choose local or ray)")
     if executor == "ray" or isinstance(run, ray_executor.RayOptions):
-        return ray_executor.run_recorded(plan, opened, run, root, resume=resume, manifest=manifest, remove=remove)
+        run = run or ray_executor.RayOptions()
+        return _manifest.run_recorded(plan, ray_executor.NO_OPENER, run, root, resume=resume, manifest=manifest,
+                                      runner=ray_executor.runner(opened, run), remove=remove)
     return _manifest.run_recorded(plan, lambda path: open_checkpoint(path, opened), run, root,
                                   resume=resume, manifest=manifest, remove=remove)
 
@@ -324,7 +182,8 @@ def transform(
     if shard_size is not None and (dst_strategy is not None or output_format == "ckpt"):
         raise UsageError("Hugging Face output is a full safetensors model: give no destination strategy and no "
                          "ckpt output format")
-    if is_hf_model(src):
+    kind = identify(src, _transform_kinds(src, src_strategy))
+    if kind is HUGGING_FACE:
         if src_strategy is not None:
             raise UsageError("a Hugging Face model is a full model: give no source strategy", src)
         files, mapping, hyper = unified_index(src)
@@ -334,9 +193,8 @@ def transform(
         plan = plan_transform_full(files, mapping, _strategy(dst_strategy, notes), dst_dir, prefix,
                                    output_format or "safetensors", ranks)
     else:
-        if src_strategy is not None:  # a rank_<r> folder with the job's strategy: its parent was meant
-            folder_check(src)
-        fmt, sources = _sources_for(src, read, notes)
+        opened = kind.open(src, read, notes)
+        fmt, sources = opened.fmt or "ckpt", opened.ranks
         src_sf, dst_sf = _strategy(src_strategy, notes), _strategy(dst_strategy, notes)
         if src_sf is None and len(sources) > 1:
             raise UsageError("several rank folders but no source strategy (--src-strategy, src_strategy in Python)",
@@ -351,6 +209,15 @@ def transform(
         kept = _kept_note(execute(plan, read, run, root=dst_dir, resume=resume, manifest=manifest, remove=remove),
                           notes)
     return Report(plan, notes, kept)
+
+
+def _transform_kinds(src: str, src_strategy: object) -> tuple[Kind, ...]:
+    """What transform reads: rank folders, a full checkpoint, a Hugging Face model; one rank's
+    folder only as the full checkpoint it holds, and never with a source strategy (its parent was meant)."""
+    kinds: tuple[Kind, ...] = (HUGGING_FACE, RANK_FOLDERS, ENCRYPTED_CKPT, FULL_FILE)
+    if src_strategy is None and full_model_file(src) is not None:
+        kinds += (ONE_RANK_FOLDER,)
+    return kinds
 
 
 def _shard_size(hf: bool, max_shard_size: int | str | None) -> int | None:
@@ -439,6 +306,7 @@ def unify(
     shard_size = _shard_size(hf, max_shard_size)
     if shard_size is not None and split_dst_file:
         raise UsageError("split_dst_file (--split) does not apply to Hugging Face output")
+    identify(src_dir, (RANK_FOLDERS,))
     _refuse_ckpt_ranks(src_dir)
     _, sources = rank_sources(src_dir, "safetensors", None, file_suffix, read, notes, mindspore_order)
     sf = _strategy(src_strategy, notes)
@@ -477,94 +345,6 @@ def _check_unify_ranks(src_dir: str, sources: Mapping[int, SourceFile], sf: Stra
         raise LayoutError(f"the strategy describes {expected} rank(s) (0..{expected - 1}) but the checkpoint "
                           f"{src_dir} has {len(sources)} rank folders; is it the strategy of this job?",
                           sf.path)
-
-
-HYPER_NAME = "hyper_param.safetensors"  # unify's file of the parameters outside the strategy
-
-
-def unified_index(
-    unified_dir: str, name_map: Mapping[str, str] | None = None
-) -> tuple[dict[str, SourceFile], dict[str, str], SourceFile | None]:
-    """The files of a full model, the name -> file map, and ``hyper_param.safetensors``.
-
-    ``unified_dir`` is a unified folder (``part<j>.safetensors`` + ``param_name_map.json``), a
-    Hugging Face folder (``model.safetensors.index.json`` + shards) or that index file itself: both
-    indexes are read by ``hf_index.read_weight_map``; the Hugging Face one is also checked against
-    its shards (``hf_model``). A folder with a single ``.safetensors`` file (besides
-    ``hyper_param.safetensors``) needs no index: its keys, translated back through the inverted
-    ``name_map``, are the names.
-    """
-    index = hf_index.find_index(unified_dir)
-    if index is not None:
-        return hf_model(index)
-    if not os.path.isdir(unified_dir):
-        raise UsageError("not a folder", unified_dir)
-    if layout_dir.rank_dirs(unified_dir):
-        raise UsageError("this folder holds rank_<r> folders, not a unified model: unify them first (reshard unify "
-                         "SRC UNIFIED --strategy S), or reshard them directly (reshard transform)", unified_dir)
-    names = sorted(n for n in os.listdir(unified_dir) if n.endswith(".safetensors"))
-    if not names:
-        raise UsageError("no .safetensors files", unified_dir)
-    index_path = os.path.join(unified_dir, "param_name_map.json")
-    models = [n for n in names if n != HYPER_NAME] or names
-    if len(names) == 1 or (len(models) == 1 and not os.path.isfile(index_path)):
-        (only,) = models
-        files = {only: source_file(os.path.join(unified_dir, only))}
-        hyper = source_file(os.path.join(unified_dir, HYPER_NAME)) if HYPER_NAME in names and only != HYPER_NAME \
-            else None
-        inverse = {v: k for k, v in (name_map or {}).items()}
-        return files, {inverse.get(k, k): only for k in files[only].tensors}, hyper
-    if not os.path.isfile(index_path):
-        raise UsageError("several .safetensors files but no param_name_map.json", unified_dir)
-    files = {n: source_file(os.path.join(unified_dir, n)) for n in names}
-    hyper = files.pop(HYPER_NAME, None)
-    return files, hf_index.read_weight_map(index_path, strict=False), hyper
-
-
-def hf_model(index_path: str) -> tuple[dict[str, SourceFile], dict[str, str], SourceFile | None]:
-    """``unified_index`` of a Hugging Face index: its shards (by file name), its weight map, and a
-    ``hyper_param.safetensors`` beside it that the index does not name (``unify --hf`` writes one).
-
-    Refused, each with one line naming the file: a shard the index names but the folder lacks, a
-    name the weight map assigns to a shard that does not hold it, a tensor held by two shards.
-    """
-    mapping = hf_index.read_weight_map(index_path)
-    folder = os.path.dirname(os.path.abspath(index_path))
-    index_name = os.path.basename(index_path)
-    files: dict[str, SourceFile] = {}
-    for shard in sorted(set(mapping.values())):  # model-00001-of-... first
-        path = os.path.join(folder, shard)
-        if not shard.endswith(".safetensors"):
-            raise FormatError(f"the weight_map names {shard!r}, which is not a .safetensors shard", index_path)
-        if not os.path.isfile(path):
-            raise UsageError(f"shard named by {index_name} is missing", path)
-        files[shard] = source_file(path)
-    holder: dict[str, str] = {}
-    for shard, sf in files.items():
-        for name in sf.tensors:
-            if name in holder:
-                raise FormatError(f"tensor {name!r} is in two shards: {holder[name]} and {shard}", index_path)
-            holder[name] = shard
-    for name, shard in mapping.items():
-        if name not in files[shard].tensors:
-            raise FormatError(f"{index_name} lists {name!r} in this shard, but it is not there", files[shard].path)
-    hyper_path = os.path.join(folder, HYPER_NAME)
-    hyper = source_file(hyper_path) if HYPER_NAME not in files and os.path.isfile(hyper_path) else None
-    return files, mapping, hyper
-
-
-def is_hf_model(path: str) -> bool:
-    """A Hugging Face model: an index file, a folder holding one, or a folder (without ``rank_<r>``
-    folders) holding ``model.safetensors``, the single-shard form."""
-    if hf_index.find_index(path) is not None:
-        return True
-    return (os.path.isdir(path) and os.path.isfile(os.path.join(path, hf_index.SINGLE_NAME))
-            and not layout_dir.rank_dirs(path))
-
-
-def model_folder(path: str) -> str:
-    """The folder a full-model input stands for (an index file stands for its folder)."""
-    return os.path.dirname(os.path.abspath(path)) if hf_index.is_index_file(path) else path
 
 
 def split(
@@ -610,44 +390,23 @@ def convert_targets(src: str, dst: str | None, to: str, file_regex: str | None =
     src_ext = ".ckpt" if to == "safetensors" else ".safetensors"
     dst_ext = "." + to
     pattern = re.compile(file_regex) if file_regex else None
-    if os.path.isfile(src):
+    if identify(src, CHECKPOINTS) is not RANK_FOLDERS:
+        src = full_model_file(src) or src
         if not src.endswith(src_ext):
             raise UsageError(f"expected a {src_ext} file", src)
         if pattern and not pattern.findall(src):
             return []
         out_dir = dst or os.path.dirname(os.path.abspath(src))
         return [(src, os.path.join(out_dir, os.path.basename(src).replace(src_ext, dst_ext)))]
-    if not os.path.isdir(src):
-        raise UsageError("no such file or folder", src)
     pairs = []
-    subdirs = sorted(d for d in os.listdir(src) if d.startswith("rank") and os.path.isdir(os.path.join(src, d)))
-    if not subdirs:
-        raise UsageError("no rank* sub-folders", src)
-    for sub in subdirs:
+    for sub in rank_subfolders(src):
         folder = os.path.join(src, sub)
-        names = _chosen_names(folder, src_ext[1:], choose, notes) if choose else sorted(os.listdir(folder))
+        names = chosen_names(folder, src_ext[1:], choose, notes) if choose else sorted(os.listdir(folder))
         for name in names:
             if name.endswith(src_ext) and (pattern is None or pattern.search(name)):
                 out_dir = os.path.join(dst, sub) if dst else folder
                 pairs.append((os.path.join(folder, name), os.path.join(out_dir, name.replace(src_ext, dst_ext))))
     return pairs
-
-
-def _chosen_names(folder: str, fmt: str, choose: ReadOptions, notes: list[str] | None) -> list[str]:
-    """Every file name of ``folder``, or only the one ``choose`` picks (``--file-suffix``/``--pick``)."""
-    if not (choose.file_suffix or choose.pick):
-        return sorted(os.listdir(folder))
-    _, rule, suffix = _source_choice(None, None, None, choose)
-    files = layout_dir.files_in(folder, fmt)
-    if not files and not suffix:
-        return []
-    chosen = layout_dir.choose_file(folder, files, fmt, rule or "name", suffix)
-    ignored = [os.path.basename(p) for p in files if p != chosen]
-    if ignored and notes is not None:
-        why = f"the one ending in {suffix}" if suffix else layout_dir.RULE_TEXT[rule or "name"]
-        notes.append(f"{os.path.basename(folder)}: using {os.path.basename(chosen)} ({why}), ignoring "
-                     f"{', '.join(ignored)}")
-    return [os.path.basename(chosen)]
 
 
 def convert(
@@ -706,11 +465,14 @@ def convert(
 
 
 def _convert_source(src: str) -> str:
-    """A folder without ``rank*`` folders that holds one checkpoint file converts that file."""
-    if not os.path.isdir(src) or any(d.startswith("rank") and os.path.isdir(os.path.join(src, d))
-                                     for d in os.listdir(src)):
-        return src
-    return full_model_file(src) or src
+    """What convert reads: ``rank*`` folders as they are, or the one checkpoint file ``src`` stands
+    for (a file, or a folder holding just one: a ``rank_<r>`` folder, ``model.safetensors``'s folder)."""
+    single = full_model_file(src)
+    kinds: tuple[Kind, ...] = (RANK_FOLDERS, ENCRYPTED_CKPT, FULL_FILE)
+    if single is not None and os.path.isdir(src):
+        kinds += (ONE_RANK_FOLDER, HUGGING_FACE)
+    kind = identify(src, kinds)
+    return src if kind is RANK_FOLDERS else single or src
 
 
 def holds_only_ckpt(src: str) -> bool:
@@ -719,8 +481,7 @@ def holds_only_ckpt(src: str) -> bool:
         return src.endswith(".ckpt")
     if not os.path.isdir(src):
         return False
-    folders = [os.path.join(src, d) for d in os.listdir(src)
-               if d.startswith("rank") and os.path.isdir(os.path.join(src, d))]
+    folders = [os.path.join(src, d) for d in rank_subfolders(src)]
     return (any(layout_dir.files_in(f, "ckpt") for f in folders)
             and not any(layout_dir.files_in(f, "safetensors") for f in folders))
 
@@ -774,3 +535,32 @@ def _check_not_inputs(pairs: Sequence[tuple[str, str]]) -> None:
 
 
 ProgressFn = Callable[[int], None]
+
+# The operations, and the source discovery names the README shows (defined in reshard.sources).
+__all__ = [
+    "HYPER_NAME",
+    "ReadOptions",
+    # the operations
+    "Report",
+    "check_destination",
+    "convert",
+    "convert_targets",
+    "execute",
+    "full_model_file",
+    "has_crc_trailer",
+    "hf_model",
+    "holds_only_ckpt",
+    "is_hf_model",
+    "model_folder",
+    "needed_ranks",
+    "open_checkpoint",
+    "rank_sources",
+    "recrypt",
+    "source_file",
+    "split",
+    "superseded",
+    "transform",
+    "transform_by_rank",
+    "unified_index",
+    "unify",
+]

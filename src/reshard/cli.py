@@ -277,7 +277,7 @@ def _run_options(args: argparse.Namespace) -> local.Options:
 
 def _read_options(args: argparse.Namespace) -> api.ReadOptions:
     return api.ReadOptions(dec_key=_key(args, "dec"), dec_mode=getattr(args, "dec_mode", None) or "AES-GCM",
-                           crc_check=getattr(args, "check_crc", True), file_suffix=getattr(args, "file_suffix", None),
+                           verify_crc=getattr(args, "check_crc", True), file_suffix=getattr(args, "file_suffix", None),
                            pick=getattr(args, "pick", None), src_format=getattr(args, "src_format", None))
 
 

@@ -21,8 +21,8 @@ from dataclasses import replace
 from typing import Any
 
 from reshard import layout
-from reshard.errors import ReshardError, UsageError
-from reshard.formats import crypto, layout_dir
+from reshard.errors import UsageError
+from reshard.formats import layout_dir
 from reshard.formats.strategy import (
     STAGE_SEPARATOR,
     ParamLayout,
@@ -30,32 +30,24 @@ from reshard.formats.strategy import (
     device_num,
     layout_map,
     load_strategy,
-    read_strategy,
+)
+from reshard.sources import (
+    HUGGING_FACE,
+    ONE_RANK_FOLDER,
+    RANK_FOLDERS,
+    STRATEGY,
+    UNIFIED,
+    full_model_file,
+    identify,
+    is_encrypted,
+    source_file,
+    unified_index,
 )
 
-STRATEGY_FIRST_BYTE = 0x08  # ParallelStrategyMap starts with current_stage (field 1, varint)
 _RANK_FOLDER = re.compile(r"rank_(\d+)")
-_INDEX_NAMES = ("param_name_map.json", "model.safetensors.index.json")  # JSON that is not a strategy
 
 # name -> (the layout that applies, every stage holding the parameter)
 Layouts = dict[str, tuple[ParamLayout, list[int]]]
-
-
-def _is_strategy(path: str) -> bool:
-    """Strategy file or checkpoint? Decided by the first byte, so a multi-GB .ckpt is never read."""
-    if path.endswith(".json"):
-        return True
-    if not path.endswith(".ckpt") or not os.path.isfile(path):
-        return False
-    with open(path, "rb") as fh:
-        first = fh.read(1)
-    if first != bytes([STRATEGY_FIRST_BYTE]):
-        return False
-    try:
-        read_strategy(path)
-    except ReshardError:  # not a strategy after all: report it as a checkpoint problem
-        return False
-    return True
 
 
 def describe_layout(p: ParamLayout) -> str:
@@ -96,20 +88,13 @@ def stage_layouts(sf: StrategyFile, name: str) -> dict[int, ParamLayout]:
 
 def _read_for(path: str, read: Any) -> Any:
     """The read options for one file: the key only for an encrypted ``.ckpt``."""
-    if read is None or read.dec_key is None or not path.endswith(".ckpt"):
+    if read is None or read.dec_key is None:
         return replace(read, dec_key=None) if read is not None else None
-    try:
-        with open(path, "rb") as fh:
-            encrypted = crypto.encrypted_mode(fh.read(4)) is not None
-    except OSError:
-        encrypted = False  # the reader reports it
-    return read if encrypted else replace(read, dec_key=None)
+    return read if is_encrypted(path) else replace(read, dec_key=None)
 
 
 def checkpoint_rows(path: str, strategy: StrategyFile | None = None, rank: int | None = None,
                     read: Any = None) -> list[dict[str, Any]]:
-    from reshard.api import source_file
-
     src = source_file(path, rank or 0, _read_for(path, read))
     lmap = param_layouts(strategy, rank) if strategy is not None else {}
     rows = []
@@ -141,8 +126,6 @@ def strategy_rows(sf: StrategyFile) -> list[dict[str, Any]]:
 
 def full_model_info(path: str, strategy: StrategyFile | None = None) -> dict[str, Any]:
     """A Hugging Face sharded model or a unified folder as one checkpoint; rows name their file."""
-    from reshard.api import unified_index
-
     files, _, hyper = unified_index(path)
     parts = [*files.values(), *([hyper] if hyper is not None else [])]
     rows = [{**row, "file": os.path.basename(part.path)}
@@ -176,58 +159,47 @@ def _distributed_info(path: str, sf: StrategyFile | None, read: Any) -> dict[str
             "bytes": sum(r["bytes"] for r in ranks.values())}
 
 
-def _folder_info(path: str, sf: StrategyFile | None, read: Any, notes: list[str]) -> dict[str, Any]:
-    if layout_dir.rank_dirs(path):
-        return _distributed_info(path, sf, read)
-    try:
-        names = sorted(n for n in os.listdir(path) if not n.startswith("."))
-    except OSError as exc:
-        raise UsageError(f"cannot list the folder: {exc.strerror}", path) from None
-    if not names:
-        raise UsageError("the folder is empty", path)
-    files = [os.path.join(path, n) for n in names if os.path.isfile(os.path.join(path, n))]
-    checkpoints = [f for f in files if f.endswith((".ckpt", ".safetensors")) and not _is_strategy(f)]
-    strategies = [f for f in files if f.endswith((".ckpt", ".json")) and os.path.basename(f) not in _INDEX_NAMES
-                  and _is_strategy(f)]
-    if not checkpoints and strategies:
-        found = load_strategy(path)
-        notes.extend(found.notes)
-        return {"kind": "strategy", "path": path, "params": strategy_rows(found)}
-    if _RANK_FOLDER.fullmatch(os.path.basename(os.path.abspath(path))) and checkpoints:
-        fmts = {layout_dir.detect_format(f) for f in checkpoints}
-        if len(fmts) > 1:
-            raise UsageError("the rank folder holds both .ckpt and .safetensors files; inspect one of them", path)
-        picked = layout_dir.pick_file(path, fmts.pop(), "name" if checkpoints[0].endswith(".ckpt") else "numbers")
-        if picked is not None:
-            return _file_info(picked.path, sf, read, picked.ignored)
-    if len(checkpoints) == 1:
-        return _file_info(checkpoints[0], sf, read)
-    if any(f.endswith(".safetensors") for f in checkpoints):
-        return full_model_info(path, sf)
-    if checkpoints:
-        raise UsageError(f"the folder holds {len(checkpoints)} checkpoint files and no rank_<r> folders; "
-                         "inspect one of them", path)
-    raise UsageError("the folder holds no checkpoint or strategy files", path)
+def _rank_folder_info(path: str, sf: StrategyFile | None, read: Any) -> dict[str, Any]:
+    """One ``rank_<r>`` folder: the file MindSpore's rule picks for its format, as that rank."""
+    checkpoints = layout_dir.files_in(path, "ckpt") + layout_dir.files_in(path, "safetensors")
+    fmts = {layout_dir.detect_format(f) for f in checkpoints}
+    if len(fmts) > 1:
+        raise UsageError("the rank folder holds both .ckpt and .safetensors files; inspect one of them", path)
+    fmt = fmts.pop()
+    picked = layout_dir.pick_file(path, fmt, "name" if fmt == "ckpt" else "numbers")
+    assert picked is not None  # the registry recognised a rank folder holding checkpoints
+    return _file_info(picked.path, sf, read, picked.ignored)
+
+
+def _strategy_info(path: str, notes: list[str]) -> dict[str, Any]:
+    opened = STRATEGY.open(path, None, notes)
+    assert opened.strategy is not None
+    return {"kind": "strategy", "path": path, "params": strategy_rows(opened.strategy)}
 
 
 def gather(path: str, strategy: str | None = None, read: Any = None,
            notes: list[str] | None = None) -> dict[str, Any]:
-    """What ``path`` holds, as plain data (the ``--json`` output); loading notes go to ``notes``."""
-    from reshard.api import is_hf_model
+    """What ``path`` holds, as plain data (the ``--json`` output); loading notes go to ``notes``.
 
+    What ``path`` is comes from the source registry (``reshard.sources.registry``), which also
+    words every "missing / empty / not something reshard reads" error.
+    """
     notes = notes if notes is not None else []
-    if not os.path.exists(path):
-        raise UsageError("does not exist", path)
+    kind = identify(path)
     sf = load_strategy(strategy) if strategy else None
     if sf is not None:
         notes.extend(sf.notes)
-    if is_hf_model(path):
+    if kind in (HUGGING_FACE, UNIFIED):
         return full_model_info(path, sf)
-    if os.path.isdir(path):
-        return _folder_info(path, sf, read, notes)
-    if _is_strategy(path):
-        return {"kind": "strategy", "path": path, "params": strategy_rows(read_strategy(path))}
-    return _file_info(path, sf, read)
+    if kind is RANK_FOLDERS:
+        return _distributed_info(path, sf, read)
+    if kind is ONE_RANK_FOLDER:
+        return _rank_folder_info(path, sf, read)
+    if kind is STRATEGY:
+        return _strategy_info(path, notes)
+    single = full_model_file(path)  # a checkpoint file (plain or encrypted), or a folder holding one
+    assert single is not None
+    return _file_info(single, sf, read)
 
 
 def _size(n: int) -> str:

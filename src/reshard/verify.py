@@ -35,10 +35,24 @@ import numpy as np
 from reshard import api, dtypes
 from reshard.errors import UsageError
 from reshard.execute.local import SourceCache
-from reshard.formats import crypto, hf_index, layout_dir
+from reshard.formats import layout_dir
 from reshard.formats.base import decode_string
 from reshard.formats.strategy import StrategyFile
 from reshard.plan import Plan, TensorPlan, plan_convert
+from reshard.sources import (
+    FULL_MODELS,
+    HUGGING_FACE,
+    ONE_RANK_FOLDER,
+    RANK_FOLDERS,
+    UNIFIED,
+    Kind,
+    ReadOptions,
+    full_model_file,
+    has_crc_trailer,
+    identify,
+    is_encrypted,
+    open_checkpoint,
+)
 
 EXIT_DIFFER = 1  # the CLI's exit code when the checkpoints differ (2 stays "bad input")
 DEFAULT_MAX_MEMORY = 256 * 1024**2
@@ -134,52 +148,46 @@ def _first_ckpt(path: str) -> str | None:
     return found[0] if found else None
 
 
-def _side_read(path: str, read: api.ReadOptions) -> api.ReadOptions:
+def _side_read(path: str, read: ReadOptions) -> ReadOptions:
     """The key is used only for a side whose checkpoints are encrypted (the other may be plain)."""
     first = _first_ckpt(path)
     if read.dec_key is None or first is None:
         return replace(read, dec_key=None)
-    try:
-        with open(first, "rb") as fh:
-            encrypted = crypto.encrypted_mode(fh.read(4)) is not None
-    except OSError:
-        encrypted = False  # the reader reports it
-    return read if encrypted else replace(read, dec_key=None)
+    return read if is_encrypted(first) else replace(read, dec_key=None)
 
 
-def side_plan(path: str, strategy: str | StrategyFile | None, read: api.ReadOptions, notes: list[str]) -> Plan:
+def _side_kinds(path: str) -> tuple[Kind, ...]:
+    """What a side may be: rank folders, or a full model (one rank's folder only as the file it holds)."""
+    kinds: tuple[Kind, ...] = (RANK_FOLDERS, *FULL_MODELS)
+    return (*kinds, ONE_RANK_FOLDER) if full_model_file(path) is not None else kinds
+
+
+def side_plan(path: str, strategy: str | StrategyFile | None, read: ReadOptions, notes: list[str]) -> Plan:
     """A plan whose tensors are the full tensors of one side (never executed)."""
-    index_file = hf_index.is_index_file(path)  # a Hugging Face index stands for the sharded model it indexes
-    if os.path.isfile(path) and not index_file:
-        if strategy is not None:
-            raise UsageError("a strategy belongs to a folder of rank_<r> folders, not to one file", path)
-        return plan_convert([(api.source_file(path, 0, read), _VIRTUAL_OUT, "ckpt")])
-    if not os.path.isdir(path) and not index_file:
-        raise UsageError("no such file or folder", path)
-    if not index_file and layout_dir.rank_dirs(path):
+    kind = identify(path, _side_kinds(path))
+    if kind is RANK_FOLDERS:
         report = api.transform(path, _VIRTUAL_OUT, strategy, None, output_format="ckpt", read=read, dry_run=True)
         notes.extend(f"{path}: {note}" for note in report.notes)
         return report.plan
     if strategy is not None:
+        if os.path.isfile(path) and kind not in (HUGGING_FACE, UNIFIED):
+            raise UsageError("a strategy belongs to a folder of rank_<r> folders, not to one file", path)
         raise UsageError("a strategy was given but the folder has no rank_<r> folders", path)
-    single = None if index_file else api.full_model_file(path)
-    if single is not None:  # a folder holding one full checkpoint file
-        return plan_convert([(api.source_file(single, 0, read), _VIRTUAL_OUT, "ckpt")])
-    files, _, hyper = api.unified_index(path)
-    parts = [*files.values(), *([hyper] if hyper is not None else [])]
+    opened = kind.open(path, read, notes)
+    parts = [*opened.files.values(), *([opened.hyper] if opened.hyper is not None else [])]
     return plan_convert([(sf, _VIRTUAL_OUT, "ckpt") for sf in parts])
 
 
-def _open_side(path: str, strategy: str | StrategyFile | None, read: api.ReadOptions, notes: list[str]) -> _Side:
+def _open_side(path: str, strategy: str | StrategyFile | None, read: ReadOptions, notes: list[str]) -> _Side:
     read = _side_read(path, read)
     plan = side_plan(path, strategy, read, notes)
-    opened = replace(read, crc_check=False)  # trailers were checked while planning
-    side = _Side(path, plan, SourceCache(lambda p: api.open_checkpoint(p, opened)))
+    opened = replace(read, verify_crc=False)  # trailers were checked while planning
+    side = _Side(path, plan, SourceCache(lambda p: open_checkpoint(p, opened)))
     for f in plan.files:
         for t in f.tensors:
             side.tensors.setdefault(t.name, t)
-    if read.crc_check:
-        checked = sum(1 for s in plan.sources if s.endswith(".ckpt") and api.has_crc_trailer(s))
+    if read.verify_crc:
+        checked = sum(1 for s in plan.sources if s.endswith(".ckpt") and has_crc_trailer(s))
         if checked:
             notes.append(f"{path}: crc trailers of {checked} file(s) checked")
     return side
@@ -291,7 +299,7 @@ def verify(
     *,
     a_strategy: str | StrategyFile | None = None,
     b_strategy: str | StrategyFile | None = None,
-    read: api.ReadOptions | None = None,
+    read: ReadOptions | None = None,
     crc_check: bool = True,
     atol: float = 0.0,
     max_memory: int = DEFAULT_MAX_MEMORY,
@@ -302,7 +310,7 @@ def verify(
     """
     if atol < 0 or not np.isfinite(atol):
         raise UsageError(f"atol must be a finite number >= 0, got {atol}")
-    read = replace(read or api.ReadOptions(), crc_check=crc_check)
+    read = replace(read or ReadOptions(), verify_crc=crc_check)
     notes: list[str] = []
     _need_strategy(a, a_strategy, "a")
     _need_strategy(b, b_strategy, "b")

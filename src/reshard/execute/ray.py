@@ -38,9 +38,9 @@ import mmap
 import os
 import socket
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -49,10 +49,8 @@ from reshard.execute import local
 from reshard.execute.digest import hash_pool
 from reshard.formats import base
 from reshard.plan import FilePlan, Plan
+from reshard.sources import ReadOptions, open_checkpoint
 from reshard.validate import PlanError, validate_plan
-
-if TYPE_CHECKING:
-    from reshard.api import ReadOptions
 
 TEMP_PREFIX = "reshard-ray-"  # node-local folder of one task (no shared disk), removed when it ends
 
@@ -144,8 +142,6 @@ def _needed(plan: Plan, files: Sequence[FilePlan]) -> list[int]:
 
 
 def _open(read: ReadOptions | None) -> local.Opener:
-    from reshard.api import open_checkpoint  # api imports this module's caller lazily; no cycle
-
     return lambda path: open_checkpoint(path, read)
 
 
@@ -310,29 +306,25 @@ def _cancel(ray: Any, refs: list[Any]) -> None:
             ray.get(ref)
 
 
-def run_recorded(
-    plan: Plan,
-    read: ReadOptions | None,
-    run: local.Options | None = None,
-    root: str | None = None,
-    *,
-    resume: bool = False,
-    manifest: bool = True,
-    remove: Sequence[str] = (),
-) -> list[str]:
-    """``manifest.run_recorded`` with the Ray executor: journal, manifest and roll-back on the driver."""
-    from reshard import manifest as _manifest
+def _never_opened(path: str) -> base.TensorIndex:
+    raise AssertionError(f"the Ray driver opens no source ({path})")
 
-    run = run or RayOptions()
+
+NO_OPENER: local.Opener = _never_opened  # the driver's opener under Ray: tasks open their sources on the nodes
+
+
+def runner(read: ReadOptions | None, run: local.Options) -> Callable[[Plan, local.Options], None]:
+    """How the run-recording layer executes a plan on Ray: ``runner(plan, options)`` writes the
+    outputs still to write as Ray tasks (journal, manifest and roll-back stay on the driver, with
+    the caller). ``run`` says where and how (a ``RayOptions``; plain ``local.Options`` runs on a
+    local Ray with a shared disk)."""
     address, shared, tasks = (run.address, run.shared_disk, run.max_tasks) if isinstance(run, RayOptions) else (
         None, True, None)
 
-    def runner(todo: Plan, options: local.Options) -> None:
+    def run_on_ray(todo: Plan, options: local.Options) -> None:
         run_plan_ray(todo, read, options, address=address, shared_disk=shared, max_tasks=tasks)
 
-    unused_opener = None  # tasks open their sources on the nodes; the driver opens none
-    return _manifest.run_recorded(plan, unused_opener, run, root, resume=resume, manifest=manifest,  # type: ignore[arg-type]
-                                  runner=runner, remove=remove)
+    return run_on_ray
 
 
-__all__ = ["RayOptions", "run_plan_ray", "run_recorded"]
+__all__ = ["NO_OPENER", "RayOptions", "run_plan_ray", "runner"]

@@ -1,0 +1,73 @@
+"""Source discovery: what a path is (the registry) and the planning facts of what it holds.
+
+Layer 4 of reshard: below the executors and the operations, above the plans and the formats.
+``registry.identify`` answers "what is this path?" for every operation (transform, unify, split,
+convert, inspect, verify); the kinds live one family per module (``rank_folders``,
+``full_model``, ``strategy``); ``files`` opens one checkpoint; ``options`` holds ``ReadOptions``.
+"""
+
+from __future__ import annotations
+
+from reshard.sources.files import has_crc_trailer, open_checkpoint, source_file, source_files
+from reshard.sources.full_model import (
+    ENCRYPTED_CKPT,
+    FULL_FILE,
+    HUGGING_FACE,
+    HYPER_NAME,
+    UNIFIED,
+    full_model_file,
+    hf_model,
+    is_encrypted,
+    model_folder,
+)
+from reshard.sources.kind import Kind, Opened
+from reshard.sources.options import ReadOptions, source_choice
+from reshard.sources.rank_folders import ONE_RANK_FOLDER, RANK_FOLDERS, chosen_names, rank_sources, rank_subfolders
+from reshard.sources.registry import (
+    CHECKPOINTS,
+    FULL_MODELS,
+    KINDS,
+    identify,
+    is_hf_model,
+    kind_of,
+    open_source,
+    strategy,
+    unified_index,
+)
+from reshard.sources.strategy import STRATEGY, is_strategy_file
+
+__all__ = [
+    "CHECKPOINTS",
+    "ENCRYPTED_CKPT",
+    "FULL_FILE",
+    "FULL_MODELS",
+    "HUGGING_FACE",
+    "HYPER_NAME",
+    "KINDS",
+    "ONE_RANK_FOLDER",
+    "RANK_FOLDERS",
+    "STRATEGY",
+    "UNIFIED",
+    "Kind",
+    "Opened",
+    "ReadOptions",
+    "chosen_names",
+    "full_model_file",
+    "has_crc_trailer",
+    "hf_model",
+    "identify",
+    "is_encrypted",
+    "is_hf_model",
+    "is_strategy_file",
+    "kind_of",
+    "model_folder",
+    "open_checkpoint",
+    "open_source",
+    "rank_sources",
+    "rank_subfolders",
+    "source_choice",
+    "source_file",
+    "source_files",
+    "strategy",
+    "unified_index",
+]

@@ -1,0 +1,77 @@
+"""Opening one checkpoint file: its tensor index, and its header facts for planning.
+
+Every kind of source ends here: a rank folder's chosen file, a full model's shards, a unify part.
+Planning reads headers only; the crc trailer of a plain ``.ckpt`` is verified here (while
+planning), so executors open sources with ``verify_crc=False`` and never read a file twice for it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+from reshard.errors import UsageError
+from reshard.formats import layout_dir
+from reshard.formats.base import TensorIndex
+from reshard.formats.ckpt import read_ckpt
+from reshard.formats.safetensors import read_safetensors
+from reshard.plan import SourceFile, SourceTensor
+from reshard.sources.options import ReadOptions
+
+INDEX_THREADS = 8  # source files indexed at once while planning (the scans wait on the disk)
+
+
+def open_checkpoint(path: str, options: ReadOptions | None = None) -> TensorIndex:
+    """Index a ``.ckpt`` or ``.safetensors`` file (zero-copy views over a memory map)."""
+    options = options or ReadOptions()
+    fmt = layout_dir.detect_format(path)
+    if not os.path.isfile(path):
+        raise UsageError("no such file", path)
+    if fmt == "ckpt":
+        crc = options.verify_crc and has_crc_trailer(path)
+        return read_ckpt(path, crc_check=crc, dec_key=options.dec_key, dec_mode=options.dec_mode)
+    return read_safetensors(path)
+
+
+def has_crc_trailer(path: str) -> bool:
+    """True when a plain (unencrypted) ``.ckpt`` ends with MindSpore's crc trailer (spec 1.6)."""
+    from reshard.formats import ckpt, crypto
+
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+            size = fh.seek(0, os.SEEK_END)
+            if size < ckpt.CRC_TRAILER_BYTES:
+                return False
+            fh.seek(size - ckpt.CRC_TRAILER_BYTES)
+            mark = fh.read(len(ckpt.CRC_MARK))
+    except OSError:
+        return False  # read_ckpt reports the problem
+    return mark == ckpt.CRC_MARK and crypto.encrypted_mode(head) is None
+
+
+def source_file(path: str, rank: int = 0, options: ReadOptions | None = None) -> SourceFile:
+    """Header facts of one checkpoint (dtypes, shapes, metadata) for planning."""
+    with open_checkpoint(path, options) as index:
+        tensors = {name: SourceTensor(e.dtype, e.shape, e.nbytes) for name, e in index.entries.items()}
+        strings = {name: str(index.value(name)) for name, e in index.entries.items() if e.is_string}
+        return SourceFile(path, rank, tensors, dict(index.metadata), strings)
+
+
+def source_files(paths: Mapping[int, str], options: ReadOptions | None) -> dict[int, SourceFile]:
+    """Planning facts of every rank's file, indexed on several threads.
+
+    A ``.ckpt`` index waits on the disk, not the CPU (one small ``pread`` per record, GIL
+    released), so overlapping the files hides most of the latency on a cold cache. Errors are
+    raised in rank order, as a sequential scan would.
+    """
+    items = list(paths.items())
+    if len(items) <= 1:
+        return {r: source_file(path, r, options) for r, path in items}
+    with ThreadPoolExecutor(min(INDEX_THREADS, len(items)), thread_name_prefix="reshard-index") as pool:
+        facts = list(pool.map(lambda item: source_file(item[1], item[0], options), items))
+    return {r: f for (r, _), f in zip(items, facts, strict=True)}
+
+
+__all__ = ["INDEX_THREADS", "has_crc_trailer", "open_checkpoint", "source_file", "source_files"]

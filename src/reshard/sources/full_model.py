@@ -1,0 +1,194 @@
+"""Full (unsharded) checkpoints as source kinds: one file, an encrypted ``.ckpt``, unify's output, a
+Hugging Face model.
+
+All of them are read as one model: its files by name, which file holds each tensor (the weight
+map) and unify's ``hyper_param.safetensors`` when there is one. A single checkpoint is also rank
+0 of a one-rank job, so the operations that read rank folders take it as well.
+"""
+
+from __future__ import annotations
+
+import os
+
+from reshard.errors import FormatError, UsageError
+from reshard.formats import crypto, hf_index, layout_dir
+from reshard.plan import SourceFile
+from reshard.sources.files import source_file
+from reshard.sources.kind import Opened
+from reshard.sources.options import ReadOptions
+from reshard.sources.rank_folders import checkpoints_in, rank_subfolders
+from reshard.sources.strategy import NAME_MAP, is_strategy_file
+
+HYPER_NAME = "hyper_param.safetensors"  # unify's file of the parameters outside the strategy
+FullModel = tuple[dict[str, SourceFile], dict[str, str], SourceFile | None]  # files, weight map, hyper
+
+
+def full_model_file(path: str) -> str | None:
+    """The one checkpoint file ``path`` stands for: the file itself, or the only ``.ckpt`` /
+    ``.safetensors`` file of a folder without ``rank_<r>`` folders (``full/model.ckpt``'s folder);
+    None otherwise."""
+    if os.path.isfile(path):
+        return path if path.endswith((".ckpt", ".safetensors")) else None
+    if not os.path.isdir(path) or rank_subfolders(path):
+        return None
+    found = [f for f in checkpoints_in(path) if not is_strategy_file(f)]
+    return found[0] if len(found) == 1 else None
+
+
+def is_encrypted(path: str) -> bool:
+    """A ``.ckpt`` whose first bytes are an encrypted header (MindSpore's AES-GCM or SM4-CBC)."""
+    if not path.endswith(".ckpt"):
+        return False
+    try:
+        with open(path, "rb") as fh:
+            return crypto.encrypted_mode(fh.read(4)) is not None
+    except OSError:
+        return False  # the reader reports it
+
+
+def model_folder(path: str) -> str:
+    """The folder a full-model input stands for (an index file stands for its folder)."""
+    index = hf_index.is_index_file(path) or os.path.basename(path) == NAME_MAP
+    return os.path.dirname(os.path.abspath(path)) if index else path
+
+
+def _single(path: str, options: ReadOptions | None, name: str) -> Opened:
+    """A full checkpoint: rank 0 of a one-rank job, and a full model of one file."""
+    single = full_model_file(path)
+    if single is None:  # detect said otherwise: the registry asked the wrong kind
+        raise UsageError(f"not {name}", path)
+    facts = source_file(single, 0, options)
+    file = os.path.basename(single)
+    return Opened(name, path, layout_dir.detect_format(single), ranks={0: facts}, files={file: facts},
+                  weight_map=dict.fromkeys(facts.tensors, file), keyed=True)
+
+
+class FullFile:
+    """One ``.ckpt`` / ``.safetensors`` file, or a folder holding just one (and no rank folders)."""
+
+    name = "a checkpoint file"
+    looks_for = "a .ckpt or .safetensors file, or a folder holding one"
+
+    def detect(self, path: str) -> bool:
+        return full_model_file(path) is not None
+
+    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> Opened:
+        return _single(path, options, self.name)
+
+
+class EncryptedCkpt:
+    """An encrypted ``.ckpt`` (or a folder holding one): read with ``ReadOptions.dec_key``."""
+
+    name = "an encrypted .ckpt file"
+    looks_for = "an encrypted .ckpt file"
+
+    def detect(self, path: str) -> bool:
+        single = full_model_file(path)
+        return single is not None and is_encrypted(single)
+
+    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> Opened:
+        return _single(path, options, self.name)
+
+
+class Unified:
+    """unify's output: ``part<j>.safetensors`` + ``param_name_map.json`` (the folder or that file),
+    or one ``.safetensors`` file beside ``hyper_param.safetensors``."""
+
+    name = "a unified model"
+    looks_for = "a unify output (part*.safetensors + param_name_map.json)"
+
+    def detect(self, path: str) -> bool:
+        if os.path.isfile(path):
+            return os.path.basename(path) == NAME_MAP
+        if not os.path.isdir(path) or rank_subfolders(path):
+            return False
+        names = _safetensors(path)
+        models = [n for n in names if n != HYPER_NAME]
+        return bool(names) and (os.path.isfile(os.path.join(path, NAME_MAP)) or (len(models) == 1 < len(names)))
+
+    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> Opened:
+        folder = model_folder(path)
+        names = _safetensors(folder)
+        models = [n for n in names if n != HYPER_NAME] or names
+        index_path = os.path.join(folder, NAME_MAP)
+        if len(names) == 1 or (len(models) == 1 and not os.path.isfile(index_path)):
+            return _with_hyper(folder, models[0], options, self.name)
+        files = {n: source_file(os.path.join(folder, n), 0, options) for n in names}
+        hyper = files.pop(HYPER_NAME, None)
+        return Opened(self.name, path, "safetensors", files=files,
+                      weight_map=hf_index.read_weight_map(index_path, strict=False), hyper=hyper)
+
+
+class HuggingFace:
+    """A Hugging Face model: ``model.safetensors.index.json`` (or its folder) and its shards, or a
+    folder (without rank folders) holding ``model.safetensors``, the single-shard form."""
+
+    name = "a Hugging Face model"
+    looks_for = "a Hugging Face model (model.safetensors.index.json, or model.safetensors)"
+
+    def detect(self, path: str) -> bool:
+        if hf_index.find_index(path) is not None:
+            return True
+        return (os.path.isdir(path) and os.path.isfile(os.path.join(path, hf_index.SINGLE_NAME))
+                and not rank_subfolders(path))
+
+    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> Opened:
+        index = hf_index.find_index(path)
+        if index is None:
+            return _with_hyper(path, hf_index.SINGLE_NAME, options, self.name)
+        files, mapping, hyper = hf_model(index, options)
+        return Opened(self.name, path, "safetensors", files=files, weight_map=mapping, hyper=hyper)
+
+
+def _safetensors(folder: str) -> list[str]:
+    return sorted(n for n in os.listdir(folder) if n.endswith(".safetensors"))
+
+
+def _with_hyper(folder: str, only: str, options: ReadOptions | None, kind: str) -> Opened:
+    """One model file, and ``hyper_param.safetensors`` beside it when there is one."""
+    facts = source_file(os.path.join(folder, only), 0, options)
+    hyper_path = os.path.join(folder, HYPER_NAME)
+    hyper = source_file(hyper_path, 0, options) if only != HYPER_NAME and os.path.isfile(hyper_path) else None
+    return Opened(kind, folder, "safetensors", files={only: facts}, weight_map=dict.fromkeys(facts.tensors, only),
+                  hyper=hyper, keyed=True)
+
+
+def hf_model(index_path: str, options: ReadOptions | None = None) -> FullModel:
+    """A Hugging Face index's shards (by file name), its weight map, and a ``hyper_param.safetensors``
+    beside it that the index does not name (``unify --hf`` writes one).
+
+    Refused, each with one line naming the file: a shard the index names but the folder lacks, a
+    name the weight map assigns to a shard that does not hold it, a tensor held by two shards.
+    """
+    mapping = hf_index.read_weight_map(index_path)
+    folder = os.path.dirname(os.path.abspath(index_path))
+    index_name = os.path.basename(index_path)
+    files: dict[str, SourceFile] = {}
+    for shard in sorted(set(mapping.values())):  # model-00001-of-... first
+        path = os.path.join(folder, shard)
+        if not shard.endswith(".safetensors"):
+            raise FormatError(f"the weight_map names {shard!r}, which is not a .safetensors shard", index_path)
+        if not os.path.isfile(path):
+            raise UsageError(f"shard named by {index_name} is missing", path)
+        files[shard] = source_file(path, 0, options)
+    holder: dict[str, str] = {}
+    for shard, sf in files.items():
+        for name in sf.tensors:
+            if name in holder:
+                raise FormatError(f"tensor {name!r} is in two shards: {holder[name]} and {shard}", index_path)
+            holder[name] = shard
+    for name, shard in mapping.items():
+        if name not in files[shard].tensors:
+            raise FormatError(f"{index_name} lists {name!r} in this shard, but it is not there", files[shard].path)
+    hyper_path = os.path.join(folder, HYPER_NAME)
+    hyper = source_file(hyper_path, 0, options) if HYPER_NAME not in files and os.path.isfile(hyper_path) else None
+    return files, mapping, hyper
+
+
+FULL_FILE = FullFile()
+ENCRYPTED_CKPT = EncryptedCkpt()
+UNIFIED = Unified()
+HUGGING_FACE = HuggingFace()
+
+__all__ = ["ENCRYPTED_CKPT", "FULL_FILE", "HUGGING_FACE", "HYPER_NAME", "UNIFIED", "FullModel", "full_model_file",
+           "hf_model", "is_encrypted", "model_folder"]

@@ -1,0 +1,55 @@
+"""How sources are read: one frozen options object shared by every reader of checkpoints.
+
+Reading concerns only (which file of a rank folder, decryption, verifying crc trailers); how
+outputs are written and how a run is executed are other objects (``reshard.execute.local``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reshard.errors import UsageError
+from reshard.formats import layout_dir
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How to find and open source checkpoints (which file of a rank folder, decryption, crc verifying).
+
+    ``verify_crc=True`` (the default) verifies the crc trailer of every plain ``.ckpt`` source that
+    has one, on every read path, while planning (one extra read of the file, which also warms the
+    page cache for the copy); files without a trailer are accepted, as MindSpore does.
+    ``verify_crc=False`` skips it (``--no-check-crc``). When a rank folder holds several
+    checkpoints, ``file_suffix`` takes the one whose name ends in it (MindSpore's ``file_suffix``
+    rule), ``pick`` chooses by ``"last-name"`` or ``"newest"`` (mtime; default: MindSpore's rule for
+    the format), and ``src_format`` reads ``"ckpt"`` or ``"safetensors"`` files when the folders
+    hold both.
+    """
+
+    dec_key: bytes | None = field(default=None, repr=False)  # never printed
+    dec_mode: str = "AES-GCM"
+    verify_crc: bool = True
+    file_suffix: str | None = None
+    pick: str | None = None
+    src_format: str | None = None
+
+
+def source_choice(
+    fmt: str | None, rule: str | None, file_suffix: str | None, options: ReadOptions | None
+) -> tuple[str | None, str | None, str | None]:
+    """The format, pick rule and file suffix asked for, by argument or else by ``options``."""
+    if options is None:
+        return fmt, rule, file_suffix
+    if options.src_format is not None:
+        if options.src_format not in layout_dir.FORMATS:
+            raise UsageError(f"unknown source format {options.src_format!r} (choose ckpt or safetensors)")
+        if fmt is not None and fmt != options.src_format:
+            raise UsageError(f"this operation reads .{fmt} files; the source format {options.src_format} "
+                             "does not apply")
+    if options.pick is not None and options.pick not in layout_dir.PICKS:
+        raise UsageError(f"unknown pick rule {options.pick!r} (choose {' or '.join(layout_dir.PICKS)})")
+    return (fmt or options.src_format, rule or layout_dir.PICKS.get(options.pick or ""),
+            file_suffix or options.file_suffix)
+
+
+__all__ = ["ReadOptions", "source_choice"]

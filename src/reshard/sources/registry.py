@@ -1,0 +1,152 @@
+"""The source registry: every kind of path reshard reads, and the one answer to "what is this path?".
+
+Each kind (``reshard.sources.kind.Kind``) has a ``name``, what it ``looks_for``, a cheap
+``detect(path)`` and an ``open(path, options, notes)`` returning an ``Opened`` record of planning
+facts. ``identify(path, accept)`` asks the kinds in the order of ``KINDS`` and returns the first
+that recognises the path; every error about what a path is comes from this module: a path that
+does not exist, an empty folder, a folder several checkpoints could be meant in, a known kind the
+operation does not read (naming what it is and what was wanted), and an unknown path (naming what
+was looked for). Errors about a recognised source's content (a truncated file, an empty rank
+folder inside a tree) come from its kind's ``open`` and the format readers.
+
+Adding a kind (Checkpoint 2.0 is next): write one module under ``reshard/sources/`` with a class
+that has ``name``, ``looks_for``, ``detect`` and ``open`` (returning ``Opened``) and one instance
+of it, then add that instance to ``KINDS`` below, before any kind that would also claim its paths.
+Operations that should read it add it to the kinds they accept.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+from reshard.errors import UsageError
+from reshard.formats.strategy import StrategyFile
+from reshard.sources.full_model import ENCRYPTED_CKPT, FULL_FILE, HUGGING_FACE, UNIFIED, FullModel
+from reshard.sources.kind import Kind, Opened
+from reshard.sources.options import ReadOptions
+from reshard.sources.rank_folders import ONE_RANK_FOLDER, RANK_FOLDERS, checkpoints_in
+from reshard.sources.strategy import STRATEGY
+
+# Detection order: the first kind whose detect() is true names the path. An index or a unify
+# output wins over the files beside it; a strategy .ckpt and an encrypted .ckpt before a plain file.
+KINDS: tuple[Kind, ...] = (
+    HUGGING_FACE,
+    UNIFIED,
+    RANK_FOLDERS,
+    ONE_RANK_FOLDER,
+    STRATEGY,
+    ENCRYPTED_CKPT,
+    FULL_FILE,
+)
+
+CHECKPOINTS: tuple[Kind, ...] = (RANK_FOLDERS, ENCRYPTED_CKPT, FULL_FILE)  # what the rank-reading operations take
+FULL_MODELS: tuple[Kind, ...] = (UNIFIED, HUGGING_FACE, ENCRYPTED_CKPT, FULL_FILE)  # what split and verify take
+
+_UNIFY_FIRST = ("unify them first (reshard unify SRC UNIFIED --strategy S), or reshard them directly "
+                "(reshard transform)")
+
+
+def identify(path: str, accept: Sequence[Kind] = KINDS) -> Kind:
+    """The kind of ``path``, which must be one of ``accept``; a ``UsageError`` naming the path otherwise."""
+    if not os.path.exists(path):
+        raise UsageError("no such file or folder", path)
+    if os.path.isdir(path) and not _visible(path):
+        raise UsageError(f"the folder is empty (looked for {_looked_for(accept)})", path)
+    for kind in KINDS:
+        if kind.detect(path):
+            if kind in accept:
+                return kind
+            raise UsageError(_refusal(kind, accept, path), path)
+    raise UsageError(_unknown(path, accept), path)
+
+
+def open_source(path: str, accept: Sequence[Kind] = KINDS, options: ReadOptions | None = None,
+                notes: list[str] | None = None) -> Opened:
+    """``identify`` then ``open``: the planning facts of ``path``."""
+    return identify(path, accept).open(path, options, notes if notes is not None else [])
+
+
+def kind_of(path: str) -> Kind | None:
+    """The kind of an existing ``path`` without raising (None when no kind recognises it)."""
+    if not os.path.exists(path):
+        return None
+    return next((kind for kind in KINDS if kind.detect(path)), None)
+
+
+def unified_index(path: str, name_map: Mapping[str, str] | None = None,
+                  options: ReadOptions | None = None) -> FullModel:
+    """The files of a full model, the name -> file map, and ``hyper_param.safetensors``.
+
+    ``path`` is a unified folder (``part<j>.safetensors`` + ``param_name_map.json``), a Hugging
+    Face folder or index file (checked against its shards), or one full checkpoint (a file, or a
+    folder holding one): its keys, translated back through the inverted ``name_map``, are the names.
+    """
+    opened = open_source(path, FULL_MODELS, options)
+    mapping = opened.weight_map
+    if opened.keyed:
+        inverse = {v: k for k, v in (name_map or {}).items()}
+        mapping = {inverse.get(k, k): file for k, file in mapping.items()}
+    return opened.files, mapping, opened.hyper
+
+
+def is_hf_model(path: str) -> bool:
+    """A Hugging Face model: an index file, a folder holding one, or a folder (without rank
+    folders) holding ``model.safetensors``, the single-shard form."""
+    return kind_of(path) is HUGGING_FACE
+
+
+def strategy(value: str | StrategyFile | None, notes: list[str] | None = None) -> StrategyFile | None:
+    """The strategy a path names (a file or a folder of per-stage files); its loading notes (a
+    merged file passed over) go to ``notes``. The caller said it is a strategy, so it is not
+    detected: a broken strategy file is reported as one."""
+    if value is None or isinstance(value, StrategyFile):
+        return value
+    opened = STRATEGY.open(value, None, notes if notes is not None else [])
+    assert opened.strategy is not None
+    return opened.strategy
+
+
+def _visible(folder: str) -> list[str]:
+    try:
+        return [n for n in os.listdir(folder) if not n.startswith(".")]
+    except OSError as exc:
+        raise UsageError(f"cannot list the folder: {exc.strerror}", folder) from None
+
+
+def _wanted(accept: Sequence[Kind]) -> str:
+    # an encrypted .ckpt is a checkpoint file too: named apart only when plain files are not wanted
+    names = [kind.name for kind in accept if not (kind is ENCRYPTED_CKPT and FULL_FILE in accept)]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _looked_for(accept: Sequence[Kind]) -> str:
+    return "; ".join(kind.looks_for for kind in accept)
+
+
+def _refusal(found: Kind, accept: Sequence[Kind], path: str) -> str:
+    """A known kind an operation does not read: what it is, what was wanted, and the way forward."""
+    if found is ONE_RANK_FOLDER:
+        parent = os.path.dirname(os.path.normpath(path)) or "."
+        return f"this is one rank's folder; give the folder holding the rank_<r> folders ({parent})"
+    if found is RANK_FOLDERS:
+        text = f"this folder holds rank_<r> folders, not {_wanted(accept)}"
+        return f"{text}: {_UNIFY_FIRST}" if UNIFIED in accept else text
+    return f"this is {found.name}, not {_wanted(accept)}"
+
+
+def _unknown(path: str, accept: Sequence[Kind]) -> str:
+    """No kind recognises ``path``: several checkpoints with nothing saying how they belong
+    together, or nothing reshard reads; either way what was looked for is named."""
+    looked_for = _looked_for(accept)
+    if not os.path.isdir(path):
+        return f"not a file reshard reads (looked for {looked_for})"
+    found = checkpoints_in(path)
+    if len(found) > 1:
+        return (f"the folder holds {len(found)} checkpoint files and no rank_<r> folders, param_name_map.json or "
+                "Hugging Face index; give one of them")
+    return f"the folder holds no checkpoint or strategy files (looked for {looked_for})"
+
+
+__all__ = ["CHECKPOINTS", "FULL_MODELS", "KINDS", "identify", "is_hf_model", "kind_of", "open_source", "strategy",
+           "unified_index"]
