@@ -39,7 +39,8 @@ import time
 from typing import Any
 
 from reshard import dtypes, layout
-from reshard.formats.strategy import ParamLayout, StrategyFile, layout_map, make_strategy
+from reshard.formats.strategy import StrategyFile, make_strategy
+from reshard.layout import ParamLayout, layout_map
 from reshard.plan import SourceFile, SourceTensor, plan_transform
 from reshard.synthetic import COLUMN, REPLICATED_1D, ROW
 from reshard.validate import validate_plan

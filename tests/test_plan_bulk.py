@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from reshard import dtypes, layout
 from reshard.errors import ReshardError
 from reshard.formats import layout_dir
-from reshard.formats.strategy import ParamLayout, StrategyFile, device_num, make_strategy, stage_count
+from reshard.formats.strategy import StrategyFile, make_strategy
+from reshard.layout import ParamLayout, device_num, stage_count
 from reshard.plan import (
     MATERIALISED_FILES,
     FilePlan,

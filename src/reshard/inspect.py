@@ -23,15 +23,8 @@ from typing import Any
 from reshard import layout
 from reshard.errors import ReshardError, UsageError
 from reshard.formats import crypto, layout_dir
-from reshard.formats.strategy import (
-    STAGE_SEPARATOR,
-    ParamLayout,
-    StrategyFile,
-    device_num,
-    layout_map,
-    load_strategy,
-    read_strategy,
-)
+from reshard.formats.strategy import StrategyFile, load_strategy, read_strategy
+from reshard.layout import STAGE_SEPARATOR, ParamLayout, device_num, layout_map
 
 STRATEGY_FIRST_BYTE = 0x08  # ParallelStrategyMap starts with current_stage (field 1, varint)
 _RANK_FOLDER = re.compile(r"rank_(\d+)")

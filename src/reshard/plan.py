@@ -48,7 +48,7 @@ from reshard import dtypes, layout
 from reshard.dtypes import DType
 from reshard.errors import LayoutError, ReshardError, UnsupportedError, UsageError
 from reshard.formats import hf_index, layout_dir
-from reshard.formats.strategy import ParamLayout, StagedLayout, StrategyFile, device_num, layout_map, stage_count
+from reshard.layout import LayoutTable, ParamLayout, StagedLayout, device_num, layout_map, stage_count
 
 Box = tuple[tuple[int, int], ...]
 PART_BYTES = 3 * 1024**3  # unified_safetensors' part size (spec 4.1 step 6)
@@ -323,7 +323,7 @@ def _stage_cut(src_map: dict[str, StagedLayout] | None, dst_map: dict[str, Stage
 class TransformPlanner:
     """Plans MindSpore's ``transform_checkpoints`` (all-stage mode) for any set of destination ranks."""
 
-    def __init__(self, sources: Mapping[int, SourceFile], src: StrategyFile | None, dst: StrategyFile | None):
+    def __init__(self, sources: Mapping[int, SourceFile], src: LayoutTable | None, dst: LayoutTable | None):
         self.files = dict(sources)
         self.src = src
         self.dst = dst
@@ -529,7 +529,7 @@ class TransformPlanner:
 
 
 @contextlib.contextmanager
-def _blame(name: str, strategy: StrategyFile | None, what: str) -> Iterator[None]:
+def _blame(name: str, strategy: LayoutTable | None, what: str) -> Iterator[None]:
     """Re-raise a layout error naming the parameter, the strategy file and what it was applied to."""
     try:
         yield
@@ -963,8 +963,8 @@ class _BulkPlanner:
 
 def plan_transform(
     sources: Mapping[int, SourceFile],
-    src: StrategyFile | None,
-    dst: StrategyFile | None,
+    src: LayoutTable | None,
+    dst: LayoutTable | None,
     dst_dir: str,
     prefix: str,
     output_format: str,
@@ -1013,8 +1013,8 @@ def plan_transform_by_rank(
     rank: int,
     files_map: Mapping[int, SourceFile],
     out_path: str,
-    src: StrategyFile | None,
-    dst: StrategyFile | None,
+    src: LayoutTable | None,
+    dst: LayoutTable | None,
 ) -> Plan:
     """Plan ``transform_checkpoint_by_rank``: one destination file from the given source files.
 
@@ -1058,7 +1058,7 @@ def _choice(choice_func: ChoiceFunc | None, name: str) -> object:
 
 def plan_unify(
     sources: Mapping[int, SourceFile],
-    src: StrategyFile,
+    src: LayoutTable,
     dst_dir: str,
     choice_func: ChoiceFunc | None = None,
     split_dst_file: tuple[int, int] | tuple[()] = (),
@@ -1148,7 +1148,7 @@ def plan_split(
     unified: Mapping[str, SourceFile],
     name_to_file: Mapping[str, str],
     hyper: SourceFile | None,
-    dst: StrategyFile,
+    dst: LayoutTable,
     dst_dir: str,
     output_format: str,
     ranks: Sequence[int] | None = None,
@@ -1189,7 +1189,7 @@ def _split_params(
 
 def _plan_split_reference(
     unified: Mapping[str, SourceFile], name_to_file: Mapping[str, str], hyper: SourceFile | None,
-    dst: StrategyFile, dst_dir: str, output_format: str, wanted: Sequence[int], name_map: Mapping[str, str],
+    dst: LayoutTable, dst_dir: str, output_format: str, wanted: Sequence[int], name_map: Mapping[str, str],
     file_name: str,
 ) -> Plan:
     """``plan_split``, one parameter and rank at a time (the definition; raises the user's errors)."""
@@ -1215,7 +1215,7 @@ def _plan_split_reference(
 
 def _plan_split_bulk(
     unified: Mapping[str, SourceFile], name_to_file: Mapping[str, str], hyper: SourceFile | None,
-    dst: StrategyFile, dst_dir: str, output_format: str, wanted: Sequence[int], name_map: Mapping[str, str],
+    dst: LayoutTable, dst_dir: str, output_format: str, wanted: Sequence[int], name_map: Mapping[str, str],
     file_name: str,
 ) -> Plan | None:
     """``plan_split`` from shared tables, or None where the reference loop must decide.
@@ -1358,7 +1358,7 @@ def hf_sharded(plan: Plan, dst_dir: str, max_shard_size: int = hf_index.DEFAULT_
 
 def plan_unify_hf(
     sources: Mapping[int, SourceFile],
-    src: StrategyFile,
+    src: LayoutTable,
     dst_dir: str,
     choice_func: ChoiceFunc | None = None,
     max_shard_size: int = hf_index.DEFAULT_MAX_SHARD_SIZE,
@@ -1388,7 +1388,7 @@ def plan_unify_hf(
 def plan_transform_full(
     unified: Mapping[str, SourceFile],
     name_to_file: Mapping[str, str],
-    dst: StrategyFile | None,
+    dst: LayoutTable | None,
     dst_dir: str,
     prefix: str,
     output_format: str,

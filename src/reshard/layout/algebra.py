@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from reshard.errors import LayoutError, UnsupportedError
-from reshard.formats.strategy import ParamLayout, StagedLayout, TensorMapEntry
+from reshard.layout.types import ParamLayout, StagedLayout, TensorMapEntry
 
 Box = tuple[tuple[int, int], ...]
 Piece = tuple[int, Box]
@@ -458,12 +458,6 @@ def flat_rank_box(flat: FlatLayout, rank: int, orig_shape: Sequence[int]) -> Box
 
 def box_volume(box: Box) -> int:
     return math.prod(hi - lo for lo, hi in box)
-
-
-def intersect(a: Box, b: Box) -> Box | None:
-    """Intersection of two boxes, ``None`` when empty."""
-    out = tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b, strict=True))
-    return None if any(lo >= hi for lo, hi in out) else out
 
 
 # --------------------------------------------------------------------------------------------
@@ -919,3 +913,26 @@ def rank_list_for_transform(
         except LayoutError as exc:
             raise LayoutError(f"parameter {name!r}: {exc.detail}") from None
     return sorted({s * n_src + x for s in view.stages for x in need}, reverse=True)
+
+
+__all__ = [
+    "Box",
+    "FlatLayout",
+    "Piece",
+    "box_volume",
+    "flat_layout",
+    "flat_rank_box",
+    "full_shape",
+    "needed_ranks",
+    "normalize_device_num",
+    "opt_shard_size",
+    "rank_box",
+    "rank_boxes",
+    "rank_list_for_transform",
+    "redundancy_groups",
+    "slice_shape",
+    "tensor_strategy",
+    "transfer_pieces",
+    "transfer_table",
+    "unsharded_flat",
+]
