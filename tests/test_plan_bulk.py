@@ -30,12 +30,11 @@ from reshard.plan import (
     SourceFile,
     SourceTensor,
     TransformPlanner,
-    _meta,
-    _plan_split_reference,
-    _Sources,
     plan_split,
     plan_transform,
 )
+from reshard.plan.model import SourcePaths, output_metadata
+from reshard.plan.unify import _plan_split_reference
 
 DEVS = {2: [(2,), (1, 2)], 4: [(4,), (2, 2)], 6: [(2, 3), (3, 2)], 8: [(2, 2, 2), (4, 2), (2, 4)]}
 PARAMS = {"emb": (24, 12), "w": (12, 24), "v": (24,), "s": ()}  # "emb" is shared by first and last stage
@@ -111,11 +110,11 @@ def _reference(sources: dict[int, SourceFile], src: StrategyFile | None, dst: St
     """``plan_transform`` as it was: ``plan_rank`` per rank, sources interned tensor by tensor."""
     planner = TransformPlanner(sources, src, dst)
     planner.check_rank_count()
-    interned = _Sources()
+    interned = SourcePaths()
     files = []
     for rank in range(planner.dst_total):
         path = layout_dir.rank_output("/out", rank, "checkpoint_", "ckpt")
-        files.append(FilePlan(path, "ckpt", planner.plan_rank(rank, interned), _meta("ckpt"), rank))
+        files.append(FilePlan(path, "ckpt", planner.plan_rank(rank, interned), output_metadata("ckpt"), rank))
     return Plan("transform", tuple(interned.paths), tuple(files))
 
 
@@ -208,7 +207,7 @@ def test_built_files_are_cached_but_bounded() -> None:
     assert first.materialise() is first.materialise()  # iterating a file twice builds it once
     for f in plan.files[1:]:
         tuple(f.tensors)
-    assert len(RankTensors._built) <= MATERIALISED_FILES
+    assert len(first.built) <= MATERIALISED_FILES and all(f.tensors.built is first.built for f in plan.files)
     assert first.materialise() == tuple(first)  # evicted, rebuilt equal
 
 

@@ -49,7 +49,7 @@ from reshard.execute import local
 from reshard.execute.digest import hash_pool
 from reshard.formats import base
 from reshard.plan import FilePlan, Plan
-from reshard.validate import PlanError, validate_plan
+from reshard.plan.validate import PlanError, validate_plan
 
 if TYPE_CHECKING:
     from reshard.api import ReadOptions
