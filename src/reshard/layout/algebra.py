@@ -44,6 +44,7 @@ import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from reshard.errors import LayoutError, UnsupportedError
 from reshard.layout.types import ParamLayout, StagedLayout, TensorMapEntry
@@ -785,7 +786,7 @@ def redundancy_groups(p: ParamLayout, initial_rank: int = 0) -> tuple[tuple[int,
     dev, n = p.dev_matrix, len(p.dev_matrix)
     if any(d < 1 for d in dev):
         raise LayoutError(f"{_fmt(p)}: device matrix dims must be positive integers")
-    first = _values(p.tensor_map[0]) if p.is_list_map else tuple(p.tensor_map)
+    first = _values(p.tensor_map[0]) if p.is_list_map else cast("tuple[int, ...]", tuple(p.tensor_map))
     values = sorted({v for v in first if v != NOT_SPLIT})
     if any(not 0 <= v < n for v in values):
         raise LayoutError(f"{_fmt(p)}: tensor-map value outside the device matrix")

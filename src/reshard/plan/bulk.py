@@ -177,7 +177,7 @@ class Template:
             held = cls.src_boxes[key]
             lengths = tuple(b - a for a, b in held)
             for t in self.members[index]:
-                src = t.held_by.get(key) or redundant_copy(t.tensor, cls.src_p, cls.full, held, t.held_by)
+                src = t.held_by.get(key) or redundant_copy(cls.src_p, cls.full, held, t.held_by)
                 if src is None or src.tensors[t.tensor].shape != lengths:
                     raise LayoutError(f"no source file holds the slice of source rank {key} of {t.name!r}")
                 if key not in t.held_by:

@@ -277,7 +277,7 @@ class TransformPlanner:
         triples = []
         for key, piece in layout.transfer_pieces(src_p, dst_p, full, local, any_device_num=True):
             held = layout.rank_box(src_p, full, key) if src_p is not None else tuple((0, d) for d in full)
-            src = by_key.get(key) or redundant_copy(name, src_p, full, held, by_key)
+            src = by_key.get(key) or redundant_copy(src_p, full, held, by_key)
             if src is None:
                 raise UsageError(f"the checkpoint of source rank {key} is missing (needed for {name!r})")
             if src.tensors[name].shape != tuple(b - a for a, b in held):
@@ -300,7 +300,7 @@ def blame(name: str, strategy: LayoutTable | None, what: str) -> Iterator[None]:
         raise LayoutError(f"parameter {name!r} ({what}): {exc.detail}", where) from None
 
 
-def redundant_copy(name: str, src_p: ParamLayout | None, full: tuple[int, ...], held: Box,
+def redundant_copy(src_p: ParamLayout | None, full: tuple[int, ...], held: Box,
                    by_key: Mapping[int, SourceFile]) -> SourceFile | None:
     """Another rank's identical copy of a slice, for checkpoints saved with ``remove_redundancy=True``
     (each slice is stored by only one rank of its redundancy group)."""
