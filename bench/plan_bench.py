@@ -39,10 +39,11 @@ import time
 from typing import Any
 
 from reshard import dtypes, layout
-from reshard.formats.strategy import ParamLayout, StrategyFile, layout_map, make_strategy
+from reshard.formats.strategy import StrategyFile, make_strategy
+from reshard.layout import ParamLayout, layout_map
 from reshard.plan import SourceFile, SourceTensor, plan_transform
+from reshard.plan.validate import validate_plan
 from reshard.synthetic import COLUMN, REPLICATED_1D, ROW
-from reshard.validate import validate_plan
 
 HIDDEN, FFN, VOCAB = 4096, 11264, 32768  # LLaMA-7B-like; divisible by every split below
 SRC_DEV = (2, 4)  # dp, mp of the 8-rank source

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from reshard.formats.strategy import ParamLayout, make_strategy, write_strategy
+from reshard.formats.strategy import make_strategy, write_strategy
+from reshard.layout import ParamLayout
 
 JOBS_SCRIPT = """
 import mindspore.parallel as mp_

@@ -24,7 +24,8 @@ import pytest
 from reshard import api
 from reshard.formats import ckpt
 from reshard.formats.ckpt import save_ckpt
-from reshard.formats.strategy import ParamLayout, load_strategy, make_strategy, write_strategy
+from reshard.formats.strategy import load_strategy, make_strategy, write_strategy
+from reshard.layout import ParamLayout
 from reshard.synthetic import ModelShape
 from tests.trust_helpers import make_job, run_cli, snapshot, temp_files
 

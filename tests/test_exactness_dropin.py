@@ -19,8 +19,8 @@ from reshard import mindspore as ms
 from reshard.errors import UsageError
 from reshard.execute import local
 from reshard.formats.ckpt import save_ckpt
-from reshard.formats.strategy import ParamLayout as L
 from reshard.formats.strategy import make_strategy, write_strategy
+from reshard.layout import ParamLayout as L
 
 W = np.arange(64, dtype=np.float32).reshape(8, 8)
 

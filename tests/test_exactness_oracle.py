@@ -21,8 +21,8 @@ import pytest
 from reshard import api
 from reshard import mindspore as rms
 from reshard.formats.ckpt import save_ckpt
-from reshard.formats.strategy import ParamLayout as L
 from reshard.formats.strategy import make_strategy, merge_pipeline_strategies, write_strategy
+from reshard.layout import ParamLayout as L
 from reshard.synthetic import ModelShape, full_model, stage_strategies, write_stage_strategies
 from tests.msjobs import assert_same_tree, run_ms_jobs, tree_files
 

@@ -31,16 +31,8 @@ from reshard.errors import ReshardError
 from reshard.formats import crypto
 from reshard.formats.ckpt import read_ckpt, save_ckpt
 from reshard.formats.safetensors import read_safetensors, save_safetensors
-from reshard.formats.strategy import (
-    PROTOBUF,
-    ParamLayout,
-    device_num,
-    encode_strategy,
-    layout_map,
-    make_strategy,
-    read_strategy,
-    stage_count,
-)
+from reshard.formats.strategy import PROTOBUF, encode_strategy, make_strategy, read_strategy
+from reshard.layout import ParamLayout, device_num, layout_map, stage_count
 
 EXAMPLE_SECONDS = 3.0  # a reader of a few KiB that takes longer is hanging
 MEMORY_FACTOR = 16

@@ -24,14 +24,8 @@ from reshard import api
 from reshard.errors import FormatError, UsageError
 from reshard.formats import hf_index
 from reshard.formats.strategy import load_strategy
-from reshard.plan import (
-    Copy,
-    TensorPlan,
-    TransformPlanner,
-    _plan_transform_full_bulk,
-    _plan_transform_full_reference,
-    plan_hf_shards,
-)
+from reshard.plan import Copy, TensorPlan, TransformPlanner, plan_hf_shards
+from reshard.plan.convert import _plan_transform_full_bulk, _plan_transform_full_reference
 
 from .trust_helpers import make_job, run_cli, snapshot, temp_files
 

@@ -14,7 +14,7 @@ import pytest
 from reshard import api, dtypes
 from reshard.errors import ReshardError
 from reshard.plan import Copy, FilePlan, Plan, RankTensors, TensorPlan
-from reshard.validate import PlanError, validate_plan
+from reshard.plan.validate import PlanError, validate_plan
 from tests.trust_helpers import make_job
 
 F32 = dtypes.FLOAT32
@@ -113,10 +113,10 @@ def _broken_bulk(plan: Plan) -> RankTensors:
     """Drop the last copy of the first layout class with several copies, in the first output."""
     tensors = plan.files[0].tensors
     assert isinstance(tensors, RankTensors)
-    index = next(i for i, loc in enumerate(tensors._locals) if len(loc.copies) > 1)
-    loc = tensors._locals[index]
-    broken = dataclasses.replace(loc, copies=loc.copies[:-1])
-    tensors._locals = (*tensors._locals[:index], broken, *tensors._locals[index + 1:])
+    index = next(i for i, share in enumerate(tensors.shares) if len(share.copies) > 1)
+    share = tensors.shares[index]
+    broken = dataclasses.replace(share, copies=share.copies[:-1])
+    tensors.shares = (*tensors.shares[:index], broken, *tensors.shares[index + 1:])
     return tensors
 
 

@@ -17,9 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reshard.errors import LayoutError, UnsupportedError
-from reshard.formats.strategy import ParamLayout, StagedLayout
 from reshard.layout import (
     FlatLayout,
+    ParamLayout,
+    StagedLayout,
     flat_layout,
     flat_rank_box,
     full_shape,

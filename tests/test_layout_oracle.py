@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from reshard.errors import LayoutError, ReshardError
-from reshard.formats.strategy import ParamLayout
 from reshard.layout import (
     FlatLayout,
+    ParamLayout,
     flat_layout,
     full_shape,
     needed_ranks,

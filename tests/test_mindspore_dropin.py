@@ -20,8 +20,8 @@ from reshard import mindspore as ms
 from reshard.errors import CryptoError, FormatError, IntegrityError, ReshardError, UnsupportedError, UsageError
 from reshard.formats.ckpt import read_ckpt, save_ckpt
 from reshard.formats.safetensors import read_safetensors, save_safetensors
-from reshard.formats.strategy import ParamLayout as L
 from reshard.formats.strategy import make_strategy, write_strategy
+from reshard.layout import ParamLayout as L
 
 W = np.arange(32, dtype=np.float32).reshape(8, 4)
 B = np.array([1.0, 2.0, 3.0, 4.0], np.float16)

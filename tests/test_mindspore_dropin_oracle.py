@@ -28,8 +28,8 @@ from reshard import dtypes
 from reshard import mindspore as rms
 from reshard.formats.ckpt import save_ckpt
 from reshard.formats.safetensors import read_safetensors, save_safetensors
-from reshard.formats.strategy import ParamLayout as L
 from reshard.formats.strategy import make_strategy, write_strategy
+from reshard.layout import ParamLayout as L
 from tests.msjobs import assert_same_tree, tree_files
 
 pytestmark = pytest.mark.oracle

@@ -17,8 +17,8 @@ from reshard import api, layout
 from reshard.errors import ReshardError
 from reshard.execute import local
 from reshard.formats.ckpt import read_ckpt, save_ckpt
-from reshard.formats.strategy import ParamLayout as L
 from reshard.formats.strategy import make_strategy, write_strategy
+from reshard.layout import ParamLayout as L
 
 RNG = np.random.default_rng(7)
 FULL = {

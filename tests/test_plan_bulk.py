@@ -9,6 +9,7 @@ shapes) both must give the same plan, or the same error. Everything is in memory
 
 from __future__ import annotations
 
+import itertools
 import math
 import pickle
 
@@ -19,7 +20,8 @@ from hypothesis import strategies as st
 from reshard import dtypes, layout
 from reshard.errors import ReshardError
 from reshard.formats import layout_dir
-from reshard.formats.strategy import ParamLayout, StrategyFile, device_num, make_strategy, stage_count
+from reshard.formats.strategy import StrategyFile, make_strategy
+from reshard.layout import ParamLayout, StagedLayout, device_num, stage_count
 from reshard.plan import (
     MATERIALISED_FILES,
     FilePlan,
@@ -29,12 +31,12 @@ from reshard.plan import (
     SourceFile,
     SourceTensor,
     TransformPlanner,
-    _meta,
-    _plan_split_reference,
-    _Sources,
     plan_split,
     plan_transform,
 )
+from reshard.plan.model import Role, SourcePaths, output_metadata
+from reshard.plan.transform import StageCut, stage_cut
+from reshard.plan.unify import _plan_split_reference
 
 DEVS = {2: [(2,), (1, 2)], 4: [(4,), (2, 2)], 6: [(2, 3), (3, 2)], 8: [(2, 2, 2), (4, 2), (2, 4)]}
 PARAMS = {"emb": (24, 12), "w": (12, 24), "v": (24,), "s": ()}  # "emb" is shared by first and last stage
@@ -110,11 +112,11 @@ def _reference(sources: dict[int, SourceFile], src: StrategyFile | None, dst: St
     """``plan_transform`` as it was: ``plan_rank`` per rank, sources interned tensor by tensor."""
     planner = TransformPlanner(sources, src, dst)
     planner.check_rank_count()
-    interned = _Sources()
+    interned = SourcePaths()
     files = []
     for rank in range(planner.dst_total):
         path = layout_dir.rank_output("/out", rank, "checkpoint_", "ckpt")
-        files.append(FilePlan(path, "ckpt", planner.plan_rank(rank, interned), _meta("ckpt"), rank))
+        files.append(FilePlan(path, "ckpt", planner.plan_rank(rank, interned), output_metadata("ckpt"), rank))
     return Plan("transform", tuple(interned.paths), tuple(files))
 
 
@@ -207,8 +209,51 @@ def test_built_files_are_cached_but_bounded() -> None:
     assert first.materialise() is first.materialise()  # iterating a file twice builds it once
     for f in plan.files[1:]:
         tuple(f.tensors)
-    assert len(RankTensors._built) <= MATERIALISED_FILES
+    assert len(first.built) <= MATERIALISED_FILES and all(f.tensors.built is first.built for f in plan.files)
     assert first.materialise() == tuple(first)  # evicted, rebuilt equal
+
+
+def test_each_planning_run_owns_its_built_files() -> None:
+    """The LRU of built tensors belongs to a planning run: one plan's files never evict another's."""
+    a, b = _plan(), _plan()
+    assert a.files[0].tensors.built is not b.files[0].tensors.built
+    built = a.files[0].tensors.materialise()
+    for f in b.files:
+        tuple(f.tensors)
+    assert a.files[0].tensors.materialise() is built
+
+
+def _old_decision(cut: StageCut, name: str) -> Role:
+    """What plan.py decided before ``StageCut.role``: ``keeps`` and ``transforms``, as they were."""
+    src, dst, dropped = cut.src, cut.dst, cut.dropped
+    if src is None and dst is None:
+        return Role.TRANSFORM
+    not_local_src = src is None or (name in src and name in dropped)
+    not_local_dst = dst is None or name in dropped
+    if not_local_src and not_local_dst:
+        return Role.SKIP
+    in_src = src is None or (name in src and name not in dropped)
+    in_dst = dst is None or (name in dst and name not in dropped)
+    return Role.TRANSFORM if in_src and in_dst else Role.WHOLE
+
+
+def test_the_one_decision_is_the_old_one() -> None:
+    """``StageCut.role`` over every combination of: in the source map, in the destination map (and
+    in which stages), the stage planned."""
+    staged = {"0": StagedLayout(ParamLayout((2,), (0,)), (0,)), "1": StagedLayout(ParamLayout((2,), (0,)), (1,)),
+              "01": StagedLayout(ParamLayout((2,), (0,)), (0, 1))}
+    names = ["a", "b", "c", "d"]
+    seen = set()
+    for src_names in [None, *itertools.chain.from_iterable(itertools.combinations(names, k) for k in range(5))]:
+        src = None if src_names is None else {n: staged["01"] for n in src_names}
+        for dst_stages in [None, *itertools.product([None, "0", "1", "01"], repeat=len(names))]:
+            dst = None if dst_stages is None else {n: staged[k] for n, k in zip(names, dst_stages, strict=True) if k}
+            for stage in (0, 1):
+                cut = stage_cut(src, dst, stage)
+                for name in [*names, "e"]:
+                    assert cut.role(name) is _old_decision(cut, name), (src, dst, stage, name)
+                    seen.add(cut.role(name))
+    assert seen == set(Role)
 
 
 def _unified(names: dict[str, tuple[int, ...]], rename: dict[str, str]) -> tuple[dict[str, SourceFile], dict[str, str]]:

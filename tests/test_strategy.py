@@ -15,24 +15,19 @@ from reshard.errors import FormatError, LayoutError, ReshardError, UnsupportedEr
 from reshard.formats.strategy import (
     DEFAULT_OP_NAME,
     MERGED_CURRENT_STAGE,
-    ParamLayout,
-    StagedLayout,
     StrategyFile,
     StrategyItem,
-    device_num,
     encode_strategy,
     find_strategy_files,
-    layout_map,
     load_strategy,
     make_strategy,
     merge_pipeline_strategies,
     merge_strategy_files,
     message_classes,
     read_strategy,
-    split_stage_name,
-    stage_count,
     write_strategy,
 )
+from reshard.layout import ParamLayout, StagedLayout, device_num, layout_map, split_stage_name, stage_count
 
 # Spec 8.1: current_stage=0, op "op" stage 0 strategy [2,1], param w dev [2] tmap [0,-1].
 MINIMAL_VECTOR = bytes.fromhex(

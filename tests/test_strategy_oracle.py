@@ -24,18 +24,15 @@ import pytest
 
 from reshard.errors import LayoutError
 from reshard.formats.strategy import (
-    ParamLayout,
     StrategyFile,
-    device_num,
     encode_strategy,
-    layout_map,
     make_strategy,
     merge_pipeline_strategies,
     merge_strategy_files,
     read_strategy,
-    stage_count,
     write_strategy,
 )
+from reshard.layout import ParamLayout, device_num, layout_map, stage_count
 
 pytestmark = pytest.mark.oracle
 

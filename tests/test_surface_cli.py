@@ -19,7 +19,8 @@ from reshard import api, cli, mindspore
 from reshard.errors import UsageError
 from reshard.formats.ckpt import save_ckpt
 from reshard.formats.safetensors import save_safetensors
-from reshard.formats.strategy import ParamLayout, make_strategy, write_strategy
+from reshard.formats.strategy import make_strategy, write_strategy
+from reshard.layout import ParamLayout
 from tests.trust_helpers import make_job, run_cli, snapshot
 
 

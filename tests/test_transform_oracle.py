@@ -17,8 +17,8 @@ import pytest
 
 from reshard import api
 from reshard.formats.ckpt import save_ckpt
-from reshard.formats.strategy import ParamLayout as L
 from reshard.formats.strategy import merge_pipeline_strategies
+from reshard.layout import ParamLayout as L
 from reshard.synthetic import ModelShape, full_model, stage_strategies
 from tests.msjobs import StageLayouts, assert_same_tensors, assert_same_tree, run_ms_jobs, write_stages
 

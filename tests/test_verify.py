@@ -15,7 +15,8 @@ import pytest
 from reshard import api, verify
 from reshard.errors import IntegrityError, UsageError
 from reshard.formats.ckpt import read_ckpt, save_ckpt
-from reshard.formats.strategy import ParamLayout, make_strategy, write_strategy
+from reshard.formats.strategy import make_strategy, write_strategy
+from reshard.layout import ParamLayout
 from reshard.synthetic import full_model
 from tests.trust_helpers import SMALL, make_job, run_cli
 

@@ -143,7 +143,7 @@ def superseded(dst: str, plan: Plan, dst_strategy: StrategyFile | None, overwrit
     """
     if not (overwrite and manifest) or not any(f.rank is not None for f in plan.files):
         return []
-    from reshard.formats.strategy import device_num, stage_count
+    from reshard.layout import device_num, stage_count
 
     total = device_num(dst_strategy) * stage_count(dst_strategy) if dst_strategy is not None else 1
     return _manifest.superseded_outputs(dst, plan, total)
@@ -267,7 +267,7 @@ def needed_ranks(
     Notes on loading the strategies (a merged file passed over) go to ``notes`` when given.
     """
     from reshard import layout
-    from reshard.formats.strategy import layout_map
+    from reshard.layout import layout_map
 
     src_sf, dst_sf = _strategy(src_strategy, notes), _strategy(dst_strategy, notes)
     if src_sf is None:
@@ -337,7 +337,7 @@ def _refuse_ckpt_ranks(src_dir: str) -> None:
 
 def _check_unify_ranks(src_dir: str, sources: Mapping[int, SourceFile], sf: StrategyFile) -> None:
     """Rank folders beyond the strategy's ranks mean the strategy belongs to another job."""
-    from reshard.formats.strategy import device_num, stage_count
+    from reshard.layout import device_num, stage_count
 
     expected = device_num(sf) * stage_count(sf)
     beyond = sorted(r for r in sources if r >= expected)

@@ -390,7 +390,8 @@ def cmd_split(args: argparse.Namespace) -> None:
 
 
 def cmd_rank_list(args: argparse.Namespace) -> None:
-    from reshard.formats.strategy import device_num, load_strategy, stage_count
+    from reshard.formats.strategy import load_strategy
+    from reshard.layout import device_num, stage_count
 
     notes: list[str] = []
     dst = _none(args.dst_strategy)

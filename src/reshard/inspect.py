@@ -23,14 +23,8 @@ from typing import Any
 from reshard import layout
 from reshard.errors import UsageError
 from reshard.formats import layout_dir
-from reshard.formats.strategy import (
-    STAGE_SEPARATOR,
-    ParamLayout,
-    StrategyFile,
-    device_num,
-    layout_map,
-    load_strategy,
-)
+from reshard.formats.strategy import StrategyFile, load_strategy
+from reshard.layout import STAGE_SEPARATOR, ParamLayout, device_num, layout_map
 from reshard.sources import (
     HUGGING_FACE,
     ONE_RANK_FOLDER,

@@ -59,7 +59,7 @@ from reshard.formats import crypto, layout_dir
 from reshard.formats.base import atomic_path
 from reshard.lock import DestinationLock
 from reshard.plan import FilePlan, Plan
-from reshard.validate import validate_plan
+from reshard.plan.validate import validate_plan
 
 MANIFEST_NAME = "reshard-manifest.json"
 JOURNAL_NAME = ".reshard-journal"

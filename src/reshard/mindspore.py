@@ -103,16 +103,14 @@ from reshard.formats.strategy import (
     JSON,
     PROTOBUF,
     StrategyFile,
-    device_num,
     encode_strategy,
     find_strategy_files,
     format_of,
-    layout_map,
     merge_strategy_files,
     message_classes,
     read_strategy,
-    stage_count,
 )
+from reshard.layout import device_num, layout_map, stage_count
 from reshard.plan import REDUNDANT_STATE_PREFIXES, FilePlan, Plan, plan_split, plan_transform_by_rank
 
 FORMATS = ("ckpt", "safetensors")

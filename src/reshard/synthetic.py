@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from reshard.formats.strategy import ParamLayout, StrategyFile, make_strategy, write_strategy
+from reshard.formats.strategy import StrategyFile, make_strategy, write_strategy
+from reshard.layout import ParamLayout
 
 COLUMN = (0, -1)  # [out, in] weight split on its output rows over the model-parallel axis
 ROW = (-1, 0)  # split on its input columns

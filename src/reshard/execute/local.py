@@ -46,7 +46,7 @@ from reshard.execute.digest import DEFAULT_ALGORITHM, StreamingDigest, hash_pool
 from reshard.formats import base, ckpt, safetensors
 from reshard.formats.base import FileLayout, TensorIndex, TensorSpec, pwrite_all
 from reshard.plan import FilePlan, Plan, TensorPlan
-from reshard.validate import validate_plan
+from reshard.plan.validate import validate_plan
 
 DEFAULT_MAX_MEMORY = 1024**3  # bytes in flight across all workers (staging buffers)
 MIN_DEFAULT_WORKERS = 4  # even on 2 cores: on a cold cache the threads mostly wait on the disk

@@ -49,8 +49,8 @@ from reshard.execute import local
 from reshard.execute.digest import hash_pool
 from reshard.formats import base
 from reshard.plan import FilePlan, Plan
+from reshard.plan.validate import PlanError, validate_plan
 from reshard.sources import ReadOptions, open_checkpoint
-from reshard.validate import PlanError, validate_plan
 
 TEMP_PREFIX = "reshard-ray-"  # node-local folder of one task (no shared disk), removed when it ends
 

@@ -2,7 +2,9 @@
 
 A strategy file records, per parameter, how it is sharded (spec 2.1-2.4). This module reads and
 writes both on-disk forms, merges per-pipeline-stage files the way ``merge_pipeline_strategys`` does
-(spec 2.5) and turns a file into the name -> layout map MindSpore's ``_convert_to_list`` builds.
+(spec 2.5) and builds the layout types of ``reshard.layout`` from them; what a file's layout items
+mean (the name -> layout map MindSpore's ``_convert_to_list`` builds, stage and device counts) is
+answered there, on any ``LayoutTable``, which ``StrategyFile`` is.
 
 Why it is built this way:
 
@@ -31,7 +33,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -43,47 +44,7 @@ from google.protobuf.message import Message
 
 from reshard.errors import FormatError, LayoutError, ReshardError, UnsupportedError, UsageError
 from reshard.formats.base import atomic_path
-
-TensorMapEntry = int | tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class ParamLayout:
-    """One ``parallel_layout_item`` of a strategy file, as stored (no interpretation yet).
-
-    ``tensor_map`` holds one entry per tensor dimension: an ``int`` for flat maps, or a tuple of
-    device-axis values for Layout-API list maps (MindSpore writes one TensorMap per dim then; empty
-    ones, such as the extra one of 1-D tensors, are dropped as ``_convert_to_list`` does).
-    Values count device axes from the right (0 = innermost), -1 = not split.
-    """
-
-    dev_matrix: tuple[int, ...]
-    tensor_map: tuple[TensorMapEntry, ...]
-    opt_shard_step: int = 0
-    opt_shard_size: int = 0
-    field: int = 0
-    split_shape: tuple[int, ...] = ()
-    indices_offset: tuple[int, ...] = ()
-
-    @property
-    def device_num(self) -> int:
-        n = 1
-        for d in self.dev_matrix:
-            n *= d
-        return n
-
-    @property
-    def is_list_map(self) -> bool:
-        return any(isinstance(e, tuple) for e in self.tensor_map)
-
-
-@dataclass(frozen=True)
-class StagedLayout:
-    """A parameter's layout together with every pipeline stage that holds it (spec 2.4)."""
-
-    layout: ParamLayout
-    stages: tuple[int, ...]
-
+from reshard.layout import STAGE_SEPARATOR, ParamLayout, TensorMapEntry
 
 # --------------------------------------------------------------------------------------------
 # Constants
@@ -99,9 +60,7 @@ PROTOBUF_SUFFIX = ".ckpt"  # merge candidates: glob("*.ckpt") and glob("*.json")
 FRESH_CURRENT_STAGE = 1
 MERGED_CURRENT_STAGE = 1
 
-# Merged files name each layout item "<stage>-<param>" (spec 2.5).
-STAGE_SEPARATOR = "-"
-_STAGE_PREFIX = re.compile(r"[0-9]+")
+# Merged files name each layout item "<stage>-<param>" (spec 2.5; reshard.layout.STAGE_SEPARATOR).
 _MERGED_NAME = re.compile(r"[0-9]+-[^-]+")
 
 # Hand-built strategy files need at least one ``parallel_strategy_item``: it is the only place a
@@ -206,7 +165,7 @@ class StrategyItem:
 
 @dataclass
 class StrategyFile:
-    """The parts of a strategy file converters use.
+    """The parts of a strategy file converters use (a ``reshard.layout.LayoutTable``).
 
     ``layouts`` keeps the parameter names as stored (``"0-emb"`` in merged files) in file order; a
     name stored twice keeps its first position and its last layout (a dict, as MindSpore builds it).
@@ -714,79 +673,3 @@ def _check_unprefixed(name: str, path: str) -> None:
             " survive a merge (MindSpore splits merged names at '-')",
             path,
         )
-
-
-# --------------------------------------------------------------------------------------------
-# Layout map (spec 2.4) and stage helpers (2.5.6, 3.7)
-
-
-def split_stage_name(name: str, path: str | None = None) -> tuple[int, str]:
-    """``"3-emb"`` -> ``(3, "emb")``; a name without ``-`` is stage 0."""
-    if STAGE_SEPARATOR not in name:
-        return 0, name
-    parts = name.split(STAGE_SEPARATOR)
-    if len(parts) != 2 or not _STAGE_PREFIX.fullmatch(parts[0]) or not parts[1]:
-        raise LayoutError(
-            f"parameter name {name!r} is not '<stage>-<name>': names containing '-' cannot be used in"
-            " strategy files (MindSpore splits them at '-')",
-            path,
-        )
-    return int(parts[0]), parts[1]
-
-
-def layout_map(sf: StrategyFile, rank_id: int | None = None) -> dict[str, StagedLayout]:
-    """``_convert_to_list``: origin name -> layout + every stage holding it, in first-appearance order.
-
-    A parameter present in several stages (``0-emb``, ``1-emb``) accumulates the stages; the kept
-    layout is, on each later occurrence with stage ``s`` and ``n = prod(its dev matrix)``:
-    without ``rank_id`` the new one if ``s`` is the smallest stage so far; with ``rank_id`` the new one
-    if ``rank_id // n == 0 and s == 0`` or ``rank_id // n > 0 and s > 0`` (MindSpore's rule,
-    verified against ``_convert_to_list``).
-    """
-    layouts: dict[str, ParamLayout] = {}
-    stages: dict[str, list[int]] = {}
-    for name, layout in sf.layouts.items():
-        stage, origin = split_stage_name(name, sf.path)
-        if origin not in layouts:
-            layouts[origin], stages[origin] = layout, [stage]
-            continue
-        seen = stages[origin]
-        seen.append(stage)
-        if _replaces(stage, seen, layout, rank_id, sf.path):
-            layouts[origin] = layout
-    return {name: StagedLayout(layouts[name], tuple(stages[name])) for name in layouts}
-
-
-def _replaces(stage: int, seen: list[int], layout: ParamLayout, rank_id: int | None, path: str | None) -> bool:
-    if rank_id is None:
-        return stage <= min(seen)
-    n = layout.device_num
-    if n <= 0:
-        raise LayoutError(f"device matrix {list(layout.dev_matrix)} has a zero dimension", path)
-    group = rank_id // n
-    return (group == 0 and stage == 0) or (group > 0 and stage > 0)
-
-
-def stage_count(sf: StrategyFile) -> int:
-    """Number of pipeline stages: distinct stages over all layouts, which must be exactly 0..k-1."""
-    found = {s for staged in layout_map(sf).values() for s in staged.stages}
-    if not found:
-        raise LayoutError("strategy has no parameter layouts", sf.path)
-    if found != set(range(len(found))):
-        raise LayoutError(f"pipeline stages {sorted(found)} are not 0..{len(found) - 1}", sf.path)
-    return len(found)
-
-
-def device_num(sf: StrategyFile) -> int:
-    """Devices per stage: ``prod(dev_matrix)`` of the first parameter of ``layout_map(sf)``.
-
-    That is MindSpore's ``_get_device_num_from_strategy`` (verified): the first entry of the
-    converted map, whose layout is its smallest stage's, not necessarily the first item of the file.
-    """
-    lmap = layout_map(sf)
-    if not lmap:
-        raise LayoutError("strategy has no parameter layouts", sf.path)
-    name, first = next(iter(lmap.items()))
-    if not first.layout.dev_matrix:
-        raise LayoutError(f"parameter {name!r} has an empty device matrix", sf.path)
-    return math.prod(first.layout.dev_matrix)

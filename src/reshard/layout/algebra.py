@@ -44,9 +44,10 @@ import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from reshard.errors import LayoutError, UnsupportedError
-from reshard.formats.strategy import ParamLayout, StagedLayout, TensorMapEntry
+from reshard.layout.types import ParamLayout, StagedLayout, TensorMapEntry
 
 Box = tuple[tuple[int, int], ...]
 Piece = tuple[int, Box]
@@ -460,12 +461,6 @@ def box_volume(box: Box) -> int:
     return math.prod(hi - lo for lo, hi in box)
 
 
-def intersect(a: Box, b: Box) -> Box | None:
-    """Intersection of two boxes, ``None`` when empty."""
-    out = tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b, strict=True))
-    return None if any(lo >= hi for lo, hi in out) else out
-
-
 # --------------------------------------------------------------------------------------------
 # needed ranks (spec 3.5)
 
@@ -791,7 +786,7 @@ def redundancy_groups(p: ParamLayout, initial_rank: int = 0) -> tuple[tuple[int,
     dev, n = p.dev_matrix, len(p.dev_matrix)
     if any(d < 1 for d in dev):
         raise LayoutError(f"{_fmt(p)}: device matrix dims must be positive integers")
-    first = _values(p.tensor_map[0]) if p.is_list_map else tuple(p.tensor_map)
+    first = _values(p.tensor_map[0]) if p.is_list_map else cast("tuple[int, ...]", tuple(p.tensor_map))
     values = sorted({v for v in first if v != NOT_SPLIT})
     if any(not 0 <= v < n for v in values):
         raise LayoutError(f"{_fmt(p)}: tensor-map value outside the device matrix")
@@ -919,3 +914,26 @@ def rank_list_for_transform(
         except LayoutError as exc:
             raise LayoutError(f"parameter {name!r}: {exc.detail}") from None
     return sorted({s * n_src + x for s in view.stages for x in need}, reverse=True)
+
+
+__all__ = [
+    "Box",
+    "FlatLayout",
+    "Piece",
+    "box_volume",
+    "flat_layout",
+    "flat_rank_box",
+    "full_shape",
+    "needed_ranks",
+    "normalize_device_num",
+    "opt_shard_size",
+    "rank_box",
+    "rank_boxes",
+    "rank_list_for_transform",
+    "redundancy_groups",
+    "slice_shape",
+    "tensor_strategy",
+    "transfer_pieces",
+    "transfer_table",
+    "unsharded_flat",
+]

@@ -27,7 +27,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 
-from reshard.plan import Plan, RankTensors, TensorPlan
+from reshard.plan.bulk import RankTensors
+from reshard.plan.model import Plan, TensorPlan
 
 SourceShape = Callable[[int, str], "tuple[int, ...] | None"]  # (source index, tensor) -> its shape, None: absent
 
@@ -142,23 +143,23 @@ def _first_overlap(boxes: list[Box]) -> tuple[Box, Box] | None:
 def _check_bulk(path: str, tensors: RankTensors, checked: set[int], held_shapes: dict[int, list[tuple[int, ...]]]
                 ) -> None:
     """One lazy transform output: each (class, rank) table once; names once per template."""
-    template = tensors._template
+    template = tensors.template
     if id(template) not in checked:
         names = [t.name for t in template.transformed] + [name for name, _ in template.deferred]
         if len(set(names)) != len(names):
             twice = next(n for n in names if names.count(n) > 1)
             raise PlanError(f"{path}: tensor {twice!r} is planned twice")
         checked.add(id(template))
-    for index, (cls, loc) in enumerate(zip(template.classes, tensors._locals, strict=True)):
-        if id(loc) in checked:
+    for index, (cls, share) in enumerate(zip(template.classes, tensors.shares, strict=True)):
+        if id(share) in checked:
             continue
         held = held_shapes.get(id(cls))
         if held is None:
             held = held_shapes[id(cls)] = [tuple(b - a for a, b in box) for box in cls.src_boxes]
-        if not _table_ok(loc.shape, loc.copies, held):  # the fast check; the slow one says what is wrong
+        if not _table_ok(share.shape, share.copies, held):  # the fast check; the slow one says what is wrong
             where = f"{path}: tensor {template.members[index][0].name!r} (and every tensor of its layout class)"
-            _explain_table(where, loc.shape, loc.copies, held)
-        checked.add(id(loc))
+            _explain_table(where, share.shape, share.copies, held)
+        checked.add(id(share))
 
 
 def _table_ok(shape: tuple[int, ...], copies: Sequence[tuple], held: Sequence[tuple[int, ...]]) -> bool:

@@ -1,0 +1,75 @@
+"""Transfer plans: plain data that says where every output byte comes from.
+
+A plan is computed from file *headers* and strategy files only, never from tensor data, so it
+can be printed (``reshard plan``), tested without IO, checked before anything is written and
+shipped to other machines (Ray). Per output file it lists the tensors, per tensor the boxes to
+copy from source tensors; the executor (``reshard.execute.local``) copies each box straight into
+place: a box that is one byte run on both sides with ``copy_file_range`` (or ``pwrite``), a strided
+box through a staging buffer (strided numpy copies) and one ``pwrite`` per block.
+
+The planners reproduce MindSpore's choices that decide *which* bytes land *where*: which
+parameters an output file holds and in which order (spec 3.6, 3.9), which redundant source copy
+supplies each element (spec 3.5), how ``unified_safetensors`` packs parts (spec 4.1), and how a
+unified model is split per rank (spec 4.3). Layout arithmetic lives in ``reshard.layout``.
+
+The modules, each importing only the ones before it:
+
+* ``model`` — the data model (``Plan``, ``FilePlan``, ``TensorPlan``, ``Copy``; the planning inputs
+  ``SourceFile`` / ``SourceTensor``; the ``Role`` of a parameter) and the helpers every planner shares;
+* ``transform`` — the reference transform planner (``TransformPlanner``), the one decision of
+  what a destination file does with a parameter (``StageCut.role``), ``plan_transform_by_rank``;
+* ``bulk`` — the same plans from shared per-class tables, built lazily (``RankTensors``), and
+  ``plan_transform``;
+* ``unify`` — ``plan_unify`` (full tensors in parts) and ``plan_split`` (full tensors to ranks);
+* ``convert`` — ``plan_convert`` (whole files, other format) and the Hugging Face side of full
+  models (shards, ``plan_unify_hf``, ``plan_transform_full``);
+* ``validate`` — ``validate_plan``: every output filled exactly once, inside all bounds.
+
+Everything other modules use is importable from ``reshard.plan`` itself.
+"""
+
+from reshard.plan.bulk import MATERIALISED_FILES, RankTensors, plan_transform
+from reshard.plan.convert import hf_sharded, plan_convert, plan_hf_shards, plan_transform_full, plan_unify_hf
+from reshard.plan.model import (
+    Copy,
+    FilePlan,
+    FileStats,
+    Plan,
+    Role,
+    SourceFile,
+    SourceTensor,
+    TensorPlan,
+    TextOutput,
+)
+from reshard.plan.transform import StageCut, TransformPlanner, plan_transform_by_rank
+from reshard.plan.unify import REDUNDANT_STATE_PREFIXES, ChoiceFunc, plan_split, plan_unify
+from reshard.plan.validate import PlanError, validate_plan
+
+__all__ = [
+    "MATERIALISED_FILES",
+    "REDUNDANT_STATE_PREFIXES",
+    "ChoiceFunc",
+    "Copy",
+    "FilePlan",
+    "FileStats",
+    "Plan",
+    "PlanError",
+    "RankTensors",
+    "Role",
+    "SourceFile",
+    "SourceTensor",
+    "StageCut",
+    "TensorPlan",
+    "TextOutput",
+    "TransformPlanner",
+    "hf_sharded",
+    "plan_convert",
+    "plan_hf_shards",
+    "plan_split",
+    "plan_transform",
+    "plan_transform_by_rank",
+    "plan_transform_full",
+    "plan_unify",
+    "plan_unify_hf",
+    "validate_plan",
+]

@@ -1,0 +1,523 @@
+"""Transform and split plans in bulk: shared per-class tables and lazily built tensor lists.
+
+Planning 1 000 parameters for 1 024 ranks must take well under a second, but a million
+``TensorPlan`` objects alone take seconds to build. So transform and split plans are built in
+bulk and lazily:
+
+* **Classes.** Parameters sharing (source layout, destination layout, full shape) share one
+  ``LayoutClass``: the layout engine's tables for all ranks (``layout.transfer_table``,
+  ``layout.rank_boxes``) and, per destination rank, the copies relative to the box origins.
+* **Templates.** Everything a destination rank's file depends on except the rank itself (tensor
+  order, each tensor's class and candidate source files) is decided once per (load order, stage)
+  in a ``Template``; source files are checked against the real slice shapes once per (class,
+  source rank), not per destination rank.
+* **Lazy files.** ``FilePlan.tensors`` of such plans is a ``RankTensors`` sequence that builds its
+  ``TensorPlan`` objects when iterated (executors take one file at a time) and answers totals
+  (``FileStats``: counts, bytes) arithmetically, so ``Plan.summary()`` builds nothing. The few
+  files built last stay cached in the planning run's ``BuiltFiles``, not in the process.
+* **One definition.** The plain per-parameter loops (``TransformPlanner.plan_rank`` in
+  ``reshard.plan.transform``, the split and full-model reference loops) stay the definition: the
+  bulk path falls back to them whenever anything is off, so every error message is the one they
+  raise, and the tests check that both paths give equal plans.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, overload
+
+from reshard import layout
+from reshard.dtypes import DType
+from reshard.errors import LayoutError, ReshardError, UsageError
+from reshard.formats import layout_dir
+from reshard.layout import LayoutTable, ParamLayout, StagedLayout
+from reshard.plan.model import (
+    Copy,
+    FilePlan,
+    FileStats,
+    LazyTensors,
+    Plan,
+    Role,
+    SourceFile,
+    SourcePaths,
+    TensorPlan,
+    box_start,
+    output_metadata,
+    read_bytes,
+    wanted_ranks,
+    whole_tensor_at,
+)
+from reshard.plan.transform import StageCut, TransformPlanner, redundant_copy
+
+CopyShape = tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...], bool]  # key, src/dst start, lengths, whole
+MATERIALISED_FILES = 8  # files whose TensorPlans stay built: the ones an executor has in flight, not the plan
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """One destination rank's share of one class: its box and copies, relative to the origins."""
+
+    shape: tuple[int, ...]
+    copies: tuple[CopyShape, ...]
+    keys: tuple[int, ...]  # source key of each copy, in copy order
+    key_set: frozenset[int]
+    elements: int
+    read_elements: int  # sum of the copies' volumes
+
+
+class LayoutClass:
+    """One (source layout, destination layout, full shape): the layout engine's answer for all ranks.
+
+    Parameters sharing it share every tuple a ``Copy`` holds; per destination rank only the
+    source file (hence the source index) and the tensor name differ.
+    """
+
+    def __init__(self, src_p: ParamLayout | None, dst_p: ParamLayout | None, full: tuple[int, ...]) -> None:
+        self.src_p, self.dst_p, self.full = src_p, dst_p, full
+        self.dst_boxes = layout.rank_boxes(dst_p, full)  # first, as plan_rank asks for the box first
+        self.table = layout.transfer_table(src_p, dst_p, full, any_device_num=True)
+        self.src_boxes = layout.rank_boxes(src_p, full)
+        self._shares: dict[int, RankShare] = {}
+
+    def share(self, rank: int) -> RankShare:
+        hit = self._shares.get(rank)
+        if hit is None:
+            if not rank < min(len(self.table), len(self.dst_boxes)):
+                raise LayoutError(f"rank {rank} is outside the {len(self.table)} devices of the destination layout")
+            hit = self._shares[rank] = self._relative(rank)
+        return hit
+
+    def _relative(self, rank: int) -> RankShare:
+        dst_origin = box_start(self.dst_boxes[rank])
+        copies: list[CopyShape] = []
+        for key, piece in self.table[rank]:
+            held = self.src_boxes[key]
+            lengths = tuple(b - a for a, b in piece)
+            start = box_start(piece)
+            copies.append((
+                key,
+                tuple(a - o for a, o in zip(start, box_start(held), strict=True)),
+                tuple(a - o for a, o in zip(start, dst_origin, strict=True)),
+                lengths,
+                lengths == tuple(b - a for a, b in held),
+            ))
+        shape = tuple(b - a for a, b in self.dst_boxes[rank])
+        keys = tuple(c[0] for c in copies)
+        return RankShare(shape, tuple(copies), keys, frozenset(keys), math.prod(shape),
+                         sum(math.prod(c[3]) for c in copies))
+
+
+class Transformed:
+    """One transformed parameter of a template (a slotted class: templates hold one per parameter)."""
+
+    __slots__ = ("cls", "dtype", "files", "held_by", "name", "tensor")
+
+    def __init__(self, name: str, tensor: str, cls: int, dtype: DType, held_by: dict[int, SourceFile]) -> None:
+        self.name = name  # in the output
+        self.tensor = tensor  # in the source files (differs when a split renames keys)
+        self.cls = cls  # index into Template.classes
+        self.dtype = dtype
+        self.held_by = held_by  # source key -> file, as the load order leaves it
+        self.files = held_by  # the same plus redundant copies found for missing keys (copied on first write)
+
+    def add_file(self, key: int, src: SourceFile) -> None:
+        if self.files is self.held_by:
+            self.files = dict(self.held_by)
+        self.files[key] = src
+
+
+class Template:
+    """What one (load order, stage) decides for every destination rank sharing it.
+
+    The output's tensor order, each tensor's class and candidate source files, and which
+    (class, source key) combinations were already checked against the files' real shapes.
+    """
+
+    def __init__(self) -> None:
+        self.transformed: list[Transformed] = []
+        self.classes: list[LayoutClass] = []
+        self.members: list[list[Transformed]] = []  # per class
+        self.checked: list[set[int]] = []  # per class: source keys resolved for every member
+        self.deferred: list[tuple[str, dict[int, SourceFile]]] = []  # copied whole (not in both strategies)
+        self.device_n: int | None = None  # the last transformed parameter's source device count [MindSpore]
+        self.groups: tuple[tuple[int, int, DType], ...] = ()  # (class, parameters, dtype) for totals
+        self._counts: dict[tuple[int, int], list] = {}  # (class, id(dtype)) -> [count, dtype]
+        self._class_index: dict[int, int] = {}  # id(LayoutClass) -> index in classes
+        self.wholes: dict[tuple[int, bool], tuple[tuple[SourceFile, ...], FileStats]] = {}
+        self.orders: dict[tuple[object, ...], tuple[str, ...]] = {}  # source paths in first-use order
+
+    def add(self, cls: LayoutClass, name: str, tensor: str, dtype: DType, held_by: dict[int, SourceFile]) -> None:
+        """Parameter ``name`` (``tensor`` in its source files) of class ``cls``, next in the output."""
+        index = self._class_index.setdefault(id(cls), len(self._class_index))
+        t = Transformed(name, tensor, index, dtype, held_by)
+        if index == len(self.classes):
+            self.classes.append(cls)
+            self.members.append([])
+            self.checked.append(set())
+        self.members[index].append(t)
+        self.transformed.append(t)
+        group = self._counts.get((index, id(dtype)))
+        if group is None:
+            self._counts[(index, id(dtype))] = [1, dtype]
+        else:
+            group[0] += 1
+
+    def finish(self) -> None:
+        self.groups = tuple((c, n, d) for (c, _), (n, d) in self._counts.items())
+
+    def resolve(self, index: int, keys: frozenset[int]) -> None:
+        """Pick the file of every member for ``keys`` and check its shape (errors: see ``_BulkPlanner``)."""
+        cls = self.classes[index]
+        for key in sorted(keys - self.checked[index]):
+            held = cls.src_boxes[key]
+            lengths = tuple(b - a for a, b in held)
+            for t in self.members[index]:
+                src = t.held_by.get(key) or redundant_copy(cls.src_p, cls.full, held, t.held_by)
+                if src is None or src.tensors[t.tensor].shape != lengths:
+                    raise LayoutError(f"no source file holds the slice of source rank {key} of {t.name!r}")
+                if key not in t.held_by:
+                    t.add_file(key, src)
+            self.checked[index].add(key)
+
+    def whole(self, key: int, beyond: bool) -> tuple[tuple[SourceFile, ...], FileStats]:
+        """Files of the deferred parameters (copied whole) for destination ranks with ``key``."""
+        hit = self.wholes.get((key, beyond))
+        if hit is None:
+            files: list[SourceFile] = []
+            read = written = largest = 0
+            for name, by_key in self.deferred:
+                k = min(by_key) if key not in by_key and beyond else key
+                if k not in by_key:
+                    raise UsageError(f"parameter {name!r} is missing from the checkpoint of source rank {k}")
+                files.append(by_key[k])
+                t = by_key[k].tensors[name]
+                read += read_bytes(t.dtype, t.shape, math.prod(t.shape), t.nbytes)
+                written += t.nbytes
+                largest = max(largest, t.nbytes)
+            n = len(files)
+            hit = self.wholes[(key, beyond)] = (tuple(files), FileStats(n, n, read, written, largest))
+        return hit
+
+    def source_order(self, shares: tuple[RankShare, ...], wholes: tuple[SourceFile, ...]) -> tuple[str, ...]:
+        """Source paths of one rank in first-use order (what per-tensor interning would produce)."""
+        key = (tuple(share.keys for share in shares), id(wholes))
+        hit = self.orders.get(key)
+        if hit is None:
+            seen: dict[str, None] = {}
+            for t in self.transformed:
+                for k in shares[t.cls].keys:
+                    seen[t.files[k].path] = None
+            for f in wholes:
+                seen[f.path] = None
+            hit = self.orders[key] = tuple(seen)
+        return hit
+
+
+class BuiltFiles:
+    """The ``TensorPlan`` tuples of the last few files a planning run's outputs built (an LRU).
+
+    Owned by one planning run and shared by its ``RankTensors``, so an executor iterating a file
+    several times builds it once, and nothing outlives the plan.
+    """
+
+    def __init__(self, size: int = MATERIALISED_FILES) -> None:
+        self.size = size
+        self._serials = itertools.count()
+        self._built: OrderedDict[int, tuple[TensorPlan, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._built)
+
+    def serial(self) -> int:
+        """A new key for one file."""
+        return next(self._serials)
+
+    def get(self, serial: int) -> tuple[TensorPlan, ...] | None:
+        with self._lock:
+            hit = self._built.get(serial)
+            if hit is not None:
+                self._built.move_to_end(serial)
+            return hit
+
+    def put(self, serial: int, built: tuple[TensorPlan, ...]) -> None:
+        with self._lock:
+            self._built[serial] = built
+            while len(self._built) > self.size:
+                self._built.popitem(last=False)
+
+
+class RankTensors(LazyTensors):
+    """The tensors of one transform output, built on access from shared per-class tables.
+
+    A 1 000-parameter x 1 024-rank plan would otherwise hold a million ``TensorPlan`` objects
+    before the first byte moves; executors look at one file at a time. Totals (``stats``) come
+    from the tables without building anything. The last few built files stay cached in the
+    planning run's ``BuiltFiles``, so an executor iterating a file several times builds it once.
+    Pickling (Ray) and equality see a plain tuple of ``TensorPlan``.
+    """
+
+    def __init__(self, template: Template, shares: tuple[RankShare, ...], wholes: tuple[SourceFile, ...],
+                 whole_stats: FileStats, ids: Mapping[str, int], built: BuiltFiles) -> None:
+        self.template = template
+        self.shares = shares  # per class of the template
+        self._wholes = wholes
+        self._whole_stats = whole_stats
+        self._ids = ids  # source path -> index in Plan.sources (complete once planning ends)
+        self.built = built
+        self._serial = built.serial()
+        self._stats: FileStats | None = None
+
+    def __len__(self) -> int:
+        return len(self.template.transformed) + len(self._wholes)
+
+    @overload
+    def __getitem__(self, index: int) -> TensorPlan: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[TensorPlan, ...]: ...
+    def __getitem__(self, index: int | slice) -> TensorPlan | tuple[TensorPlan, ...]:
+        return self.materialise()[index]
+
+    def __iter__(self) -> Iterator[TensorPlan]:
+        return iter(self.materialise())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RankTensors | tuple):
+            return self.materialise() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.materialise())
+
+    def __repr__(self) -> str:
+        return f"RankTensors({len(self)} tensors)"
+
+    def __reduce__(self) -> tuple[type, tuple[tuple[TensorPlan, ...]]]:
+        return tuple, (self.materialise(),)
+
+    @property
+    def stats(self) -> FileStats:
+        if self._stats is None:
+            copies = read = written = largest = 0
+            for index, count, dtype in self.template.groups:
+                share = self.shares[index]
+                nbytes = share.elements * dtype.itemsize
+                copies += count * len(share.copies)
+                read += count * read_bytes(dtype, share.shape, share.read_elements, nbytes)
+                written += count * nbytes
+                largest = max(largest, nbytes)
+            w = self._whole_stats
+            self._stats = FileStats(len(self), copies + w.copies, read + w.bytes_read, written + w.bytes_written,
+                                    max(largest, w.largest_tensor))
+        return self._stats
+
+    def materialise(self) -> tuple[TensorPlan, ...]:
+        """The ``TensorPlan`` tuple (built, or taken from the cache of recently built files)."""
+        hit = self.built.get(self._serial)
+        if hit is not None:
+            return hit
+        built = self._build()
+        self.built.put(self._serial, built)
+        return built
+
+    def _build(self) -> tuple[TensorPlan, ...]:
+        ids, shares = self._ids, self.shares
+        out: list[TensorPlan] = []
+        for t in self.template.transformed:
+            share, files, tensor = shares[t.cls], t.files, t.tensor
+            copies = tuple(Copy(ids[files[k].path], tensor, s, d, n, w) for k, s, d, n, w in share.copies)
+            out.append(TensorPlan(t.name, t.dtype, share.shape, copies, share.elements * t.dtype.itemsize))
+        for (name, _), src in zip(self.template.deferred, self._wholes, strict=True):
+            out.append(whole_tensor_at(ids[src.path], src, name))
+        return tuple(out)
+
+
+class Tables:
+    """The classes of one planning run, by (source layout, destination layout, full shape).
+
+    Looked up once per parameter and template, so the first lookup is by the layouts' identity
+    (hashing and comparing frozen layouts field by field costs more than the rest of a lookup);
+    equal layouts held by different objects still share one class through the second. Every
+    layout looked up by identity stays referenced by the entry, so its id cannot be reused.
+    """
+
+    def __init__(self) -> None:
+        self._classes: dict[tuple[ParamLayout | None, ParamLayout | None, tuple[int, ...]], LayoutClass] = {}
+        self._by_id: dict[tuple[int, int, tuple[int, ...]],
+                          tuple[ParamLayout | None, ParamLayout | None, LayoutClass]] = {}
+        self._fulls: dict[tuple[int, tuple[int, ...]], tuple[ParamLayout, tuple[int, ...]]] = {}
+
+    def full(self, src_p: ParamLayout | None, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """``layout.full_shape``, once per (layout, slice shape)."""
+        if src_p is None:
+            return shape
+        hit = self._fulls.get((id(src_p), shape))
+        if hit is None:
+            hit = self._fulls[(id(src_p), shape)] = (src_p, layout.full_shape(src_p, shape))
+        return hit[1]
+
+    def get(self, src_p: ParamLayout | None, dst_p: ParamLayout | None, full: tuple[int, ...]) -> LayoutClass:
+        hit = self._by_id.get((id(src_p), id(dst_p), full))
+        if hit is None:
+            cls = self._classes.get((src_p, dst_p, full))
+            if cls is None:
+                cls = self._classes[(src_p, dst_p, full)] = LayoutClass(src_p, dst_p, full)
+            hit = self._by_id[(id(src_p), id(dst_p), full)] = (src_p, dst_p, cls)
+        return hit[2]
+
+
+def rank_tensors(template: Template, local: int, beyond: bool, sources: SourcePaths,
+                 built: BuiltFiles) -> RankTensors:
+    """One destination rank's lazy tensors: its share of every class, its files checked, its sources interned."""
+    shares = tuple(cls.share(local) for cls in template.classes)
+    for index, share in enumerate(shares):
+        if not share.key_set <= template.checked[index]:
+            template.resolve(index, share.key_set)
+    device_n = template.device_n if template.device_n is not None else 1
+    wholes, whole_stats = template.whole(local % device_n, beyond)
+    for path in template.source_order(shares, wholes):
+        sources.id(path)
+    return RankTensors(template, shares, wholes, whole_stats, sources.ids, built)
+
+
+def bulk_or_reference(bulk: Callable[..., Plan | None] | None, reference: Callable[..., Plan], *args: Any) -> Plan:
+    """The fast planner's plan, or the reference loop's where the fast one declines or meets an error
+    (the reference loop is the definition: it raises the precise, blamed error)."""
+    try:
+        plan = bulk(*args) if bulk is not None else None
+    except ReshardError:
+        plan = None
+    return plan if plan is not None else reference(*args)
+
+
+# --------------------------------------------------------------------------------------------
+# transform (spec 3.6, 3.9, 4.2)
+
+# A parameter's memo in a destination stage: its role and, to transform, (src layout, dst layout, src devices).
+_Decision = tuple[Role, ParamLayout | None, ParamLayout | None, int]
+
+
+class _BulkPlanner:
+    """``plan_transform``'s fast path over a ``TransformPlanner``: same plans, built from tables.
+
+    Per destination rank it only looks up a template (by load order and stage), one ``RankShare``
+    per class and the source files not yet checked; ``TensorPlan`` objects are left to
+    ``RankTensors``. Whenever anything is wrong the rank is planned again by the reference path
+    (``TransformPlanner.plan_rank``), which raises the exact error a user should see, naming the
+    parameter and the strategy file; the fast path's own errors are only a signal.
+    """
+
+    def __init__(self, planner: TransformPlanner) -> None:
+        self.planner = planner
+        self.sources = SourcePaths()
+        self.tables = Tables()
+        self.built = BuiltFiles()
+        self._templates: dict[tuple[tuple[int, ...], int, bool], Template] = {}
+        self._stages: dict[int, tuple[dict[str, _Decision], StageCut, dict[str, StagedLayout] | None]] = {}
+
+    def rank(self, rank: int) -> RankTensors:
+        p = self.planner
+        order = p.needed(rank)
+        missing = [r for r in order if r not in p.files]
+        if missing:
+            raise UsageError(f"destination rank {rank} needs the checkpoint of source rank(s) "
+                             f"{', '.join(map(str, sorted(missing)))}, which is missing")
+        beyond = rank in p.beyond
+        try:
+            template = self._template(tuple(order), rank // p.n_dst, beyond)
+            return rank_tensors(template, rank % p.n_dst, beyond, self.sources, self.built)
+        except ReshardError:
+            p.plan_rank(rank, SourcePaths(), order)  # raises the precise, blamed error
+            raise
+
+    def _template(self, order: tuple[int, ...], stage: int, beyond: bool) -> Template:
+        hit = self._templates.get((order, stage, beyond))
+        if hit is None:
+            hit = self._templates[(order, stage, beyond)] = self._build_template(order, stage, beyond)
+        return hit
+
+    def _build_template(self, order: tuple[int, ...], stage: int, beyond: bool) -> Template:
+        """``plan_rank``'s loop over parameters, minus everything that depends on the rank."""
+        p = self.planner
+        holders = p.holders(order, beyond)
+        decisions, cut, dst_map = self._stage(stage)
+        template = Template()
+        tables = self.tables
+        for name, by_key in holders.items():
+            decision = decisions.get(name)
+            if decision is None:
+                decision = decisions[name] = self._decide(name, cut, dst_map)
+            role, src_p, dst_p, device_n = decision
+            if role is Role.SKIP:
+                continue
+            if role is Role.WHOLE:
+                template.deferred.append((name, by_key))
+                continue
+            template.device_n = device_n
+            first = next(iter(by_key.values())).tensors[name]
+            template.add(tables.get(src_p, dst_p, tables.full(src_p, first.shape)), name, name, first.dtype, by_key)
+        if template.device_n is None:
+            raise LayoutError("no parameter to transform")
+        template.finish()
+        return template
+
+    def _stage(self, stage: int) -> tuple[dict[str, _Decision], StageCut, dict[str, StagedLayout] | None]:
+        """A destination stage's cut and layout map, and a memo of what ``plan_rank`` does with each name."""
+        hit = self._stages.get(stage)
+        if hit is None:
+            p = self.planner
+            rank = stage * p.n_dst
+            hit = self._stages[stage] = ({}, p.stage_cut(rank), p.dst_map(rank))
+        return hit
+
+    def _decide(self, name: str, cut: StageCut, dst_map: dict[str, StagedLayout] | None) -> _Decision:
+        role = cut.role(name)
+        if role is not Role.TRANSFORM:
+            return role, None, None, 0
+        src_p, dst_p = self.planner.layouts(name, dst_map)
+        return role, src_p, dst_p, src_p.device_num if src_p is not None else 1
+
+
+def plan_transform(
+    sources: Mapping[int, SourceFile],
+    src: LayoutTable | None,
+    dst: LayoutTable | None,
+    dst_dir: str,
+    prefix: str,
+    output_format: str,
+    ranks: Sequence[int] | None = None,
+) -> Plan:
+    """Plan a transform of a distributed (or full) checkpoint into ``dst_dir/rank_<r>/``."""
+    planner = TransformPlanner(sources, src, dst)
+    wanted = wanted_ranks(ranks, planner.dst_total)
+    if ranks is None:
+        planner.check_rank_count()
+    else:
+        planner.check_needed_present(wanted)
+    bulk = _BulkPlanner(planner)
+    meta = output_metadata(output_format)
+    files = []
+    for rank in wanted:
+        path = layout_dir.rank_output(dst_dir, rank, prefix, output_format)
+        files.append(FilePlan(path, output_format, bulk.rank(rank), meta, rank))
+    return Plan("transform", tuple(bulk.sources.paths), tuple(files))
+
+
+__all__ = [
+    "MATERIALISED_FILES",
+    "BuiltFiles",
+    "LayoutClass",
+    "RankShare",
+    "RankTensors",
+    "Tables",
+    "Template",
+    "Transformed",
+    "bulk_or_reference",
+    "plan_transform",
+    "rank_tensors",
+]

@@ -1,0 +1,335 @@
+"""The plan's data model: plain, frozen values that say where every output byte comes from.
+
+Every planner of this package produces these and every executor consumes them, so they hold
+nothing but data (no file handles, no layouts): a plan can be printed, compared, pickled to
+another machine and checked (``reshard.plan.validate``) without touching a file. Like
+torch.distributed.checkpoint's ``ReadItem``, a ``Copy`` is three tuples: the box start inside the
+source tensor, the box start inside the destination tensor, and the box lengths.
+
+The inputs of planning live here too: ``SourceFile`` / ``SourceTensor`` (what planning needs from
+a file's header), and the small helpers every planner shares: interning source paths
+(``SourcePaths``), a tensor copied whole or assembled from boxes, the ``Role`` of a parameter in a
+destination file, and the destination ranks and metadata of an output.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from reshard import dtypes
+from reshard.dtypes import DType
+from reshard.errors import UsageError
+from reshard.layout import Box
+
+
+@dataclass(frozen=True)
+class Copy:
+    """Copy one box: ``lengths`` elements per dim from ``src_start`` in the source tensor to ``dst_start``."""
+
+    source: int  # index into Plan.sources
+    tensor: str  # tensor name inside that source file
+    src_start: tuple[int, ...]
+    dst_start: tuple[int, ...]
+    lengths: tuple[int, ...]
+    whole_source: bool = False  # the box is the entire source tensor
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    copies: tuple[Copy, ...]
+    nbytes: int
+    literal: bytes | None = None  # content given in the plan itself (strings restored from metadata)
+
+    @property
+    def whole_copy(self) -> bool:
+        """True when the tensor is one source tensor copied unchanged (also strings, scalars)."""
+        return len(self.copies) == 1 and self.copies[0].whole_source and self.copies[0].lengths == self.shape
+
+    @property
+    def bytes_read(self) -> int:
+        return read_bytes(self.dtype, self.shape, sum(math.prod(c.lengths) for c in self.copies), self.nbytes)
+
+
+def read_bytes(dtype: DType, shape: tuple[int, ...], elements: int, nbytes: int) -> int:
+    """Bytes a tensor reads from its sources: ``elements`` copied (strings count 1 a character)."""
+    if not shape:
+        return nbytes
+    return elements * (dtype.itemsize if dtype is not dtypes.STR else 1)
+
+
+@dataclass(frozen=True)
+class FileStats:
+    """Totals of one output file's tensors (lazy files answer them without building any tensor)."""
+
+    tensors: int
+    copies: int
+    bytes_read: int
+    bytes_written: int
+    largest_tensor: int
+
+    @staticmethod
+    def of(tensors: Sequence[TensorPlan]) -> FileStats:
+        if isinstance(tensors, LazyTensors):
+            return tensors.stats
+        copies = read = written = largest = 0
+        for t in tensors:
+            copies += len(t.copies)
+            read += t.bytes_read
+            written += t.nbytes
+            largest = max(largest, t.nbytes)
+        return FileStats(len(tensors), copies, read, written, largest)
+
+
+class LazyTensors(Sequence[TensorPlan]):
+    """The tensors of one output, built on access; their totals are known without building them.
+
+    ``reshard.plan.bulk.RankTensors`` is the one kind: transform and split outputs built from
+    shared per-class tables.
+    """
+
+    @property
+    @abc.abstractmethod
+    def stats(self) -> FileStats: ...
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    """One output file. ``tensors`` is a tuple, or (transform plans) a ``LazyTensors`` sequence that
+    builds its ``TensorPlan`` objects on access: iterate it, index it, take its ``len``."""
+
+    path: str
+    format: str
+    tensors: Sequence[TensorPlan]
+    metadata: tuple[tuple[str, str], ...] = ()
+    rank: int | None = None
+
+    @property
+    def stats(self) -> FileStats:
+        return FileStats.of(self.tensors)
+
+    @property
+    def nbytes(self) -> int:
+        return self.stats.bytes_written
+
+    @property
+    def copy_count(self) -> int:
+        """Number of copies of all tensors (without building them, for lazy files)."""
+        return self.stats.copies
+
+
+@dataclass(frozen=True)
+class TextOutput:
+    """A small text file a plan writes after its tensor files (index JSON, manifests)."""
+
+    path: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    operation: str
+    sources: tuple[str, ...]
+    files: tuple[FilePlan, ...]
+    texts: tuple[TextOutput, ...] = ()
+
+    @property
+    def bytes_written(self) -> int:
+        return sum(f.stats.bytes_written for f in self.files)
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(f.stats.bytes_read for f in self.files)
+
+    @property
+    def largest_tensor(self) -> int:
+        return max((f.stats.largest_tensor for f in self.files), default=0)
+
+    def summary(self) -> dict[str, object]:
+        stats = [f.stats for f in self.files]
+        return {
+            "operation": self.operation,
+            "sources": len(self.sources),
+            "outputs": len(self.files),
+            "tensors": sum(s.tensors for s in stats),
+            "copies": sum(s.copies for s in stats),
+            "bytes_read": sum(s.bytes_read for s in stats),
+            "bytes_written": sum(s.bytes_written for s in stats),
+            "largest_tensor": max((s.largest_tensor for s in stats), default=0),
+        }
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            **self.summary(),
+            "source_files": list(self.sources),
+            "files": [
+                {
+                    "path": f.path,
+                    "format": f.format,
+                    "rank": f.rank,
+                    "bytes": f.nbytes,
+                    "tensors": [
+                        {
+                            "name": t.name,
+                            "dtype": t.dtype.ms_name,
+                            "shape": list(t.shape),
+                            "copies": [
+                                [self.sources[c.source], c.tensor, list(c.src_start), list(c.dst_start),
+                                 list(c.lengths)]
+                                for c in t.copies
+                            ],
+                        }
+                        for t in f.tensors
+                    ],
+                }
+                for f in self.files
+            ],
+            "texts": [t.path for t in self.texts],
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# planning inputs
+
+
+@dataclass(frozen=True)
+class SourceTensor:
+    dtype: DType
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass
+class SourceFile:
+    """What planning needs from one source file: its tensors' dtypes and shapes, in file order."""
+
+    path: str
+    rank: int
+    tensors: dict[str, SourceTensor]
+    metadata: dict[str, str] = field(default_factory=dict)
+    strings: dict[str, str] = field(default_factory=dict)  # values of string entries (small)
+
+
+class SourcePaths:
+    """Interns source paths into the plan's ``sources`` tuple (``ids``: path -> index)."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        self.ids: dict[str, int] = {}
+
+    def id(self, path: str) -> int:
+        if path not in self.ids:
+            self.ids[path] = len(self.paths)
+            self.paths.append(path)
+        return self.ids[path]
+
+
+class Role(Enum):
+    """What a destination file does with one parameter (``reshard.plan.transform.StageCut.role``)."""
+
+    SKIP = "skip"  # not in this file (another pipeline stage's)
+    WHOLE = "whole"  # copied whole from one source file (in only one of the two strategies)
+    TRANSFORM = "transform"  # resliced from its source layout to its destination layout
+
+
+# --------------------------------------------------------------------------------------------
+# shared helpers
+
+
+def whole_tensor(sources: SourcePaths, src: SourceFile, name: str, out_name: str | None = None) -> TensorPlan:
+    """``src``'s tensor ``name`` copied unchanged (as ``out_name``)."""
+    return whole_tensor_at(sources.id(src.path), src, name, out_name)
+
+
+def whole_tensor_at(source: int, src: SourceFile, name: str, out_name: str | None = None) -> TensorPlan:
+    """``src``'s tensor ``name`` copied unchanged; ``source`` is the index of ``src`` in the plan."""
+    t = src.tensors[name]
+    zeros = (0,) * len(t.shape)
+    copy = Copy(source, name, zeros, zeros, t.shape, whole_source=True)
+    return TensorPlan(out_name or name, t.dtype, t.shape, (copy,), t.nbytes)
+
+
+def box_start(box: Box) -> tuple[int, ...]:
+    return tuple(a for a, _ in box)
+
+
+def assembled(
+    sources: SourcePaths,
+    name: str,
+    out_name: str,
+    pieces: Iterable[tuple[SourceFile, Box, Box]],
+    dst_box: Box,
+    dtype: DType,
+) -> TensorPlan:
+    """A tensor assembled from (source file, box held by that file, piece box) triples."""
+    dst_origin = box_start(dst_box)
+    copies = []
+    for src, held, piece in pieces:
+        held_origin = box_start(held)
+        lengths = tuple(b - a for a, b in piece)
+        copies.append(
+            Copy(
+                sources.id(src.path),
+                name,
+                tuple(a - o for (a, _), o in zip(piece, held_origin, strict=True)),
+                tuple(a - o for (a, _), o in zip(piece, dst_origin, strict=True)),
+                lengths,
+                whole_source=lengths == src.tensors[name].shape,
+            )
+        )
+    shape = tuple(b - a for a, b in dst_box)
+    return TensorPlan(out_name, dtype, shape, tuple(copies), math.prod(shape) * dtype.itemsize)
+
+
+def wanted_ranks(ranks: Sequence[int] | None, total: int) -> list[int]:
+    """The destination ranks to plan (all by default); any outside ``0..total-1`` is a usage error."""
+    wanted = list(range(total)) if ranks is None else list(ranks)
+    bad = [r for r in wanted if not 0 <= r < total]
+    if bad:
+        raise UsageError(f"destination rank(s) {bad} out of range 0..{total - 1}")
+    return wanted
+
+
+def output_metadata(fmt: str) -> tuple[tuple[str, str], ...]:
+    """The metadata MindSpore writes into an output of format ``fmt`` (safetensors: ``format: ms``)."""
+    return (("format", "ms"),) if fmt == "safetensors" else ()
+
+
+def rank_ranges(ranks: Sequence[int]) -> str:
+    """``0-3,5`` style text for a sorted rank list."""
+    parts: list[str] = []
+    for r in ranks:
+        if parts and parts[-1].split("-")[-1] == str(r - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{r}"
+        else:
+            parts.append(str(r))
+    return ",".join(parts)
+
+
+__all__ = [
+    "Copy",
+    "FilePlan",
+    "FileStats",
+    "LazyTensors",
+    "Plan",
+    "Role",
+    "SourceFile",
+    "SourcePaths",
+    "SourceTensor",
+    "TensorPlan",
+    "TextOutput",
+    "assembled",
+    "box_start",
+    "output_metadata",
+    "rank_ranges",
+    "read_bytes",
+    "wanted_ranks",
+    "whole_tensor",
+    "whole_tensor_at",
+]
