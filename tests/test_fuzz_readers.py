@@ -129,7 +129,7 @@ def _strategy_seed() -> tuple[bytes, bytes]:
 def seeds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     tmp = tmp_path_factory.mktemp("seeds")
     pb, js = _strategy_seed()
-    out = {"ckpt": _ckpt_seed(tmp), "ckpt_crc": _ckpt_seed(tmp, crc_check=True), "safetensors": _st_seed(tmp),
+    out = {"ckpt": _ckpt_seed(tmp), "ckpt_crc": _ckpt_seed(tmp, write_crc=True), "safetensors": _st_seed(tmp),
            "strategy.ckpt": pb, "strategy.json": js}
     for mode in crypto.MODES:
         key = KEY[:16] if mode == "SM4-CBC" else KEY

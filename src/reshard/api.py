@@ -9,6 +9,10 @@ no longer has are removed as its manifest lists them; nothing reshard did not wr
 or ``resume=True`` (continue an interrupted run). A run holds the destination's lock
 (``reshard.lock``) while it writes. Each run journals its outputs and writes ``reshard-manifest.json`` last
 (``manifest=True``, see ``reshard.manifest``); a run that fails removes what it created.
+
+Options come in three keyword-only groups, one per concern: ``read=ReadOptions`` (how sources are
+found and opened), ``write=WriteOptions`` (what the outputs' bytes hold: crc trailer, encryption,
+checksum) and ``run=RunOptions`` (threads, memory bound, progress; ``RayOptions`` runs on Ray).
 """
 
 from __future__ import annotations
@@ -21,10 +25,10 @@ from dataclasses import dataclass, field, replace
 from reshard import lock as _lock
 from reshard import manifest as _manifest
 from reshard.errors import FormatError, LayoutError, UsageError
-from reshard.execute import local
+from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats import hf_index, layout_dir
 from reshard.formats.base import TensorIndex
-from reshard.formats.ckpt import read_ckpt
+from reshard.formats.ckpt import probe_ckpt, read_ckpt
 from reshard.formats.safetensors import read_safetensors
 from reshard.formats.strategy import StrategyFile, load_strategy
 from reshard.plan import (
@@ -41,6 +45,7 @@ from reshard.plan import (
     plan_unify,
     plan_unify_hf,
 )
+from reshard.text import parse_size
 
 INDEX_THREADS = 8  # source files indexed at once while planning (the scans wait on the disk)
 
@@ -90,19 +95,10 @@ def open_checkpoint(path: str, options: ReadOptions | None = None) -> TensorInde
 
 def has_crc_trailer(path: str) -> bool:
     """True when a plain (unencrypted) ``.ckpt`` ends with MindSpore's crc trailer (spec 1.6)."""
-    from reshard.formats import ckpt, crypto
-
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(4)
-            size = fh.seek(0, os.SEEK_END)
-            if size < ckpt.CRC_TRAILER_BYTES:
-                return False
-            fh.seek(size - ckpt.CRC_TRAILER_BYTES)
-            mark = fh.read(len(ckpt.CRC_MARK))
+        return probe_ckpt(path).crc_trailer
     except OSError:
         return False  # read_ckpt reports the problem
-    return mark == ckpt.CRC_MARK and crypto.encrypted_mode(head) is None
 
 
 def source_file(path: str, rank: int = 0, options: ReadOptions | None = None) -> SourceFile:
@@ -247,9 +243,10 @@ def _entries(folder: str) -> list[str]:
 
 def execute(
     plan: Plan,
-    options: ReadOptions | None = None,
-    run: local.Options | None = None,
     *,
+    read: ReadOptions | None = None,
+    write: WriteOptions | None = None,
+    run: RunOptions | None = None,
     root: str | None = None,
     resume: bool = False,
     manifest: bool = True,
@@ -264,14 +261,15 @@ def execute(
     ``remove`` lists an earlier run's outputs to delete once the destination is locked
     (``superseded``).
     """
-    opened = replace(options, crc_check=False) if options is not None else None
+    opened = replace(read, crc_check=False) if read is not None else None
     from reshard.execute import ray as ray_executor  # light: Ray itself is imported only when used
 
     if executor not in ("local", "ray"):
         raise UsageError(f"unknown executor {executor!r} (choose local or ray)")
     if executor == "ray" or isinstance(run, ray_executor.RayOptions):
-        return ray_executor.run_recorded(plan, opened, run, root, resume=resume, manifest=manifest, remove=remove)
-    return _manifest.run_recorded(plan, lambda path: open_checkpoint(path, opened), run, root,
+        return ray_executor.run_recorded(plan, opened, write, run, root, resume=resume, manifest=manifest,
+                                         remove=remove)
+    return _manifest.run_recorded(plan, lambda path: open_checkpoint(path, opened), write, run, root,
                                   resume=resume, manifest=manifest, remove=remove)
 
 
@@ -301,7 +299,8 @@ def transform(
     output_format: str | None = None,
     ranks: Sequence[int] | None = None,
     read: ReadOptions | None = None,
-    run: local.Options | None = None,
+    write: WriteOptions | None = None,
+    run: RunOptions | None = None,
     overwrite: bool = False,
     dry_run: bool = False,
     resume: bool = False,
@@ -348,8 +347,8 @@ def transform(
     if not dry_run:
         check_destination(dst_dir, [model_folder(src)], overwrite, resume)
         remove = superseded(dst_dir, plan, _strategy(dst_strategy), overwrite, manifest)
-        kept = _kept_note(execute(plan, read, run, root=dst_dir, resume=resume, manifest=manifest, remove=remove),
-                          notes)
+        kept = _kept_note(execute(plan, read=read, write=write, run=run, root=dst_dir, resume=resume,
+                                  manifest=manifest, remove=remove), notes)
     return Report(plan, notes, kept)
 
 
@@ -359,7 +358,7 @@ def _shard_size(hf: bool, max_shard_size: int | str | None) -> int | None:
         if max_shard_size is not None:
             raise UsageError("a maximum shard size needs Hugging Face output (--hf)")
         return None
-    return hf_index.parse_size(hf_index.DEFAULT_MAX_SHARD_SIZE if max_shard_size is None else max_shard_size)
+    return parse_size(hf_index.DEFAULT_MAX_SHARD_SIZE if max_shard_size is None else max_shard_size, "the shard size")
 
 
 def _kept_note(kept: list[str], notes: list[str]) -> list[str]:
@@ -376,7 +375,8 @@ def transform_by_rank(
     dst_strategy: str | StrategyFile | None = None,
     *,
     read: ReadOptions | None = None,
-    run: local.Options | None = None,
+    write: WriteOptions | None = None,
+    run: RunOptions | None = None,
     dry_run: bool = False,
     manifest: bool = True,
 ) -> Report:
@@ -387,7 +387,7 @@ def transform_by_rank(
     sources = {int(r): source_file(p, int(r), read) for r, p in files_map.items()}
     plan = plan_transform_by_rank(rank, sources, out_file, _strategy(src_strategy), _strategy(dst_strategy))
     if not dry_run:
-        execute(plan, read, run, manifest=manifest)
+        execute(plan, read=read, write=write, run=run, manifest=manifest)
     return Report(plan, [])
 
 
@@ -418,7 +418,8 @@ def unify(
     choice_func: ChoiceFunc | None = None,
     split_dst_file: tuple[int, int] | tuple[()] = (),
     read: ReadOptions | None = None,
-    run: local.Options | None = None,
+    write: WriteOptions | None = None,
+    run: RunOptions | None = None,
     overwrite: bool = False,
     dry_run: bool = False,
     mindspore_order: bool = False,
@@ -452,7 +453,8 @@ def unify(
     kept: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [src_dir], overwrite, resume)
-        kept = _kept_note(execute(plan, read, run, root=dst_dir, resume=resume, manifest=manifest), notes)
+        kept = _kept_note(execute(plan, read=read, write=write, run=run, root=dst_dir, resume=resume,
+                                  manifest=manifest), notes)
     return Report(plan, notes, kept)
 
 
@@ -575,7 +577,8 @@ def split(
     ranks: Sequence[int] | None = None,
     output_format: str = "safetensors",
     name_map: Mapping[str, str] | None = None,
-    run: local.Options | None = None,
+    write: WriteOptions | None = None,
+    run: RunOptions | None = None,
     overwrite: bool = False,
     dry_run: bool = False,
     resume: bool = False,
@@ -595,8 +598,8 @@ def split(
     if not dry_run:
         check_destination(dst_dir, [model_folder(unified_dir)], overwrite, resume)
         remove = superseded(dst_dir, plan, sf, overwrite, manifest)
-        kept = _kept_note(execute(plan, None, run, root=dst_dir, resume=resume, manifest=manifest, remove=remove),
-                          notes)
+        kept = _kept_note(execute(plan, write=write, run=run, root=dst_dir, resume=resume, manifest=manifest,
+                                  remove=remove), notes)
     return Report(plan, notes, kept)
 
 
@@ -658,7 +661,8 @@ def convert(
     name_map: Mapping[str, str] | None = None,
     file_regex: str | None = None,
     read: ReadOptions | None = None,
-    run: local.Options | None = None,
+    write: WriteOptions | None = None,
+    run: RunOptions | None = None,
     dry_run: bool = False,
     overwrite: bool = False,
     resume: bool = False,
@@ -672,7 +676,7 @@ def convert(
     the source folder (the file's folder for one file); then existing outputs are refused unless
     ``overwrite``/``resume``. ``hf=True`` converts one full ``.ckpt`` file into Hugging Face
     shards (at most ``max_shard_size``, default ``5GB``) + ``model.safetensors.index.json``.
-    ``.ckpt`` sources with ``to="ckpt"`` are re-written into ``dst``: encrypted with ``run.enc_key``
+    ``.ckpt`` sources with ``to="ckpt"`` are re-written into ``dst``: encrypted with ``write.enc_key``
     (after decrypting with ``read.dec_key`` when given) or decrypted (only ``read.dec_key``); with
     neither key there is nothing to do, a usage error. A folder without ``rank*`` folders that holds
     one checkpoint file stands for that file.
@@ -682,8 +686,8 @@ def convert(
     shard_size = _shard_size(hf, max_shard_size)
     src = _convert_source(src)
     if to == "ckpt" and shard_size is None and holds_only_ckpt(src):
-        return recrypt(src, dst, file_regex=file_regex, read=read, run=run, dry_run=dry_run, overwrite=overwrite,
-                       resume=resume, manifest=manifest)
+        return recrypt(src, dst, file_regex=file_regex, read=read, write=write, run=run, dry_run=dry_run,
+                       overwrite=overwrite, resume=resume, manifest=manifest)
     if shard_size is not None and (to != "safetensors" or not os.path.isfile(src)):
         raise UsageError("Hugging Face output converts one full .ckpt file to safetensors", src)
     notes: list[str] = []
@@ -701,7 +705,8 @@ def convert(
             existing = [p for p in [f.path for f in plan.files] + [t.path for t in plan.texts] if os.path.exists(p)]
             if existing:
                 raise UsageError("output exists (use --overwrite to replace it)", existing[0])
-        kept = _kept_note(execute(plan, read, run, root=root, resume=resume, manifest=manifest), notes)
+        kept = _kept_note(execute(plan, read=read, write=write, run=run, root=root, resume=resume,
+                                  manifest=manifest), notes)
     return Report(plan, notes, kept)
 
 
@@ -731,16 +736,17 @@ def recrypt(
     *,
     file_regex: str | None = None,
     read: ReadOptions | None = None,
-    run: local.Options | None = None,
+    write: WriteOptions | None = None,
+    run: RunOptions | None = None,
     dry_run: bool = False,
     overwrite: bool = False,
     resume: bool = False,
     manifest: bool = True,
 ) -> Report:
     """``.ckpt`` to ``.ckpt`` in one step: a file or ``rank*`` folders re-written into ``dst`` (same
-    names), encrypted with ``run.enc_key``/``enc_mode`` after decrypting with ``read.dec_key`` when
+    names), encrypted with ``write.enc_key``/``enc_mode`` after decrypting with ``read.dec_key`` when
     given, or decrypted when only ``read.dec_key`` is given. The inputs are never replaced."""
-    out_dir = _recrypt_destination(src, dst, read, run)
+    out_dir = _recrypt_destination(src, dst, read, write)
     # the .ckpt inputs a conversion to safetensors would read, each written under its own name
     pairs = [(i, os.path.join(os.path.dirname(o), os.path.basename(i)))
              for i, o in convert_targets(src, out_dir, "safetensors", file_regex)]
@@ -750,13 +756,14 @@ def recrypt(
     kept: list[str] = []
     if not dry_run:
         check_destination(out_dir, [src], overwrite, resume)
-        kept = _kept_note(execute(plan, read, run, root=out_dir, resume=resume, manifest=manifest), notes)
+        kept = _kept_note(execute(plan, read=read, write=write, run=run, root=out_dir, resume=resume,
+                                  manifest=manifest), notes)
     return Report(plan, notes, kept)
 
 
-def _recrypt_destination(src: str, dst: str | None, read: ReadOptions | None, run: local.Options | None) -> str:
+def _recrypt_destination(src: str, dst: str | None, read: ReadOptions | None, write: WriteOptions | None) -> str:
     """The output folder of a re-encryption, which needs a key and an output folder."""
-    if (read is None or read.dec_key is None) and (run is None or run.enc_key is None):
+    if (read is None or read.dec_key is None) and (write is None or write.enc_key is None):
         raise UsageError("the source is already .ckpt and no key was given: nothing to do (give --enc-key-file/"
                          "--enc-key-env to encrypt, --dec-key-file/--dec-key-env to decrypt)", src)
     if not dst:

@@ -22,7 +22,8 @@ from typing import Any
 
 from reshard import layout
 from reshard.errors import ReshardError, UsageError
-from reshard.formats import crypto, layout_dir
+from reshard.formats import layout_dir
+from reshard.formats.ckpt import probe_ckpt
 from reshard.formats.strategy import (
     STAGE_SEPARATOR,
     ParamLayout,
@@ -32,6 +33,7 @@ from reshard.formats.strategy import (
     load_strategy,
     read_strategy,
 )
+from reshard.text import format_size, one_line
 
 STRATEGY_FIRST_BYTE = 0x08  # ParallelStrategyMap starts with current_stage (field 1, varint)
 _RANK_FOLDER = re.compile(r"rank_(\d+)")
@@ -94,13 +96,13 @@ def stage_layouts(sf: StrategyFile, name: str) -> dict[int, ParamLayout]:
             if key.endswith(prefix) and key[: -len(prefix)].isdigit()}
 
 
-def _read_for(path: str, read: Any) -> Any:
-    """The read options for one file: the key only for an encrypted ``.ckpt``."""
-    if read is None or read.dec_key is None or not path.endswith(".ckpt"):
+def read_for_file(path: str | None, read: Any) -> Any:
+    """The read options for one file: the key only for an encrypted ``.ckpt`` (so one key can serve
+    a command whose other inputs are plain)."""
+    if read is None or read.dec_key is None or path is None or not path.endswith(".ckpt"):
         return replace(read, dec_key=None) if read is not None else None
     try:
-        with open(path, "rb") as fh:
-            encrypted = crypto.encrypted_mode(fh.read(4)) is not None
+        encrypted = probe_ckpt(path).cipher is not None
     except OSError:
         encrypted = False  # the reader reports it
     return read if encrypted else replace(read, dec_key=None)
@@ -110,7 +112,7 @@ def checkpoint_rows(path: str, strategy: StrategyFile | None = None, rank: int |
                     read: Any = None) -> list[dict[str, Any]]:
     from reshard.api import source_file
 
-    src = source_file(path, rank or 0, _read_for(path, read))
+    src = source_file(path, rank or 0, read_for_file(path, read))
     lmap = param_layouts(strategy, rank) if strategy is not None else {}
     rows = []
     for name, t in src.tensors.items():
@@ -230,17 +232,9 @@ def gather(path: str, strategy: str | None = None, read: Any = None,
     return _file_info(path, sf, read)
 
 
-def _size(n: int) -> str:
-    from reshard.cli import _size as fmt
-
-    return fmt(n)
-
-
 def main(path: str, as_json: bool = False, strategy: str | None = None, read: Any = None) -> None:
     notes: list[str] = []
     info = gather(path, strategy, read, notes)
-    from reshard.cli import one_line
-
     for note in notes:
         print(f"reshard: note: {one_line(note)}", file=sys.stderr)
     if as_json:
@@ -271,10 +265,10 @@ def main(path: str, as_json: bool = False, strategy: str | None = None, read: An
             table.add_column(col, justify="right" if col == "size" else "left")
         for row in part["tensors"]:
             shape = repr(row["value"]) if "value" in row else str(row["shape"])
-            table.add_row(row["name"], row["dtype"], shape, _size(row["bytes"]),
+            table.add_row(row["name"], row["dtype"], shape, format_size(row["bytes"]),
                           str(row.get("full_shape", "")), row.get("layout", ""))
         console.print(table)
         if part.get("ignored"):
             console.print(f"ignored: {', '.join(part['ignored'])}")
     count = sum(len(p["tensors"]) for _, p in groups)
-    console.print(f"{count} tensors, {_size(info['bytes'])} in {len(info.get('files', groups))} file(s)")
+    console.print(f"{count} tensors, {format_size(info['bytes'])} in {len(info.get('files', groups))} file(s)")

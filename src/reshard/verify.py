@@ -34,10 +34,12 @@ import numpy as np
 
 from reshard import api, dtypes
 from reshard.errors import UsageError
+from reshard.execute import assemble
 from reshard.execute.local import SourceCache
-from reshard.formats import crypto, hf_index, layout_dir
+from reshard.formats import hf_index, layout_dir
 from reshard.formats.base import decode_string
 from reshard.formats.strategy import StrategyFile
+from reshard.inspect import read_for_file
 from reshard.plan import Plan, TensorPlan, plan_convert
 
 EXIT_DIFFER = 1  # the CLI's exit code when the checkpoints differ (2 stays "bad input")
@@ -136,15 +138,7 @@ def _first_ckpt(path: str) -> str | None:
 
 def _side_read(path: str, read: api.ReadOptions) -> api.ReadOptions:
     """The key is used only for a side whose checkpoints are encrypted (the other may be plain)."""
-    first = _first_ckpt(path)
-    if read.dec_key is None or first is None:
-        return replace(read, dec_key=None)
-    try:
-        with open(first, "rb") as fh:
-            encrypted = crypto.encrypted_mode(fh.read(4)) is not None
-    except OSError:
-        encrypted = False  # the reader reports it
-    return read if encrypted else replace(read, dec_key=None)
+    return read_for_file(_first_ckpt(path), read)
 
 
 def side_plan(path: str, strategy: str | StrategyFile | None, read: api.ReadOptions, notes: list[str]) -> Plan:
@@ -186,30 +180,6 @@ def _open_side(path: str, strategy: str | StrategyFile | None, read: api.ReadOpt
 
 
 # ------------------------------------------------------------------------------------ comparing
-
-
-def _rows(side: _Side, t: TensorPlan, r0: int, r1: int) -> np.ndarray:
-    """Rows ``r0:r1`` (dim 0) of the full tensor ``t``, assembled from the plan's copies."""
-    if t.literal is not None:
-        whole = np.frombuffer(t.literal, dtype=t.dtype.numpy).reshape(t.shape)
-        return whole[r0:r1] if t.shape else whole
-    if t.whole_copy:
-        c = t.copies[0]
-        whole = side.array(c.source, c.tensor)
-        return whole[r0:r1] if t.shape else whole
-    block = np.empty((r1 - r0, *t.shape[1:]), dtype=t.dtype.numpy)
-    for c in t.copies:
-        lo, hi = max(r0, c.dst_start[0]), min(r1, c.dst_start[0] + c.lengths[0])
-        if lo >= hi:
-            continue
-        shift = lo - c.dst_start[0]
-        src = side.array(c.source, c.tensor)
-        src_sel = (slice(c.src_start[0] + shift, c.src_start[0] + shift + hi - lo),
-                   *(slice(s, s + n) for s, n in zip(c.src_start[1:], c.lengths[1:], strict=True)))
-        dst_sel = (slice(lo - r0, hi - r0),
-                   *(slice(s, s + n) for s, n in zip(c.dst_start[1:], c.lengths[1:], strict=True)))
-        np.copyto(block[dst_sel], src[src_sel])
-    return block
 
 
 def _string(side: _Side, t: TensorPlan) -> str:
@@ -263,7 +233,7 @@ def _compare(name: str, a: _Side, ta: TensorPlan, b: _Side, tb: TensorPlan, atol
     step = _block_rows(ta, max_memory)
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
-        block_a, block_b = _rows(a, ta, r0, r1), _rows(b, tb, r0, r1)
+        block_a, block_b = assemble.tensor_rows(ta, r0, r1, a.array), assemble.tensor_rows(tb, r0, r1, b.array)
         if exact and _same_bytes(block_a, block_b):
             continue
         exact = False

@@ -35,7 +35,6 @@ import itertools
 import math
 import mmap
 import os
-import struct
 import tempfile
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -54,6 +53,7 @@ from reshard.errors import (
     UnsupportedError,
     UsageError,
 )
+from reshard.formats import crypto
 from reshard.formats.base import (
     FileLayout,
     Segment,
@@ -73,7 +73,6 @@ CRC_MARK = b"crc_num"  # trailer = mark + crc32 as a 10-byte big-endian integer 
 CRC_DIGITS = 10
 CRC_TRAILER_BYTES = len(CRC_MARK) + CRC_DIGITS
 CRC_BLOCK_BYTES = 16 * 1024 * 1024  # read-back block for the crc: bounded memory, large reads
-ENCRYPTED_MAGICS = {0x7F3A5ED8: "AES-GCM", 0x7F3A5ED9: "AES-CBC", 0x7F3A5EDA: "SM4-CBC"}  # spec 1.7
 
 # Protobuf wire types and the field numbers of checkpoint.proto (spec 1.1).
 VARINT, FIXED64, LEN, FIXED32 = 0, 1, 2, 5
@@ -190,7 +189,7 @@ def read_ckpt(
     path = os.fspath(path)
     buf, closer, size = map_file(path)
     try:
-        mode = _encryption_mode(buf, size)
+        mode = crypto.encrypted_mode(buf[:4])
         if mode is not None and dec_key is None:
             raise FormatError(
                 f"encrypted ({mode}); give the key (--dec-key-file or --dec-key-env; dec_key in Python)", path
@@ -237,10 +236,32 @@ def _prefetch_fd(path: str | None) -> Iterator[int | None]:
         os.close(fd)
 
 
-def _encryption_mode(buf: Any, size: int) -> str | None:
-    if size < 4:
-        return None
-    return ENCRYPTED_MAGICS.get(struct.unpack("<I", buf[:4])[0])
+@dataclass(frozen=True)
+class CkptProbe:
+    """What a ``.ckpt`` file's first and last bytes say about it, before it is parsed."""
+
+    cipher: str | None  # the encryption mode its record magic names, None for a plain file
+    crc_trailer: bool  # a plain file ending with MindSpore's crc trailer (spec 1.6)
+
+
+def ends_with_crc_trailer(tail: bytes | memoryview) -> bool:
+    """Whether ``tail``, the last ``CRC_TRAILER_BYTES`` (or fewer) of a file, is a crc trailer."""
+    return len(tail) == CRC_TRAILER_BYTES and bytes(tail[: len(CRC_MARK)]) == CRC_MARK
+
+
+def probe_ckpt(path: str | os.PathLike[str]) -> CkptProbe:
+    """Is this ``.ckpt`` encrypted (and how), does it carry a crc trailer? Two small reads.
+
+    An encrypted file never counts as having a trailer: what MindSpore appends after encrypted
+    records carries no checksum (``crypto`` explains). Raises ``OSError`` when the file cannot be
+    read; the callers decide what that means for them.
+    """
+    with open(path, "rb") as fh:
+        cipher = crypto.encrypted_mode(fh.read(4))
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, size - CRC_TRAILER_BYTES))
+        tail = fh.read(CRC_TRAILER_BYTES)
+    return CkptProbe(cipher, cipher is None and ends_with_crc_trailer(tail))
 
 
 def _decrypt(buf: Any, key: bytes, mode: str, path: str) -> tuple[Any, Callable[[], None], int]:
@@ -248,8 +269,6 @@ def _decrypt(buf: Any, key: bytes, mode: str, path: str) -> tuple[Any, Callable[
 
     The map keeps the (already unlinked) temp file alive until it is closed.
     """
-    from reshard.formats import crypto  # lazy: only encrypted files need it
-
     try:
         with tempfile.TemporaryFile() as tmp:
             crypto.decrypt_stream(buf, tmp, key, mode, path)
@@ -265,7 +284,7 @@ def _decrypt(buf: Any, key: bytes, mode: str, path: str) -> tuple[Any, Callable[
 
 def _payload_end(buf: Any, size: int, crc_check: bool, path: str) -> int:
     """Where the protobuf bytes end: before the CRC trailer if there is one (checked on request)."""
-    if size >= CRC_TRAILER_BYTES and buf[size - CRC_TRAILER_BYTES : size - CRC_DIGITS] == CRC_MARK:
+    if ends_with_crc_trailer(buf[max(0, size - CRC_TRAILER_BYTES) : size]):
         end = size - CRC_TRAILER_BYTES
         if crc_check:
             stored = int.from_bytes(buf[size - CRC_DIGITS : size], "big")
@@ -533,7 +552,7 @@ def save_ckpt(
     path: str | os.PathLike[str],
     tensors: Mapping[str, SaveValue] | Sequence[tuple[str, SaveValue]],
     *,
-    crc_check: bool = False,
+    write_crc: bool = False,
     chunk_bytes: int = SLICE_BYTES,
     enc_key: bytes | None = None,
     enc_mode: str = "AES-GCM",
@@ -543,8 +562,8 @@ def save_ckpt(
     Values are numpy arrays (bf16/fp8 from ``ml_dtypes``) or strings. Python scalars follow numpy
     (``2.5`` -> Float64), not ``append_dict`` (Float32): pass ``np.float32(2.5)`` for that.
     """
-    if crc_check and enc_key is not None:
-        raise UsageError("crc_check and enc_key are mutually exclusive (as in MindSpore)", path)
+    if write_crc and enc_key is not None:
+        raise UsageError("a crc trailer and encryption are mutually exclusive (as in MindSpore)", path)
     items = list(tensors.items()) if isinstance(tensors, Mapping) else list(tensors)
     specs, values = [], {}
     for name, value in items:
@@ -555,7 +574,7 @@ def save_ckpt(
     layout = ckpt_layout(specs, chunk_bytes=chunk_bytes)
     fill = fill_from_values(values)
     if enc_key is None:
-        write_file(path, layout, fill, crc_finish if crc_check else None)
+        write_file(path, layout, fill, crc_finish if write_crc else None)
     else:
         write_encrypted(os.fspath(path), layout, fill, enc_key, enc_mode)
 
@@ -564,8 +583,6 @@ def write_encrypted(
     path: str, layout: FileLayout, fill: Callable[[int, FileLayout], None], key: bytes, mode: str
 ) -> None:
     """Plaintext into an anonymous temp file beside the output, then encrypted into place."""
-    from reshard.formats import crypto  # lazy: only encrypted output needs it
-
     crypto.check_key(key, mode, path)
     with atomic_path(path) as tmp:
         try:
@@ -582,4 +599,5 @@ def write_encrypted(
             raise ReshardError(f"write failed: {exc.strerror or exc}", path) from None
 
 
-__all__ = ["SLICE_BYTES", "ckpt_layout", "crc_finish", "read_ckpt", "save_ckpt"]
+__all__ = ["SLICE_BYTES", "CkptProbe", "ckpt_layout", "crc_finish", "ends_with_crc_trailer", "probe_ckpt", "read_ckpt",
+           "save_ckpt"]

@@ -43,6 +43,7 @@ from google.protobuf.message import Message
 
 from reshard.errors import FormatError, LayoutError, ReshardError, UnsupportedError, UsageError
 from reshard.formats.base import atomic_path
+from reshard.text import first_line
 
 TensorMapEntry = int | tuple[int, ...]
 
@@ -278,7 +279,7 @@ def _parse_message(data: bytes, path: str) -> Any:
     try:
         msg.ParseFromString(data)
     except Exception as exc:  # DecodeError, or runtime-specific errors on garbage
-        raise FormatError(f"not a protobuf strategy file ({_one_line(exc)})", path) from None
+        raise FormatError(f"not a protobuf strategy file ({first_line(exc)})", path) from None
     if not msg.IsInitialized():  # the upb runtime parses messages that lack required fields
         missing = ", ".join(msg.FindInitializationErrors()[:3])
         raise FormatError(f"not a protobuf strategy file (missing required fields: {missing})", path)
@@ -289,15 +290,10 @@ def _parse_json(data: bytes, path: str) -> dict[str, Any]:
     try:
         obj = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise FormatError(f"not a JSON strategy file ({_one_line(exc)})", path) from None
+        raise FormatError(f"not a JSON strategy file ({first_line(exc)})", path) from None
     if not isinstance(obj, dict):
         raise FormatError("JSON strategy file must hold an object", path)
     return obj
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
 
 
 def _from_message(msg: Any, path: str | None) -> StrategyFile:
@@ -459,7 +455,7 @@ def _to_message(sf: StrategyFile) -> Any:
             item.param_name = name
             _fill_layouts(item.parallel_layouts, name, layout, sf.path)
     except (ValueError, TypeError) as exc:
-        raise LayoutError(f"cannot store strategy: {_one_line(exc)}", sf.path) from None
+        raise LayoutError(f"cannot store strategy: {first_line(exc)}", sf.path) from None
     return msg
 
 
