@@ -54,24 +54,23 @@ def _memory_size(text: str) -> int:
         raise argparse.ArgumentTypeError(exc.detail) from None
 
 
-def _rank_number(text: str) -> int:
+def _whole_number(text: str, minimum: int, what: str, too_small: str) -> int:
+    """``text`` as an int of at least ``minimum``; else argparse's one-line error."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a rank: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: ranks count from 0")
+        raise argparse.ArgumentTypeError(f"not a {what}: {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{text!r}: {too_small}")
     return value
+
+
+def _rank_number(text: str) -> int:
+    return _whole_number(text, 0, "rank", "ranks count from 0")
 
 
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
-    return value
+    return _whole_number(text, 1, "whole number", "must be at least 1")
 
 
 def _parse_ranks(text: str) -> list[int]:

@@ -57,7 +57,7 @@ from reshard.execute import local
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM, file_digest, new_hash
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats import crypto, layout_dir
-from reshard.formats.base import TEMP_SUFFIX, atomic_path
+from reshard.formats.base import TEMP_SUFFIX, atomic_path, write_whole
 from reshard.lock import DestinationLock
 from reshard.plan import FilePlan, Plan
 from reshard.validate import validate_plan
@@ -469,8 +469,7 @@ class RunRecorder:
             raise ReshardError(f"outputs were not recorded: {', '.join(missing)}", self.root)
         path = manifest_path(self.root)
         try:
-            with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
-                fh.write(self.manifest_text())
+            write_whole(path, self.manifest_text())
         except OSError as exc:
             raise ReshardError(f"cannot write the manifest: {exc.strerror or exc}", path) from None
         self._remove(journal_path(self.root))

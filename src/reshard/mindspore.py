@@ -97,7 +97,7 @@ from reshard.errors import FormatError, IntegrityError, LayoutError, Unsupported
 from reshard.execute import assemble
 from reshard.execute.options import RunOptions
 from reshard.formats import layout_dir
-from reshard.formats.base import TensorIndex, atomic_path, decode_string
+from reshard.formats.base import TensorIndex, decode_string, write_whole
 from reshard.formats.ckpt import probe_ckpt, read_ckpt, save_ckpt
 from reshard.formats.safetensors import read_safetensors, save_safetensors
 from reshard.formats.strategy import (
@@ -605,13 +605,11 @@ def merge_pipeline_strategys(src_strategy_dirs: str, dst_strategy_file: str) -> 
 
 
 def _write_plain(path: str, data: bytes) -> None:
-    """Atomically, with the permissions of a plain ``open(path, "wb")`` (``atomic_path`` sets them)."""
-    with atomic_path(path) as tmp:
-        try:
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-        except OSError as exc:
-            raise UsageError(f"cannot write: {exc.strerror}", path) from None
+    """Atomically, with the permissions of a plain ``open(path, "wb")``."""
+    try:
+        write_whole(path, data)
+    except OSError as exc:
+        raise UsageError(f"cannot write: {exc.strerror}", path) from None
 
 
 def build_searched_strategy(strategy_filename: str) -> dict[str, Any]:

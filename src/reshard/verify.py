@@ -68,6 +68,16 @@ class TensorResult:
                 "detail": self.detail}
 
 
+class _Names:
+    """``report.matching``, ``.differing``, ...: the names whose verdict has one status."""
+
+    def __init__(self, status: str) -> None:
+        self.status = status
+
+    def __get__(self, report: VerifyReport, owner: type | None = None) -> list[str]:
+        return report.names(self.status)
+
+
 @dataclass
 class VerifyReport:
     a: str
@@ -78,21 +88,10 @@ class VerifyReport:
     def names(self, status: str) -> list[str]:
         return [r.name for r in self.results if r.status == status]
 
-    @property
-    def matching(self) -> list[str]:
-        return self.names(MATCH)
-
-    @property
-    def differing(self) -> list[str]:
-        return self.names(DIFFER)
-
-    @property
-    def missing(self) -> list[str]:
-        return self.names(MISSING)
-
-    @property
-    def unexpected(self) -> list[str]:
-        return self.names(UNEXPECTED)
+    matching = _Names(MATCH)
+    differing = _Names(DIFFER)
+    missing = _Names(MISSING)  # only in A
+    unexpected = _Names(UNEXPECTED)  # only in B
 
     @property
     def ok(self) -> bool:

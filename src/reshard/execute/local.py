@@ -415,9 +415,13 @@ def run_plan(plan: Plan, opener: Opener, write: WriteOptions | None = None, run:
         else:
             _run_files_fail_fast(plan.files, workers,
                                  lambda f, cancel: run_file(f, plan, sources, write, run, budget, 1, hashers, cancel))
+    write_texts(plan)
+
+
+def write_texts(plan: Plan) -> None:
+    """The plan's text outputs (index JSON), once every file they describe is written."""
     for text in plan.texts:
-        with base.atomic_path(text.path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text.text)
+        base.write_whole(text.path, text.text)
 
 
-__all__ = ["Cancelled", "Opener", "SourceCache", "file_layout", "run_file", "run_plan"]
+__all__ = ["Cancelled", "Opener", "SourceCache", "file_layout", "run_file", "run_plan", "write_texts"]

@@ -196,8 +196,7 @@ def _put_source(ray: Any, path: str) -> Any:
 
 def _write_output(path: str, data: np.ndarray) -> None:
     try:
-        with base.atomic_path(path) as tmp, open(tmp, "wb") as fh:
-            fh.write(memoryview(data))
+        base.write_whole(path, memoryview(data))
     except OSError as exc:
         raise ReshardError(f"write failed: {exc.strerror or exc}", path) from None
 
@@ -244,9 +243,7 @@ def run_plan_ray(
         window = max(1, int(ray.cluster_resources().get("CPU", 1)))
         _drive(ray, remote, plan, _groups(plan.files, max_tasks), read, write, shipped, run, budget,
                shared_disk, window)
-    for text in plan.texts:
-        with base.atomic_path(text.path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text.text)
+    local.write_texts(plan)
 
 
 def _drive(ray: Any, remote: Any, plan: Plan, groups: list[list[FilePlan]], read: ReadOptions | None,

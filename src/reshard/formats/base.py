@@ -251,6 +251,12 @@ def atomic_path(final: str | os.PathLike[str]) -> Iterator[str]:
         raise
 
 
+def write_whole(path: str | os.PathLike[str], data: bytes | memoryview | str) -> None:
+    """Write ``data`` (text as UTF-8) to ``path`` atomically. Raises ``OSError`` for the caller to word."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+
 def write_file(
     path: str | os.PathLike[str],
     layout: FileLayout,

@@ -167,9 +167,11 @@ class _Scanner:
             return pos + _FIXED_SIZES[wire]
         raise self.error(f"unsupported wire type {wire}", at)
 
-    def expect(self, wire: int, wanted: int, what: str, at: int) -> None:
-        if wire != wanted:
-            raise self.error(f"{what} has wire type {wire}, expected {wanted}", at)
+    def payload(self, wire: int, pos: int, end: int, what: str, at: int) -> tuple[int, int]:
+        """(start, stop) of field ``what``, which must be length-delimited (its key was at ``at``)."""
+        if wire != LEN:
+            raise self.error(f"{what} has wire type {wire}, expected {LEN}", at)
+        return self.delimited(pos, end)
 
     def text(self, start: int, stop: int, what: str) -> str:
         try:
@@ -326,8 +328,7 @@ def _records(scan: _Scanner, end: int) -> Iterator[_Chunk]:
         if field != CHECKPOINT_VALUE:
             pos = scan.skip(wire, pos, end, at)
             continue
-        scan.expect(wire, LEN, "Checkpoint.value", at)
-        start, pos = scan.delimited(pos, end)
+        start, pos = scan.payload(wire, pos, end, "Checkpoint.value", at)
         yield _value(scan, start, pos, at)
 
 
@@ -339,12 +340,10 @@ def _value(scan: _Scanner, pos: int, end: int, record: int) -> _Chunk:
         at = pos
         field, wire, pos = scan.key(pos, end)
         if field == VALUE_TAG:
-            scan.expect(wire, LEN, "Value.tag", at)
-            start, pos = scan.delimited(pos, end)
+            start, pos = scan.payload(wire, pos, end, "Value.tag", at)
             tag = scan.text(start, pos, "parameter name")
         elif field == VALUE_TENSOR:
-            scan.expect(wire, LEN, "Value.tensor", at)
-            start, pos = scan.delimited(pos, end)
+            start, pos = scan.payload(wire, pos, end, "Value.tensor", at)
             tensor = _tensor(scan, start, pos)
         elif field == VALUE_MAPTENSOR:
             raise UnsupportedError(f"MapTensor entry (MapParameter) at byte {at} is not supported", scan.path)
@@ -379,12 +378,10 @@ def _tensor(scan: _Scanner, pos: int, end: int) -> tuple[tuple[int, ...], str, S
         elif field == TENSOR_DIMS:
             raise scan.error(f"TensorProto.dims has wire type {wire}", at)
         elif field == TENSOR_TYPE:
-            scan.expect(wire, LEN, "TensorProto.tensor_type", at)
-            start, pos = scan.delimited(pos, end)
+            start, pos = scan.payload(wire, pos, end, "TensorProto.tensor_type", at)
             type_name = scan.text(start, pos, "tensor_type")
         elif field == TENSOR_CONTENT:
-            scan.expect(wire, LEN, "TensorProto.tensor_content", at)
-            start, pos = scan.delimited(pos, end)
+            start, pos = scan.payload(wire, pos, end, "TensorProto.tensor_content", at)
             content = (start, pos - start)
         else:
             pos = scan.skip(wire, pos, end, at)

@@ -42,7 +42,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
 
 from reshard.errors import FormatError, LayoutError, ReshardError, UnsupportedError, UsageError
-from reshard.formats.base import atomic_path
+from reshard.formats.base import write_whole
 from reshard.text import first_line
 
 TensorMapEntry = int | tuple[int, ...]
@@ -432,12 +432,10 @@ def write_strategy(path: str | os.PathLike[str], sf: StrategyFile, format: str |
 def _write_bytes(path: str, data: bytes) -> None:
     if os.path.isdir(path):
         raise UsageError("is a directory, cannot write a strategy file here", path)
-    with atomic_path(path) as tmp:
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-        except OSError as exc:
-            raise UsageError(f"cannot write strategy file: {exc.strerror}", path) from None
+    try:
+        write_whole(path, data)
+    except OSError as exc:
+        raise UsageError(f"cannot write strategy file: {exc.strerror}", path) from None
 
 
 def _to_message(sf: StrategyFile) -> Any:
