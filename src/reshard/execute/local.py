@@ -240,8 +240,13 @@ def _fill_tensor(out: _Output, t: TensorPlan, segments: tuple[base.Segment, ...]
     # (measured 15% faster than copying into a map of the output, which faults every page).
     row_bytes = t.nbytes // t.shape[0] if t.shape and t.shape[0] else 0
 
+    arrays: dict[tuple[int, str], np.ndarray] = {}  # each source tensor's view made once, not per block
+
     def source_array(source: int, tensor: str) -> np.ndarray:
-        return sources.get(plan.sources[source]).array(tensor)
+        key = (source, tensor)
+        if key not in arrays:
+            arrays[key] = sources.get(plan.sources[source]).array(tensor)
+        return arrays[key]
 
     for r0, r1 in _row_blocks(t, budget):
         block_shape = (r1 - r0, *t.shape[1:]) if t.shape else ()
