@@ -141,7 +141,7 @@ def expected_load(items: list[tuple[str, np.ndarray | str]]) -> list[list[Any]]:
 
 def save_ours(path: Path, case: dict[str, Any], drop_empty: bool = False, plain: bool = False) -> None:
     """Our save of a case; MindSpore's patched ``SLICE_SIZE = 1`` (KiB) is ``chunk_bytes=1024``."""
-    options: dict[str, Any] = {"crc_check": case.get("crc", False)}
+    options: dict[str, Any] = {"write_crc": case.get("crc", False)}
     if case.get("slice"):
         options["chunk_bytes"] = 1024 * case["slice"]
     if case.get("enc") and not plain:
