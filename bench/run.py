@@ -43,6 +43,8 @@ from typing import Any
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH_DIR)
+# The driver imports this checkout's reshard too (sizes, the synthetic model), as its children do.
+sys.path.insert(1, os.path.join(os.path.dirname(BENCH_DIR), "src"))
 
 import measure  # noqa: E402
 import profiling  # noqa: E402
