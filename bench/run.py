@@ -43,6 +43,8 @@ from typing import Any
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH_DIR)
+# The driver imports this checkout's reshard too (sizes, the synthetic model), as its children do.
+sys.path.insert(1, os.path.join(os.path.dirname(BENCH_DIR), "src"))
 
 import measure  # noqa: E402
 import profiling  # noqa: E402
@@ -50,13 +52,15 @@ import report  # noqa: E402
 from operations import CP_TARGET, OPERATION_KEYS, Operation, operations  # noqa: E402
 from workload import DTYPES, Workload, verify_output  # noqa: E402
 
+from reshard.errors import UsageError  # noqa: E402
+from reshard.text import parse_size as text_parse_size  # noqa: E402
+
 REPO = os.path.dirname(BENCH_DIR)
 ORACLE_ENV_SCRIPT = os.path.join(REPO, "scripts", "oracle_env.sh")
 DEFAULT_WORK = "/tmp/reshard-bench"
 DEFAULT_OUT = os.path.join(BENCH_DIR, "out")
 MS_PEAK_FACTOR = 4  # MindSpore's converters peak at 2-4x the model (design.md): skip it if that won't fit
 MS_MEMORY_SHARE = 0.9  # of the memory available when the run starts
-UNITS = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
 class BenchError(RuntimeError):
@@ -64,14 +68,11 @@ class BenchError(RuntimeError):
 
 
 def parse_size(text: str) -> int:
-    """``1G``, ``0.5G``, ``512M``, ``8M`` (binary units) or a byte count."""
-    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    """``1G``, ``0.5G``, ``512M`` (binary), ``1GB`` (decimal) or a byte count: ``reshard.text.parse_size``."""
     try:
-        if t and t[-1] in UNITS:
-            return int(float(t[:-1]) * UNITS[t[-1]])
-        return int(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 512M or 2G)") from None
+        return text_parse_size(text, "the model size")
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(exc.detail) from None
 
 
 def size_label(n: int) -> str:

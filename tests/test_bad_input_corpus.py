@@ -103,7 +103,7 @@ def ckpt_unknown_dtype(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
 
 def ckpt_crc_mismatch(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     path = tmp / "crc.ckpt"
-    save_ckpt(path, {"w": np.arange(32, dtype=np.float32)}, crc_check=True)
+    save_ckpt(path, {"w": np.arange(32, dtype=np.float32)}, write_crc=True)
     _patch(str(path), os.path.getsize(path) - 30, b"\x01")
     return ["convert", str(path), OUT, "--to", "safetensors", "--check-crc"], "crc mismatch"
 

@@ -109,7 +109,7 @@ def test_vector_append_dict(tmp_path: Path) -> None:
 
 
 def test_vector_crc(tmp_path: Path) -> None:
-    save_ckpt(tmp_path / "a.ckpt", {"w": W}, crc_check=True)
+    save_ckpt(tmp_path / "a.ckpt", {"w": W}, write_crc=True)
     assert (tmp_path / "a.ckpt").read_bytes() == V1 + CRC_V1
     assert_same(values_of(tmp_path / "a.ckpt", crc_check=True)["w"], W)
     assert_same(values_of(tmp_path / "a.ckpt")["w"], W)  # trailer always stripped
@@ -239,7 +239,7 @@ def test_layout_of_a_multi_gigabyte_tensor_is_arithmetic() -> None:
 def test_crc_finish_reads_in_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ckpt, "CRC_BLOCK_BYTES", 7)
     arr = sample(dtypes.FLOAT64, (50,))
-    save_ckpt(tmp_path / "a.ckpt", {"x": arr}, crc_check=True, chunk_bytes=100)
+    save_ckpt(tmp_path / "a.ckpt", {"x": arr}, write_crc=True, chunk_bytes=100)
     data = (tmp_path / "a.ckpt").read_bytes()
     assert data[-17:] == b"crc_num" + zlib.crc32(data[:-17]).to_bytes(10, "big")
     assert_same(values_of(tmp_path / "a.ckpt", crc_check=True)["x"], arr)
@@ -253,13 +253,13 @@ def test_crc_mismatch(tmp_path: Path) -> None:
     data[-25] ^= 0x01  # a tensor byte
     path = write(tmp_path, bytes(data))
     with pytest.raises(IntegrityError, match="crc mismatch"):
-        read_ckpt(path, crc_check=True)
+        read_ckpt(path, verify_crc=True)
     values_of(path)  # without crc_check the trailer is only stripped
 
 
 def test_crc_missing_trailer(tmp_path: Path) -> None:
     with pytest.raises(IntegrityError, match="no crc trailer"):
-        read_ckpt(write(tmp_path, V1), crc_check=True)
+        read_ckpt(write(tmp_path, V1), verify_crc=True)
 
 
 @pytest.mark.parametrize(("magic", "mode"), [(0x7F3A5ED8, "AES-GCM"), (0x7F3A5EDA, "SM4-CBC")])
@@ -389,7 +389,7 @@ def test_missing_file(tmp_path: Path) -> None:
     [
         ([("a", W), ("a", W)], {}, "twice"),
         ({"a": W}, {"chunk_bytes": 0}, "chunk_bytes"),
-        ({"a": W}, {"crc_check": True, "enc_key": bytes(16)}, "mutually exclusive"),
+        ({"a": W}, {"write_crc": True, "enc_key": bytes(16)}, "mutually exclusive"),
         ({"a": np.array([object()])}, {}, "no MindSpore equivalent"),
         ({"a": np.array(["x", "y"])}, {}, "0-d string"),
         ({"\udc80": W}, {}, "UTF-8"),
@@ -451,7 +451,7 @@ def test_round_trip_property(tmp_path: Path, items: list[tuple[str, np.ndarray |
         with pytest.raises(FormatError, match="no parameters"):
             read_ckpt(path)
         return
-    save_ckpt(path, items, chunk_bytes=chunk, crc_check=crc)
+    save_ckpt(path, items, chunk_bytes=chunk, write_crc=crc)
     got = values_of(path, crc_check=crc)
     assert list(got) == [name for name, _ in items]
     for name, value in items:

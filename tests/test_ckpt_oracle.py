@@ -141,7 +141,7 @@ def expected_load(items: list[tuple[str, np.ndarray | str]]) -> list[list[Any]]:
 
 def save_ours(path: Path, case: dict[str, Any], drop_empty: bool = False, plain: bool = False) -> None:
     """Our save of a case; MindSpore's patched ``SLICE_SIZE = 1`` (KiB) is ``chunk_bytes=1024``."""
-    options: dict[str, Any] = {"crc_check": case.get("crc", False)}
+    options: dict[str, Any] = {"write_crc": case.get("crc", False)}
     if case.get("slice"):
         options["chunk_bytes"] = 1024 * case["slice"]
     if case.get("enc") and not plain:
@@ -187,7 +187,7 @@ def test_bytes_and_loads_match_mindspore(tmp_path: Path, oracle: Any) -> None:
 
     for name, case in cases.items():  # 4. we read MindSpore's files back to the same values
         dec = {"dec_key": bytes.fromhex(case["enc"][1]), "dec_mode": case["enc"][0]} if case.get("enc") else {}
-        with read_ckpt(tmp_path / f"ms_{name}.ckpt", crc_check=case.get("crc", False), **dec) as index:
+        with read_ckpt(tmp_path / f"ms_{name}.ckpt", verify_crc=case.get("crc", False), **dec) as index:
             got = [[n, {"str": index.value(n)}] if index.entries[n].is_string else
                    [n, {"dtype": index.entries[n].dtype.ms_name, "shape": list(index.entries[n].shape),
                         "hex": bytes(index.raw(n)).hex()}] for n in index]  # fmt: skip

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from reshard import api, manifest
 from reshard.execute import digest as digest_mod
-from reshard.execute import local
 from reshard.execute.digest import StreamingDigest, file_digest, hash_pool
+from reshard.execute.options import RunOptions, WriteOptions
 from reshard.manifest import read_manifest
 from tests.trust_helpers import make_job, run_cli
 
@@ -118,7 +118,8 @@ def test_manifest_digests_equal_a_fresh_read(tmp_path, target: str, workers: int
     job = make_job(str(tmp_path / "job"))
     for dst_strategy, out in ((job["s4"], tmp_path / "to4"), (None, tmp_path / "full")):
         api.transform(job[target], str(out), job["s8"], dst_strategy,
-                      run=local.Options(workers=workers, crc_check=crc and target == "r8", checksum=algorithm))
+                      write=WriteOptions(write_crc=crc and target == "r8", checksum=algorithm),
+                      run=RunOptions(workers=workers))
         doc = read_manifest(str(out))
         assert doc["outputs"] and doc["checksum"] == algorithm
         for item in doc["outputs"]:
@@ -133,7 +134,7 @@ def test_plain_outputs_are_not_read_back(tmp_path, monkeypatch) -> None:
     real = manifest.file_digest
     monkeypatch.setattr(manifest, "file_digest",
                         lambda path, algorithm: read_back.append(path) or real(path, algorithm))
-    api.transform(job["r8"], str(tmp_path / "out"), job["s8"], job["s4"], run=local.Options(workers=2))
+    api.transform(job["r8"], str(tmp_path / "out"), job["s8"], job["s4"], run=RunOptions(workers=2))
     assert read_back == []
 
 

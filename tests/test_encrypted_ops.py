@@ -15,6 +15,7 @@ import pytest
 from reshard import api, manifest, verify
 from reshard.errors import CryptoError, UsageError
 from reshard.execute import local
+from reshard.execute.options import WriteOptions
 from reshard.formats import crypto
 from reshard.formats.ckpt import read_ckpt
 from tests.trust_helpers import make_job, run_cli, snapshot
@@ -77,21 +78,21 @@ def test_convert_unify_split_chain(job, tmp_path) -> None:
     """encrypted full -> (decrypting convert) safetensors -> unify is n/a for a single file, so:
     encrypted 8-rank .ckpt -> convert -> unify -> split into encrypted .ckpt ranks -> verify."""
     key = KEYS["SM4-CBC"]
-    run_enc = local.Options(enc_key=key, enc_mode="SM4-CBC")
+    write_enc = WriteOptions(enc_key=key, enc_mode="SM4-CBC")
     enc8 = str(tmp_path / "enc8")
-    api.transform(job["full"], enc8, None, job["s8"], run=run_enc)
+    api.transform(job["full"], enc8, None, job["s8"], write=write_enc)
     assert _all_encrypted(enc8, "SM4-CBC")
     st8 = str(tmp_path / "st8")
     api.convert(enc8, st8, "safetensors", read=api.ReadOptions(dec_key=key, dec_mode="SM4-CBC"))
     unified = str(tmp_path / "unified")
     api.unify(st8, job["s8"], unified)
     split4 = str(tmp_path / "split4")
-    api.split(unified, job["s4"], split4, output_format="ckpt", run=run_enc)
+    api.split(unified, job["s4"], split4, output_format="ckpt", write=write_enc)
     assert _all_encrypted(split4, "SM4-CBC")
     assert _same(job["full"], split4, None, job["s4"], key, "SM4-CBC")
     # and back to a plain .ckpt file, encrypted, through convert
     one = str(tmp_path / "one")
-    api.convert(os.path.join(unified, "part0.safetensors"), one, "ckpt", run=run_enc)
+    api.convert(os.path.join(unified, "part0.safetensors"), one, "ckpt", write=write_enc)
     with read_ckpt(os.path.join(one, "part0.ckpt"), dec_key=key, dec_mode="SM4-CBC") as index:
         assert len(index) > 0
 
@@ -114,7 +115,7 @@ def test_cli_convert_encrypts_and_decrypts(job, tmp_path) -> None:
 
 def _enc_tree(job: dict[str, str], tmp_path: Path) -> str:
     enc = str(tmp_path / "enc8")
-    api.transform(job["full"], enc, None, job["s8"], run=local.Options(enc_key=KEYS["AES-CBC"], enc_mode="AES-CBC"))
+    api.transform(job["full"], enc, None, job["s8"], write=WriteOptions(enc_key=KEYS["AES-CBC"], enc_mode="AES-CBC"))
     return enc
 
 
@@ -159,11 +160,11 @@ def test_api_refusals_before_writing(job, tmp_path) -> None:
     dst = tmp_path / "out"
     with pytest.raises(UsageError, match="needs a 16-byte key"):
         api.transform(job["r8"], str(dst), job["s8"], job["s4"],
-                      run=local.Options(enc_key=b"short", enc_mode="SM4-CBC"))
+                      write=WriteOptions(enc_key=b"short", enc_mode="SM4-CBC"))
     with pytest.raises(CryptoError, match="not an encrypted checkpoint"):
         api.transform(job["r8"], str(dst), job["s8"], job["s4"], read=api.ReadOptions(dec_key=KEYS["AES-GCM"]))
     assert not dst.exists()
-    assert "kkkk" not in repr(local.Options(enc_key=b"k" * 16))
+    assert "kkkk" not in repr(WriteOptions(enc_key=b"k" * 16))
     assert "kkkk" not in repr(api.ReadOptions(dec_key=b"k" * 16))
 
 
@@ -179,10 +180,10 @@ def test_resume_with_another_key_redoes_files(job, tmp_path, monkeypatch) -> Non
 
     monkeypatch.setattr(local, "run_file", flaky)
     with pytest.raises(KeyboardInterrupt):
-        api.transform(job["r8"], dst, job["s8"], job["s4"], run=local.Options(enc_key=KEYS["AES-GCM"]))
+        api.transform(job["r8"], dst, job["s8"], job["s4"], write=WriteOptions(enc_key=KEYS["AES-GCM"]))
     monkeypatch.setattr(local, "run_file", real)
     other = bytes(32)
-    report = api.transform(job["r8"], dst, job["s8"], job["s4"], run=local.Options(enc_key=other), resume=True)
+    report = api.transform(job["r8"], dst, job["s8"], job["s4"], write=WriteOptions(enc_key=other), resume=True)
     assert not any("kept" in n for n in report.notes)
     assert _same(job["r8"], dst, job["s8"], job["s4"], other, "AES-GCM")
 
@@ -209,7 +210,7 @@ def test_oracle_mindspore_reads_our_encrypted_outputs_and_we_transform_its_files
     ours, theirs = [], []
     for mode, key in KEYS.items():
         dst = str(tmp_path / f"ours_{mode}")
-        report = api.transform(job["r8"], dst, job["s8"], job["s4"], run=local.Options(enc_key=key, enc_mode=mode))
+        report = api.transform(job["r8"], dst, job["s8"], job["s4"], write=WriteOptions(enc_key=key, enc_mode=mode))
         ours += [{"path": f.path, "key": key.hex(), "mode": mode} for f in report.plan.files]
         theirs.append({"path": str(tmp_path / f"ms_{mode}.ckpt"), "key": key.hex(), "mode": mode})
     got = oracle(ORACLE, {"ours": ours, "theirs": theirs, "full": job["full"]})

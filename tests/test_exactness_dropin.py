@@ -17,7 +17,7 @@ import pytest
 from reshard import api, layout
 from reshard import mindspore as ms
 from reshard.errors import UsageError
-from reshard.execute import local
+from reshard.execute.options import RunOptions, default_workers
 from reshard.formats.ckpt import save_ckpt
 from reshard.formats.strategy import make_strategy, write_strategy
 from reshard.layout import ParamLayout as L
@@ -47,9 +47,9 @@ def seen_workers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     seen: list[int] = []
     real = api.execute
 
-    def recording(plan: Any, progress: Any, run: local.Options | None = None, **kwargs: Any) -> Any:
+    def recording(plan: Any, *, run: RunOptions | None = None, **kwargs: Any) -> Any:
         seen.append(run.workers if run is not None else -1)
-        return real(plan, progress, run, **kwargs)
+        return real(plan, run=run, **kwargs)
 
     monkeypatch.setattr(api, "execute", recording)
     return seen
@@ -76,7 +76,7 @@ def _calls(j: dict[str, str]) -> dict[str, Any]:
 def test_process_counts_do_not_size_the_io(job: dict[str, str], seen_workers: list[int], function: str,
                                            count: int) -> None:
     _calls(job)[function](count)
-    assert seen_workers and set(seen_workers) == {local.default_workers()}
+    assert seen_workers and set(seen_workers) == {default_workers()}
     assert os.listdir(job["out"])
 
 

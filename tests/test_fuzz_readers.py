@@ -121,7 +121,7 @@ def _strategy_seed() -> tuple[bytes, bytes]:
 def seeds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     tmp = tmp_path_factory.mktemp("seeds")
     pb, js = _strategy_seed()
-    out = {"ckpt": _ckpt_seed(tmp), "ckpt_crc": _ckpt_seed(tmp, crc_check=True), "safetensors": _st_seed(tmp),
+    out = {"ckpt": _ckpt_seed(tmp), "ckpt_crc": _ckpt_seed(tmp, write_crc=True), "safetensors": _st_seed(tmp),
            "strategy.ckpt": pb, "strategy.json": js}
     for mode in crypto.MODES:
         key = KEY[:16] if mode == "SM4-CBC" else KEY
@@ -168,7 +168,7 @@ def _write(tmp: Path, name: str, data: bytes) -> str:
 def test_read_ckpt_mutations(seeds, tmp_path, data, which: str, crc: bool) -> None:
     raw = data.draw(mutated(seeds[which]))
     path = _write(tmp_path, "f.ckpt", raw)
-    read_or_reshard_error(lambda: read_ckpt(path, crc_check=crc), len(raw))
+    read_or_reshard_error(lambda: read_ckpt(path, verify_crc=crc), len(raw))
 
 
 @FUZZ

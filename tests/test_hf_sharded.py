@@ -26,6 +26,7 @@ from reshard.formats import hf_index
 from reshard.formats.strategy import load_strategy
 from reshard.plan import Copy, TensorPlan, TransformPlanner, plan_hf_shards
 from reshard.plan.convert import _plan_transform_full_bulk, _plan_transform_full_reference
+from reshard.text import parse_size
 
 from .trust_helpers import make_job, run_cli, snapshot, temp_files
 
@@ -111,13 +112,13 @@ def hub_groups(sizes: list[tuple[str, int]], limit: int) -> list[list[str]]:
     ("3kb", 3000), ("64 KiB", 65536), ("10B", 10), (123, 123),
 ])
 def test_sizes(text: str | int, size: int) -> None:
-    assert hf_index.parse_size(text) == size
+    assert parse_size(text) == size
 
 
 @pytest.mark.parametrize("text", ["", "GB", "5XB", "-1", "0", "1.5", "five"])
 def test_bad_sizes(text: str) -> None:
     with pytest.raises(UsageError):
-        hf_index.parse_size(text)
+        parse_size(text)
 
 
 @pytest.mark.parametrize(("sizes", "limit", "groups"), [

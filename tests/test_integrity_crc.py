@@ -20,7 +20,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A full .ckpt with a crc trailer, the same file with one tensor byte flipped, and the small job."""
     root = str(tmp_path_factory.mktemp("crc"))
     good = os.path.join(root, "good", "model.ckpt")
-    save_ckpt(good, full_model(SMALL), crc_check=True)
+    save_ckpt(good, full_model(SMALL), write_crc=True)
     with read_ckpt(good) as index:
         largest = max(index.entries.values(), key=lambda e: e.nbytes)
         offset, length = largest.segments[0]

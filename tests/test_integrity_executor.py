@@ -14,6 +14,7 @@ import pytest
 from reshard import api
 from reshard.errors import FormatError
 from reshard.execute import local
+from reshard.execute.options import RunOptions
 from reshard.formats.strategy import merge_pipeline_strategies
 from reshard.plan import FilePlan
 from reshard.synthetic import ModelShape, stage_strategies, write_stage_strategies
@@ -53,7 +54,7 @@ def test_no_output_starts_after_a_failure(job: dict[str, str], tmp_path, monkeyp
     monkeypatch.setattr(local, "run_file", run_file)
     dst = tmp_path / "out"
     with pytest.raises(FormatError, match="injected failure"):
-        api.transform(job["r8"], str(dst), job["s8"], job["s32"], run=local.Options(workers=WORKERS))
+        api.transform(job["r8"], str(dst), job["s8"], job["s32"], run=RunOptions(workers=WORKERS))
     failed_at = events.index(next(e for e in events if e[0] == "fail"))
     started_after = [p for kind, p in events[failed_at:] if kind == "start"]
     assert len(started_after) <= WORKERS, started_after
@@ -81,13 +82,13 @@ def test_running_outputs_give_up_when_another_fails(job: dict[str, str], tmp_pat
     dst = tmp_path / "out"
     tensors_per_file = 30  # the small model's rank files hold dozens of tensors
     with pytest.raises(Exception, match="No space left"):
-        api.transform(job["r8"], str(dst), job["s8"], job["s32"], run=local.Options(workers=WORKERS))
+        api.transform(job["r8"], str(dst), job["s8"], job["s32"], run=RunOptions(workers=WORKERS))
     assert calls["n"] < WORKERS * tensors_per_file
     assert not dst.exists()
 
 
 def test_all_outputs_written_without_failure(job: dict[str, str], tmp_path) -> None:
     dst = tmp_path / "out"
-    report = api.transform(job["r8"], str(dst), job["s8"], job["s32"], run=local.Options(workers=WORKERS))
+    report = api.transform(job["r8"], str(dst), job["s8"], job["s32"], run=RunOptions(workers=WORKERS))
     assert all(os.path.isfile(f.path) for f in report.plan.files)
     assert len(report.plan.files) == 32

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from reshard import api, layout
 from reshard.errors import ReshardError
-from reshard.execute import local
-from reshard.formats.ckpt import read_ckpt, save_ckpt
+from reshard.execute.options import RunOptions, WriteOptions
+from reshard.formats.ckpt import SLICE_BYTES, read_ckpt, save_ckpt
 from reshard.formats.strategy import make_strategy, write_strategy
 from reshard.layout import ParamLayout as L
 
@@ -98,7 +98,7 @@ def test_plan_is_plain_data_and_dry_run_writes_nothing(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("workers", [1, 3])
-@pytest.mark.parametrize("chunk", [local.ckpt.SLICE_BYTES, 100])
+@pytest.mark.parametrize("chunk", [SLICE_BYTES, 100])
 def test_executor_paths_give_identical_files(tmp_path, workers: int, chunk: int) -> None:
     """Byte runs, strided boxes and chunked .ckpt outputs (staged row blocks) agree."""
     tmp = str(tmp_path)
@@ -106,8 +106,8 @@ def test_executor_paths_give_identical_files(tmp_path, workers: int, chunk: int)
     save_ckpt(full, FULL)
     s8 = _strategy(tmp, "eight", EIGHT)
     api.transform(full, f"{tmp}/a", None, s8)
-    run = local.Options(workers=workers, max_memory=256, chunk_bytes=chunk)
-    api.transform(f"{tmp}/a", f"{tmp}/full2", s8, None, run=run)
+    run, write = RunOptions(workers=workers, max_memory=256), WriteOptions(chunk_bytes=chunk)
+    api.transform(f"{tmp}/a", f"{tmp}/full2", s8, None, write=write, run=run)
     with read_ckpt(f"{tmp}/full2/rank_0/checkpoint_0.ckpt") as index:
         for name, arr in FULL.items():
             assert np.array_equal(index.array(name), arr)

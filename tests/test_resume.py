@@ -22,6 +22,7 @@ from reshard import api, lock, manifest
 from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
 from reshard.execute.digest import file_digest
+from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats.ckpt import read_ckpt
 from reshard.formats.strategy import merge_pipeline_strategies
 from reshard.synthetic import ModelShape, stage_strategies, write_stage_strategies
@@ -224,7 +225,7 @@ def test_interrupt_keeps_finished_files_and_resume_verifies_them(job, tmp_path, 
     _transform(job, ref)
     interrupt_after(2, KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):  # one worker: outputs 0 and 1 are done when 2 is interrupted
-        _transform(job, dst, run=local.Options(workers=1))  # (with more, running outputs give up at once)
+        _transform(job, dst, run=RunOptions(workers=1))  # (with more, running outputs give up at once)
     journal = manifest.read_journal(dst)
     assert sorted(journal) == ["rank_0/checkpoint_0.ckpt", "rank_1/checkpoint_1.ckpt"]
     assert not os.path.exists(os.path.join(dst, manifest.MANIFEST_NAME))
@@ -252,15 +253,15 @@ def test_interrupt_keeps_finished_files_and_resume_verifies_them(job, tmp_path, 
 
 def test_resume_with_other_write_options_redoes_files(job, tmp_path, interrupt_after) -> None:
     ref, dst = str(tmp_path / "ref"), str(tmp_path / "out")
-    _transform(job, ref, run=local.Options(crc_check=True))
+    _transform(job, ref, write=WriteOptions(write_crc=True))
     interrupt_after(3, KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
         _transform(job, dst)  # without crc trailers
     interrupt_after(None)
-    report = _transform(job, dst, resume=True, run=local.Options(crc_check=True))
+    report = _transform(job, dst, resume=True, write=WriteOptions(write_crc=True))
     assert not any("kept" in n for n in report.notes)
     assert tree(dst) == tree(ref)
-    read_ckpt(os.path.join(dst, "rank_0", "checkpoint_0.ckpt"), crc_check=True).close()
+    read_ckpt(os.path.join(dst, "rank_0", "checkpoint_0.ckpt"), verify_crc=True).close()
 
 
 def test_resume_after_sources_changed_redoes_files(tmp_path, interrupt_after) -> None:

@@ -128,7 +128,7 @@ def test_tiny_blocks_and_bounded_memory(tmp_path) -> None:
 
 def test_crc_trailers_checked_by_default(tmp_path) -> None:
     values = {"w": np.arange(64, dtype=np.float32)}
-    good = _save(tmp_path / "good.ckpt", values, crc_check=True)
+    good = _save(tmp_path / "good.ckpt", values, write_crc=True)
     bad = tmp_path / "bad.ckpt"
     data = bytearray(Path(good).read_bytes())
     data[-40] ^= 0x01  # inside the last tensor's bytes, before the trailer
@@ -137,7 +137,7 @@ def test_crc_trailers_checked_by_default(tmp_path) -> None:
     assert report.ok and any("crc trailers of 1 file" in n for n in report.notes)
     with pytest.raises(IntegrityError, match="crc mismatch"):
         verify.verify(good, str(bad))
-    assert verify.verify(good, str(bad), crc_check=False).differing == ["w"]
+    assert verify.verify(good, str(bad), verify_crc=False).differing == ["w"]
 
 
 def test_encrypted_side(job, tmp_path) -> None:

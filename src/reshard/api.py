@@ -9,6 +9,10 @@ no longer has are removed as its manifest lists them; nothing reshard did not wr
 or ``resume=True`` (continue an interrupted run). A run holds the destination's lock
 (``reshard.lock``) while it writes. Each run journals its outputs and writes ``reshard-manifest.json`` last
 (``manifest=True``, see ``reshard.manifest``); a run that fails removes what it created.
+
+Options come in three keyword-only groups, one per concern: ``read=ReadOptions`` (how sources are
+found and opened), ``write=WriteOptions`` (what the outputs' bytes hold: crc trailer, encryption,
+checksum) and ``run=RunOptions`` (threads, memory bound, progress; ``RayOptions`` runs on Ray).
 What a source path is (rank folders, a full file, a unified or Hugging Face model, a strategy)
 is asked of the source registry, ``reshard.sources``; its discovery functions (``ReadOptions``,
 ``open_checkpoint``, ``unified_index`` ...) are re-exported here, where the README shows them.
@@ -23,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from reshard import lock as _lock
 from reshard import manifest as _manifest
 from reshard.errors import LayoutError, UsageError
-from reshard.execute import local
+from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats import hf_index, layout_dir
 from reshard.formats.strategy import StrategyFile
 from reshard.plan import (
@@ -63,6 +67,7 @@ from reshard.sources import (
     unified_index,
 )
 from reshard.sources import strategy as _strategy
+from reshard.text import parse_size
 
 
 @dataclass
@@ -88,8 +93,9 @@ def check_destination(dst: str, sources: Sequence[str], overwrite: bool, resume:
         raise UsageError("destination folder is read-only", dst)
     holder = _lock.is_held(dst) if os.path.isdir(dst) else None
     if holder is not None:
-        raise UsageError(f"{_lock.describe(holder)} is writing into this destination; wait for it to finish or "
-                         "stop it", dst)
+        raise UsageError(
+            f"{_lock.describe(holder)} is writing into this destination; wait for it to finish or stop it", dst
+        )
     if os.path.isdir(dst) and _entries(dst) and not (overwrite or resume):
         if _manifest.has_unfinished_run(dst):
             raise UsageError("destination holds an unfinished run (use --resume to continue it)", dst)
@@ -103,9 +109,10 @@ def _entries(folder: str) -> list[str]:
 
 def execute(
     plan: Plan,
-    options: ReadOptions | None = None,
-    run: local.Options | None = None,
     *,
+    read: ReadOptions | None = None,
+    write: WriteOptions | None = None,
+    run: RunOptions | None = None,
     root: str | None = None,
     resume: bool = False,
     manifest: bool = True,
@@ -120,17 +127,34 @@ def execute(
     ``remove`` lists an earlier run's outputs to delete once the destination is locked
     (``superseded``).
     """
-    opened = replace(options, verify_crc=False) if options is not None else None
+    opened = replace(read, verify_crc=False) if read is not None else None
     from reshard.execute import ray as ray_executor  # light: Ray itself is imported only when used
 
     if executor not in ("local", "ray"):
         raise UsageError(f"unknown executor {executor!r} (choose local or ray)")
     if executor == "ray" or isinstance(run, ray_executor.RayOptions):
         run = run or ray_executor.RayOptions()
-        return _manifest.run_recorded(plan, ray_executor.NO_OPENER, run, root, resume=resume, manifest=manifest,
-                                      runner=ray_executor.runner(opened, run), remove=remove)
-    return _manifest.run_recorded(plan, lambda path: open_checkpoint(path, opened), run, root,
-                                  resume=resume, manifest=manifest, remove=remove)
+        return _manifest.run_recorded(
+            plan,
+            ray_executor.NO_OPENER,
+            write,
+            run,
+            root,
+            resume=resume,
+            manifest=manifest,
+            runner=ray_executor.runner(opened, run),
+            remove=remove,
+        )
+    return _manifest.run_recorded(
+        plan,
+        lambda path: open_checkpoint(path, opened),
+        write,
+        run,
+        root,
+        resume=resume,
+        manifest=manifest,
+        remove=remove,
+    )
 
 
 def superseded(dst: str, plan: Plan, dst_strategy: StrategyFile | None, overwrite: bool, manifest: bool) -> list[str]:
@@ -159,7 +183,8 @@ def transform(
     output_format: str | None = None,
     ranks: Sequence[int] | None = None,
     read: ReadOptions | None = None,
-    run: local.Options | None = None,
+    write: WriteOptions | None = None,
+    run: RunOptions | None = None,
     overwrite: bool = False,
     dry_run: bool = False,
     resume: bool = False,
@@ -180,8 +205,9 @@ def transform(
     notes: list[str] = []
     shard_size = _shard_size(hf, max_shard_size)
     if shard_size is not None and (dst_strategy is not None or output_format == "ckpt"):
-        raise UsageError("Hugging Face output is a full safetensors model: give no destination strategy and no "
-                         "ckpt output format")
+        raise UsageError(
+            "Hugging Face output is a full safetensors model: give no destination strategy and no ckpt output format"
+        )
     kind = identify(src, _transform_kinds(src, src_strategy))
     if kind is HUGGING_FACE:
         if src_strategy is not None:
@@ -190,15 +216,17 @@ def transform(
         if hyper is not None:  # unify --hf keeps them beside the shards; a full model holds them
             files[HYPER_NAME] = hyper
             mapping = {**mapping, **{n: HYPER_NAME for n in hyper.tensors if n not in mapping}}
-        plan = plan_transform_full(files, mapping, _strategy(dst_strategy, notes), dst_dir, prefix,
-                                   output_format or "safetensors", ranks)
+        plan = plan_transform_full(
+            files, mapping, _strategy(dst_strategy, notes), dst_dir, prefix, output_format or "safetensors", ranks
+        )
     else:
         opened = kind.open(src, read, notes)
         fmt, sources = opened.fmt or "ckpt", opened.ranks
         src_sf, dst_sf = _strategy(src_strategy, notes), _strategy(dst_strategy, notes)
         if src_sf is None and len(sources) > 1:
-            raise UsageError("several rank folders but no source strategy (--src-strategy, src_strategy in Python)",
-                             src)
+            raise UsageError(
+                "several rank folders but no source strategy (--src-strategy, src_strategy in Python)", src
+            )
         plan = plan_transform(sources, src_sf, dst_sf, dst_dir, prefix, output_format or fmt, ranks)
     if shard_size is not None:
         plan = hf_sharded(plan, dst_dir, shard_size)
@@ -206,8 +234,12 @@ def transform(
     if not dry_run:
         check_destination(dst_dir, [model_folder(src)], overwrite, resume)
         remove = superseded(dst_dir, plan, _strategy(dst_strategy), overwrite, manifest)
-        kept = _kept_note(execute(plan, read, run, root=dst_dir, resume=resume, manifest=manifest, remove=remove),
-                          notes)
+        kept = _kept_note(
+            execute(
+                plan, read=read, write=write, run=run, root=dst_dir, resume=resume, manifest=manifest, remove=remove
+            ),
+            notes,
+        )
     return Report(plan, notes, kept)
 
 
@@ -226,7 +258,7 @@ def _shard_size(hf: bool, max_shard_size: int | str | None) -> int | None:
         if max_shard_size is not None:
             raise UsageError("a maximum shard size needs Hugging Face output (--hf)")
         return None
-    return hf_index.parse_size(hf_index.DEFAULT_MAX_SHARD_SIZE if max_shard_size is None else max_shard_size)
+    return parse_size(hf_index.DEFAULT_MAX_SHARD_SIZE if max_shard_size is None else max_shard_size, "the shard size")
 
 
 def _kept_note(kept: list[str], notes: list[str]) -> list[str]:
@@ -243,7 +275,8 @@ def transform_by_rank(
     dst_strategy: str | StrategyFile | None = None,
     *,
     read: ReadOptions | None = None,
-    run: local.Options | None = None,
+    write: WriteOptions | None = None,
+    run: RunOptions | None = None,
     dry_run: bool = False,
     manifest: bool = True,
 ) -> Report:
@@ -254,12 +287,14 @@ def transform_by_rank(
     sources = {int(r): source_file(p, int(r), read) for r, p in files_map.items()}
     plan = plan_transform_by_rank(rank, sources, out_file, _strategy(src_strategy), _strategy(dst_strategy))
     if not dry_run:
-        execute(plan, read, run, manifest=manifest)
+        execute(plan, read=read, write=write, run=run, manifest=manifest)
     return Report(plan, [])
 
 
 def needed_ranks(
-    rank_id: int, src_strategy: str | StrategyFile | None, dst_strategy: str | StrategyFile | None = None,
+    rank_id: int,
+    src_strategy: str | StrategyFile | None,
+    dst_strategy: str | StrategyFile | None = None,
     notes: list[str] | None = None,
 ) -> list[int]:
     """Source ranks whose files destination ``rank_id`` needs (MindSpore's ``rank_list_for_transform``).
@@ -285,7 +320,8 @@ def unify(
     choice_func: ChoiceFunc | None = None,
     split_dst_file: tuple[int, int] | tuple[()] = (),
     read: ReadOptions | None = None,
-    run: local.Options | None = None,
+    write: WriteOptions | None = None,
+    run: RunOptions | None = None,
     overwrite: bool = False,
     dry_run: bool = False,
     mindspore_order: bool = False,
@@ -320,7 +356,9 @@ def unify(
     kept: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [src_dir], overwrite, resume)
-        kept = _kept_note(execute(plan, read, run, root=dst_dir, resume=resume, manifest=manifest), notes)
+        kept = _kept_note(
+            execute(plan, read=read, write=write, run=run, root=dst_dir, resume=resume, manifest=manifest), notes
+        )
     return Report(plan, notes, kept)
 
 
@@ -328,11 +366,17 @@ def _refuse_ckpt_ranks(src_dir: str) -> None:
     """unify reads safetensors: rank folders of .ckpt files get the two ways forward, not "missing"."""
     dirs = layout_dir.rank_dirs(src_dir) if os.path.isdir(src_dir) else {}
     folders = list(dirs.values())
-    if folders and not any(layout_dir.files_in(d, "safetensors") for d in folders) and any(
-            layout_dir.files_in(d, "ckpt") for d in folders):
-        raise UsageError("the rank folders hold .ckpt files and unify reads .safetensors: convert them first "
-                         "(reshard convert SRC ST_DIR --to safetensors), or get a full .ckpt with reshard transform "
-                         "--src SRC --src-strategy S --dst OUT", src_dir)
+    if (
+        folders
+        and not any(layout_dir.files_in(d, "safetensors") for d in folders)
+        and any(layout_dir.files_in(d, "ckpt") for d in folders)
+    ):
+        raise UsageError(
+            "the rank folders hold .ckpt files and unify reads .safetensors: convert them first "
+            "(reshard convert SRC ST_DIR --to safetensors), or get a full .ckpt with reshard transform "
+            "--src SRC --src-strategy S --dst OUT",
+            src_dir,
+        )
 
 
 def _check_unify_ranks(src_dir: str, sources: Mapping[int, SourceFile], sf: StrategyFile) -> None:
@@ -342,9 +386,11 @@ def _check_unify_ranks(src_dir: str, sources: Mapping[int, SourceFile], sf: Stra
     expected = device_num(sf) * stage_count(sf)
     beyond = sorted(r for r in sources if r >= expected)
     if beyond:
-        raise LayoutError(f"the strategy describes {expected} rank(s) (0..{expected - 1}) but the checkpoint "
-                          f"{src_dir} has {len(sources)} rank folders; is it the strategy of this job?",
-                          sf.path)
+        raise LayoutError(
+            f"the strategy describes {expected} rank(s) (0..{expected - 1}) but the checkpoint "
+            f"{src_dir} has {len(sources)} rank folders; is it the strategy of this job?",
+            sf.path,
+        )
 
 
 def split(
@@ -355,7 +401,8 @@ def split(
     ranks: Sequence[int] | None = None,
     output_format: str = "safetensors",
     name_map: Mapping[str, str] | None = None,
-    run: local.Options | None = None,
+    write: WriteOptions | None = None,
+    run: RunOptions | None = None,
     overwrite: bool = False,
     dry_run: bool = False,
     resume: bool = False,
@@ -375,13 +422,20 @@ def split(
     if not dry_run:
         check_destination(dst_dir, [model_folder(unified_dir)], overwrite, resume)
         remove = superseded(dst_dir, plan, sf, overwrite, manifest)
-        kept = _kept_note(execute(plan, None, run, root=dst_dir, resume=resume, manifest=manifest, remove=remove),
-                          notes)
+        kept = _kept_note(
+            execute(plan, write=write, run=run, root=dst_dir, resume=resume, manifest=manifest, remove=remove), notes
+        )
     return Report(plan, notes, kept)
 
 
-def convert_targets(src: str, dst: str | None, to: str, file_regex: str | None = None,
-                    choose: ReadOptions | None = None, notes: list[str] | None = None) -> list[tuple[str, str]]:
+def convert_targets(
+    src: str,
+    dst: str | None,
+    to: str,
+    file_regex: str | None = None,
+    choose: ReadOptions | None = None,
+    notes: list[str] | None = None,
+) -> list[tuple[str, str]]:
     """(input, output) pairs of a convert: a file, or every matching file of the ``rank*`` folders.
 
     With ``choose.file_suffix`` or ``choose.pick``, one file per rank folder (a note names it)."""
@@ -417,7 +471,8 @@ def convert(
     name_map: Mapping[str, str] | None = None,
     file_regex: str | None = None,
     read: ReadOptions | None = None,
-    run: local.Options | None = None,
+    write: WriteOptions | None = None,
+    run: RunOptions | None = None,
     dry_run: bool = False,
     overwrite: bool = False,
     resume: bool = False,
@@ -431,7 +486,7 @@ def convert(
     the source folder (the file's folder for one file); then existing outputs are refused unless
     ``overwrite``/``resume``. ``hf=True`` converts one full ``.ckpt`` file into Hugging Face
     shards (at most ``max_shard_size``, default ``5GB``) + ``model.safetensors.index.json``.
-    ``.ckpt`` sources with ``to="ckpt"`` are re-written into ``dst``: encrypted with ``run.enc_key``
+    ``.ckpt`` sources with ``to="ckpt"`` are re-written into ``dst``: encrypted with ``write.enc_key``
     (after decrypting with ``read.dec_key`` when given) or decrypted (only ``read.dec_key``); with
     neither key there is nothing to do, a usage error. A folder without ``rank*`` folders that holds
     one checkpoint file stands for that file.
@@ -441,8 +496,18 @@ def convert(
     shard_size = _shard_size(hf, max_shard_size)
     src = _convert_source(src)
     if to == "ckpt" and shard_size is None and holds_only_ckpt(src):
-        return recrypt(src, dst, file_regex=file_regex, read=read, run=run, dry_run=dry_run, overwrite=overwrite,
-                       resume=resume, manifest=manifest)
+        return recrypt(
+            src,
+            dst,
+            file_regex=file_regex,
+            read=read,
+            write=write,
+            run=run,
+            dry_run=dry_run,
+            overwrite=overwrite,
+            resume=resume,
+            manifest=manifest,
+        )
     if shard_size is not None and (to != "safetensors" or not os.path.isfile(src)):
         raise UsageError("Hugging Face output converts one full .ckpt file to safetensors", src)
     notes: list[str] = []
@@ -460,7 +525,9 @@ def convert(
             existing = [p for p in [f.path for f in plan.files] + [t.path for t in plan.texts] if os.path.exists(p)]
             if existing:
                 raise UsageError("output exists (use --overwrite to replace it)", existing[0])
-        kept = _kept_note(execute(plan, read, run, root=root, resume=resume, manifest=manifest), notes)
+        kept = _kept_note(
+            execute(plan, read=read, write=write, run=run, root=root, resume=resume, manifest=manifest), notes
+        )
     return Report(plan, notes, kept)
 
 
@@ -482,8 +549,9 @@ def holds_only_ckpt(src: str) -> bool:
     if not os.path.isdir(src):
         return False
     folders = [os.path.join(src, d) for d in rank_subfolders(src)]
-    return (any(layout_dir.files_in(f, "ckpt") for f in folders)
-            and not any(layout_dir.files_in(f, "safetensors") for f in folders))
+    return any(layout_dir.files_in(f, "ckpt") for f in folders) and not any(
+        layout_dir.files_in(f, "safetensors") for f in folders
+    )
 
 
 def recrypt(
@@ -492,37 +560,44 @@ def recrypt(
     *,
     file_regex: str | None = None,
     read: ReadOptions | None = None,
-    run: local.Options | None = None,
+    write: WriteOptions | None = None,
+    run: RunOptions | None = None,
     dry_run: bool = False,
     overwrite: bool = False,
     resume: bool = False,
     manifest: bool = True,
 ) -> Report:
     """``.ckpt`` to ``.ckpt`` in one step: a file or ``rank*`` folders re-written into ``dst`` (same
-    names), encrypted with ``run.enc_key``/``enc_mode`` after decrypting with ``read.dec_key`` when
+    names), encrypted with ``write.enc_key``/``enc_mode`` after decrypting with ``read.dec_key`` when
     given, or decrypted when only ``read.dec_key`` is given. The inputs are never replaced."""
-    out_dir = _recrypt_destination(src, dst, read, run)
+    out_dir = _recrypt_destination(src, dst, read, write)
     # the .ckpt inputs a conversion to safetensors would read, each written under its own name
-    pairs = [(i, os.path.join(os.path.dirname(o), os.path.basename(i)))
-             for i, o in convert_targets(src, out_dir, "safetensors", file_regex)]
+    pairs = [
+        (i, os.path.join(os.path.dirname(o), os.path.basename(i)))
+        for i, o in convert_targets(src, out_dir, "safetensors", file_regex)
+    ]
     _check_not_inputs(pairs)
     plan = plan_convert([(source_file(i, 0, read), o, "ckpt") for i, o in pairs])
     notes: list[str] = []
     kept: list[str] = []
     if not dry_run:
         check_destination(out_dir, [src], overwrite, resume)
-        kept = _kept_note(execute(plan, read, run, root=out_dir, resume=resume, manifest=manifest), notes)
+        kept = _kept_note(
+            execute(plan, read=read, write=write, run=run, root=out_dir, resume=resume, manifest=manifest), notes
+        )
     return Report(plan, notes, kept)
 
 
-def _recrypt_destination(src: str, dst: str | None, read: ReadOptions | None, run: local.Options | None) -> str:
+def _recrypt_destination(src: str, dst: str | None, read: ReadOptions | None, write: WriteOptions | None) -> str:
     """The output folder of a re-encryption, which needs a key and an output folder."""
-    if (read is None or read.dec_key is None) and (run is None or run.enc_key is None):
-        raise UsageError("the source is already .ckpt and no key was given: nothing to do (give --enc-key-file/"
-                         "--enc-key-env to encrypt, --dec-key-file/--dec-key-env to decrypt)", src)
+    if (read is None or read.dec_key is None) and (write is None or write.enc_key is None):
+        raise UsageError(
+            "the source is already .ckpt and no key was given: nothing to do (give --enc-key-file/"
+            "--enc-key-env to encrypt, --dec-key-file/--dec-key-env to decrypt)",
+            src,
+        )
     if not dst:
-        raise UsageError("re-encrypting writes new files: give an output folder (the input is never replaced)",
-                         src)
+        raise UsageError("re-encrypting writes new files: give an output folder (the input is never replaced)", src)
     return dst
 
 

@@ -32,10 +32,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from reshard import __version__, api
 from reshard.errors import ReshardError, UsageError
-from reshard.execute import local
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM
+from reshard.execute.options import DEFAULT_MAX_MEMORY, RunOptions, WriteOptions, default_workers
 from reshard.formats.layout_dir import PICKS
 from reshard.plan import Plan
+from reshard.text import format_size, one_line, parse_size
 
 EXIT_USAGE = 2
 EXIT_BUG = 3
@@ -45,44 +46,31 @@ EXIT_CODES = ("exit codes: 0 done, 1 verify found a difference, 2 bad input or u
               "(e.g. | head)")
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
-
-
-def _parse_memory(text: str) -> int:
-    units = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-    t = text.strip().lower().rstrip("ib").rstrip("b") if text.strip().lower()[-1:] == "b" else text.strip().lower()
+def _memory_size(text: str) -> int:
+    """``--max-memory``: a size as ``text.parse_size`` reads it (``512M``, ``2GiB``, ``2GB``)."""
     try:
-        value = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+        return parse_size(text, "the memory bound")
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(exc.detail) from None
+
+
+def _whole_number(text: str, minimum: int, what: str, too_small: str) -> int:
+    """``text`` as an int of at least ``minimum``; else argparse's one-line error."""
+    try:
+        value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 512M or 2G)") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: the memory bound must be more than 0 (try 512M or 2G)")
+        raise argparse.ArgumentTypeError(f"not a {what}: {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{text!r}: {too_small}")
     return value
 
 
 def _rank_number(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a rank: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: ranks count from 0")
-    return value
+    return _whole_number(text, 0, "rank", "ranks count from 0")
 
 
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
-    return value
+    return _whole_number(text, 1, "whole number", "must be at least 1")
 
 
 def _parse_ranks(text: str) -> list[int]:
@@ -140,14 +128,14 @@ def print_plan(plan: Plan, as_json: bool) -> None:
     for f in plan.files:
         copies = f.copy_count
         rank = "" if f.rank is None else str(f.rank)
-        table.add_row(f.path, rank, f.format, str(len(f.tensors)), str(copies), _size(f.nbytes))
+        table.add_row(f.path, rank, f.format, str(len(f.tensors)), str(copies), format_size(f.nbytes))
     console = _console()
     console.print(table)
     s = plan.summary()
     console.print(
         f"{s['outputs']} files, {s['tensors']} tensors from {s['sources']} source files; "
-        f"read {_size(plan.bytes_read)}, write {_size(plan.bytes_written)}, "
-        f"largest tensor {_size(plan.largest_tensor)}"
+        f"read {format_size(plan.bytes_read)}, write {format_size(plan.bytes_written)}, "
+        f"largest tensor {format_size(plan.largest_tensor)}"
     )
 
 
@@ -159,7 +147,7 @@ def _speed_column() -> Any:
     class BinarySpeed(ProgressColumn):
         def render(self, task: Any) -> Text:
             speed = task.finished_speed or task.speed
-            return Text("?" if speed is None else f"{_size(int(speed))}/s", style="progress.data.speed")
+            return Text("?" if speed is None else f"{format_size(int(speed))}/s", style="progress.data.speed")
 
     return BinarySpeed()
 
@@ -230,8 +218,8 @@ class _ProgressLines:
         rate = self.done / elapsed
         percent = 100 * self.done // self.total if self.total else 100
         left = (self.total - self.done) / rate if rate > 0 else 0.0
-        print(f"reshard: {_size(self.done)} / {_size(self.total)} ({percent}%), {_size(int(rate))}/s, "
-              f"ETA {_clock(left)}", file=sys.stderr, flush=True)
+        print(f"reshard: {format_size(self.done)} / {format_size(self.total)} ({percent}%), "
+              f"{format_size(int(rate))}/s, ETA {_clock(left)}", file=sys.stderr, flush=True)
 
 
 def _clock(seconds: float) -> str:
@@ -257,22 +245,25 @@ def _progress_hooks(args: argparse.Namespace) -> dict[str, Any]:
     return {"on_start": bar.start, "progress": bar.advance}
 
 
-def _run_options(args: argparse.Namespace) -> local.Options:
-    key = _key(args, "enc")
+def _write_options(args: argparse.Namespace) -> WriteOptions:
+    """``--crc``, ``--enc-key-file``/``--enc-key-env``, ``--enc-mode``, ``--checksum``: what outputs hold."""
+    return WriteOptions(write_crc=getattr(args, "crc", False), enc_key=_key(args, "enc"),
+                        enc_mode=getattr(args, "enc_mode", None) or "AES-GCM",
+                        checksum=getattr(args, "checksum", DEFAULT_ALGORITHM))
+
+
+def _run_options(args: argparse.Namespace) -> RunOptions:
+    """``--workers``, ``--max-memory``, progress and the executor (``--executor ray`` and its flags)."""
     hooks = _progress_hooks(args)
     if getattr(args, "executor", "local") == "ray":  # Ray imported only when the run starts
         from reshard.execute.ray import RayOptions
 
-        hooks.update(address=args.ray_address, shared_disk=args.shared_disk)
-        options_class: type[local.Options] = RayOptions
-    else:
-        if getattr(args, "ray_address", None) is not None or getattr(args, "shared_disk", True) is False:
-            flag = "--ray-address" if getattr(args, "ray_address", None) is not None else "--no-shared-disk"
-            raise UsageError(f"{flag} applies to --executor ray only")
-        options_class = local.Options
-    return options_class(workers=args.workers, max_memory=args.max_memory, crc_check=getattr(args, "crc", False),
-                         enc_key=key, enc_mode=getattr(args, "enc_mode", None) or "AES-GCM",
-                         checksum=getattr(args, "checksum", DEFAULT_ALGORITHM), **hooks)
+        return RayOptions(workers=args.workers, max_memory=args.max_memory, address=args.ray_address,
+                          shared_disk=args.shared_disk, **hooks)
+    if getattr(args, "ray_address", None) is not None or getattr(args, "shared_disk", True) is False:
+        flag = "--ray-address" if getattr(args, "ray_address", None) is not None else "--no-shared-disk"
+        raise UsageError(f"{flag} applies to --executor ray only")
+    return RunOptions(workers=args.workers, max_memory=args.max_memory, **hooks)
 
 
 def _read_options(args: argparse.Namespace) -> api.ReadOptions:
@@ -305,7 +296,7 @@ def _kwargs(args: argparse.Namespace) -> dict[str, bool]:
 
 
 def _hf(args: argparse.Namespace) -> dict[str, Any]:
-    """``--hf`` / ``--max-shard-size``: the API parses the size (``5GB``, ``500MB``, ``2GiB``, bytes)."""
+    """``--hf`` / ``--max-shard-size``: the API parses the size (``text.parse_size``: ``5GB``, ``2GiB``)."""
     return {"hf": args.hf, "max_shard_size": args.max_shard_size}
 
 
@@ -313,7 +304,8 @@ def _add_hf_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hf", action="store_true",
                    help="write the full model as Hugging Face shards + model.safetensors.index.json")
     p.add_argument("--max-shard-size", "--max_shard_size", dest="max_shard_size", metavar="SIZE",
-                   help="with --hf: largest shard, e.g. 5GB (default, decimal), 500MB, 2GiB or bytes")
+                   help="with --hf: largest shard, e.g. 5GB (the default), 500MB, 2GiB or bytes (KB/MB/GB are "
+                        "decimal as on the Hub, K/M/G and KiB/MiB/GiB binary)")
 
 
 def _notes(notes: Sequence[str], args: argparse.Namespace) -> None:
@@ -341,9 +333,10 @@ def summary(report: api.Report, dst: str | None, seconds: float) -> str:
     """``wrote 8 files (1.13 GiB) to out/ in 2.1 s, 540.00 MiB/s; kept 3 from the interrupted run``."""
     p = report.plan
     where = f" to {dst.rstrip(os.sep) + os.sep}" if dst else ""
-    rate = f", {_size(int(p.bytes_written / seconds))}/s" if seconds > 0 and p.bytes_written else ""
+    rate = f", {format_size(int(p.bytes_written / seconds))}/s" if seconds > 0 and p.bytes_written else ""
     kept = f"; kept {len(report.kept)} from the interrupted run" if report.kept else ""
-    return f"wrote {_count(len(p.files), 'file')} ({_size(p.bytes_written)}){where} in {seconds:.1f} s{rate}{kept}"
+    written = f"{_count(len(p.files), 'file')} ({format_size(p.bytes_written)})"
+    return f"wrote {written}{where} in {seconds:.1f} s{rate}{kept}"
 
 
 # ------------------------------------------------------------------------------------ commands
@@ -359,6 +352,7 @@ def cmd_transform(args: argparse.Namespace) -> None:
     report = api.transform(
         args.src, args.dst, _none(args.src_strategy), _none(args.dst_strategy), prefix=args.prefix,
         output_format=args.output_format, ranks=args.ranks, read=_read_options(args),
+        write=None if args.command == "plan" else _write_options(args),
         run=None if args.command == "plan" else _run_options(args), dry_run=args.dry_run, **_kwargs(args),
         **_hf(args),
     )
@@ -371,13 +365,13 @@ def _none(value: str | None) -> str | None:
 
 def cmd_unify(args: argparse.Namespace) -> None:
     split = args.split or ()
-    read, run = _read_options(args), _run_options(args)
+    read, write, run = _read_options(args), _write_options(args), _run_options(args)
     if split and not args.dry_run:  # an empty part group is refused before anything is written
         groups = api.unify(args.src, args.strategy, args.dst, split_dst_file=split, read=read, dry_run=True).plan
         if not groups.files:
             raise UsageError(f"--split {split[0]}/{split[1]}: that part group is empty (this model fills fewer "
                              f"than {split[1]} part files; use a smaller n)")
-    report = api.unify(args.src, args.strategy, args.dst, split_dst_file=split, read=read, run=run,
+    report = api.unify(args.src, args.strategy, args.dst, split_dst_file=split, read=read, write=write, run=run,
                        dry_run=args.dry_run, **_kwargs(args), **_hf(args))
     _finish(report, args, args.dst)
 
@@ -385,7 +379,8 @@ def cmd_unify(args: argparse.Namespace) -> None:
 def cmd_split(args: argparse.Namespace) -> None:
     name_map = _load_json(args.name_map) if args.name_map else None
     report = api.split(args.src, args.strategy, args.dst, ranks=args.ranks, output_format=args.output_format,
-                       name_map=name_map, run=_run_options(args), dry_run=args.dry_run, **_kwargs(args))
+                       name_map=name_map, write=_write_options(args), run=_run_options(args), dry_run=args.dry_run,
+                       **_kwargs(args))
     _finish(report, args, args.dst)
 
 
@@ -423,8 +418,8 @@ def _load_json(path: str) -> dict[str, str]:
 def cmd_convert(args: argparse.Namespace) -> None:
     name_map = _load_json(args.name_map) if args.name_map else None
     report = api.convert(args.src, args.dst, args.to, name_map=name_map, file_regex=args.file_regex,
-                         read=_read_options(args), run=_run_options(args), dry_run=args.dry_run, **_kwargs(args),
-                         **_hf(args))
+                         read=_read_options(args), write=_write_options(args), run=_run_options(args),
+                         dry_run=args.dry_run, **_kwargs(args), **_hf(args))
     _finish(report, args, args.dst)
 
 
@@ -432,7 +427,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from reshard import verify
 
     report = verify.verify(args.a, args.b, a_strategy=_none(args.a_strategy), b_strategy=_none(args.b_strategy),
-                           read=_read_options(args), crc_check=not args.no_crc_check, atol=args.atol,
+                           read=_read_options(args), verify_crc=not args.no_crc_check, atol=args.atol,
                            max_memory=args.max_memory)
     _notes(report.notes, args)
     if args.json:
@@ -475,11 +470,12 @@ def _add_write_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workers", type=_positive_int, default=local.default_workers(),
+    p.add_argument("--workers", type=_positive_int, default=default_workers(),
                    help="worker threads: parallel output files, or tensors of a one-file output "
                         "(default: one per core, at least 4, at most 8)")
-    p.add_argument("--max-memory", "--max_memory", type=_parse_memory, default=local.DEFAULT_MAX_MEMORY,
-                   help="bound on staging bytes in flight (e.g. 512M, 2G)")
+    p.add_argument("--max-memory", "--max_memory", type=_memory_size, default=DEFAULT_MAX_MEMORY,
+                   help="bound on staging bytes in flight, e.g. 512M or 2G (K/M/G and KiB/MiB/GiB are binary, "
+                        "KB/MB/GB decimal: 2GB = 2*10^9)")
     p.add_argument("--dry-run", "--dry_run", action="store_true", help="print the plan, write nothing")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress on stderr: a bar on a terminal, a plain line every 5 s in a log or pipe "
@@ -650,8 +646,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--b-strategy", "--b_strategy", help="strategy file or folder of side B's rank folders")
     p.add_argument("--atol", type=float, default=0.0, help="count values within this absolute difference as equal")
     p.add_argument("--no-crc-check", action="store_true", help="skip checking .ckpt crc trailers")
-    p.add_argument("--max-memory", "--max_memory", type=_parse_memory, default=256 * 1024**2,
-                   help="bound on the tensor blocks compared at once (e.g. 256M)")
+    p.add_argument("--max-memory", "--max_memory", type=_memory_size, default=256 * 1024**2,
+                   help="bound on the tensor blocks compared at once, e.g. 256M (K/M/G and KiB/MiB/GiB are "
+                        "binary, KB/MB/GB decimal)")
     p.add_argument("--json", action="store_true")
     _add_quiet_flag(p)
     _add_source_flags(p)
@@ -667,11 +664,6 @@ def build_parser() -> argparse.ArgumentParser:
     for command in sub.choices.values():
         command.epilog = command.epilog or EXIT_CODES
     return parser
-
-
-def one_line(text: str) -> str:
-    """Line breaks that came from the user's data (e.g. a parameter name) must not split the line."""
-    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _run(args: argparse.Namespace) -> object:

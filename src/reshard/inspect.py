@@ -37,6 +37,7 @@ from reshard.sources import (
     source_file,
     unified_index,
 )
+from reshard.text import format_size, one_line
 
 _RANK_FOLDER = re.compile(r"rank_(\d+)")
 
@@ -196,17 +197,9 @@ def gather(path: str, strategy: str | None = None, read: Any = None,
     return _file_info(single, sf, read)
 
 
-def _size(n: int) -> str:
-    from reshard.cli import _size as fmt
-
-    return fmt(n)
-
-
 def main(path: str, as_json: bool = False, strategy: str | None = None, read: Any = None) -> None:
     notes: list[str] = []
     info = gather(path, strategy, read, notes)
-    from reshard.cli import one_line
-
     for note in notes:
         print(f"reshard: note: {one_line(note)}", file=sys.stderr)
     if as_json:
@@ -237,10 +230,10 @@ def main(path: str, as_json: bool = False, strategy: str | None = None, read: An
             table.add_column(col, justify="right" if col == "size" else "left")
         for row in part["tensors"]:
             shape = repr(row["value"]) if "value" in row else str(row["shape"])
-            table.add_row(row["name"], row["dtype"], shape, _size(row["bytes"]),
+            table.add_row(row["name"], row["dtype"], shape, format_size(row["bytes"]),
                           str(row.get("full_shape", "")), row.get("layout", ""))
         console.print(table)
         if part.get("ignored"):
             console.print(f"ignored: {', '.join(part['ignored'])}")
     count = sum(len(p["tensors"]) for _, p in groups)
-    console.print(f"{count} tensors, {_size(info['bytes'])} in {len(info.get('files', groups))} file(s)")
+    console.print(f"{count} tensors, {format_size(info['bytes'])} in {len(info.get('files', groups))} file(s)")

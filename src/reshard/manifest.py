@@ -55,8 +55,9 @@ from reshard import __version__
 from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM, file_digest, new_hash
+from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats import crypto, layout_dir
-from reshard.formats.base import atomic_path
+from reshard.formats.base import TEMP_SUFFIX, atomic_path, write_whole
 from reshard.lock import DestinationLock
 from reshard.plan import FilePlan, Plan
 from reshard.plan.validate import validate_plan
@@ -64,7 +65,6 @@ from reshard.plan.validate import validate_plan
 MANIFEST_NAME = "reshard-manifest.json"
 JOURNAL_NAME = ".reshard-journal"
 MANIFEST_VERSION = 1
-TEMP_SUFFIX = ".reshard-tmp"  # atomic_path's temporary names: .<name>.<random>.reshard-tmp
 _KEY_ID_CONTEXT = b"reshard key id\x00"  # the key id is a hash of this and the key, never the key
 
 
@@ -116,14 +116,14 @@ def key_id(key: bytes) -> str:
     return hashlib.sha256(_KEY_ID_CONTEXT + bytes(key)).hexdigest()[:16]
 
 
-def write_facts(run: local.Options) -> dict[str, Any]:
-    """The run options that change output bytes."""
-    encrypted = run.enc_key is not None
+def write_facts(write: WriteOptions) -> dict[str, Any]:
+    """The write options that change output bytes."""
+    encrypted = write.enc_key is not None
     return {
-        "crc": run.crc_check,
-        "chunk_bytes": run.chunk_bytes,
-        "enc_mode": run.enc_mode if encrypted else None,
-        "key": key_id(run.enc_key) if run.enc_key is not None else None,
+        "crc": write.write_crc,
+        "chunk_bytes": write.chunk_bytes,
+        "enc_mode": write.enc_mode if encrypted else None,
+        "key": key_id(write.enc_key) if write.enc_key is not None else None,
     }
 
 
@@ -276,12 +276,12 @@ def superseded_outputs(root: str, plan: Plan, rank_total: int) -> list[str]:
     return doomed
 
 
-def check_write_options(plan: Plan, run: local.Options) -> None:
+def check_write_options(plan: Plan, write: WriteOptions) -> None:
     """Refuse option combinations before a byte is written."""
-    if run.enc_key is None:
+    if write.enc_key is None:
         return
-    crypto.check_key(run.enc_key, run.enc_mode)
-    if run.crc_check:
+    crypto.check_key(write.enc_key, write.enc_mode)
+    if write.write_crc:
         raise UsageError("a crc trailer and encryption are mutually exclusive (as in MindSpore)")
     plain = [f.path for f in plan.files if f.format != "ckpt"]
     if plain:
@@ -291,15 +291,15 @@ def check_write_options(plan: Plan, run: local.Options) -> None:
 class RunRecorder:
     """Journal, manifest and roll-back around one execution of a plan into ``root``."""
 
-    def __init__(self, plan: Plan, root: str, run: local.Options, *, resume: bool, manifest: bool,
+    def __init__(self, plan: Plan, root: str, write: WriteOptions, *, resume: bool, manifest: bool,
                  remove: Sequence[str] = ()) -> None:
         if resume and not manifest:
             raise UsageError("resume needs the journal, which is only kept with manifest=True")
         self.plan = plan
         self.root = os.path.abspath(root)
-        self.run = run
-        self.algorithm = run.checksum
-        new_hash(run.checksum)  # an unknown algorithm is refused before anything is written
+        self.write = write
+        self.algorithm = write.checksum
+        new_hash(write.checksum)  # an unknown algorithm is refused before anything is written
         self.resume = resume
         self.manifest = manifest
         self.records: dict[str, OutputRecord] = {}
@@ -357,7 +357,7 @@ class RunRecorder:
                 os.unlink(tmp)
         if not self.manifest:
             return self.plan
-        facts, stats = write_facts(self.run), {}
+        facts, stats = write_facts(self.write), {}
         self._fingerprints = {f.path: file_fingerprint(f, self.plan, facts, stats) for f in self.plan.files}
         kept = self._kept_files() if self.resume else {}
         self._remove(manifest_path(self.root))
@@ -469,8 +469,7 @@ class RunRecorder:
             raise ReshardError(f"outputs were not recorded: {', '.join(missing)}", self.root)
         path = manifest_path(self.root)
         try:
-            with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
-                fh.write(self.manifest_text())
+            write_whole(path, self.manifest_text())
         except OSError as exc:
             raise ReshardError(f"cannot write the manifest: {exc.strerror or exc}", path) from None
         self._remove(journal_path(self.root))
@@ -487,8 +486,8 @@ class RunRecorder:
             "reshard_version": __version__,
             "operation": self.plan.operation,
             "complete": True,
-            "crc": self.run.crc_check,
-            "encryption": self.run.enc_mode if self.run.enc_key is not None else None,
+            "crc": self.write.write_crc,
+            "encryption": self.write.enc_mode if self.write.enc_key is not None else None,
             "checksum": self.algorithm,
             "sources": sources,
             "outputs": [self.records[k].to_json() for k in sorted(self.records)],
@@ -557,29 +556,30 @@ class RunRecorder:
 def run_recorded(
     plan: Plan,
     opener: local.Opener,
-    run: local.Options | None = None,
+    write: WriteOptions | None = None,
+    run: RunOptions | None = None,
     root: str | None = None,
     *,
     resume: bool = False,
     manifest: bool = True,
-    runner: Callable[[Plan, local.Options], None] | None = None,
+    runner: Callable[[Plan, WriteOptions, RunOptions], None] | None = None,
     remove: Sequence[str] = (),
 ) -> list[str]:
     """Execute ``plan`` with journal, manifest (``manifest=True``) and roll-back on errors.
 
-    ``runner(plan, options)`` executes the outputs still to write (default: the local executor
+    ``runner(plan, write, run)`` executes the outputs still to write (default: the local executor
     with ``opener``; the Ray executor passes its own). ``remove``: an earlier run's outputs to delete
     once the destination is locked (``superseded_outputs``). Returns the relative paths of the
     outputs kept from an earlier run (``resume``).
     """
-    run = run or local.Options()
-    check_write_options(plan, run)
+    write, run = write or WriteOptions(), run or RunOptions()
+    check_write_options(plan, write)
     validate_plan(plan)  # a planner bug is an internal error before the destination is touched
-    recorder = RunRecorder(plan, root or common_root(plan), run, resume=resume, manifest=manifest, remove=remove)
-    execute = runner or (lambda todo_plan, options: local.run_plan(todo_plan, opener, options))
+    recorder = RunRecorder(plan, root or common_root(plan), write, resume=resume, manifest=manifest, remove=remove)
+    execute = runner or (lambda todo, todo_write, todo_run: local.run_plan(todo, opener, todo_write, todo_run))
     try:
         todo = recorder.start()
-        execute(todo, replace(run, on_file_written=recorder.written, hash_outputs=manifest))
+        execute(todo, write, replace(run, on_file_written=recorder.written, hash_outputs=manifest))
         recorder.finish()
         recorder.release()
     except Exception as exc:

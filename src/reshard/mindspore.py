@@ -94,10 +94,11 @@ import numpy as np
 
 from reshard import api, dtypes
 from reshard.errors import FormatError, IntegrityError, LayoutError, UnsupportedError, UsageError
-from reshard.execute import local
+from reshard.execute import assemble
+from reshard.execute.options import RunOptions
 from reshard.formats import layout_dir
-from reshard.formats.base import TensorIndex, atomic_path
-from reshard.formats.ckpt import CRC_MARK, CRC_TRAILER_BYTES, ENCRYPTED_MAGICS, read_ckpt, save_ckpt
+from reshard.formats.base import TensorIndex, decode_string, write_whole
+from reshard.formats.ckpt import probe_ckpt, read_ckpt, save_ckpt
 from reshard.formats.safetensors import read_safetensors, save_safetensors
 from reshard.formats.strategy import (
     JSON,
@@ -187,16 +188,16 @@ def _name_map(value: Any) -> dict[str, str] | None:
     return dict(value)
 
 
-def _workers(value: Any, what: str) -> local.Options:
+def _workers(value: Any, what: str) -> RunOptions:
     """Run options for a MindSpore process count: checked, then left to reshard's own default.
 
     ``process_num`` and friends size MindSpore's pools of loader *processes* (default 1 or 64); they
     say nothing about how many IO threads reshard should keep busy. Taking them as a thread count
     ran MindSpore's default ``process_num=1`` on one thread, slower than the CLI on the same job; the
-    drop-in runs at the CLI's speed whatever the count (``local.default_workers()``).
+    drop-in runs at the CLI's speed whatever the count (``options.default_workers()``).
     """
     _int(value, what, minimum=1)
-    return local.Options()
+    return RunOptions()
 
 
 def _strategy_file(value: Any, what: str) -> str:
@@ -364,9 +365,9 @@ def save_checkpoint(
         items += [(n, _append_value(n, v)) for n, v in append_dict.items()]
     _check_unique(items, path)
     if fmt == "ckpt":
-        save_ckpt(path, items, crc_check=crc_check, enc_key=enc_key, enc_mode=enc_mode)
+        save_ckpt(path, items, write_crc=crc_check, enc_key=enc_key, enc_mode=enc_mode)
     else:
-        _save_safetensors(path, items, remove_redundancy, crc_check)
+        _save_safetensors(path, items, remove_redundancy, write_crc=crc_check)
 
 
 def _check_unique(items: Sequence[tuple[str, SaveValue]], path: str) -> None:
@@ -378,7 +379,7 @@ def _check_unique(items: Sequence[tuple[str, SaveValue]], path: str) -> None:
 
 
 def _save_safetensors(
-    path: str, items: Sequence[tuple[str, SaveValue]], remove_redundancy: bool | None, crc_check: bool
+    path: str, items: Sequence[tuple[str, SaveValue]], remove_redundancy: bool | None, *, write_crc: bool
 ) -> None:
     """Spec 1.11: metadata ``{"format": "ms"}`` (+ remove_redundancy, + crc over sorted names)."""
     tensors: dict[str, np.ndarray] = {}
@@ -392,7 +393,7 @@ def _save_safetensors(
     meta = dict([META_FORMAT])
     if remove_redundancy is not None:
         meta[META_REMOVE_REDUNDANCY] = str(remove_redundancy)
-    if crc_check:
+    if write_crc:
         meta[META_CRC] = str(_tensor_crc(sorted(tensors.items())))
     save_safetensors(path, tensors, meta)
 
@@ -446,34 +447,27 @@ def _selector(
 def _ckpt_kind(path: str) -> str:
     """``encrypted``, ``crc`` (plain, ends with ``crc_num`` + 10 digits) or ``plain``."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(4)
-            if len(head) == 4 and int.from_bytes(head, "little") in ENCRYPTED_MAGICS:
-                return "encrypted"
-            size = fh.seek(0, os.SEEK_END)
-            if size < CRC_TRAILER_BYTES:
-                return "plain"
-            fh.seek(size - CRC_TRAILER_BYTES)
-            return "crc" if fh.read(len(CRC_MARK)) == CRC_MARK else "plain"
+        probe = probe_ckpt(path)
     except OSError as exc:
         raise UsageError(f"cannot read: {exc.strerror}", path) from None
+    return "encrypted" if probe.cipher is not None else "crc" if probe.crc_trailer else "plain"
 
 
-def _open_for_load(path: str, fmt: str, dec_key: Any, dec_mode: Any, crc_check: bool) -> TensorIndex:
+def _open_for_load(path: str, fmt: str, dec_key: Any, dec_mode: Any, verify_crc: bool) -> TensorIndex:
     if fmt == "safetensors":
         if dec_key is not None:
             raise UsageError("with format='safetensors', dec_key must be None", path)
         index = read_safetensors(path)
-        if crc_check and META_CRC in index.metadata:
+        if verify_crc and META_CRC in index.metadata:
             _check_safetensors_crc(index)
         return index
     if dec_key is not None and not isinstance(dec_key, bytes):
         raise UsageError(f"dec_key must be bytes or None, got {type(dec_key).__name__}")
     kind = _ckpt_kind(path)
-    if crc_check and kind != "crc":  # MindSpore only warns; encrypted files never carry a real crc
+    if verify_crc and kind != "crc":  # MindSpore only warns; encrypted files never carry a real crc
         warnings.warn(f"{path}: crc_check=True but the file has no crc trailer ({kind}); not checked", stacklevel=3)
-        crc_check = False
-    return read_ckpt(path, crc_check=crc_check, dec_key=dec_key, dec_mode=dec_mode)
+        verify_crc = False
+    return read_ckpt(path, verify_crc=verify_crc, dec_key=dec_key, dec_mode=dec_mode)
 
 
 def _check_safetensors_crc(index: TensorIndex) -> None:
@@ -609,13 +603,11 @@ def merge_pipeline_strategys(src_strategy_dirs: str, dst_strategy_file: str) -> 
 
 
 def _write_plain(path: str, data: bytes) -> None:
-    """Atomically, with the permissions of a plain ``open(path, "wb")`` (``atomic_path`` sets them)."""
-    with atomic_path(path) as tmp:
-        try:
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-        except OSError as exc:
-            raise UsageError(f"cannot write: {exc.strerror}", path) from None
+    """Atomically, with the permissions of a plain ``open(path, "wb")``."""
+    try:
+        write_whole(path, data)
+    except OSError as exc:
+        raise UsageError(f"cannot write: {exc.strerror}", path) from None
 
 
 def build_searched_strategy(strategy_filename: str) -> dict[str, Any]:
@@ -735,7 +727,7 @@ def transform_checkpoints(
         plans = _plan_by_stage(src_dir, dst_dir, prefix, src, dst)  # every plan before any write
         api.check_destination(dst_dir, [src_dir], overwrite=True)
         for plan in plans:
-            api.execute(plan, None, run, root=dst_dir, manifest=WRITE_MANIFEST)
+            api.execute(plan, run=run, root=dst_dir, manifest=WRITE_MANIFEST)
         return
     _refuse_no_strategy(src, dst)
     api.transform(
@@ -846,7 +838,7 @@ def unified_safetensors(
     if split and not report.plan.files and not report.plan.texts:
         raise UsageError(f"split_dst_file {split} selects none of the model's parts (MindSpore fails here too)")
     api.check_destination(dst, [src], overwrite=True)
-    api.execute(report.plan, None, run, root=dst, manifest=WRITE_MANIFEST)
+    api.execute(report.plan, run=run, root=dst, manifest=WRITE_MANIFEST)
 
 
 _UNUSED_DST = "__reshard_not_written__"  # plan paths of return_param_dict: never written
@@ -855,23 +847,19 @@ _UNUSED_DST = "__reshard_not_written__"  # plan paths of return_param_dict: neve
 def _materialize(plan: Plan, file: FilePlan) -> dict[str, LoadedValue]:
     """The tensors of one planned file as owned numpy arrays (no file written)."""
     opened: dict[int, TensorIndex] = {}
+    def source_array(source: int, tensor: str) -> np.ndarray:
+        return _index(opened, plan, source).array(tensor)
+
     try:
         result: dict[str, LoadedValue] = {}
         for t in file.tensors:
-            if t.literal is not None:
-                result[t.name] = t.literal.decode("utf-32-le").rstrip("\x00")
-                continue
-            if t.dtype is dtypes.STR:
+            if t.literal is not None and t.dtype is dtypes.STR:
+                result[t.name] = decode_string(t.literal)
+            elif t.dtype is dtypes.STR:
                 c = t.copies[0]
                 result[t.name] = str(_index(opened, plan, c.source).value(c.tensor))
-                continue
-            out = np.empty(t.shape, dtype=t.dtype.numpy)
-            for c in t.copies:
-                src = _index(opened, plan, c.source).array(c.tensor)
-                src_sel = tuple(slice(s, s + n) for s, n in zip(c.src_start, c.lengths, strict=True))
-                dst_sel = tuple(slice(s, s + n) for s, n in zip(c.dst_start, c.lengths, strict=True))
-                out[dst_sel] = src[src_sel]
-            result[t.name] = out
+            else:
+                result[t.name] = assemble.full_tensor(t, source_array)
         return result
     finally:
         for index in opened.values():
@@ -956,7 +944,7 @@ def load_distributed_checkpoint(
     plan = _split_plan(unified, strategy, dst or os.path.join(unified, _UNUSED_DST), ranks, out_fmt, names)
     if dst is not None:
         api.check_destination(dst, [unified], overwrite=True)
-        api.execute(plan, None, run, root=dst, manifest=WRITE_MANIFEST)
+        api.execute(plan, run=run, root=dst, manifest=WRITE_MANIFEST)
     return _materialize(plan, plan.files[0]) if return_param_dict else None
 
 

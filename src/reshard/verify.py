@@ -34,6 +34,7 @@ import numpy as np
 
 from reshard import api, dtypes
 from reshard.errors import UsageError
+from reshard.execute import assemble
 from reshard.execute.local import SourceCache
 from reshard.formats import layout_dir
 from reshard.formats.base import decode_string
@@ -80,6 +81,16 @@ class TensorResult:
                 "detail": self.detail}
 
 
+class _Names:
+    """``report.matching``, ``.differing``, ...: the names whose verdict has one status."""
+
+    def __init__(self, status: str) -> None:
+        self.status = status
+
+    def __get__(self, report: VerifyReport, owner: type | None = None) -> list[str]:
+        return report.names(self.status)
+
+
 @dataclass
 class VerifyReport:
     a: str
@@ -90,21 +101,10 @@ class VerifyReport:
     def names(self, status: str) -> list[str]:
         return [r.name for r in self.results if r.status == status]
 
-    @property
-    def matching(self) -> list[str]:
-        return self.names(MATCH)
-
-    @property
-    def differing(self) -> list[str]:
-        return self.names(DIFFER)
-
-    @property
-    def missing(self) -> list[str]:
-        return self.names(MISSING)
-
-    @property
-    def unexpected(self) -> list[str]:
-        return self.names(UNEXPECTED)
+    matching = _Names(MATCH)
+    differing = _Names(DIFFER)
+    missing = _Names(MISSING)  # only in A
+    unexpected = _Names(UNEXPECTED)  # only in B
 
     @property
     def ok(self) -> bool:
@@ -196,30 +196,6 @@ def _open_side(path: str, strategy: str | StrategyFile | None, read: ReadOptions
 # ------------------------------------------------------------------------------------ comparing
 
 
-def _rows(side: _Side, t: TensorPlan, r0: int, r1: int) -> np.ndarray:
-    """Rows ``r0:r1`` (dim 0) of the full tensor ``t``, assembled from the plan's copies."""
-    if t.literal is not None:
-        whole = np.frombuffer(t.literal, dtype=t.dtype.numpy).reshape(t.shape)
-        return whole[r0:r1] if t.shape else whole
-    if t.whole_copy:
-        c = t.copies[0]
-        whole = side.array(c.source, c.tensor)
-        return whole[r0:r1] if t.shape else whole
-    block = np.empty((r1 - r0, *t.shape[1:]), dtype=t.dtype.numpy)
-    for c in t.copies:
-        lo, hi = max(r0, c.dst_start[0]), min(r1, c.dst_start[0] + c.lengths[0])
-        if lo >= hi:
-            continue
-        shift = lo - c.dst_start[0]
-        src = side.array(c.source, c.tensor)
-        src_sel = (slice(c.src_start[0] + shift, c.src_start[0] + shift + hi - lo),
-                   *(slice(s, s + n) for s, n in zip(c.src_start[1:], c.lengths[1:], strict=True)))
-        dst_sel = (slice(lo - r0, hi - r0),
-                   *(slice(s, s + n) for s, n in zip(c.dst_start[1:], c.lengths[1:], strict=True)))
-        np.copyto(block[dst_sel], src[src_sel])
-    return block
-
-
 def _string(side: _Side, t: TensorPlan) -> str:
     if t.literal is not None:
         return decode_string(t.literal)
@@ -271,7 +247,7 @@ def _compare(name: str, a: _Side, ta: TensorPlan, b: _Side, tb: TensorPlan, atol
     step = _block_rows(ta, max_memory)
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
-        block_a, block_b = _rows(a, ta, r0, r1), _rows(b, tb, r0, r1)
+        block_a, block_b = assemble.tensor_rows(ta, r0, r1, a.array), assemble.tensor_rows(tb, r0, r1, b.array)
         if exact and _same_bytes(block_a, block_b):
             continue
         exact = False
@@ -300,7 +276,7 @@ def verify(
     a_strategy: str | StrategyFile | None = None,
     b_strategy: str | StrategyFile | None = None,
     read: ReadOptions | None = None,
-    crc_check: bool = True,
+    verify_crc: bool = True,
     atol: float = 0.0,
     max_memory: int = DEFAULT_MAX_MEMORY,
 ) -> VerifyReport:
@@ -310,7 +286,7 @@ def verify(
     """
     if atol < 0 or not np.isfinite(atol):
         raise UsageError(f"atol must be a finite number >= 0, got {atol}")
-    read = replace(read or ReadOptions(), verify_crc=crc_check)
+    read = replace(read or ReadOptions(), verify_crc=verify_crc)
     notes: list[str] = []
     _need_strategy(a, a_strategy, "a")
     _need_strategy(b, b_strategy, "b")

@@ -11,8 +11,9 @@ Why this shape (see design.md, "Techniques the peers proved"; every choice was m
   (0.28 s/GB, faster than ``cp``; ``pwrite`` from a fresh map: 0.40 s/GB).
 * Strided boxes (column splits) are assembled in a reused per-thread staging buffer, row block by
   row block (at most ``max_memory / workers`` bytes), one strided numpy copy per box from the
-  memory-mapped source, then one ``pwrite`` per block (15% faster than filling a map of the
-  output, which faults every fresh page). No full tensor exists unless the destination is one.
+  memory-mapped source (``assemble.copy_boxes``, which ``verify`` and the drop-in use too), then
+  one ``pwrite`` per block (15% faster than filling a map of the output, which faults every fresh
+  page). No full tensor exists unless the destination is one.
 * After each output tensor the source pages it touched are unmapped again
   (``madvise(MADV_DONTNEED)``; the page cache keeps them), so resident memory stays flat
   whatever the model size.
@@ -38,46 +39,19 @@ import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from reshard.execute.digest import DEFAULT_ALGORITHM, StreamingDigest, hash_pool
+from reshard.execute import assemble
+from reshard.execute.digest import StreamingDigest, hash_pool
+from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats import base, ckpt, safetensors
 from reshard.formats.base import FileLayout, TensorIndex, TensorSpec, pwrite_all
 from reshard.plan import FilePlan, Plan, TensorPlan
 from reshard.plan.validate import validate_plan
 
-DEFAULT_MAX_MEMORY = 1024**3  # bytes in flight across all workers (staging buffers)
-MIN_DEFAULT_WORKERS = 4  # even on 2 cores: on a cold cache the threads mostly wait on the disk
-MAX_DEFAULT_WORKERS = 8
-
-
-def default_workers() -> int:
-    """Worker threads when none are asked for: one per core, at least 4, at most 8.
-
-    Measured on 2 cores, cold cache: 4 threads instead of 2 took a merge 8 ranks -> full from
-    1.14-1.20 s to 1.05-1.09 s (the disk gets more requests at once); warm, no difference.
-    """
-    return max(MIN_DEFAULT_WORKERS, min(MAX_DEFAULT_WORKERS, os.cpu_count() or 1))
 _PAGE = mmap.PAGESIZE
-
-
-@dataclass(frozen=True)
-class Options:
-    workers: int = field(default_factory=default_workers)
-    max_memory: int = DEFAULT_MAX_MEMORY
-    crc_check: bool = False  # write crc trailers on .ckpt outputs
-    chunk_bytes: int = ckpt.SLICE_BYTES
-    progress: Callable[[int], None] | None = None  # called with bytes written (from worker threads)
-    on_start: Callable[[int], None] | None = None  # called once with the bytes the run will write
-    enc_key: bytes | None = field(default=None, repr=False)  # encrypt .ckpt outputs (never printed)
-    enc_mode: str = "AES-GCM"
-    # After each output is renamed into place, with its checksum when ``hash_outputs`` had it computed
-    # while writing.
-    on_file_written: Callable[[FilePlan, str | None], None] | None = None
-    checksum: str = DEFAULT_ALGORITHM  # of the manifest: "blake3" or "sha256" (execute.digest says why)
-    hash_outputs: bool = False  # checksum each plain output while writing it (encrypted ones: None)
 
 
 Opener = Callable[[str], TensorIndex]
@@ -133,10 +107,10 @@ class SourceCache:
         self._fds.clear()
 
 
-def file_layout(file: FilePlan, options: Options) -> FileLayout:
+def file_layout(file: FilePlan, write: WriteOptions) -> FileLayout:
     specs = [TensorSpec(t.name, t.dtype, t.shape, t.nbytes) for t in file.tensors]
     if file.format == "ckpt":
-        return ckpt.ckpt_layout(specs, chunk_bytes=options.chunk_bytes)
+        return ckpt.ckpt_layout(specs, chunk_bytes=write.chunk_bytes)
     return safetensors.safetensors_layout(specs, dict(file.metadata) or None)
 
 
@@ -209,11 +183,6 @@ def _row_blocks(t: TensorPlan, budget: int) -> Iterator[tuple[int, int]]:
         yield r0, min(rows, r0 + step)
 
 
-def _box(first: int, rows: int, starts: tuple[int, ...], lengths: tuple[int, ...]) -> tuple[slice, ...]:
-    """Index of a box: ``rows`` rows from ``first`` on dim 0, then ``starts``/``lengths``."""
-    return (slice(first, first + rows), *(slice(s, s + n) for s, n in zip(starts, lengths, strict=True)))
-
-
 @dataclass(frozen=True)
 class _Output:
     """The output file being filled (by ``copy_file_range`` and ``pwrite`` at final offsets)."""
@@ -234,19 +203,6 @@ def _flat_offset(start: tuple[int, ...], shape: tuple[int, ...]) -> int:
     for s, d in zip(start, shape, strict=True):
         offset = offset * d + s
     return offset
-
-
-def _copy_boxes(dst: np.ndarray, t: TensorPlan, rows: tuple[int, int], sources: SourceCache, plan: Plan) -> None:
-    """Copy every box of ``t`` that falls in dst rows ``rows`` into ``dst`` (which holds those rows)."""
-    r0, r1 = rows
-    for c in t.copies:
-        lo, hi = max(r0, c.dst_start[0]), min(r1, c.dst_start[0] + c.lengths[0])
-        if lo >= hi:
-            continue
-        src = sources.get(plan.sources[c.source]).array(c.tensor)
-        shift = lo - c.dst_start[0]
-        src_sel = _box(c.src_start[0] + shift, hi - lo, c.src_start[1:], c.lengths[1:])
-        np.copyto(dst[_box(lo - r0, hi - lo, c.dst_start[1:], c.lengths[1:])], src[src_sel])
 
 
 def _byte_runs(out: _Output, t: TensorPlan, segments: tuple[base.Segment, ...], sources: SourceCache,
@@ -283,11 +239,19 @@ def _fill_tensor(out: _Output, t: TensorPlan, segments: tuple[base.Segment, ...]
     # Strided boxes: assemble row blocks in a reused staging buffer, then one pwrite per block
     # (measured 15% faster than copying into a map of the output, which faults every page).
     row_bytes = t.nbytes // t.shape[0] if t.shape and t.shape[0] else 0
+
+    arrays: dict[tuple[int, str], np.ndarray] = {}  # each source tensor's view made once, not per block
+
+    def source_array(source: int, tensor: str) -> np.ndarray:
+        key = (source, tensor)
+        if key not in arrays:
+            arrays[key] = sources.get(plan.sources[source]).array(tensor)
+        return arrays[key]
+
     for r0, r1 in _row_blocks(t, budget):
         block_shape = (r1 - r0, *t.shape[1:]) if t.shape else ()
         staging = _staging(math.prod(block_shape) * t.dtype.itemsize).view(t.dtype.numpy).reshape(block_shape)
-        if t.shape:
-            _copy_boxes(staging, t, (r0, r1), sources, plan)
+        assemble.copy_boxes(staging, t, r0, source_array)
         _write_at(out.fd, segments, r0 * row_bytes, memoryview(staging.reshape(-1).view(np.uint8)))
 
 
@@ -310,19 +274,19 @@ class Cancelled(Exception):
     """
 
 
-def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options, budget: int,
+def run_file(file: FilePlan, plan: Plan, sources: SourceCache, write: WriteOptions, run: RunOptions, budget: int,
              tensor_workers: int = 1, hasher_pool: ThreadPoolExecutor | None = None,
              cancel: threading.Event | None = None) -> str | None:
     """Write one output file of the plan atomically (its tensors on ``tensor_workers`` threads).
 
-    Returns the file's checksum (``options.checksum``), hashed while it was written, when
+    Returns the file's checksum (``write.checksum``), hashed while it was written, when
     ``hasher_pool`` is given and the output is not encrypted (else None). Once ``cancel`` is set,
     the file is abandoned before its next tensor (``Cancelled``; no temporary file stays).
     """
     stop = cancel if cancel is not None else threading.Event()
-    layout = file_layout(file, options)
+    layout = file_layout(file, write)
     by_name = {t.name: t for t in file.tensors}
-    encrypted = options.enc_key is not None and file.format == "ckpt"
+    encrypted = write.enc_key is not None and file.format == "ckpt"
     hasher: StreamingDigest | None = None  # follows the file while it is written (plain outputs)
     checksum: str | None = None
 
@@ -337,8 +301,8 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options,
                 hasher.finished(offset, length)
         for c in t.copies:
             sources.release(plan.sources[c.source], c.tensor)
-        if options.progress is not None:
-            options.progress(t.nbytes)
+        if run.progress is not None:
+            run.progress(t.nbytes)
 
     def fill_tensors(fd: int, lay: FileLayout) -> None:
         out = _Output(fd)
@@ -360,7 +324,7 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options,
         if hasher_pool is None or encrypted:
             fill_tensors(fd, lay)
             return
-        hasher = StreamingDigest(fd, hasher_pool, options.checksum)
+        hasher = StreamingDigest(fd, hasher_pool, write.checksum)
         for offset, data in lay.framing:  # written by write_file before fill
             hasher.finished(offset, len(data))
         try:
@@ -371,7 +335,7 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options,
 
     def finish(fd: int, lay: FileLayout) -> None:
         nonlocal checksum
-        if options.crc_check and file.format == "ckpt":
+        if write.write_crc and file.format == "ckpt":
             try:
                 ckpt.crc_finish(fd, lay)
             except BaseException:
@@ -382,11 +346,11 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, options: Options,
             checksum = hasher.result(os.fstat(fd).st_size)
 
     if encrypted:  # plaintext temp file, then records
-        ckpt.write_encrypted(file.path, layout, fill, options.enc_key, options.enc_mode)
+        ckpt.write_encrypted(file.path, layout, fill, write.enc_key, write.enc_mode)
     else:
         base.write_file(file.path, layout, fill, finish)
-    if options.on_file_written is not None:
-        options.on_file_written(file, checksum)
+    if run.on_file_written is not None:
+        run.on_file_written(file, checksum)
     return checksum
 
 
@@ -431,9 +395,9 @@ def _run_files_fail_fast(files: Sequence[FilePlan], workers: int,
         raise failure
 
 
-def run_plan(plan: Plan, opener: Opener, options: Options | None = None) -> None:
+def run_plan(plan: Plan, opener: Opener, write: WriteOptions | None = None, run: RunOptions | None = None) -> None:
     """Execute every output of ``plan``; text outputs (index JSON) are written last."""
-    options = options or Options()
+    write, run = write or WriteOptions(), run or RunOptions()
     sources = SourceCache(opener)
     try:
         validate_plan(plan, lambda i, name: sources.shape(plan.sources[i], name))  # before any byte
@@ -442,23 +406,27 @@ def run_plan(plan: Plan, opener: Opener, options: Options | None = None) -> None
         raise
     # Workers go to output files first; spare ones fill the tensors of a file in parallel (a merge
     # to one full file, a unify into one part).
-    workers = max(1, min(options.workers, len(plan.files) or 1))
-    tensor_workers = max(1, options.workers // workers)
-    budget = max(_PAGE, options.max_memory // (workers * tensor_workers))
-    if options.on_start is not None:
-        options.on_start(sum(f.nbytes for f in plan.files))
+    workers = max(1, min(run.workers, len(plan.files) or 1))
+    tensor_workers = max(1, run.workers // workers)
+    budget = max(_PAGE, run.max_memory // (workers * tensor_workers))
+    if run.on_start is not None:
+        run.on_start(sum(f.nbytes for f in plan.files))
     with contextlib.ExitStack() as stack:
         stack.callback(sources.close)
-        hashers = stack.enter_context(hash_pool()) if options.hash_outputs else None
+        hashers = stack.enter_context(hash_pool()) if run.hash_outputs else None
         if workers == 1:
             for f in plan.files:
-                run_file(f, plan, sources, options, budget, tensor_workers, hashers)
+                run_file(f, plan, sources, write, run, budget, tensor_workers, hashers)
         else:
             _run_files_fail_fast(plan.files, workers,
-                                 lambda f, cancel: run_file(f, plan, sources, options, budget, 1, hashers, cancel))
+                                 lambda f, cancel: run_file(f, plan, sources, write, run, budget, 1, hashers, cancel))
+    write_texts(plan)
+
+
+def write_texts(plan: Plan) -> None:
+    """The plan's text outputs (index JSON), once every file they describe is written."""
     for text in plan.texts:
-        with base.atomic_path(text.path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text.text)
+        base.write_whole(text.path, text.text)
 
 
-__all__ = ["DEFAULT_MAX_MEMORY", "Options", "SourceCache", "run_plan"]
+__all__ = ["Cancelled", "Opener", "SourceCache", "file_layout", "run_file", "run_plan", "write_texts"]

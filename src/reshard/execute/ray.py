@@ -47,17 +47,19 @@ import numpy as np
 from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
 from reshard.execute.digest import hash_pool
+from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats import base
 from reshard.plan import FilePlan, Plan
 from reshard.plan.validate import PlanError, validate_plan
 from reshard.sources import ReadOptions, open_checkpoint
+from reshard.text import first_line
 
 TEMP_PREFIX = "reshard-ray-"  # node-local folder of one task (no shared disk), removed when it ends
 
 
 @dataclass(frozen=True)
-class RayOptions(local.Options):
-    """``local.Options`` plus where and how to run on Ray (``api.execute`` picks Ray for these)."""
+class RayOptions(RunOptions):
+    """``RunOptions`` plus where and how to run on Ray (``api.execute`` picks Ray for these)."""
 
     address: str | None = None  # None: the running Ray, RAY_ADDRESS, or a new local cluster
     shared_disk: bool = True
@@ -83,7 +85,7 @@ def _cluster(address: str | None) -> Iterator[Any]:
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     except Exception as exc:  # ConnectionError, RuntimeError, ValueError: all "cannot reach it"
-        raise UsageError(f"cannot start or reach Ray: {_first_line(exc)}", address) from None
+        raise UsageError(f"cannot start or reach Ray: {first_line(exc)}", address) from None
     try:
         yield ray
     finally:
@@ -118,12 +120,6 @@ def probe_address(address: str | None, timeout: float = PROBE_SECONDS) -> None:
         raise UsageError(f"no Ray cluster answers there ({exc.strerror or exc})", address) from None
 
 
-def _first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (Ray's are multi-line)."""
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
 def _groups(files: Sequence[FilePlan], max_tasks: int | None) -> list[list[FilePlan]]:
     """Consecutive output files per task (neighbouring ranks tend to read the same sources)."""
     count = len(files) if max_tasks is None else max(1, min(max_tasks, len(files)))
@@ -148,15 +144,15 @@ def _open(read: ReadOptions | None) -> local.Opener:
 TaskResult = tuple[list[str | None], list[np.ndarray] | None]  # checksum per file, file bytes (no shared disk)
 
 
-def _task(sources: tuple[str, ...], files: list[FilePlan], read: ReadOptions | None, options: local.Options,
-          budget: int, needed: list[int], *blobs: np.ndarray) -> TaskResult:
+def _task(sources: tuple[str, ...], files: list[FilePlan], read: ReadOptions | None, write: WriteOptions,
+          run: RunOptions, budget: int, needed: list[int], *blobs: np.ndarray) -> TaskResult:
     """One Ray task: write ``files``; with ``blobs`` (no shared disk) work in a node-local folder.
 
-    Each file is hashed on the node while it is written (``options.hash_outputs``), so the driver does
+    Each file is hashed on the node while it is written (``run.hash_outputs``), so the driver does
     not read the outputs back for the manifest.
     """
     if not blobs:
-        return _run_files(Plan("ray", sources, tuple(files)), read, options, budget), None
+        return _run_files(Plan("ray", sources, tuple(files)), read, write, run, budget), None
     with tempfile.TemporaryDirectory(prefix=TEMP_PREFIX) as tmp:
         remapped = list(sources)
         for i, blob in zip(needed, blobs, strict=True):
@@ -165,17 +161,18 @@ def _task(sources: tuple[str, ...], files: list[FilePlan], read: ReadOptions | N
                 fh.write(memoryview(blob))
         outs = [replace(f, path=os.path.join(tmp, f"out{k}-{os.path.basename(f.path)}"), tensors=tuple(f.tensors))
                 for k, f in enumerate(files)]
-        digests = _run_files(Plan("ray", tuple(remapped), tuple(outs)), read, options, budget)
+        digests = _run_files(Plan("ray", tuple(remapped), tuple(outs)), read, write, run, budget)
         return digests, [np.fromfile(f.path, dtype=np.uint8) for f in outs]
 
 
-def _run_files(plan: Plan, read: ReadOptions | None, options: local.Options, budget: int) -> list[str | None]:
+def _run_files(plan: Plan, read: ReadOptions | None, write: WriteOptions, run: RunOptions,
+               budget: int) -> list[str | None]:
     cache = local.SourceCache(_open(read))
     try:
         validate_plan(plan, lambda i, name: cache.shape(plan.sources[i], name))  # source bounds, on the node
         with contextlib.ExitStack() as stack:
-            hashers = stack.enter_context(hash_pool()) if options.hash_outputs else None
-            return [local.run_file(f, plan, cache, options, budget, 1, hashers) for f in plan.files]
+            hashers = stack.enter_context(hash_pool()) if run.hash_outputs else None
+            return [local.run_file(f, plan, cache, write, run, budget, 1, hashers) for f in plan.files]
     finally:
         cache.close()
 
@@ -195,8 +192,7 @@ def _put_source(ray: Any, path: str) -> Any:
 
 def _write_output(path: str, data: np.ndarray) -> None:
     try:
-        with base.atomic_path(path) as tmp, open(tmp, "wb") as fh:
-            fh.write(memoryview(data))
+        base.write_whole(path, memoryview(data))
     except OSError as exc:
         raise ReshardError(f"write failed: {exc.strerror or exc}", path) from None
 
@@ -214,14 +210,15 @@ def _task_error(exc: BaseException) -> ReshardError | PlanError:
     if isinstance(cause, OSError):
         return ReshardError(f"write failed: {cause.strerror or cause}", cause.filename)
     if isinstance(cause, BaseException):
-        return ReshardError(f"Ray task failed: {type(cause).__name__}: {_first_line(cause)}")
-    return ReshardError(f"Ray task failed: {_first_line(exc)}")
+        return ReshardError(f"Ray task failed: {type(cause).__name__}: {first_line(cause)}")
+    return ReshardError(f"Ray task failed: {first_line(exc)}")
 
 
 def run_plan_ray(
     plan: Plan,
-    opener_options: ReadOptions | None = None,
-    options: local.Options | None = None,
+    read: ReadOptions | None = None,
+    write: WriteOptions | None = None,
+    run: RunOptions | None = None,
     *,
     address: str | None = None,
     shared_disk: bool = True,
@@ -229,27 +226,25 @@ def run_plan_ray(
 ) -> None:
     """Execute every output of ``plan`` as Ray tasks; text outputs are written last by the driver.
 
-    ``options.progress`` / ``on_start`` / ``on_file_written`` are called on the driver (per
-    finished task), never shipped to the nodes.
+    ``run.progress`` / ``on_start`` / ``on_file_written`` are called on the driver (per finished
+    task), never shipped to the nodes.
     """
-    options = options or local.Options()
-    shipped = local.Options(**{k: getattr(options, k) for k in local.Options.__dataclass_fields__})
-    shipped = replace(shipped, progress=None, on_start=None, on_file_written=None, workers=1)
-    budget = max(mmap.PAGESIZE, options.max_memory // max(1, options.workers))
-    if options.on_start is not None:
-        options.on_start(sum(f.nbytes for f in plan.files))
+    write, run = write or WriteOptions(), run or RunOptions()
+    shipped = RunOptions(workers=1, max_memory=run.max_memory, hash_outputs=run.hash_outputs)
+    budget = max(mmap.PAGESIZE, run.max_memory // max(1, run.workers))
+    if run.on_start is not None:
+        run.on_start(sum(f.nbytes for f in plan.files))
     with _cluster(address) as ray:
         remote = ray.remote(num_cpus=1, max_retries=0)(_task)
         window = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        _drive(ray, remote, plan, _groups(plan.files, max_tasks), opener_options, shipped, options, budget,
+        _drive(ray, remote, plan, _groups(plan.files, max_tasks), read, write, shipped, run, budget,
                shared_disk, window)
-    for text in plan.texts:
-        with base.atomic_path(text.path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text.text)
+    local.write_texts(plan)
 
 
 def _drive(ray: Any, remote: Any, plan: Plan, groups: list[list[FilePlan]], read: ReadOptions | None,
-           shipped: local.Options, options: local.Options, budget: int, shared_disk: bool, window: int) -> None:
+           write: WriteOptions, shipped: RunOptions, run: RunOptions, budget: int, shared_disk: bool,
+           window: int) -> None:
     """Submit groups (at most ``window`` in flight), collect results, keep sources only while needed."""
     needs = [[] if shared_disk else _needed(plan, g) for g in groups]
     users: dict[int, int] = {}
@@ -266,12 +261,12 @@ def _drive(ray: Any, remote: Any, plan: Plan, groups: list[list[FilePlan]], read
                     if i not in refs:
                         refs[i] = _put_source(ray, plan.sources[i])
                 blobs = [refs[i] for i in needs[nxt]]
-                ref = remote.remote(plan.sources, groups[nxt], read, shipped, budget, needs[nxt], *blobs)
+                ref = remote.remote(plan.sources, groups[nxt], read, write, shipped, budget, needs[nxt], *blobs)
                 pending[ref] = nxt
                 nxt += 1
             [done], _ = ray.wait(list(pending), num_returns=1)
             k = pending.pop(done)
-            _finish(ray, done, groups[k], options)
+            _finish(ray, done, groups[k], run)
             for i in needs[k]:
                 users[i] -= 1
                 if users[i] == 0:
@@ -281,7 +276,7 @@ def _drive(ray: Any, remote: Any, plan: Plan, groups: list[list[FilePlan]], read
         raise
 
 
-def _finish(ray: Any, ref: Any, files: list[FilePlan], options: local.Options) -> None:
+def _finish(ray: Any, ref: Any, files: list[FilePlan], run: RunOptions) -> None:
     try:
         result = ray.get(ref)
     except ray.exceptions.RayError as exc:
@@ -290,10 +285,10 @@ def _finish(ray: Any, ref: Any, files: list[FilePlan], options: local.Options) -
     for k, f in enumerate(files):
         if contents is not None:
             _write_output(f.path, contents[k])
-        if options.on_file_written is not None:
-            options.on_file_written(f, digests[k])
-        if options.progress is not None:
-            options.progress(f.nbytes)
+        if run.on_file_written is not None:
+            run.on_file_written(f, digests[k])
+        if run.progress is not None:
+            run.progress(f.nbytes)
 
 
 def _cancel(ray: Any, refs: list[Any]) -> None:
@@ -313,16 +308,16 @@ def _never_opened(path: str) -> base.TensorIndex:
 NO_OPENER: local.Opener = _never_opened  # the driver's opener under Ray: tasks open their sources on the nodes
 
 
-def runner(read: ReadOptions | None, run: local.Options) -> Callable[[Plan, local.Options], None]:
-    """How the run-recording layer executes a plan on Ray: ``runner(plan, options)`` writes the
+def runner(read: ReadOptions | None, run: RunOptions) -> Callable[[Plan, WriteOptions, RunOptions], None]:
+    """How the run-recording layer executes a plan on Ray: ``runner(plan, write, run)`` writes the
     outputs still to write as Ray tasks (journal, manifest and roll-back stay on the driver, with
-    the caller). ``run`` says where and how (a ``RayOptions``; plain ``local.Options`` runs on a
+    the caller). ``run`` says where and how (a ``RayOptions``; plain ``RunOptions`` runs on a
     local Ray with a shared disk)."""
     address, shared, tasks = (run.address, run.shared_disk, run.max_tasks) if isinstance(run, RayOptions) else (
         None, True, None)
 
-    def run_on_ray(todo: Plan, options: local.Options) -> None:
-        run_plan_ray(todo, read, options, address=address, shared_disk=shared, max_tasks=tasks)
+    def run_on_ray(todo: Plan, todo_write: WriteOptions, todo_run: RunOptions) -> None:
+        run_plan_ray(todo, read, todo_write, todo_run, address=address, shared_disk=shared, max_tasks=tasks)
 
     return run_on_ray
 

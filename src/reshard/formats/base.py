@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import mmap
 import os
-import tempfile
+import secrets
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -206,37 +205,56 @@ def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
         offset += written
 
 
-@functools.cache
-def default_file_mode() -> int:
-    """``0o666 & ~umask``: the mode ``open()`` would give a new file (umask read once, at first use)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return 0o666 & ~mask
+TEMP_SUFFIX = ".reshard-tmp"  # temporary outputs are named .<name>.<random>.reshard-tmp
+_TEMP_ATTEMPTS = 100  # random names tried before giving up (a clash is already a 1 in 2**32 event)
+_NEW_FILE_MODE = 0o666  # what open() asks for: the kernel takes the umask away, as for any new file
+
+
+def _create_temp(directory: str, name: str) -> str:
+    """Create an empty, unique temporary file for output ``name`` in ``directory``; return its path.
+
+    Unlike ``tempfile.mkstemp`` (mode 0o600) it is created with the mode ``open()`` gives a new file:
+    0o666 less the process's umask, applied by the kernel, so nothing has to read or change the
+    umask (changing it would race with every other thread creating files).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(_TEMP_ATTEMPTS):
+        tmp = os.path.join(directory, f".{name}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
+        try:
+            os.close(os.open(tmp, flags, _NEW_FILE_MODE))
+        except FileExistsError:
+            continue
+        return tmp
+    raise FileExistsError(errno.EEXIST, "no free temporary name", directory)
 
 
 @contextlib.contextmanager
 def atomic_path(final: str | os.PathLike[str]) -> Iterator[str]:
     """Yield a temporary path next to ``final``; rename onto it only if the block succeeds.
 
-    The temporary name starts with a dot and ends in ``.reshard-tmp`` so that an interrupted run
+    The temporary name starts with a dot and ends in ``TEMP_SUFFIX`` so that an interrupted run
     never leaves a file that looks complete.
     """
     final = os.fspath(final)
     directory = os.path.dirname(os.path.abspath(final))
     try:
         os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(final)}.", suffix=".reshard-tmp", dir=directory)
+        tmp = _create_temp(directory, os.path.basename(final))
     except OSError as exc:
         raise UsageError(f"cannot write here: {exc.strerror}", final) from None
-    os.close(fd)
     try:
-        os.chmod(tmp, default_file_mode())  # mkstemp makes 0o600; outputs get the usual umask mode
         yield tmp
         os.replace(tmp, final)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def write_whole(path: str | os.PathLike[str], data: bytes | memoryview | str) -> None:
+    """Write ``data`` (text as UTF-8) to ``path`` atomically. Raises ``OSError`` for the caller to word."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        fh.write(data.encode("utf-8") if isinstance(data, str) else data)
 
 
 def write_file(

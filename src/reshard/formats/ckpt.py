@@ -21,7 +21,7 @@ Deliberate choices, each checked against MindSpore 2.10:
   decode only the last chunk's length) and are stored as ``np.array(s).tobytes()`` (so ``""``
   is four zero bytes: MindSpore cannot load empty ``str`` content).
 * The reader is stricter than MindSpore where that costs nothing: chunk sizes must add up to the
-  shape, ``crc_check=True`` without a trailer is an error (MindSpore only warns), and malformed
+  shape, ``verify_crc=True`` without a trailer is an error (MindSpore only warns), and malformed
   bytes raise ``FormatError`` with the byte offset. Unknown fields are skipped (forward
   compatible). Non-consecutive repeats of a tag overwrite the earlier entry but keep its
   position, like MindSpore's dict assignment.
@@ -35,7 +35,6 @@ import itertools
 import math
 import mmap
 import os
-import struct
 import tempfile
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -54,6 +53,7 @@ from reshard.errors import (
     UnsupportedError,
     UsageError,
 )
+from reshard.formats import crypto
 from reshard.formats.base import (
     FileLayout,
     Segment,
@@ -73,7 +73,6 @@ CRC_MARK = b"crc_num"  # trailer = mark + crc32 as a 10-byte big-endian integer 
 CRC_DIGITS = 10
 CRC_TRAILER_BYTES = len(CRC_MARK) + CRC_DIGITS
 CRC_BLOCK_BYTES = 16 * 1024 * 1024  # read-back block for the crc: bounded memory, large reads
-ENCRYPTED_MAGICS = {0x7F3A5ED8: "AES-GCM", 0x7F3A5ED9: "AES-CBC", 0x7F3A5EDA: "SM4-CBC"}  # spec 1.7
 
 # Protobuf wire types and the field numbers of checkpoint.proto (spec 1.1).
 VARINT, FIXED64, LEN, FIXED32 = 0, 1, 2, 5
@@ -168,9 +167,11 @@ class _Scanner:
             return pos + _FIXED_SIZES[wire]
         raise self.error(f"unsupported wire type {wire}", at)
 
-    def expect(self, wire: int, wanted: int, what: str, at: int) -> None:
-        if wire != wanted:
-            raise self.error(f"{what} has wire type {wire}, expected {wanted}", at)
+    def payload(self, wire: int, pos: int, end: int, what: str, at: int) -> tuple[int, int]:
+        """(start, stop) of field ``what``, which must be length-delimited (its key was at ``at``)."""
+        if wire != LEN:
+            raise self.error(f"{what} has wire type {wire}, expected {LEN}", at)
+        return self.delimited(pos, end)
 
     def text(self, start: int, stop: int, what: str) -> str:
         try:
@@ -182,7 +183,7 @@ class _Scanner:
 def read_ckpt(
     path: str | os.PathLike[str],
     *,
-    crc_check: bool = False,
+    verify_crc: bool = False,
     dec_key: bytes | None = None,
     dec_mode: str = "AES-GCM",
 ) -> TensorIndex:
@@ -190,7 +191,7 @@ def read_ckpt(
     path = os.fspath(path)
     buf, closer, size = map_file(path)
     try:
-        mode = _encryption_mode(buf, size)
+        mode = crypto.encrypted_mode(buf[:4])
         if mode is not None and dec_key is None:
             raise FormatError(
                 f"encrypted ({mode}); give the key (--dec-key-file or --dec-key-env; dec_key in Python)", path
@@ -201,9 +202,9 @@ def read_ckpt(
             plain, plain_closer, size = _decrypt(buf, dec_key, dec_mode, path)
             closer()
             buf, closer = plain, plain_closer
-        end = _payload_end(buf, size, crc_check, path)
+        end = _payload_end(buf, size, verify_crc, path)
         try:
-            with _prefetch_fd(path if dec_key is None and not crc_check else None) as fd:
+            with _prefetch_fd(path if dec_key is None and not verify_crc else None) as fd:
                 entries = _index(_Scanner(buf, path, fd), end)
             drop_resident(buf)
         except FormatError as exc:
@@ -237,10 +238,32 @@ def _prefetch_fd(path: str | None) -> Iterator[int | None]:
         os.close(fd)
 
 
-def _encryption_mode(buf: Any, size: int) -> str | None:
-    if size < 4:
-        return None
-    return ENCRYPTED_MAGICS.get(struct.unpack("<I", buf[:4])[0])
+@dataclass(frozen=True)
+class CkptProbe:
+    """What a ``.ckpt`` file's first and last bytes say about it, before it is parsed."""
+
+    cipher: str | None  # the encryption mode its record magic names, None for a plain file
+    crc_trailer: bool  # a plain file ending with MindSpore's crc trailer (spec 1.6)
+
+
+def ends_with_crc_trailer(tail: bytes | memoryview) -> bool:
+    """Whether ``tail``, the last ``CRC_TRAILER_BYTES`` (or fewer) of a file, is a crc trailer."""
+    return len(tail) == CRC_TRAILER_BYTES and bytes(tail[: len(CRC_MARK)]) == CRC_MARK
+
+
+def probe_ckpt(path: str | os.PathLike[str]) -> CkptProbe:
+    """Is this ``.ckpt`` encrypted (and how), does it carry a crc trailer? Two small reads.
+
+    An encrypted file never counts as having a trailer: what MindSpore appends after encrypted
+    records carries no checksum (``crypto`` explains). Raises ``OSError`` when the file cannot be
+    read; the callers decide what that means for them.
+    """
+    with open(path, "rb") as fh:
+        cipher = crypto.encrypted_mode(fh.read(4))
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, size - CRC_TRAILER_BYTES))
+        tail = fh.read(CRC_TRAILER_BYTES)
+    return CkptProbe(cipher, cipher is None and ends_with_crc_trailer(tail))
 
 
 def _decrypt(buf: Any, key: bytes, mode: str, path: str) -> tuple[Any, Callable[[], None], int]:
@@ -248,8 +271,6 @@ def _decrypt(buf: Any, key: bytes, mode: str, path: str) -> tuple[Any, Callable[
 
     The map keeps the (already unlinked) temp file alive until it is closed.
     """
-    from reshard.formats import crypto  # lazy: only encrypted files need it
-
     try:
         with tempfile.TemporaryFile() as tmp:
             crypto.decrypt_stream(buf, tmp, key, mode, path)
@@ -263,18 +284,18 @@ def _decrypt(buf: Any, key: bytes, mode: str, path: str) -> tuple[Any, Callable[
     return plain, plain.close, size
 
 
-def _payload_end(buf: Any, size: int, crc_check: bool, path: str) -> int:
+def _payload_end(buf: Any, size: int, verify_crc: bool, path: str) -> int:
     """Where the protobuf bytes end: before the CRC trailer if there is one (checked on request)."""
-    if size >= CRC_TRAILER_BYTES and buf[size - CRC_TRAILER_BYTES : size - CRC_DIGITS] == CRC_MARK:
+    if ends_with_crc_trailer(buf[max(0, size - CRC_TRAILER_BYTES) : size]):
         end = size - CRC_TRAILER_BYTES
-        if crc_check:
+        if verify_crc:
             stored = int.from_bytes(buf[size - CRC_DIGITS : size], "big")
             actual = _crc_of_buffer(buf, end)
             if stored != actual:
                 raise IntegrityError(f"crc mismatch: trailer says {stored}, content has {actual}", path)
         return end
-    if crc_check:
-        raise IntegrityError("crc_check requested but the file has no crc trailer", path)
+    if verify_crc:
+        raise IntegrityError("a crc check was requested but the file has no crc trailer", path)
     return size
 
 
@@ -307,8 +328,7 @@ def _records(scan: _Scanner, end: int) -> Iterator[_Chunk]:
         if field != CHECKPOINT_VALUE:
             pos = scan.skip(wire, pos, end, at)
             continue
-        scan.expect(wire, LEN, "Checkpoint.value", at)
-        start, pos = scan.delimited(pos, end)
+        start, pos = scan.payload(wire, pos, end, "Checkpoint.value", at)
         yield _value(scan, start, pos, at)
 
 
@@ -320,12 +340,10 @@ def _value(scan: _Scanner, pos: int, end: int, record: int) -> _Chunk:
         at = pos
         field, wire, pos = scan.key(pos, end)
         if field == VALUE_TAG:
-            scan.expect(wire, LEN, "Value.tag", at)
-            start, pos = scan.delimited(pos, end)
+            start, pos = scan.payload(wire, pos, end, "Value.tag", at)
             tag = scan.text(start, pos, "parameter name")
         elif field == VALUE_TENSOR:
-            scan.expect(wire, LEN, "Value.tensor", at)
-            start, pos = scan.delimited(pos, end)
+            start, pos = scan.payload(wire, pos, end, "Value.tensor", at)
             tensor = _tensor(scan, start, pos)
         elif field == VALUE_MAPTENSOR:
             raise UnsupportedError(f"MapTensor entry (MapParameter) at byte {at} is not supported", scan.path)
@@ -360,12 +378,10 @@ def _tensor(scan: _Scanner, pos: int, end: int) -> tuple[tuple[int, ...], str, S
         elif field == TENSOR_DIMS:
             raise scan.error(f"TensorProto.dims has wire type {wire}", at)
         elif field == TENSOR_TYPE:
-            scan.expect(wire, LEN, "TensorProto.tensor_type", at)
-            start, pos = scan.delimited(pos, end)
+            start, pos = scan.payload(wire, pos, end, "TensorProto.tensor_type", at)
             type_name = scan.text(start, pos, "tensor_type")
         elif field == TENSOR_CONTENT:
-            scan.expect(wire, LEN, "TensorProto.tensor_content", at)
-            start, pos = scan.delimited(pos, end)
+            start, pos = scan.payload(wire, pos, end, "TensorProto.tensor_content", at)
             content = (start, pos - start)
         else:
             pos = scan.skip(wire, pos, end, at)
@@ -533,7 +549,7 @@ def save_ckpt(
     path: str | os.PathLike[str],
     tensors: Mapping[str, SaveValue] | Sequence[tuple[str, SaveValue]],
     *,
-    crc_check: bool = False,
+    write_crc: bool = False,
     chunk_bytes: int = SLICE_BYTES,
     enc_key: bytes | None = None,
     enc_mode: str = "AES-GCM",
@@ -543,8 +559,8 @@ def save_ckpt(
     Values are numpy arrays (bf16/fp8 from ``ml_dtypes``) or strings. Python scalars follow numpy
     (``2.5`` -> Float64), not ``append_dict`` (Float32): pass ``np.float32(2.5)`` for that.
     """
-    if crc_check and enc_key is not None:
-        raise UsageError("crc_check and enc_key are mutually exclusive (as in MindSpore)", path)
+    if write_crc and enc_key is not None:
+        raise UsageError("a crc trailer and encryption are mutually exclusive (as in MindSpore)", path)
     items = list(tensors.items()) if isinstance(tensors, Mapping) else list(tensors)
     specs, values = [], {}
     for name, value in items:
@@ -555,7 +571,7 @@ def save_ckpt(
     layout = ckpt_layout(specs, chunk_bytes=chunk_bytes)
     fill = fill_from_values(values)
     if enc_key is None:
-        write_file(path, layout, fill, crc_finish if crc_check else None)
+        write_file(path, layout, fill, crc_finish if write_crc else None)
     else:
         write_encrypted(os.fspath(path), layout, fill, enc_key, enc_mode)
 
@@ -564,8 +580,6 @@ def write_encrypted(
     path: str, layout: FileLayout, fill: Callable[[int, FileLayout], None], key: bytes, mode: str
 ) -> None:
     """Plaintext into an anonymous temp file beside the output, then encrypted into place."""
-    from reshard.formats import crypto  # lazy: only encrypted output needs it
-
     crypto.check_key(key, mode, path)
     with atomic_path(path) as tmp:
         try:
@@ -582,4 +596,5 @@ def write_encrypted(
             raise ReshardError(f"write failed: {exc.strerror or exc}", path) from None
 
 
-__all__ = ["SLICE_BYTES", "ckpt_layout", "crc_finish", "read_ckpt", "save_ckpt"]
+__all__ = ["SLICE_BYTES", "CkptProbe", "ckpt_layout", "crc_finish", "ends_with_crc_trailer", "probe_ckpt", "read_ckpt",
+           "save_ckpt"]

@@ -17,8 +17,8 @@ What we rely on, and from where (``huggingface_hub/serialization/_base.py`` and 
   ``model-{i:05d}-of-{n:05d}.safetensors`` numbered from 1. ``total_size`` is the sum of the
   tensors' byte sizes. String entries are skipped by the library; we never hand it any.
 * **Sizes** (``parse_size_to_int``): ``KB/MB/GB/TB`` are decimal (``5GB`` = 5 * 10**9, the default),
-  the value may be fractional and is truncated as ``int(value * unit)``. We also take binary units
-  (``KiB/MiB/GiB/TiB``), ``B`` and a plain byte count.
+  the value may be fractional and is truncated as ``int(value * unit)``. ``reshard.text.parse_size``
+  reads them so, and also binary units (``KiB/MiB/GiB/TiB``, ``K/M/G/T``), ``B`` and a byte count.
 * **Index text**: ``json.dumps(index, indent=2, sort_keys=True) + "\\n"`` as ``save_pretrained``
   writes it (``huggingface_hub.save_torch_state_dict`` writes the same without sorting).
 * **Shard metadata** ``{"format": "pt"}``: transformers refuses a safetensors shard whose metadata
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,34 +40,6 @@ INDEX_SUFFIX = ".safetensors.index.json"  # other libraries prefix it (diffusion
 SINGLE_NAME = "model.safetensors"
 SHARD_METADATA = (("format", "pt"),)  # what transformers accepts; see the module docstring
 INDEX_INDENT = 2
-
-_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE | re.ASCII)
-_SIZE_HINT = "try 5GB, 500MB, 2GiB or a byte count"
-
-
-def parse_size(text: str | int) -> int:
-    """Bytes of a shard-size string: ``5GB`` (10**9), ``500MB``, ``2GiB`` (2**30), ``1000`` or an int."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        value = text
-    else:
-        match = _SIZE.match(str(text))
-        if match is None or match.group(2).lower() not in _UNITS:
-            raise UsageError(f"not a size: {text!r} ({_SIZE_HINT})")
-        number, unit = match.group(1), match.group(2).lower()
-        if number.isdigit():
-            value = int(number) * _UNITS[unit]  # exact for whole numbers
-        elif unit in ("", "b"):
-            raise UsageError(f"not a whole number of bytes: {text!r} ({_SIZE_HINT})")
-        else:
-            value = int(float(number) * _UNITS[unit])  # as huggingface_hub truncates 1.5GB
-    if value <= 0:
-        raise UsageError(f"the shard size must be positive, not {text!r}")
-    return value
 
 
 def shard_groups(sizes: Sequence[tuple[str, int]], max_shard_size: int) -> list[list[str]]:
@@ -179,7 +150,6 @@ __all__ = [
     "find_index",
     "index_text",
     "is_index_file",
-    "parse_size",
     "read_weight_map",
     "shard_groups",
     "shard_names",

@@ -62,6 +62,7 @@ from reshard.formats.base import (
     map_file,
     write_file,
 )
+from reshard.text import first_line
 
 FORMAT = "safetensors"
 METADATA_KEY = "__metadata__"
@@ -128,7 +129,7 @@ def _parse_header(raw: bytes, path: str) -> dict[str, Any]:
     try:
         header = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:
-        raise FormatError(f"header is not valid JSON: {_one_line(exc)}", path) from None
+        raise FormatError(f"header is not valid JSON: {first_line(exc)}", path) from None
     if not isinstance(header, dict):
         raise FormatError(f"header is a JSON {type(header).__name__}, not an object", path)
     return header
@@ -145,10 +146,6 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _metadata(raw: Any, path: str) -> dict[str, str]:

@@ -43,8 +43,9 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
 
 from reshard.errors import FormatError, LayoutError, ReshardError, UnsupportedError, UsageError
-from reshard.formats.base import atomic_path
+from reshard.formats.base import write_whole
 from reshard.layout import STAGE_SEPARATOR, ParamLayout, TensorMapEntry
+from reshard.text import first_line
 
 # --------------------------------------------------------------------------------------------
 # Constants
@@ -237,7 +238,7 @@ def _parse_message(data: bytes, path: str) -> Any:
     try:
         msg.ParseFromString(data)
     except Exception as exc:  # DecodeError, or runtime-specific errors on garbage
-        raise FormatError(f"not a protobuf strategy file ({_one_line(exc)})", path) from None
+        raise FormatError(f"not a protobuf strategy file ({first_line(exc)})", path) from None
     if not msg.IsInitialized():  # the upb runtime parses messages that lack required fields
         missing = ", ".join(msg.FindInitializationErrors()[:3])
         raise FormatError(f"not a protobuf strategy file (missing required fields: {missing})", path)
@@ -248,15 +249,10 @@ def _parse_json(data: bytes, path: str) -> dict[str, Any]:
     try:
         obj = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise FormatError(f"not a JSON strategy file ({_one_line(exc)})", path) from None
+        raise FormatError(f"not a JSON strategy file ({first_line(exc)})", path) from None
     if not isinstance(obj, dict):
         raise FormatError("JSON strategy file must hold an object", path)
     return obj
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
 
 
 def _from_message(msg: Any, path: str | None) -> StrategyFile:
@@ -395,12 +391,10 @@ def write_strategy(path: str | os.PathLike[str], sf: StrategyFile, format: str |
 def _write_bytes(path: str, data: bytes) -> None:
     if os.path.isdir(path):
         raise UsageError("is a directory, cannot write a strategy file here", path)
-    with atomic_path(path) as tmp:
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-        except OSError as exc:
-            raise UsageError(f"cannot write strategy file: {exc.strerror}", path) from None
+    try:
+        write_whole(path, data)
+    except OSError as exc:
+        raise UsageError(f"cannot write strategy file: {exc.strerror}", path) from None
 
 
 def _to_message(sf: StrategyFile) -> Any:
@@ -418,7 +412,7 @@ def _to_message(sf: StrategyFile) -> Any:
             item.param_name = name
             _fill_layouts(item.parallel_layouts, name, layout, sf.path)
     except (ValueError, TypeError) as exc:
-        raise LayoutError(f"cannot store strategy: {_one_line(exc)}", sf.path) from None
+        raise LayoutError(f"cannot store strategy: {first_line(exc)}", sf.path) from None
     return msg
 
 

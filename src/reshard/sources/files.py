@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from reshard.errors import UsageError
 from reshard.formats import layout_dir
 from reshard.formats.base import TensorIndex
-from reshard.formats.ckpt import read_ckpt
+from reshard.formats.ckpt import probe_ckpt, read_ckpt
 from reshard.formats.safetensors import read_safetensors
 from reshard.plan import SourceFile, SourceTensor
 from reshard.sources.options import ReadOptions
@@ -30,25 +30,16 @@ def open_checkpoint(path: str, options: ReadOptions | None = None) -> TensorInde
         raise UsageError("no such file", path)
     if fmt == "ckpt":
         crc = options.verify_crc and has_crc_trailer(path)
-        return read_ckpt(path, crc_check=crc, dec_key=options.dec_key, dec_mode=options.dec_mode)
+        return read_ckpt(path, verify_crc=crc, dec_key=options.dec_key, dec_mode=options.dec_mode)
     return read_safetensors(path)
 
 
 def has_crc_trailer(path: str) -> bool:
     """True when a plain (unencrypted) ``.ckpt`` ends with MindSpore's crc trailer (spec 1.6)."""
-    from reshard.formats import ckpt, crypto
-
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(4)
-            size = fh.seek(0, os.SEEK_END)
-            if size < ckpt.CRC_TRAILER_BYTES:
-                return False
-            fh.seek(size - ckpt.CRC_TRAILER_BYTES)
-            mark = fh.read(len(ckpt.CRC_MARK))
+        return probe_ckpt(path).crc_trailer
     except OSError:
         return False  # read_ckpt reports the problem
-    return mark == ckpt.CRC_MARK and crypto.encrypted_mode(head) is None
 
 
 def source_file(path: str, rank: int = 0, options: ReadOptions | None = None) -> SourceFile:

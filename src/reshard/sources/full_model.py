@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 
 from reshard.errors import FormatError, UsageError
-from reshard.formats import crypto, hf_index, layout_dir
+from reshard.formats import hf_index, layout_dir
+from reshard.formats.ckpt import probe_ckpt
 from reshard.plan import SourceFile
 from reshard.sources.files import source_file
 from reshard.sources.kind import Opened
@@ -40,8 +41,7 @@ def is_encrypted(path: str) -> bool:
     if not path.endswith(".ckpt"):
         return False
     try:
-        with open(path, "rb") as fh:
-            return crypto.encrypted_mode(fh.read(4)) is not None
+        return probe_ckpt(path).cipher is not None
     except OSError:
         return False  # the reader reports it
 
