@@ -1,4 +1,4 @@
-"""The .ckpt reader/writer: spec 8.1 byte vectors, round trips, chunking, crc, malformed input."""
+"""The .ckpt reader/writer: docs/formats.md §8.1 byte vectors, round trips, chunking, crc, malformed input."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def assert_same(got: np.ndarray | str, want: np.ndarray | str) -> None:
     assert got.tobytes() == want.astype(want.dtype.newbyteorder("=")).tobytes()
 
 
-# ------------------------------------------------------------------------- spec 8.1 vectors
+# ------------------------------------------------------------------------- docs/formats.md §8.1 vectors
 
 V1 = bytes.fromhex("0a1a0a0177121508021207466c6f617433321a080000803f00000040")
 APPEND_INT = bytes.fromhex("0a1e0a0965706f63685f6e756d12111205496e7436341a080100000000000000")

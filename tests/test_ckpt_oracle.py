@@ -21,7 +21,7 @@ from reshard.formats.ckpt import ckpt_layout, read_ckpt, save_ckpt
 
 pytestmark = pytest.mark.oracle
 
-SAVABLE = [  # every tensor_type of spec 1.3 that MindSpore creates from numpy
+SAVABLE = [  # every tensor_type of docs/formats.md §1.3 that MindSpore creates from numpy
     dtypes.BOOL, dtypes.INT8, dtypes.UINT8, dtypes.INT16, dtypes.UINT16, dtypes.INT32, dtypes.UINT32,
     dtypes.INT64, dtypes.UINT64, dtypes.FLOAT16, dtypes.FLOAT32, dtypes.FLOAT64, dtypes.BFLOAT16,
 ]  # fmt: skip
@@ -77,7 +77,7 @@ def build_cases() -> dict[str, dict[str, Any]]:
 
 
 def append_value(kind: str, value: Any) -> np.ndarray | str:
-    """What MindSpore makes of an append_dict value (spec 1.5)."""
+    """What MindSpore makes of an append_dict value (docs/formats.md §1.5)."""
     if kind == "str":
         return value
     return np.array(value, {"int": np.int64, "float": np.float32, "bool": np.bool_}[kind])

@@ -44,7 +44,7 @@ def decrypt(blob: bytes, key: bytes, mode: str, path: str | None = PATH) -> byte
 
 
 def records(blob: bytes) -> list[dict]:
-    """An independent parser of the record layout of spec 1.7 (not the module's own)."""
+    """An independent parser of the record layout of docs/formats.md §1.7 (not the module's own)."""
     result, pos = [], 0
     while pos < len(blob):
         magic = struct.unpack_from("<I", blob, pos)[0]
@@ -145,7 +145,7 @@ def test_round_trip(mode: str, size: int, n: int) -> None:
 
 @pytest.mark.parametrize(("mode", "size"), MODE_KEYS)
 def test_layout_is_decryptable_by_plain_cryptography(mode: str, size: int) -> None:
-    """Record fields per spec 1.7, decrypted with the plain primitives (incl. the GCM iv[:12] quirk)."""
+    """Record fields per docs/formats.md §1.7, decrypted with the plain primitives (incl. the GCM iv[:12] quirk)."""
     key, data = key_of(size), plaintext(100)
     [rec] = records(encrypt(data, key, mode))
     assert rec["magic"] == {"AES-GCM": 0x7F3A5ED8, "AES-CBC": 0x7F3A5ED9, "SM4-CBC": 0x7F3A5EDA}[mode]
@@ -387,7 +387,7 @@ def test_trailing_garbage() -> None:
 
 @pytest.mark.parametrize("mode", crypto.MODES)
 def test_zero_crc_trailer_is_ignored(mode: str) -> None:
-    """What MindSpore appends for crc_check=True with enc_key (spec 1.6); it carries no checksum."""
+    """What MindSpore appends for crc_check=True with enc_key (docs/formats.md §1.6); it carries no checksum."""
     blob = encrypt(b"data", b"k" * 16, mode)
     assert decrypt(blob + b"crc_num" + bytes(10), b"k" * 16, mode) == b"data"
     with pytest.raises(FormatError, match=f"offset {len(blob)}"):

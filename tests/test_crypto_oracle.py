@@ -183,7 +183,7 @@ def test_mindspore_edge_cases(ms_files: tuple[Path, dict[str, Any]], monkeypatch
     monkeypatch.setattr(crypto, "BLOCK_BYTES", MS_SMALL_BLOCK)
     assert headers(encrypt_bytes(exact_plain, b"e" * 16, "AES-GCM")) == headers(exact)
     # crc_check + enc_key: MindSpore appends a zero crc trailer and cannot load its own file;
-    # we decrypt the records and ignore that trailer (spec 1.6).
+    # we decrypt the records and ignore that trailer (docs/formats.md §1.6).
     crc_enc = folder / "crc_enc.ckpt"
     assert crc_enc.read_bytes()[-17:] == b"crc_num" + bytes(10)
     assert info["crc_enc_loads"] is False

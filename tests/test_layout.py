@@ -1,7 +1,7 @@
 """Layout engine: spec vectors (8.2), error cases, and property tests against a naive reference.
 
 The naive reference materialises ``arange(prod(shape)).reshape(shape)``, cuts it with np.split
-along every split dim of the flat layout and reshapes to the final slice shape (spec 3.1-3.3 read
+along every split dim of the flat layout and reshapes to the final slice shape (docs/formats.md §3.1-§3.3 read
 literally); boxes, coverage and transfer pieces are checked against it.
 """
 
@@ -154,7 +154,7 @@ def coords(dev: tuple[int, ...], rank: int) -> list[int]:
 
 
 def naive_slice(p: ParamLayout | None, full: np.ndarray, rank: int) -> np.ndarray:
-    """The data rank holds: chunk the flat-layout view with np.split, then reshape (spec 3.3 step 6)."""
+    """The data rank holds: chunk the flat-layout view with np.split, then reshape (docs/formats.md §3.3 step 6)."""
     if p is None:
         return full
     flat = flat_layout(p, full.shape)
@@ -176,7 +176,7 @@ def arange(shape: tuple[int, ...]) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------
-# tiny local layout map (spec 2.4): {"<stage>-name" or name: ParamLayout} -> {name: StagedLayout}
+# tiny local layout map (docs/formats.md §2.4): {"<stage>-name" or name: ParamLayout} -> {name: StagedLayout}
 
 
 def layout_map(items: Mapping[str, ParamLayout], rank_id: int | None = None) -> dict[str, StagedLayout]:
@@ -206,7 +206,7 @@ def ms_rank_list(rank: int, src: Mapping[str, ParamLayout] | None, dst: Mapping[
 
 
 # --------------------------------------------------------------------------------------------
-# spec 8.2 vectors
+# docs/formats.md §8.2 vectors
 
 W84 = (8, 4)
 

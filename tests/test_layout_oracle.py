@@ -420,7 +420,7 @@ out(res)
 
 
 def _moves_mp_blocks(p: ParamLayout, shape: tuple[int, ...]) -> bool:
-    """Spec 7.5: a rank's optimizer shard lies outside its own model-parallel block."""
+    """docs/formats.md §7.5: a rank's optimizer shard lies outside its own model-parallel block."""
     plain = dataclasses.replace(p, opt_shard_step=0, opt_shard_size=0)
     for r in range(p.device_num):
         outer = rank_box(plain, shape, r)

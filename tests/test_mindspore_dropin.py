@@ -43,7 +43,7 @@ def _entries(path: str) -> list[tuple[str, str, tuple[int, ...]]]:
 
 
 def test_save_spec_vectors(tmp_path: Any) -> None:
-    """Spec 8.1: plain, append_dict and crc vectors, byte for byte."""
+    """docs/formats.md §8.1: plain, append_dict and crc vectors, byte for byte."""
     v1 = bytes.fromhex("0a1a0a0177121508021207466c6f617433321a080000803f00000040")
     w = np.array([1.0, 2.0], np.float32)
     ms.save_checkpoint({"w": w}, str(tmp_path / "a"))
@@ -123,7 +123,7 @@ def test_save_scalars_bf16_and_non_contiguous(tmp_path: Any) -> None:
         assert loaded["bf"].dtype == ml_dtypes.bfloat16 and loaded["bf"].tolist() == [1.0, -3.5]
         assert np.array_equal(loaded["t"], W.T)
     with read_ckpt(str(tmp_path / "m.ckpt")) as index:
-        assert bytes(index.raw("bf")) == bytes.fromhex("803f60c0")  # spec 1.3
+        assert bytes(index.raw("bf")) == bytes.fromhex("803f60c0")  # docs/formats.md §1.3
 
 
 def test_save_safetensors_metadata(tmp_path: Any) -> None:
@@ -461,7 +461,7 @@ def test_rank_list_for_transform(strategies: dict[str, str]) -> None:
     assert ms.rank_list_for_transform(3) == [0]
     assert ms.rank_list_for_transform(5, None, "/no/such/file") == [0]  # MindSpore does not read dst then
     lists = [ms.rank_list_for_transform(r, strategies["a"], strategies["b"]) for r in range(2)]
-    assert lists == [[2, 1, 0], [3, 1, 0]]  # spec 8.2 L5 for rank 1
+    assert lists == [[2, 1, 0], [3, 1, 0]]  # docs/formats.md §8.2 L5 for rank 1
     assert all(type(r) is int for r in lists[0])
     assert (
         ms.rank_list_for_transform(1, strategies["a"]) == sorted(ms.rank_list_for_transform(1, strategies["a"]))[::-1]
@@ -504,7 +504,7 @@ def test_transform_checkpoints_writes_mindspore_names(tmp_path: Any, strategies:
 
 
 def test_transform_checkpoints_by_stage(tmp_path: Any, strategies: dict[str, str]) -> None:
-    """Spec 3.9: a single-stage source whose names are a strict subset of the destination's."""
+    """docs/formats.md §3.9: a single-stage source whose names are a strict subset of the destination's."""
     src = tmp_path / "stage1"
     for r in range(2):  # stage 1 of a 2x2 pipeline: ranks 2 and 3 hold b split over 2
         save_ckpt(str(src / f"rank_{2 + r}" / "c.ckpt"), {"b": B[2 * r : 2 * r + 2], "step": np.array([1], np.int32)})
@@ -606,7 +606,7 @@ def test_unified_safetensors_and_framework_free_load(tmp_path: Any, sharded: str
         None, predict_strategy=strategies["b"], format="safetensors", unified_safetensors_dir=str(tmp_path / "plain"),
         rank_id=1, return_param_dict=True,
     )  # fmt: skip
-    assert list(loaded) == ["w", "b", "global_step"]  # strategy order, then hyper parameters (spec 4.3)
+    assert list(loaded) == ["w", "b", "global_step"]  # strategy order, then hyper parameters (docs/formats.md §4.3)
     assert np.array_equal(loaded["w"], W[:, 2:]) and np.array_equal(loaded["b"], B)
     assert loaded["w"].flags.owndata
     assert not os.path.exists(os.path.join(str(tmp_path / "plain"), "__reshard_not_written__"))

@@ -29,7 +29,7 @@ from reshard.formats.strategy import (
 )
 from reshard.layout import ParamLayout, StagedLayout, device_num, layout_map, split_stage_name, stage_count
 
-# Spec 8.1: current_stage=0, op "op" stage 0 strategy [2,1], param w dev [2] tmap [0,-1].
+# docs/formats.md §8.1: current_stage=0, op "op" stage 0 strategy [2,1], param w dev [2] tmap [0,-1].
 MINIMAL_VECTOR = bytes.fromhex(
     "0800120e0a026f70120808001204080208011a220a0177121d0a020802120d080008ffffffffffffffffff011a002200280030003800"
 )
@@ -40,7 +40,7 @@ def minimal() -> StrategyFile:
 
 
 def p1_stages() -> tuple[StrategyFile, StrategyFile]:
-    """Spec 8.2 P1: a shared embedding with a different layout in each of two stages."""
+    """docs/formats.md §8.2 P1: a shared embedding with a different layout in each of two stages."""
     s0 = make_strategy({"emb": ParamLayout((2,), (0, -1)), "w0": ParamLayout((2,), (-1, 0))}, stage=0)
     s1 = make_strategy({"emb": ParamLayout((2,), (-1, 0)), "w1": ParamLayout((2,), (0, -1))}, stage=1)
     return s0, s1

@@ -1,4 +1,4 @@
-"""Transforms against MindSpore 2.10: same file names, byte-identical files (spec 3.6-3.9, 4.1-4.3).
+"""Transforms against MindSpore 2.10: same file names, byte-identical files (docs/formats.md §3.6-§3.9, §4.1-§4.3).
 
 Every case starts from one full checkpoint (written by us; byte-identical to MindSpore's, see
 test_ckpt_oracle). MindSpore and reshard then each run the same chain of operations on their

@@ -5,7 +5,7 @@ safetensors uses short codes ("F32", "BF16", ...). bf16 and fp8 have no numpy bu
 come from ``ml_dtypes``. ``Int4`` (MindSpore qint4x2: two 4-bit values per byte) is carried as raw
 bytes (int8); safetensors files mark it with a ``"<name>": "Int4"`` metadata entry, as MindSpore does.
 
-``ckpt_loadable`` says whether MindSpore's ``load_checkpoint`` accepts the name (spec 1.3): we can
+``ckpt_loadable`` says whether MindSpore's ``load_checkpoint`` accepts the name (docs/formats.md §1.3): we can
 read and write the others but warn nobody else will load them.
 """
 

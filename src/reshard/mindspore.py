@@ -6,7 +6,7 @@ without the 2.8 GB framework: ``ms.transform_checkpoints(...)``, ``ms.unified_sa
 and the same bytes (checked against MindSpore 2.10 by ``tests/test_mindspore_dropin_oracle.py``).
 
 How it is built: every function here only *validates and translates*. Argument checks reproduce
-MindSpore's (spec 1.5, 1.9, 3.7-3.9, 4.1, 4.3, 5) but raise reshard's one-line errors
+MindSpore's (docs/formats.md §1.5, §1.9, §3.7-§3.9, §4.1, §4.3, §5) but raise reshard's one-line errors
 (``UsageError`` for bad arguments, ``UnsupportedError`` for what reshard deliberately does not do)
 instead of a traceback from deep inside; the work is done by the native layers (``api`` plans and
 executes, ``formats`` read and write), so the drop-in inherits their bounded memory and atomic
@@ -119,13 +119,13 @@ DEFAULT_ENC_MODE = "AES-GCM"
 DEFAULT_MAX_PROCESS_NUM = 64
 # MindSpore writes only the checkpoints: no reshard-manifest.json in the drop-in's output folders.
 WRITE_MANIFEST = False
-# MindSpore's _check_path_safe rejects these in ckpt_prefix (spec 3.9); we add path separators,
+# MindSpore's _check_path_safe rejects these in ckpt_prefix (docs/formats.md §3.9); we add path separators,
 # which MindSpore lets escape the destination folder (a prefix "/x" writes "/x0.ckpt").
 _UNSAFE_PREFIX_PARTS = ("..", "//", "~", "./.", "/", "\\", "\x00")
 _BLANK = re.compile(r"^\s*$")
 # save_checkpoint stores python ints as Int64 scalars; larger ones crash MindSpore's Tensor().
 _INT64 = np.iinfo(np.int64)
-# Metadata keys of MindSpore's safetensors files (spec 1.11).
+# Metadata keys of MindSpore's safetensors files (docs/formats.md §1.11).
 META_FORMAT = ("format", "ms")
 META_REMOVE_REDUNDANCY = "remove_redundancy"
 META_CRC = "crc_num"
@@ -242,7 +242,7 @@ def _rank(value: Any, bound: int | None) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# save_checkpoint (spec 1.5, 1.10, 1.11)
+# save_checkpoint (docs/formats.md §1.5, §1.10, §1.11)
 
 
 def _save_items(save_obj: Any) -> list[tuple[str, Any]]:
@@ -381,7 +381,7 @@ def _check_unique(items: Sequence[tuple[str, SaveValue]], path: str) -> None:
 def _save_safetensors(
     path: str, items: Sequence[tuple[str, SaveValue]], remove_redundancy: bool | None, *, write_crc: bool
 ) -> None:
-    """Spec 1.11: metadata ``{"format": "ms"}`` (+ remove_redundancy, + crc over sorted names)."""
+    """docs/formats.md §1.11: metadata ``{"format": "ms"}`` (+ remove_redundancy, + crc over sorted names)."""
     tensors: dict[str, np.ndarray] = {}
     for name, value in items:
         if isinstance(value, str):
@@ -408,7 +408,7 @@ def _tensor_crc(items: Iterable[tuple[str, np.ndarray]]) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# load_checkpoint (spec 1.9, 1.11)
+# load_checkpoint (docs/formats.md §1.9, §1.11)
 
 
 def _prefixes(value: Any) -> tuple[str, ...] | None:
@@ -526,7 +526,7 @@ def load_checkpoint(
 
 
 # --------------------------------------------------------------------------------------------
-# ckpt_to_safetensors / safetensors_to_ckpt (spec 5)
+# ckpt_to_safetensors / safetensors_to_ckpt (docs/formats.md §5)
 
 
 def _convert(to: str, file_path: Any, save_path: Any, name_map: Any, file_name_regex: Any, processes_num: Any) -> None:
@@ -578,11 +578,11 @@ def safetensors_to_ckpt(
 
 
 # --------------------------------------------------------------------------------------------
-# strategy files (spec 2.4, 2.5, 3.7)
+# strategy files (docs/formats.md §2.4, §2.5, §3.7)
 
 
 def merge_pipeline_strategys(src_strategy_dirs: str, dst_strategy_file: str) -> None:
-    """``mindspore.merge_pipeline_strategys``: merge the per-stage files of a folder (spec 2.5).
+    """``mindspore.merge_pipeline_strategys``: merge the per-stage files of a folder (docs/formats.md §2.5).
 
     Files are merged in the folder's listing order, as MindSpore's ``glob`` does (the order decides
     the item order of the merged file and, for JSON, which stage's operator entries win).
@@ -643,7 +643,7 @@ def rank_list_for_transform(
 
 
 # --------------------------------------------------------------------------------------------
-# transform_checkpoints / transform_checkpoint_by_rank (spec 3.8, 3.9, 4.2)
+# transform_checkpoints / transform_checkpoint_by_rank (docs/formats.md §3.8, §3.9, §4.2)
 
 
 def _model_names(sf: StrategyFile) -> set[str]:
@@ -782,7 +782,7 @@ def _refuse_no_strategy(src: StrategyFile | None, dst: StrategyFile | None) -> N
 
 
 # --------------------------------------------------------------------------------------------
-# unified_safetensors / load_distributed_checkpoint (spec 4.1, 4.3)
+# unified_safetensors / load_distributed_checkpoint (docs/formats.md §4.1, §4.3)
 
 
 def _split_dst_file(value: Any) -> tuple[int, int] | tuple[()]:
@@ -810,7 +810,7 @@ def unified_safetensors(
     """``mindspore.unified_safetensors``: full tensors in ``part<j>.safetensors`` + index + hyper params.
 
     ``choice_func(name)`` returning False moves a parameter to ``hyper_param.safetensors``, a str
-    renames it (MindSpore's rules, spec 4.1). Sources saved without redundant copies
+    renames it (MindSpore's rules, docs/formats.md §4.1). Sources saved without redundant copies
     (``remove_redundancy=True``) work whatever ``merge_with_redundancy`` says: a slice missing from
     one rank is read from another rank of its redundancy group.
     """
@@ -903,7 +903,7 @@ def load_distributed_checkpoint(
     max_process_num: int = DEFAULT_MAX_PROCESS_NUM,
     return_param_dict: bool = False,
 ) -> dict[str, LoadedValue] | None:
-    """``mindspore.load_distributed_checkpoint`` without a network (spec 4.3).
+    """``mindspore.load_distributed_checkpoint`` without a network (docs/formats.md §4.3).
 
     Save mode (``network=None``, ``format="safetensors"``): slice the unified model of
     ``unified_safetensors_dir`` for ``predict_strategy`` into ``dst_safetensors_dir/rank_<r>/net.<fmt>``

@@ -97,7 +97,7 @@ def stage_strategies(
 
     The shared embedding is split by rows (vocab) in stage 0 and by columns in the last stage.
     With ``opt_shard`` (needs dp > 1) every 2-D parameter and its Adam moments are saved
-    optimizer-sharded over the data-parallel axis (size dp, step mp: spec 3.3 simple path).
+    optimizer-sharded over the data-parallel axis (size dp, step mp: docs/formats.md §3.3 simple path).
     """
     dev = (dp, mp)
     per_stage: list[dict[str, ParamLayout]] = [{} for _ in range(pp)]

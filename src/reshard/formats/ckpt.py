@@ -1,10 +1,10 @@
-"""MindSpore ``.ckpt`` files: a hand-written protobuf wire-format reader and writer (spec 1.1-1.9).
+"""MindSpore ``.ckpt`` files: a hand-written protobuf wire-format reader and writer (docs/formats.md §1.1-§1.9).
 
 A ``.ckpt`` is a concatenation of one-Value ``Checkpoint`` messages (one per parameter, or per
 512 MiB chunk of a large parameter), optionally followed by a 17-byte CRC trailer. Why not the
 protobuf runtime? It can only parse a whole message from one bytes object, i.e. hold the entire
 multi-GB file in memory and copy every tensor into Python ``bytes`` (which is what MindSpore does,
-spec 7 item 1). The schema is tiny (three fields per message), so instead:
+docs/formats.md §7.1). The schema is tiny (three fields per message), so instead:
 
 * the reader walks the wire format over a read-only mmap and records, per parameter, only the
   byte *segments* of its content: no tensor byte is copied, and a file bigger than RAM is fine;
@@ -25,7 +25,7 @@ Deliberate choices, each checked against MindSpore 2.10:
   bytes raise ``FormatError`` with the byte offset. Unknown fields are skipped (forward
   compatible). Non-consecutive repeats of a tag overwrite the earlier entry but keep its
   position, like MindSpore's dict assignment.
-* ``MapTensor`` entries (embedding hash maps, spec 1.8) are refused with ``UnsupportedError``.
+* ``MapTensor`` entries (embedding hash maps, docs/formats.md §1.8) are refused with ``UnsupportedError``.
 """
 
 from __future__ import annotations
@@ -69,12 +69,12 @@ from reshard.formats.base import (
 )
 
 SLICE_BYTES = 512 * 1024 * 1024  # MindSpore SLICE_SIZE (512 * 1024 KiB): tensor-path chunk size
-CRC_MARK = b"crc_num"  # trailer = mark + crc32 as a 10-byte big-endian integer (spec 1.6)
+CRC_MARK = b"crc_num"  # trailer = mark + crc32 as a 10-byte big-endian integer (docs/formats.md §1.6)
 CRC_DIGITS = 10
 CRC_TRAILER_BYTES = len(CRC_MARK) + CRC_DIGITS
 CRC_BLOCK_BYTES = 16 * 1024 * 1024  # read-back block for the crc: bounded memory, large reads
 
-# Protobuf wire types and the field numbers of checkpoint.proto (spec 1.1).
+# Protobuf wire types and the field numbers of checkpoint.proto (docs/formats.md §1.1).
 VARINT, FIXED64, LEN, FIXED32 = 0, 1, 2, 5
 MAX_VARINT_BYTES = 10  # a 64-bit value needs at most 10 groups of 7 bits
 RECORD_HEAD_PREFETCH_BYTES = 4096  # one small read covers a record head (name, dims, type, lengths)
@@ -243,7 +243,7 @@ class CkptProbe:
     """What a ``.ckpt`` file's first and last bytes say about it, before it is parsed."""
 
     cipher: str | None  # the encryption mode its record magic names, None for a plain file
-    crc_trailer: bool  # a plain file ending with MindSpore's crc trailer (spec 1.6)
+    crc_trailer: bool  # a plain file ending with MindSpore's crc trailer (docs/formats.md §1.6)
 
 
 def ends_with_crc_trailer(tail: bytes | memoryview) -> bool:
@@ -446,7 +446,7 @@ def _delimited(field: int, payload: bytes) -> bytes:
 
 
 def _record_head(tag: bytes, dims: Sequence[int], type_name: bytes, nbytes: int) -> bytes:
-    """Every byte of one record before its ``nbytes`` of content (spec 1.2)."""
+    """Every byte of one record before its ``nbytes`` of content (docs/formats.md §1.2)."""
     tensor_head = b"".join(_key(TENSOR_DIMS, VARINT) + _varint(dim) for dim in dims)
     tensor_head += _delimited(TENSOR_TYPE, type_name) + _key(TENSOR_CONTENT, LEN) + _varint(nbytes)
     tensor_len = len(tensor_head) + nbytes

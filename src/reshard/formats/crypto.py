@@ -1,6 +1,6 @@
-"""The record layer of MindSpore's encrypted ``.ckpt`` files (spec 1.7).
+"""The record layer of MindSpore's encrypted ``.ckpt`` files (docs/formats.md §1.7).
 
-An encrypted ``.ckpt`` is the plaintext of an ordinary save (spec 1.2-1.5) cut into 64 MiB blocks,
+An encrypted ``.ckpt`` is the plaintext of an ordinary save (docs/formats.md §1.2-§1.5) cut into 64 MiB blocks,
 each block encrypted on its own into one *record*; the file is the records back to back. All
 integers are int32 little-endian::
 
@@ -33,7 +33,7 @@ Why it is built this way:
   file (verified), and a plaintext that is an exact multiple of 64 MiB gets no trailing empty
   record (verified with a shrunken block size), so ``encrypt_stream`` emits one record per
   non-empty block and ``decrypt_stream`` of an empty buffer writes nothing.
-* **crc and encryption are exclusive (spec 1.6).** We never write both. MindSpore 2.10 given
+* **crc and encryption are exclusive (docs/formats.md §1.6).** We never write both. MindSpore 2.10 given
   ``crc_check=True`` with ``enc_key`` appends ``b"crc_num" + 10 zero bytes`` after the records
   (the crc is never accumulated) and then cannot load its own file. Because that trailer carries
   no checksum and every record is verified on its own, ``decrypt_stream`` ignores exactly that
@@ -80,7 +80,7 @@ SM4_KEY_BYTES = (16,)
 _INT = struct.Struct("<i")  # every length field: int32 little-endian
 _MAGIC = struct.Struct("<I")
 _SIZES = struct.Struct("<ii")  # block_size, iv_len
-# What MindSpore appends after the records when crc_check and enc_key are both set (spec 1.6).
+# What MindSpore appends after the records when crc_check and enc_key are both set (docs/formats.md §1.6).
 _ZERO_CRC_TRAILER = b"crc_num" + bytes(10)
 
 

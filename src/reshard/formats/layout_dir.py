@@ -3,7 +3,7 @@
 MindSpore keeps one folder per rank, ``model_dir/rank_<r>/<name>.{ckpt,safetensors}``, and the
 converters write ``dst/rank_<r>/<prefix><r>.<fmt>``. A rank folder often holds several checkpoints
 (one per saved step), and MindSpore's converters choose among them by three different rules
-(spec 3.9, 4.0, 6.1): the lexicographically last name (``.ckpt`` transform), the largest "last two
+(docs/formats.md §3.9, §4.0, §6.1): the lexicographically last name (``.ckpt`` transform), the largest "last two
 numbers in the name" (safetensors flows), or the newest mtime (MindFormers by-rank). We implement
 each rule by name so the drop-in functions pick the same file, and we always *report* the files we
 ignored, because silently picking a stale checkpoint is a classic way to ship the wrong weights.
@@ -90,7 +90,7 @@ RULE_TEXT = {  # for the note that says which file was used
 
 
 def _suffix_matches(files: list[str], fmt: str, suffix: str) -> list[str]:
-    """MindSpore's ``file_suffix`` matching (spec 4.0): exact tail, shortest basename wins."""
+    """MindSpore's ``file_suffix`` matching (docs/formats.md §4.0): exact tail, shortest basename wins."""
     tail = suffix if suffix.startswith(("_", "-")) else None
     candidates = []
     for path in files:

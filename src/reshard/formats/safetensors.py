@@ -24,7 +24,7 @@ strings with lone surrogates are rejected; dtype codes the library knows but res
 
 Entries of the returned index are in data order (``(begin, end)``, ties between empty tensors by
 header position), which for files written by the library or by us is also the header order.
-MindSpore's own reader needs the header in that order (spec 7.18); ``require_data_order=True``
+MindSpore's own reader needs the header in that order (docs/formats.md §7.18); ``require_data_order=True``
 enforces it for files that must load in MindSpore.
 
 Writer rules, matching ``safetensors.numpy.save_file`` 0.8 byte for byte: tensors ordered by dtype
@@ -66,7 +66,7 @@ from reshard.text import first_line
 
 FORMAT = "safetensors"
 METADATA_KEY = "__metadata__"
-INT4_MARKER = "Int4"  # metadata value MindSpore writes for each qint4x2 tensor (spec 1.11)
+INT4_MARKER = "Int4"  # metadata value MindSpore writes for each qint4x2 tensor (docs/formats.md §1.11)
 
 _LEN_BYTES = 8  # the u64 header length prefix
 _HEADER_ALIGN = 8  # the library pads the header with spaces to a multiple of 8

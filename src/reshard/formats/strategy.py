@@ -1,15 +1,15 @@
 """Strategy files (protobuf ``.ckpt`` and ``.json``) -> per-parameter layouts.
 
-A strategy file records, per parameter, how it is sharded (spec 2.1-2.4). This module reads and
+A strategy file records, per parameter, how it is sharded (docs/formats.md §2.1-§2.4). This module reads and
 writes both on-disk forms, merges per-pipeline-stage files the way ``merge_pipeline_strategys`` does
-(spec 2.5) and builds the layout types of ``reshard.layout`` from them; what a file's layout items
+(docs/formats.md §2.5) and builds the layout types of ``reshard.layout`` from them; what a file's layout items
 mean (the name -> layout map MindSpore's ``_convert_to_list`` builds, stage and device counts) is
 answered there, on any ``LayoutTable``, which ``StrategyFile`` is.
 
 Why it is built this way:
 
 * **No generated code.** The protobuf classes of ``node_strategy.proto`` are built at import time
-  from a ``FileDescriptorProto`` written out below (field numbers and labels exactly as spec 2.1) in
+  from a ``FileDescriptorProto`` written out below (field numbers and labels exactly as docs/formats.md §2.1) in
   a *private* descriptor pool, so they never clash with another copy of the same proto (e.g.
   MindSpore's own ``node_strategy_pb2``) in the same process. Serialization then comes from the same
   protobuf runtime MindSpore uses, which is what makes our bytes identical to theirs.
@@ -54,14 +54,14 @@ PROTOBUF = "protobuf"
 JSON = "json"
 FORMATS = (PROTOBUF, JSON)
 JSON_SUFFIX = ".json"  # MindSpore: a strategy file is JSON iff its name ends with ".json"
-PROTOBUF_SUFFIX = ".ckpt"  # merge candidates: glob("*.ckpt") and glob("*.json") (spec 2.5)
+PROTOBUF_SUFFIX = ".ckpt"  # merge candidates: glob("*.ckpt") and glob("*.json") (docs/formats.md §2.5)
 
-# The C++ writer stores a save counter, not a stage, in ``current_stage`` (spec 2.2): 1 for a fresh
+# The C++ writer stores a save counter, not a stage, in ``current_stage`` (docs/formats.md §2.2): 1 for a fresh
 # save. ``merge_pipeline_strategys`` stores 1 in merged files.
 FRESH_CURRENT_STAGE = 1
 MERGED_CURRENT_STAGE = 1
 
-# Merged files name each layout item "<stage>-<param>" (spec 2.5; reshard.layout.STAGE_SEPARATOR).
+# Merged files name each layout item "<stage>-<param>" (docs/formats.md §2.5; reshard.layout.STAGE_SEPARATOR).
 _MERGED_NAME = re.compile(r"[0-9]+-[^-]+")
 
 # Hand-built strategy files need at least one ``parallel_strategy_item``: it is the only place a
@@ -73,7 +73,7 @@ DEFAULT_OP_STRATEGY: tuple[tuple[int, ...], ...] = ((1,),)
 # Fallback permission bits of written files when the umask cannot be read (rw-r--r--).
 
 # --------------------------------------------------------------------------------------------
-# Protobuf classes, built at runtime from a descriptor (spec 2.1)
+# Protobuf classes, built at runtime from a descriptor (docs/formats.md §2.1)
 
 _PROTO_FILE = "node_strategy.proto"
 _PROTO_PACKAGE = "mindspore.straspb"
@@ -467,7 +467,7 @@ def _to_json(sf: StrategyFile) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
-# Merging pipeline stages (spec 2.5)
+# Merging pipeline stages (docs/formats.md §2.5)
 
 
 def find_strategy_files(directory: str | os.PathLike[str], exclude: str | os.PathLike[str] | None = None) -> list[str]:
@@ -526,7 +526,7 @@ def merge_strategy_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[str, 
 
 def merge_pipeline_strategies(src_dir: str | os.PathLike[str], dst_file: str | os.PathLike[str],
                               notes: list[str] | None = None) -> str:
-    """``merge_pipeline_strategys`` (spec 2.5): merge every per-stage file of ``src_dir`` into ``dst_file``.
+    """``merge_pipeline_strategys`` (docs/formats.md §2.5): merge every per-stage file of ``src_dir`` into ``dst_file``.
 
     Same output as MindSpore for the same candidate order: per file, byte-identical copies are
     skipped, the first file of each stage wins, layout items become ``"<stage>-<name>"``. Different

@@ -9,8 +9,8 @@ Why it is built this way:
 * **One canonical form.** MindSpore turns every layout (flat tensor maps, Layout-API list maps,
   optimizer shards) into a *flat layout* ``(dev, tmap, shape)`` whose ``shape`` refines the full
   shape (some tensor dims split into consecutive factors) and whose every dim is split by at most
-  one device axis (spec 3.1-3.3). We reproduce that construction exactly, quirks included (the
-  "simple path" of optimizer shards re-orders model-parallel axes, spec 3.3 / 7.5), because it
+  one device axis (docs/formats.md §3.1-§3.3). We reproduce that construction exactly, quirks included (the
+  "simple path" of optimizer shards re-orders model-parallel axes, docs/formats.md §3.3 / §7.5), because it
   decides which rank owns which block. All later questions are answered on the flat form.
 * **Boxes, not index lists.** A rank's data is the flat-layout block reshaped back to the full
   shape. Inside one full dim the flat factors are always "singleton blocks, then one partial
@@ -19,14 +19,14 @@ Why it is built this way:
   (``_Geometry``); a layout violating it raises ``UnsupportedError`` instead of producing garbage.
   A box is computed per rank in O(ndim) arithmetic.
 * **MindSpore's copy choice, without its op lists.** ``needed_ranks`` is the closed form of what
-  ``_get_needed_rank_list_by_layouts`` returns (spec 3.5). It is a product set: fixed
+  ``_get_needed_rank_list_by_layouts`` returns (docs/formats.md §3.5). It is a product set: fixed
   coordinates on the "keep" device axes plus every combination on the gathered axes, so we cache
   the gathered-axis offsets per layout pair and produce a rank's list in O(len(list)). The source
   copy of every destination element is the unique needed rank holding it. Source slices form a
   grid and the rank holding a grid cell is a sum of per-dim terms, so a destination box's
   pieces come out of per-dim tables in O(number of pieces), whatever the needed set's size.
-* **Where the spec's wording was refined.** Against MindSpore on random pairs, the closure of
-  spec 3.5 must not treat a split's block stride as a tensor breakpoint (``_refine``), and
+* **Where the original wording of these rules was refined.** Against MindSpore on random pairs, the closure of
+  docs/formats.md §3.5 must not treat a split's block stride as a tensor breakpoint (``_refine``), and
   ``_get_needed_rank_list_by_layouts`` answers ``[rank]`` without a range check when nothing
   moves (``needed_ranks``); both are covered by the oracle tests.
 * **Caches keyed by frozen layouts.** Real models repeat a handful of (layout, shape) pairs over
@@ -53,7 +53,7 @@ Box = tuple[tuple[int, int], ...]
 Piece = tuple[int, Box]
 
 NOT_SPLIT = -1  # tensor-map value of a dimension that no device axis splits
-AUTO_OPT_SIZE = -1  # opt_weight_shard_size meaning "all repeated ranks" (spec 3.3 step 1)
+AUTO_OPT_SIZE = -1  # opt_weight_shard_size meaning "all repeated ranks" (docs/formats.md §3.3 step 1)
 # Memo sizes: distinct (layout, shape) pairs are few (a model repeats them layer after layer);
 # per-rank entries are many (params x ranks), bounded so that huge plans do not pin memory.
 _PAIR_CACHE = 4096
@@ -113,7 +113,7 @@ def _checked(p: ParamLayout) -> ParamLayout:
 
 
 def tensor_strategy(p: ParamLayout) -> tuple[int, ...]:
-    """Number of model-parallel blocks per tensor dim (``_get_tensor_strategy``, spec 3.1/3.2)."""
+    """Number of model-parallel blocks per tensor dim (``_get_tensor_strategy``, docs/formats.md §3.1/§3.2)."""
     _checked(p)
     dev, n = p.dev_matrix, len(p.dev_matrix)
     return tuple(math.prod(dev[n - 1 - v] for v in _values(e) if v != NOT_SPLIT) for e in p.tensor_map)
@@ -156,7 +156,7 @@ def _check_rank_count(p: ParamLayout, shape: Sequence[int], what: str) -> tuple[
 
 
 def full_shape(p: ParamLayout, slice_shape: Sequence[int]) -> tuple[int, ...]:
-    """Full (origin) shape from a rank's slice shape (spec 3.3 step 2, size -1 resolved)."""
+    """Full (origin) shape from a rank's slice shape (docs/formats.md §3.3 step 2, size -1 resolved)."""
     slice_shape = _check_rank_count(p, slice_shape, "slice shape")
     ts = tensor_strategy(p)
     full = [s * t for s, t in zip(slice_shape, ts, strict=True)]
@@ -167,7 +167,7 @@ def full_shape(p: ParamLayout, slice_shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def slice_shape(p: ParamLayout, full_shape: Sequence[int]) -> tuple[int, ...]:
-    """Final slice shape of every rank (spec 3.3 step 6); raises if the layout does not divide."""
+    """Final slice shape of every rank (docs/formats.md §3.3 step 6); raises if the layout does not divide."""
     full_shape = _check_rank_count(p, full_shape, "shape")
     parts = list(tensor_strategy(p))
     if parts:
@@ -179,7 +179,7 @@ def slice_shape(p: ParamLayout, full_shape: Sequence[int]) -> tuple[int, ...]:
 
 
 # --------------------------------------------------------------------------------------------
-# flat layouts (spec 3.2, 3.3)
+# flat layouts (docs/formats.md §3.2, §3.3)
 
 
 @dataclass(frozen=True)
@@ -218,7 +218,7 @@ def _expand(
 
 
 def _repeat_dims(p: ParamLayout, dev: Sequence[int]) -> list[int]:
-    """Dev dims (left to right) of size > 1 that no tensor dim uses (spec 3.3 step 3)."""
+    """Dev dims (left to right) of size > 1 that no tensor dim uses (docs/formats.md §3.3 step 3)."""
     n = len(dev)
     used = {n - 1 - v for e in p.tensor_map for v in _values(e) if v != NOT_SPLIT}
     rep = [j for j in range(n) if j not in used and dev[j] > 1]
@@ -325,7 +325,7 @@ def _validated(p: ParamLayout, flat: FlatLayout) -> FlatLayout:
 
 
 def flat_layout(p: ParamLayout, full_shape: Sequence[int]) -> FlatLayout:
-    """MindSpore's flat layout for ``p`` (opt-shard construction + list-map expansion, spec 3.2/3.3)."""
+    """MindSpore's flat layout for ``p`` (opt-shard construction + list-map expansion, docs/formats.md §3.2/§3.3)."""
     return _flat_and_groups(p, _ints(full_shape, "shape"))[0]
 
 
@@ -427,7 +427,7 @@ def _param_geometry(p: ParamLayout, shape: tuple[int, ...]) -> _Geometry:
 
 
 def rank_box(p: ParamLayout, full_shape: Sequence[int], rank: int) -> Box:
-    """The box of the full tensor that ``rank`` holds under layout ``p`` (spec 3.1-3.3).
+    """The box of the full tensor that ``rank`` holds under layout ``p`` (docs/formats.md §3.1-§3.3).
 
     Always a box: see ``_geometry`` (exotic non-box layouts raise ``UnsupportedError``).
     """
@@ -462,11 +462,11 @@ def box_volume(box: Box) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# needed ranks (spec 3.5)
+# needed ranks (docs/formats.md §3.5)
 
 
 def normalize_device_num(src: FlatLayout, dst: FlatLayout) -> tuple[FlatLayout, FlatLayout]:
-    """Prepend ``[bigger // smaller]`` to the smaller device matrix (spec 3.5 step 3)."""
+    """Prepend ``[bigger // smaller]`` to the smaller device matrix (docs/formats.md §3.5 step 3)."""
     ns, nd = src.device_num, dst.device_num
     if ns == nd:
         return src, dst
@@ -506,9 +506,9 @@ def _is_chain(values: set[int]) -> bool:
 
 
 def _refine(src: FlatLayout, dst: FlatLayout) -> list[int] | None:
-    """Device breakpoints after the closure of spec 3.5 steps 1-3, or None if not expandable.
+    """Device breakpoints after the closure of docs/formats.md §3.5 steps 1-3, or None if not expandable.
 
-    Correction to the spec's wording, found against MindSpore on random layout pairs: the block
+    A correction to the rule as first written, found against MindSpore on random layout pairs: the block
     stride ``u`` of a split is *not* a tensor breakpoint (two layouts may split the same dim
     differently, e.g. 6 by 2 and by 3, and MindSpore still refines). Instead, a tensor breakpoint
     ``y`` inside the dim but below the blocks (``inner < y < u``) must divide ``u``: the split has
@@ -567,7 +567,7 @@ class _NeededSet:
 
 @functools.lru_cache(maxsize=_PAIR_CACHE)
 def _needed_structure(src: FlatLayout, dst: FlatLayout) -> _NeededSet:
-    """The needed-rank structure of a normalised layout pair (spec 3.5 steps 1-7)."""
+    """The needed-rank structure of a normalised layout pair (docs/formats.md §3.5 steps 1-7)."""
     if math.prod(src.shape) != math.prod(dst.shape):
         raise LayoutError(f"layouts of shapes {list(src.shape)} and {list(dst.shape)} hold different tensors")
     if math.prod(src.shape) == 0:
@@ -601,9 +601,9 @@ def _needed(src: FlatLayout, dst: FlatLayout, rank: int) -> list[int]:
 
 
 def needed_ranks(src: FlatLayout, dst: FlatLayout, rank: int) -> list[int]:
-    """``_get_needed_rank_list_by_layouts(src, dst, range(N), rank)`` (spec 3.5, ascending).
+    """``_get_needed_rank_list_by_layouts(src, dst, range(N), rank)`` (docs/formats.md §3.5, ascending).
 
-    Device counts are first normalised (spec 3.5 step 3); ranks are in ``[0, N)`` with
+    Device counts are first normalised (docs/formats.md §3.5 step 3); ranks are in ``[0, N)`` with
     ``N = max(N_src, N_dst)``, except that, like MindSpore, a pair that places the same data on
     every rank (no operator to run) answers ``[rank]`` for any rank >= 0 without a range check.
     """
@@ -615,7 +615,7 @@ def needed_ranks(src: FlatLayout, dst: FlatLayout, rank: int) -> list[int]:
 
 
 # --------------------------------------------------------------------------------------------
-# transfer pieces (spec 3.5 copy-selection rule, 3.6)
+# transfer pieces (docs/formats.md §3.5 copy-selection rule, §3.6)
 
 
 @dataclass(frozen=True)
@@ -693,7 +693,7 @@ def _pieces(
 
     MindSpore's copy (counts divide): the needed rank holding a slice has the slice's coordinates
     on the gathered axes (source-split axes, carried by any holder, e.g. the lowest) and the
-    destination rank's coordinates on the keep axes (spec 3.5). Otherwise (``any_num``): the
+    destination rank's coordinates on the keep axes (docs/formats.md §3.5). Otherwise (``any_num``): the
     lowest holder. Exact tiling of the destination box by these pieces is what the tests check
     against a naive reference and MindSpore itself.
     """
@@ -735,7 +735,7 @@ def transfer_pieces(
 
     ``src_p=None``: the source is the full tensor (rank 0); ``dst_p=None``: the destination is
     the full tensor (rank 0). Every element comes from the copy MindSpore uses: the needed rank
-    (spec 3.5) whose coordinates on the keep axes equal the destination rank's, mapped to a file by
+    (docs/formats.md §3.5) whose coordinates on the keep axes equal the destination rank's, mapped to a file by
     ``% N_src``. Pieces are listed in ascending needed-rank order.
 
     ``any_device_num=True`` goes beyond MindSpore when neither device count divides the other
@@ -771,7 +771,7 @@ def _table(
 
 
 # --------------------------------------------------------------------------------------------
-# redundancy (get_parameter_redundancy, spec 3.3 end)
+# redundancy (get_parameter_redundancy, docs/formats.md §3.3 end)
 
 
 @functools.lru_cache(maxsize=_PAIR_CACHE)
@@ -808,7 +808,7 @@ def redundancy_groups(p: ParamLayout, initial_rank: int = 0) -> tuple[tuple[int,
 
 
 # --------------------------------------------------------------------------------------------
-# rank_list_for_transform (spec 3.7)
+# rank_list_for_transform (docs/formats.md §3.7)
 
 
 def _device_num(first: ParamLayout | int | None, mapping: Mapping[str, StagedLayout], what: str) -> int:
@@ -825,7 +825,7 @@ def _device_num(first: ParamLayout | int | None, mapping: Mapping[str, StagedLay
 
 @functools.lru_cache(maxsize=_PAIR_CACHE)
 def _param_need(src_p: ParamLayout, dst_p: ParamLayout | None, local: int) -> frozenset[int]:
-    """Local source ranks one parameter needs, on MindSpore's fake shape (spec 3.5 step 1)."""
+    """Local source ranks one parameter needs, on MindSpore's fake shape (docs/formats.md §3.5 step 1)."""
     n_src = src_p.device_num
     n_dst = dst_p.device_num if dst_p is not None else 1
     ndim = len(src_p.tensor_map)
@@ -891,10 +891,10 @@ def rank_list_for_transform(
     src_first: ParamLayout | int | None = None,
     dst_first: ParamLayout | int | None = None,
 ) -> list[int]:
-    """``ms.rank_list_for_transform`` (spec 3.7): source ranks needed by destination ``rank_id``.
+    """``ms.rank_list_for_transform`` (docs/formats.md §3.7): source ranks needed by destination ``rank_id``.
 
     ``src`` is the source layout map built with ``rank_id=None``; ``dst`` must be the rank-aware
-    map of ``rank_id`` (spec 2.4). MindSpore takes "the device number of a stage" from the first
+    map of ``rank_id`` (docs/formats.md §2.4). MindSpore takes "the device number of a stage" from the first
     layout item; by default that is the first value of each mapping (``layout_map`` keeps file
     order). Pass the item (or its device number) as ``src_first`` / ``dst_first`` to override it.
     The result is MindSpore's: the union over parameters of their needed local ranks (fake slice

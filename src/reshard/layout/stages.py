@@ -1,6 +1,6 @@
 """Pipeline stages of a strategy: the name -> layout map MindSpore builds, stage and device counts.
 
-A merged strategy names each layout item ``"<stage>-<name>"`` (spec 2.5); a parameter shared by
+A merged strategy names each layout item ``"<stage>-<name>"`` (docs/formats.md §2.5); a parameter shared by
 several stages (tied embeddings) appears once per stage. Which of its layouts applies, how many
 stages there are and how many devices a stage has are questions about layout items only, so they
 are answered here, on any ``LayoutTable``, without reading a file: the planners ask them for every
@@ -15,7 +15,7 @@ import re
 from reshard.errors import LayoutError
 from reshard.layout.types import LayoutTable, ParamLayout, StagedLayout
 
-# Merged files name each layout item "<stage>-<param>" (spec 2.5).
+# Merged files name each layout item "<stage>-<param>" (docs/formats.md §2.5).
 STAGE_SEPARATOR = "-"
 _STAGE_PREFIX = re.compile(r"[0-9]+")
 

@@ -46,7 +46,7 @@ class ParamLayout:
 
 @dataclass(frozen=True)
 class StagedLayout:
-    """A parameter's layout together with every pipeline stage that holds it (spec 2.4)."""
+    """A parameter's layout together with every pipeline stage that holds it (docs/formats.md §2.4)."""
 
     layout: ParamLayout
     stages: tuple[int, ...]

@@ -8,9 +8,9 @@ place: a box that is one byte run on both sides with ``copy_file_range`` (or ``p
 box through a staging buffer (strided numpy copies) and one ``pwrite`` per block.
 
 The planners reproduce MindSpore's choices that decide *which* bytes land *where*: which
-parameters an output file holds and in which order (spec 3.6, 3.9), which redundant source copy
-supplies each element (spec 3.5), how ``unified_safetensors`` packs parts (spec 4.1), and how a
-unified model is split per rank (spec 4.3). Layout arithmetic lives in ``reshard.layout``.
+parameters an output file holds and in which order (docs/formats.md §3.6, §3.9), which redundant source copy
+supplies each element (docs/formats.md §3.5), how ``unified_safetensors`` packs parts (docs/formats.md §4.1), and how a
+unified model is split per rank (docs/formats.md §4.3). Layout arithmetic lives in ``reshard.layout``.
 
 The modules, each importing only the ones before it:
 

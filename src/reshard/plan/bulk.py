@@ -396,7 +396,7 @@ def bulk_or_reference(bulk: Callable[..., Plan | None] | None, reference: Callab
 
 
 # --------------------------------------------------------------------------------------------
-# transform (spec 3.6, 3.9, 4.2)
+# transform (docs/formats.md §3.6, §3.9, §4.2)
 
 # A parameter's memo in a destination stage: its role and, to transform, (src layout, dst layout, src devices).
 _Decision = tuple[Role, ParamLayout | None, ParamLayout | None, int]

@@ -1,6 +1,6 @@
 """Convert and Hugging Face: whole files to the other format, and full models as sharded folders.
 
-``plan_convert`` turns whole files into the other format (spec 5), names optionally mapped,
+``plan_convert`` turns whole files into the other format (docs/formats.md §5), names optionally mapped,
 keeping the strings a ``.ckpt`` may hold in the safetensors metadata. The Hugging Face side of a
 full model lives here too, because it is a question of how full tensors are grouped into files:
 ``plan_hf_shards`` / ``hf_sharded`` / ``plan_unify_hf`` write a full model as Hugging Face shards

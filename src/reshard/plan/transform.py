@@ -2,8 +2,8 @@
 
 ``TransformPlanner`` reproduces MindSpore's ``transform_checkpoints`` (all-stage mode) and
 ``transform_checkpoint_by_rank``: which parameters a destination file holds and in which order
-(spec 3.6, 3.9), which source ranks a destination rank needs and in which order they are loaded
-(spec 3.7), and which redundant source copy supplies each element (spec 3.5); the layout
+(docs/formats.md §3.6, §3.9), which source ranks a destination rank needs and in which order they are loaded
+(docs/formats.md §3.7), and which redundant source copy supplies each element (docs/formats.md §3.5); the layout
 arithmetic itself is ``reshard.layout``'s. What a destination file does with each parameter
 (leave it out, copy it whole, or reslice it) is decided in one place, ``StageCut.role``.
 
@@ -41,7 +41,7 @@ from reshard.plan.model import (
 
 @dataclass(frozen=True)
 class StageCut:
-    """Which names a destination rank keeps, and how (spec 3.7/3.9 stage filtering)."""
+    """Which names a destination rank keeps, and how (docs/formats.md §3.7/§3.9 stage filtering)."""
 
     src: Mapping[str, StagedLayout] | None
     dst: Mapping[str, StagedLayout] | None

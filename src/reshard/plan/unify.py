@@ -1,9 +1,9 @@
 """Unify and split: a distributed checkpoint to full tensors, and full tensors back to ranks.
 
-``plan_unify`` reproduces MindSpore's ``unified_safetensors`` (spec 4.1): which parameters are
+``plan_unify`` reproduces MindSpore's ``unified_safetensors`` (docs/formats.md §4.1): which parameters are
 kept and renamed (``choice_func``), how the full tensors are packed greedily into ~3 GiB parts, the
 ``param_name_map.json`` index and the hyper parameters file. ``plan_split`` reproduces
-``load_distributed_checkpoint``'s save mode (spec 4.3): a unified model sliced for every
+``load_distributed_checkpoint``'s save mode (docs/formats.md §4.3): a unified model sliced for every
 destination rank. Both reuse the transform machinery: unify assembles each full tensor with
 ``TransformPlanner.transform_one``; split is planned like a transform from full tensors (shared
 tables, lazy ``RankTensors``), with a plain reference loop that decides whenever the fast path
@@ -37,14 +37,14 @@ from reshard.plan.model import (
 )
 from reshard.plan.transform import TransformPlanner
 
-PART_BYTES = 3 * 1024**3  # unified_safetensors' part size (spec 4.1 step 6)
+PART_BYTES = 3 * 1024**3  # unified_safetensors' part size (docs/formats.md §4.1 step 6)
 REDUNDANT_STATE_PREFIXES = ("accu_grads", "adam_v", "adam_m")
 
 ChoiceFunc = Callable[[str], object]
 
 
 # --------------------------------------------------------------------------------------------
-# unify (spec 4.1)
+# unify (docs/formats.md §4.1)
 
 
 def _bin_pack(sizes: Sequence[tuple[str, int]], groups: int) -> list[list[str]]:
@@ -153,7 +153,7 @@ def _split_selection(count: int, split_dst_file: tuple[int, int] | tuple[()]) ->
 
 
 # --------------------------------------------------------------------------------------------
-# split a unified model into per-rank files (spec 4.3)
+# split a unified model into per-rank files (docs/formats.md §4.3)
 
 
 def plan_split(
@@ -232,7 +232,7 @@ def _plan_split_bulk(
 ) -> Plan | None:
     """``plan_split`` from shared tables, or None where the reference loop must decide.
 
-    The rank-aware layout map (spec 2.4) only depends on which layouts' device counts exceed
+    The rank-aware layout map (docs/formats.md §2.4) only depends on which layouts' device counts exceed
     the rank, so templates are keyed by that and the stage.
     """
     n_dst = device_num(dst)

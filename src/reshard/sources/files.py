@@ -35,7 +35,7 @@ def open_checkpoint(path: str, options: ReadOptions | None = None) -> TensorInde
 
 
 def has_crc_trailer(path: str) -> bool:
-    """True when a plain (unencrypted) ``.ckpt`` ends with MindSpore's crc trailer (spec 1.6)."""
+    """True when a plain (unencrypted) ``.ckpt`` ends with MindSpore's crc trailer (docs/formats.md §1.6)."""
     try:
         return probe_ckpt(path).crc_trailer
     except OSError:
