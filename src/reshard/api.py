@@ -21,7 +21,7 @@ is asked of the source registry, ``reshard.sources``; its discovery functions (`
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from reshard import lock as _lock
@@ -608,8 +608,6 @@ def _check_not_inputs(pairs: Sequence[tuple[str, str]]) -> None:
         if os.path.realpath(out) in inputs:
             raise UsageError("the output would replace an input file; choose another output folder", out)
 
-
-ProgressFn = Callable[[int], None]
 
 # The operations, and the source discovery names the README shows (defined in reshard.sources).
 __all__ = [

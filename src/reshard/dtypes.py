@@ -5,8 +5,8 @@ safetensors uses short codes ("F32", "BF16", ...). bf16 and fp8 have no numpy bu
 come from ``ml_dtypes``. ``Int4`` (MindSpore qint4x2: two 4-bit values per byte) is carried as raw
 bytes (int8); safetensors files mark it with a ``"<name>": "Int4"`` metadata entry, as MindSpore does.
 
-``ckpt_loadable`` says whether MindSpore's ``load_checkpoint`` accepts the name (docs/formats.md §1.3): we can
-read and write the others but warn nobody else will load them.
+Float8 and complex names are read and written like the rest, though MindSpore 2.10's
+``load_checkpoint`` refuses them (docs/formats.md §1.3).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ class DType:
     ms_name: str  # tensor_type in .ckpt files
     st_code: str | None  # safetensors dtype code (None: not representable)
     numpy: np.dtype  # element type of numpy views
-    ckpt_loadable: bool = True
 
     @property
     def itemsize(self) -> int:
@@ -34,8 +33,8 @@ class DType:
         return self.ms_name
 
 
-def _d(ms: str, st: str | None, np_type: object, loadable: bool = True) -> DType:
-    return DType(ms, st, np.dtype(np_type), loadable)
+def _d(ms: str, st: str | None, np_type: object) -> DType:
+    return DType(ms, st, np.dtype(np_type))
 
 
 BOOL = _d("Bool", "BOOL", np.bool_)
@@ -52,10 +51,10 @@ FLOAT32 = _d("Float32", "F32", np.float32)
 FLOAT64 = _d("Float64", "F64", np.float64)
 BFLOAT16 = _d("BFloat16", "BF16", ml_dtypes.bfloat16)
 INT4 = _d("Int4", "I8", np.int8)  # qint4x2 bytes; see module docstring
-FLOAT8_E4M3 = _d("Float8E4M3FN", "F8_E4M3", ml_dtypes.float8_e4m3fn, loadable=False)
-FLOAT8_E5M2 = _d("Float8E5M2", "F8_E5M2", ml_dtypes.float8_e5m2, loadable=False)
-COMPLEX64 = _d("Complex64", None, np.complex64, loadable=False)
-COMPLEX128 = _d("Complex128", None, np.complex128, loadable=False)
+FLOAT8_E4M3 = _d("Float8E4M3FN", "F8_E4M3", ml_dtypes.float8_e4m3fn)
+FLOAT8_E5M2 = _d("Float8E5M2", "F8_E5M2", ml_dtypes.float8_e5m2)
+COMPLEX64 = _d("Complex64", None, np.complex64)
+COMPLEX128 = _d("Complex128", None, np.complex128)
 # A python string: .ckpt stores it with dims [0] and UTF-32-LE code points; never a numpy view.
 STR = _d("str", None, np.dtype("<U1"))
 

@@ -70,8 +70,6 @@ _MERGED_NAME = re.compile(r"[0-9]+-[^-]+")
 DEFAULT_OP_NAME = "reshard_stage_marker"
 DEFAULT_OP_STRATEGY: tuple[tuple[int, ...], ...] = ((1,),)
 
-# Fallback permission bits of written files when the umask cannot be read (rw-r--r--).
-
 # --------------------------------------------------------------------------------------------
 # Protobuf classes, built at runtime from a descriptor (docs/formats.md §2.1)
 
