@@ -111,7 +111,7 @@ def test_vector_append_dict(tmp_path: Path) -> None:
 def test_vector_crc(tmp_path: Path) -> None:
     save_ckpt(tmp_path / "a.ckpt", {"w": W}, write_crc=True)
     assert (tmp_path / "a.ckpt").read_bytes() == V1 + CRC_V1
-    assert_same(values_of(tmp_path / "a.ckpt", crc_check=True)["w"], W)
+    assert_same(values_of(tmp_path / "a.ckpt", verify_crc=True)["w"], W)
     assert_same(values_of(tmp_path / "a.ckpt")["w"], W)  # trailer always stripped
 
 
@@ -242,7 +242,7 @@ def test_crc_finish_reads_in_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     save_ckpt(tmp_path / "a.ckpt", {"x": arr}, write_crc=True, chunk_bytes=100)
     data = (tmp_path / "a.ckpt").read_bytes()
     assert data[-17:] == b"crc_num" + zlib.crc32(data[:-17]).to_bytes(10, "big")
-    assert_same(values_of(tmp_path / "a.ckpt", crc_check=True)["x"], arr)
+    assert_same(values_of(tmp_path / "a.ckpt", verify_crc=True)["x"], arr)
 
 
 # ------------------------------------------------------------------------- crc and encryption
@@ -452,7 +452,7 @@ def test_round_trip_property(tmp_path: Path, items: list[tuple[str, np.ndarray |
             read_ckpt(path)
         return
     save_ckpt(path, items, chunk_bytes=chunk, write_crc=crc)
-    got = values_of(path, crc_check=crc)
+    got = values_of(path, verify_crc=crc)
     assert list(got) == [name for name, _ in items]
     for name, value in items:
         assert_same(got[name], value)
@@ -475,7 +475,7 @@ VALID_CRC = VALID + b"crc_num" + zlib.crc32(VALID).to_bytes(10, "big")
 
 def _read_all_or_reshard_error(path: Path, crc_check: bool) -> None:
     with contextlib.suppress(ReshardError):
-        values_of(path, crc_check=crc_check)
+        values_of(path, verify_crc=crc_check)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

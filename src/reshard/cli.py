@@ -291,7 +291,7 @@ def _key(args: argparse.Namespace, side: str) -> bytes | None:
     return crypto.load_key(key_file, env, key_format or "auto")
 
 
-def _kwargs(args: argparse.Namespace) -> dict[str, bool]:
+def _kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {"overwrite": args.overwrite, "resume": args.resume, "manifest": not args.no_manifest}
 
 

@@ -24,7 +24,7 @@ from reshard.formats.strategy import merge_pipeline_strategies
 from reshard.synthetic import ModelShape, full_model, stage_strategies, write_stage_strategies
 
 
-def _check_full(path_or_dir: str, expected: dict[str, object]) -> int:
+def _check_full(path_or_dir: str, expected: dict[str, np.ndarray]) -> int:
     """Compare every tensor of a full checkpoint (file, or unified folder) with the original."""
     files = [path_or_dir] if os.path.isfile(path_or_dir) else [
         os.path.join(path_or_dir, n) for n in sorted(os.listdir(path_or_dir)) if n.endswith((".ckpt", ".safetensors"))
@@ -69,8 +69,11 @@ def main(work_dir: str | None = None) -> None:
     dst_merged = os.path.join(root, "merged", "dst_strategy.ckpt")
     ranks8 = os.path.join(root, "ckpt_8ranks")
 
-    step("build full model", lambda: (save_ckpt(full_path, model), f"{len(model)} tensors, "
-                                      f"{os.path.getsize(full_path) / 2**20:.1f} MiB")[1])
+    def build_full_model() -> str:
+        save_ckpt(full_path, model)
+        return f"{len(model)} tensors, {os.path.getsize(full_path) / 2**20:.1f} MiB"
+
+    step("build full model", build_full_model)
     write_stage_strategies(src_strategy_dir, stage_strategies(shape, dp=2, mp=2, pp=2, opt_shard=True), 4)
     write_stage_strategies(dst_strategy_dir, stage_strategies(shape, dp=1, mp=2, pp=2, opt_shard=False), 2)
     step("merge-strategies (8 and 4 ranks)", lambda: (merge_pipeline_strategies(src_strategy_dir, src_merged),
@@ -110,7 +113,7 @@ def _check_work_dir(work_dir: str) -> None:
         raise UsageError(f"cannot create the folder: {exc.strerror or exc}", work_dir) from None
 
 
-def _to_full_and_check(src: str, dst: str, strategy: str, model: dict[str, object]) -> str:
+def _to_full_and_check(src: str, dst: str, strategy: str, model: dict[str, np.ndarray]) -> str:
     api.transform(src, dst, strategy, None)
     checked = _check_full(layout_dir.rank_output(dst, 0, "checkpoint_", "ckpt"), model)
     return f"{checked} tensors equal the original"

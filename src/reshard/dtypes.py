@@ -12,6 +12,7 @@ Float8 and complex names are read and written like the rest, though MindSpore 2.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -33,7 +34,7 @@ class DType:
         return self.ms_name
 
 
-def _d(ms: str, st: str | None, np_type: object) -> DType:
+def _d(ms: str, st: str | None, np_type: Any) -> DType:
     return DType(ms, st, np.dtype(np_type))
 
 

@@ -64,8 +64,8 @@ def param_layouts(sf: StrategyFile, rank: int | None = None) -> Layouts:
     """
     lmap = layout_map(sf)
     if not _is_merged(sf):
-        stage = sf.stage or 0
-        return {name: (staged.layout, [stage]) for name, staged in lmap.items()}
+        own_stage = sf.stage or 0
+        return {name: (staged.layout, [own_stage]) for name, staged in lmap.items()}
     stage = rank // device_num(sf) if rank is not None else None
     found: Layouts = {}
     for name, staged in lmap.items():

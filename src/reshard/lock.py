@@ -77,7 +77,9 @@ def _pid_alive(pid: Any) -> bool:
 
 def _dead_here(holder: dict[str, Any] | None) -> bool:
     """The holder ran on this host and its process is gone."""
-    return bool(holder) and holder.get("host") == socket.gethostname() and not _pid_alive(holder.get("pid"))
+    if not holder:
+        return False
+    return holder.get("host") == socket.gethostname() and not _pid_alive(holder.get("pid"))
 
 
 def is_held(root: str) -> dict[str, Any] | None:

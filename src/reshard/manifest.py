@@ -357,7 +357,7 @@ class RunRecorder:
                 os.unlink(tmp)
         if not self.manifest:
             return self.plan
-        facts, stats = write_facts(self.write), {}
+        facts, stats = write_facts(self.write), dict[str, Any]()
         self._fingerprints = {f.path: file_fingerprint(f, self.plan, facts, stats) for f in self.plan.files}
         kept = self._kept_files() if self.resume else {}
         self._remove(manifest_path(self.root))

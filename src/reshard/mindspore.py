@@ -403,7 +403,7 @@ def _tensor_crc(items: Iterable[tuple[str, np.ndarray]]) -> int:
     crc = 0
     for name, array in items:
         crc = zlib.crc32(name.encode("utf-8"), crc)
-        crc = zlib.crc32(np.ascontiguousarray(array).reshape(-1).view(np.uint8), crc)
+        crc = zlib.crc32(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data, crc)
     return crc
 
 
@@ -624,7 +624,7 @@ def build_searched_strategy(strategy_filename: str) -> dict[str, Any]:
             data = fh.read()
     else:
         data = encode_strategy(sf, PROTOBUF)
-    message = message_classes()["ParallelStrategyMap"]()
+    message: Any = message_classes()["ParallelStrategyMap"]()  # built at run time: no static attributes
     message.ParseFromString(data)
     return {item.param_name: item.parallel_layouts for item in message.parallel_layout_item}
 

@@ -65,11 +65,13 @@ class ModelShape:
         return out
 
 
-def full_model(shape: ModelShape, dtype: str = "float32", optimizer: bool = True, seed: int = 0) -> dict[str, object]:
+def full_model(
+    shape: ModelShape, dtype: str = "float32", optimizer: bool = True, seed: int = 0
+) -> dict[str, np.ndarray]:
     """Full (unsharded) weights, Adam moments and scalars, in training-checkpoint order."""
     rng = np.random.default_rng(seed)
     np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
-    weights: dict[str, object] = {}
+    weights: dict[str, np.ndarray] = {}
     for name, (full, _, _) in shape.params().items():
         weights[name] = rng.standard_normal(full, dtype=np.float32).astype(np_dtype)
     out = dict(weights)

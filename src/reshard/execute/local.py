@@ -252,7 +252,7 @@ def _fill_tensor(out: _Output, t: TensorPlan, segments: tuple[base.Segment, ...]
         block_shape = (r1 - r0, *t.shape[1:]) if t.shape else ()
         staging = _staging(math.prod(block_shape) * t.dtype.itemsize).view(t.dtype.numpy).reshape(block_shape)
         assemble.copy_boxes(staging, t, r0, source_array)
-        _write_at(out.fd, segments, r0 * row_bytes, memoryview(staging.reshape(-1).view(np.uint8)))
+        _write_at(out.fd, segments, r0 * row_bytes, staging.reshape(-1).view(np.uint8).data)
 
 
 _THREAD = threading.local()
@@ -346,6 +346,7 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, write: WriteOptio
             checksum = hasher.result(os.fstat(fd).st_size)
 
     if encrypted:  # plaintext temp file, then records
+        assert write.enc_key is not None
         ckpt.write_encrypted(file.path, layout, fill, write.enc_key, write.enc_mode)
     else:
         base.write_file(file.path, layout, fill, finish)

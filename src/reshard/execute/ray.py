@@ -158,7 +158,7 @@ def _task(sources: tuple[str, ...], files: list[FilePlan], read: ReadOptions | N
         for i, blob in zip(needed, blobs, strict=True):
             remapped[i] = os.path.join(tmp, f"src{i}-{os.path.basename(sources[i])}")
             with open(remapped[i], "wb") as fh:
-                fh.write(memoryview(blob))
+                fh.write(blob.data)
         outs = [replace(f, path=os.path.join(tmp, f"out{k}-{os.path.basename(f.path)}"), tensors=tuple(f.tensors))
                 for k, f in enumerate(files)]
         digests = _run_files(Plan("ray", tuple(remapped), tuple(outs)), read, write, run, budget)
@@ -192,7 +192,7 @@ def _put_source(ray: Any, path: str) -> Any:
 
 def _write_output(path: str, data: np.ndarray) -> None:
     try:
-        base.write_whole(path, memoryview(data))
+        base.write_whole(path, data.data)
     except OSError as exc:
         raise ReshardError(f"write failed: {exc.strerror or exc}", path) from None
 

@@ -179,7 +179,7 @@ def value_bytes(value: np.ndarray | str) -> bytes | memoryview:
     arr = np.ascontiguousarray(value)
     if arr.dtype.byteorder == ">":  # files are little-endian
         arr = arr.astype(arr.dtype.newbyteorder("<"))
-    return memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else b""
+    return arr.reshape(-1).view(np.uint8).data if arr.size else b""
 
 
 def fill_from_values(values: Mapping[str, np.ndarray | str]) -> Callable[[int, FileLayout], None]:

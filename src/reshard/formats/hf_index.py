@@ -119,7 +119,7 @@ def read_weight_map(index_path: str, strict: bool = True) -> dict[str, str]:
     return dict(mapping)
 
 
-class _Object(dict):  # type: ignore[type-arg]
+class _Object(dict[str, Any]):
     """A JSON object that remembers the first key it saw twice (``json`` keeps the last silently)."""
 
     duplicated: str | None = None

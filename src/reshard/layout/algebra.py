@@ -645,6 +645,11 @@ def _side(p: ParamLayout | None, shape: tuple[int, ...]) -> tuple[FlatLayout, _G
     return flat, _geometry(flat, groups)
 
 
+def _replaced(values: tuple[int, ...], index: int, value: int) -> tuple[int, ...]:
+    """``values`` with ``values[index]`` replaced by ``value``."""
+    return (*values[:index], value, *values[index + 1 :])
+
+
 def _holder_tables(geo: _Geometry, shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
     """(slice lengths, per-dim holder terms); checks the per-dim decomposition on every rank."""
     lengths = tuple(hi - lo for lo, hi in geo.box(0))
@@ -655,7 +660,7 @@ def _holder_tables(geo: _Geometry, shape: tuple[int, ...]) -> tuple[tuple[int, .
         lowest.setdefault(tuple(lo // ln for (lo, _), ln in zip(geo.box(r), lengths, strict=True)), r)
     zero = (0,) * len(shape)
     holders = tuple(
-        tuple(lowest[(*zero[:t], i, *zero[t + 1 :])] for i in range(size // ln))
+        tuple(lowest[_replaced(zero, t, i)] for i in range(size // ln))
         for t, (size, ln) in enumerate(zip(shape, lengths, strict=True))
     )
     for cell, r in lowest.items():
