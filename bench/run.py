@@ -175,17 +175,17 @@ class Runner:
         for rep in range(self.args.repeat):
             for path in (out, copy, ms_out):
                 measure.remove(path)
-            measure.prepare_cache(self.args.cache, op.inputs)
+            measure.prepare_cache(self.args.cache, op.inputs, self.args.settle)
             runs["reshard"].append(self._run(self.reshard_argv(op, out), f"{logs}/{op.key}-reshard-{rep}"))
             result["output_bytes"] = measure.tree_bytes(out)
-            measure.prepare_cache(self.args.cache, [out])
+            measure.prepare_cache(self.args.cache, [out], self.args.settle)
             runs["cp"].append(self._run(measure.cp_argv(out, copy), f"{logs}/{op.key}-cp-{rep}"))
             if rep == 0 and self.args.verify:
                 result["verified_tensors"] = verify_output(out, op.reference(), op.per_rank)
             measure.remove(copy)
             measure.remove(out)
             if with_ms and ms_error is None:
-                measure.prepare_cache(self.args.cache, op.inputs)
+                measure.prepare_cache(self.args.cache, op.inputs, self.args.settle)
                 try:
                     runs["mindspore"].append(self._run(self.ms_argv(op, ms_out), f"{logs}/{op.key}-ms-{rep}"))
                     result["ms_output_bytes"] = measure.tree_bytes(ms_out)
@@ -202,7 +202,7 @@ class Runner:
             result["mindspore_error"] = ms_error
         result["ratios"] = report.ratios(result)
         if self.args.profile and result["ratios"]["reshard_cp_wall"] > CP_TARGET:
-            measure.prepare_cache(self.args.cache, op.inputs)
+            measure.prepare_cache(self.args.cache, op.inputs, self.args.settle)
             child = os.path.join(BENCH_DIR, "rs_child.py")
             result["profile"] = profiling.profile_reshard(child, self.reshard_args(op, out),
                                                           f"{logs}/{op.key}-profile", self.env)
@@ -322,6 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scaling", default="", help="also run these sizes for reshard and cp, e.g. 0.5G,1G,2G,4G")
     p.add_argument("--mindspore-scaling", action="store_true", help="include MindSpore in the scaling series")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="do not check outputs")
+    p.add_argument("--no-settle", dest="settle", action="store_false",
+                   help="skip waiting for writeback before each timing (smoke tests only: timings are then noise)")
     p.add_argument("--no-plan", action="store_true", help="skip the planning micro-benchmark")
     p.add_argument("--no-profile", dest="profile", action="store_false",
                    help="do not profile operations slower than 1.25x cp (py-spy if installed, else cProfile)")

@@ -34,7 +34,8 @@ def _run(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[s
 def test_run_tiny_model_reshard_and_cp(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = _run([str(BENCH / "run.py"), "--size", "8M", "--repeat", "1", "--no-mindspore", "--no-plan",
-                 "--no-profile", "--work", str(tmp_path / "work"), "--out", str(out), "--scaling", "4M,8M"])
+                 "--no-profile", "--no-settle", "--work", str(tmp_path / "work"), "--out", str(out),
+                 "--scaling", "4M,8M"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     ops = results["main"]["operations"]
