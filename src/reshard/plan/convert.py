@@ -188,17 +188,9 @@ def _plan_transform_full_reference(
             tensors = tuple(whole_tensor(interned, unified[f], name) for name, f in name_to_file.items())
         else:
             cut = stage_cut(None, dst_map, rank // planner.n_dst)
-            transformed: list[TensorPlan] = []
-            deferred: list[str] = []
-            for name, file_id in name_to_file.items():
-                role = cut.role(name)
-                if role is Role.SKIP:
-                    continue
-                if role is Role.WHOLE:
-                    deferred.append(name)
-                    continue
-                transformed.append(planner.transform_one(name, None, dst_map[name].layout, {0: unified[file_id]},
-                                                         rank % planner.n_dst, interned))
+            to_transform, deferred = cut.sort(name_to_file)
+            transformed = [planner.transform_one(name, None, dst_map[name].layout, {0: unified[name_to_file[name]]},
+                                                 rank % planner.n_dst, interned) for name in to_transform]
             if not transformed:
                 raise LayoutError("none of the checkpoint's parameters is in the source or destination strategy")
             tensors = (*transformed, *(whole_tensor(interned, unified[name_to_file[n]], n) for n in deferred))

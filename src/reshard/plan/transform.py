@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from reshard import layout
@@ -59,6 +59,16 @@ class StageCut:
         not_local_src = src is None or (in_src and name in dropped)
         not_local_dst = dst is None or name in dropped
         return Role.SKIP if not_local_src and not_local_dst else Role.WHOLE
+
+    def sort(self, names: Iterable[str]) -> tuple[list[str], list[str]]:
+        """``names`` to transform and to copy whole, each in order; the skipped ones left out."""
+        transform: list[str] = []
+        whole: list[str] = []
+        for name in names:
+            role = self.role(name)
+            if role is not Role.SKIP:
+                (transform if role is Role.TRANSFORM else whole).append(name)
+        return transform, whole
 
 
 def stage_cut(src_map: Mapping[str, StagedLayout] | None, dst_map: Mapping[str, StagedLayout] | None,
@@ -236,18 +246,12 @@ class TransformPlanner:
         cut = self.stage_cut(rank)
         local = rank % self.n_dst
         transformed: list[TensorPlan] = []
-        deferred: list[str] = []
+        to_transform, deferred = cut.sort(holders)
         device_n: int | None = None
-        for name, by_key in holders.items():
-            role = cut.role(name)
-            if role is Role.SKIP:
-                continue
-            if role is Role.WHOLE:
-                deferred.append(name)
-                continue
+        for name in to_transform:
             src_p, dst_p = self.layouts(name, dst_map)
             device_n = src_p.device_num if src_p is not None else 1
-            transformed.append(self.transform_one(name, src_p, dst_p, by_key, local, sources))
+            transformed.append(self.transform_one(name, src_p, dst_p, holders[name], local, sources))
         if device_n is None:
             raise LayoutError("none of the checkpoint's parameters is in the source or destination strategy")
         for name in deferred:
