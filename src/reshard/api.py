@@ -167,13 +167,15 @@ def execute(
         The outputs kept from an interrupted earlier run (``resume``); empty otherwise.
 
     Raises:
-        UsageError: An unknown ``executor``, the destination locked by another run, or an output that
-            cannot be written.
-        LayoutError: The plan does not cover every destination tensor exactly once.
+        UsageError: An unknown ``executor``, a destination another run holds or that cannot be created,
+            write options that do not fit the outputs (a crc trailer with encryption, encrypted
+            safetensors), or ``resume`` without ``manifest``.
+        PlanError: The plan fails validation (not a ReshardError: a bug, nothing is written).
         FormatError: A source or strategy file is truncated, corrupted or not what it claims.
         CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
         IntegrityError: A source's crc trailer does not match its content.
         UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
+        ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
 
     Example:
         from reshard import api
@@ -309,12 +311,14 @@ def transform(
     Raises:
         UsageError: A missing or unrecognised source, several rank folders without ``src_strategy``,
             a strategy for a full model, an unsafe ``prefix``, conflicting Hugging Face options, a
-            missing source rank, or a refused destination (see ``check_destination``).
+            missing source rank, write options that do not fit the outputs (see ``execute``), or a
+            refused destination (see ``check_destination``).
         LayoutError: A strategy does not fit the tensors or the rank count.
         FormatError: A source or strategy file is truncated, corrupted or not what it claims.
         CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
         IntegrityError: A source's crc trailer does not match its content.
         UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
+        ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
 
     Example:
         from reshard import api
@@ -427,12 +431,14 @@ def transform_by_rank(
         A ``Report`` holding the plan (no notes).
 
     Raises:
-        UsageError: A missing source file or a needed source rank missing from ``files_map``.
+        UsageError: A missing source file, a needed source rank missing from ``files_map``, or write
+            options that do not fit the output (see ``execute``).
         LayoutError: ``rank`` or the tensors do not fit the strategies.
         FormatError: A source or strategy file is truncated, corrupted or not what it claims.
         CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
         IntegrityError: A source's crc trailer does not match its content.
         UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
+        ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
 
     Example:
         from reshard import api
@@ -544,11 +550,13 @@ def unify(
 
     Raises:
         UsageError: ``src_dir`` is not rank folders of ``.safetensors`` files, ``split_dst_file``
-            with ``hf``, or a refused destination (see ``check_destination``).
+            with ``hf``, write options that do not fit the outputs (see ``execute``), or a refused
+            destination (see ``check_destination``).
         LayoutError: The strategy does not fit the tensors, or describes fewer ranks than there are
             rank folders.
         FormatError: A source or strategy file is truncated, corrupted or not what it claims.
         UnsupportedError: A source holds entries reshard deliberately does not handle.
+        ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
 
     Example:
         from reshard import api
@@ -653,11 +661,12 @@ def split(
         A ``Report``: the plan, notes and the files a resumed run kept.
 
     Raises:
-        UsageError: ``unified_dir`` is not a full model, or a refused destination (see
-            ``check_destination``).
+        UsageError: ``unified_dir`` is not a full model, write options that do not fit the outputs
+            (see ``execute``), or a refused destination (see ``check_destination``).
         LayoutError: The strategy does not fit the tensors.
         FormatError: A source or strategy file is truncated, corrupted or not what it claims.
         IntegrityError: A full ``.ckpt`` source's crc trailer does not match.
+        ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
 
     Example:
         from reshard import api
@@ -789,12 +798,13 @@ def convert(
 
     Raises:
         UsageError: A bad ``to``, a missing source, an existing output or refused destination, a
-            ``.ckpt`` to ``.ckpt`` conversion without a key, or Hugging Face output from anything
-            but one ``.ckpt`` file.
+            ``.ckpt`` to ``.ckpt`` conversion without a key, Hugging Face output from anything but
+            one ``.ckpt`` file, or write options that do not fit the outputs (see ``execute``).
         FormatError: A source or strategy file is truncated, corrupted or not what it claims.
         CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
         IntegrityError: A source's crc trailer does not match its content.
         UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
+        ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
 
     Example:
         from reshard import api
@@ -918,12 +928,14 @@ def recrypt(
         A ``Report``: the plan, notes and the files a resumed run kept.
 
     Raises:
-        UsageError: No key at all, no ``dst``, an output that would replace an input, or a refused
-            destination (see ``check_destination``).
+        UsageError: No key at all, no ``dst``, an output that would replace an input, a bad key or
+            mode, ``write.write_crc`` with encryption, or a refused destination (see
+            ``check_destination``).
         FormatError: A source or strategy file is truncated, corrupted or not what it claims.
         CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
         IntegrityError: A source's crc trailer does not match its content.
         UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
+        ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
 
     Example:
         from reshard import api

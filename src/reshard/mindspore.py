@@ -644,6 +644,7 @@ def ckpt_to_safetensors(
         FormatError: A source or strategy file is truncated, corrupted or not what it claims.
         IntegrityError: A ``.ckpt`` source's crc trailer does not match its content.
         UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
+        ReshardError: An output cannot be written (a full disk, say); what the run wrote is removed.
 
     Example:
         from reshard import mindspore as ms
@@ -891,6 +892,7 @@ def transform_checkpoints(
         FormatError: A source or strategy file is truncated, corrupted or not what it claims.
         IntegrityError: A ``.ckpt`` source's crc trailer does not match its content.
         UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
+        ReshardError: An output cannot be written (a full disk, say); what the run wrote is removed.
 
     Example:
         from reshard import mindspore as ms
@@ -961,6 +963,7 @@ def transform_checkpoint_by_rank(
         FormatError: A source or strategy file is truncated, corrupted or not what it claims.
         IntegrityError: A ``.ckpt`` source's crc trailer does not match its content.
         UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
+        ReshardError: An output cannot be written (a full disk, say); what the run wrote is removed.
 
     Example:
         from reshard import mindspore as ms
@@ -1052,6 +1055,7 @@ def unified_safetensors(
         LayoutError: The strategy does not fit the tensors or the rank folders.
         FormatError: A source or strategy file is truncated, corrupted or not what it claims.
         UnsupportedError: A source holds entries reshard deliberately does not handle.
+        ReshardError: An output cannot be written (a full disk, say); what the run wrote is removed.
 
     Example:
         from reshard import mindspore as ms
