@@ -171,7 +171,8 @@ def execute(
             write options that do not fit the outputs (a crc trailer with encryption, encrypted
             safetensors), or ``resume`` without ``manifest``.
         PlanError: The plan fails validation (not a ReshardError: a bug, nothing is written).
-        FormatError: A source or strategy file is truncated, corrupted or not what it claims.
+        FormatError: A strategy path that cannot be read, or a source or strategy file that is
+            truncated, corrupted or not what it claims.
         CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
         IntegrityError: A source's crc trailer does not match its content.
         UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
@@ -314,7 +315,8 @@ def transform(
             missing source rank, write options that do not fit the outputs (see ``execute``), or a
             refused destination (see ``check_destination``).
         LayoutError: A strategy does not fit the tensors or the rank count.
-        FormatError: A source or strategy file is truncated, corrupted or not what it claims.
+        FormatError: A strategy path that cannot be read, or a source or strategy file that is
+            truncated, corrupted or not what it claims.
         CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
         IntegrityError: A source's crc trailer does not match its content.
         UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
@@ -434,7 +436,8 @@ def transform_by_rank(
         UsageError: A missing source file, a needed source rank missing from ``files_map``, or write
             options that do not fit the output (see ``execute``).
         LayoutError: ``rank`` or the tensors do not fit the strategies.
-        FormatError: A source or strategy file is truncated, corrupted or not what it claims.
+        FormatError: A strategy path that cannot be read, or a source or strategy file that is
+            truncated, corrupted or not what it claims.
         CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
         IntegrityError: A source's crc trailer does not match its content.
         UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
@@ -473,9 +476,8 @@ def needed_ranks(
         The source ranks, in MindSpore's order (descending).
 
     Raises:
-        UsageError: A strategy path that does not exist.
-        FormatError: A strategy file that cannot be parsed.
-        LayoutError: ``rank_id`` or the layouts do not fit the strategies.
+        FormatError: A strategy path that cannot be read (missing, say) or parsed.
+        LayoutError: ``rank_id`` is not a rank of the strategies, or the layouts do not fit.
 
     Example:
         from reshard import api
@@ -554,7 +556,8 @@ def unify(
             destination (see ``check_destination``).
         LayoutError: The strategy does not fit the tensors, or describes fewer ranks than there are
             rank folders.
-        FormatError: A source or strategy file is truncated, corrupted or not what it claims.
+        FormatError: A strategy path that cannot be read, or a source or strategy file that is
+            truncated, corrupted or not what it claims.
         UnsupportedError: A source holds entries reshard deliberately does not handle.
         ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
 
@@ -664,7 +667,8 @@ def split(
         UsageError: ``unified_dir`` is not a full model, write options that do not fit the outputs
             (see ``execute``), or a refused destination (see ``check_destination``).
         LayoutError: The strategy does not fit the tensors.
-        FormatError: A source or strategy file is truncated, corrupted or not what it claims.
+        FormatError: A strategy path that cannot be read, or a source or strategy file that is
+            truncated, corrupted or not what it claims.
         IntegrityError: A full ``.ckpt`` source's crc trailer does not match.
         ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
 
@@ -800,7 +804,8 @@ def convert(
         UsageError: A bad ``to``, a missing source, an existing output or refused destination, a
             ``.ckpt`` to ``.ckpt`` conversion without a key, Hugging Face output from anything but
             one ``.ckpt`` file, or write options that do not fit the outputs (see ``execute``).
-        FormatError: A source or strategy file is truncated, corrupted or not what it claims.
+        FormatError: A strategy path that cannot be read, or a source or strategy file that is
+            truncated, corrupted or not what it claims.
         CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
         IntegrityError: A source's crc trailer does not match its content.
         UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
@@ -931,7 +936,8 @@ def recrypt(
         UsageError: No key at all, no ``dst``, an output that would replace an input, a bad key or
             mode, ``write.write_crc`` with encryption, or a refused destination (see
             ``check_destination``).
-        FormatError: A source or strategy file is truncated, corrupted or not what it claims.
+        FormatError: A strategy path that cannot be read, or a source or strategy file that is
+            truncated, corrupted or not what it claims.
         CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
         IntegrityError: A source's crc trailer does not match its content.
         UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
