@@ -80,7 +80,28 @@ class Report:
 
 
 def check_destination(dst: str, sources: Sequence[str], overwrite: bool, resume: bool = False) -> None:
-    """Refuse a destination inside a source folder, or a non-empty one without ``overwrite``/``resume``."""
+    """Refuse a destination a run must not write into.
+
+    Refused: a destination inside a source folder, a file, a read-only folder, a folder another run
+    holds the lock of, and a non-empty folder unless ``overwrite`` or ``resume`` is given.
+
+    Args:
+        dst: The destination folder (it need not exist yet).
+        sources: The source paths (files or folders) the run reads.
+        overwrite: Accept a non-empty destination whose files the run replaces.
+        resume: Accept a non-empty destination holding an interrupted run to continue (False: refused
+            like any non-empty folder).
+
+    Returns:
+        None; the destination is fine when nothing is raised.
+
+    Raises:
+        UsageError: For each refusal above, naming ``dst``.
+
+    Example:
+        from reshard import api
+        api.check_destination("out_4ranks", ["demo/ckpt_8ranks"], overwrite=False)
+    """
     dst_abs = os.path.realpath(dst)
     for src in sources:
         src_abs = os.path.realpath(src)
@@ -122,10 +143,45 @@ def execute(
     """Run ``plan`` into ``root`` (default: the folder holding its outputs) with journal and manifest.
 
     Sources' crc trailers were checked while planning, so the executor does not read them again.
-    Returns the outputs kept from an interrupted earlier run (``resume``). ``executor="ray"`` (or
-    ``run`` being a ``reshard.execute.ray.RayOptions``) runs the output files as Ray tasks.
-    ``remove`` lists an earlier run's outputs to delete once the destination is locked
-    (``superseded``).
+    ``executor="ray"`` (or ``run`` being a ``reshard.execute.ray.RayOptions``) runs the output files
+    as Ray tasks. ``remove`` lists an earlier run's outputs to delete once the destination is locked
+    (``superseded``). The destination is not checked here: call ``check_destination`` first.
+
+    Args:
+        plan: The plan to run, as an operation's ``dry_run=True`` report holds it.
+        read: How sources are found and opened (decryption key, crc checking, which file of a rank
+            folder). None: ``ReadOptions()``, crc trailers checked, no key.
+        write: What the outputs hold (``WriteOptions``: crc trailer, encryption, checksum). None: the
+            defaults (no crc trailer, no encryption, BLAKE3 in the manifest).
+        run: How the run executes (``RunOptions``: workers, memory bound, progress hooks; a
+            ``RayOptions`` runs on Ray). None: ``RunOptions()``.
+        root: The folder that gets the lock, journal and manifest (None: the common folder of the
+            plan's outputs).
+        resume: Continue an interrupted run into the same destination, keeping its finished files.
+        manifest: Journal the outputs and write ``reshard-manifest.json`` last (False: neither, as
+            the MindSpore drop-in does).
+        executor: ``"local"`` (threads on this machine) or ``"ray"``.
+        remove: Outputs of an earlier run to delete under the lock (default: none).
+
+    Returns:
+        The outputs kept from an interrupted earlier run (``resume``); empty otherwise.
+
+    Raises:
+        UsageError: An unknown ``executor``, a destination another run holds or that cannot be created,
+            write options that do not fit the outputs (a crc trailer with encryption, encrypted
+            safetensors), or ``resume`` without ``manifest``.
+        PlanError: The plan fails validation (not a ReshardError: a bug, nothing is written).
+        FormatError: A strategy path that cannot be read, or a source or strategy file that is
+            truncated, corrupted or not what it claims.
+        CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
+        IntegrityError: A source's crc trailer does not match its content.
+        UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
+        ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
+
+    Example:
+        from reshard import api
+        report = api.transform("demo/ckpt_8ranks", "out_4ranks", "demo/strategy_8", "demo/strategy_4", dry_run=True)
+        api.execute(report.plan, root="out_4ranks")
     """
     opened = replace(read, verify_crc=False) if read is not None else None
     from reshard.execute import ray as ray_executor  # light: Ray itself is imported only when used
@@ -158,12 +214,33 @@ def execute(
 
 
 def superseded(dst: str, plan: Plan, dst_strategy: StrategyFile | None, overwrite: bool, manifest: bool) -> list[str]:
-    """With ``overwrite``: an earlier run's rank outputs in ``dst`` that this plan's layout no longer
-    has (``manifest.superseded_outputs``; a foreign checkpoint in the way is a ``UsageError``).
+    """An earlier run's outputs in ``dst`` that this plan's layout no longer has.
 
-    Only runs that keep reshard's records (``manifest=True``) clean up after an earlier record; a
-    run without one (``--no-manifest``, the MindSpore drop-in) replaces same-named files only, as
-    MindSpore does.
+    With ``overwrite``: an earlier run's rank outputs that the new layout does not write (for
+    example ``rank_7`` after 8 → 4 ranks), as ``manifest.superseded_outputs`` finds them from the
+    earlier run's manifest. Only runs that keep reshard's records (``manifest=True``) clean up after
+    an earlier record; a run without one (``--no-manifest``, the MindSpore drop-in) replaces
+    same-named files only, as MindSpore does.
+
+    Args:
+        dst: The destination folder.
+        plan: The plan about to run into ``dst``.
+        dst_strategy: The destination strategy (None: a full model, one rank).
+        overwrite: Whether the run overwrites; without it nothing is superseded.
+        manifest: Whether the run keeps reshard's records; without them nothing is superseded.
+
+    Returns:
+        The paths to remove (``execute``'s ``remove``); empty when there is nothing to clean up.
+
+    Raises:
+        UsageError: A checkpoint reshard did not write is in the way.
+
+    Example:
+        from reshard import api
+        from reshard.formats.strategy import load_strategy
+        report = api.transform("demo/ckpt_8ranks", "demo/ckpt_4ranks", "demo/strategy_8", "demo/strategy_4",
+                               dry_run=True)
+        stale = api.superseded("demo/ckpt_4ranks", report.plan, load_strategy("demo/strategy_4"), True, True)
     """
     if not (overwrite and manifest) or not any(f.rank is not None for f in plan.files):
         return []
@@ -200,6 +277,55 @@ def transform(
     in memory). ``ranks`` restricts the output to some destination ranks (multi-node runs).
     ``hf=True`` writes the full model (no ``dst_strategy``) as Hugging Face shards of at most
     ``max_shard_size`` (default ``5GB``) plus ``model.safetensors.index.json`` into ``dst_dir``.
+
+    Args:
+        src: The source checkpoint (rank folders, a full file, a Hugging Face model).
+        dst_dir: The destination folder: ``rank_<r>/{prefix}<r>.<fmt>`` per destination rank.
+        src_strategy: The source's strategy, a path or a loaded ``StrategyFile`` (None: ``src`` is a
+            full model).
+        dst_strategy: The destination strategy (None: one full model in ``rank_0``).
+        prefix: The output file name prefix (default ``"checkpoint_"``); it may not leave ``dst_dir``.
+        output_format: ``"ckpt"`` or ``"safetensors"`` (None: the source's format; safetensors from a
+            Hugging Face model).
+        ranks: Only these destination ranks (None: all).
+        read: How sources are found and opened (decryption key, crc checking, which file of a rank
+            folder). None: ``ReadOptions()``, crc trailers checked, no key.
+        write: What the outputs hold (``WriteOptions``: crc trailer, encryption, checksum). None: the
+            defaults (no crc trailer, no encryption, BLAKE3 in the manifest).
+        run: How the run executes (``RunOptions``: workers, memory bound, progress hooks; a
+            ``RayOptions`` runs on Ray). None: ``RunOptions()``.
+        overwrite: Replace the files this run writes in a non-empty ``dst_dir`` (and remove an earlier
+            run's outputs the new layout no longer has). False: a non-empty destination is refused.
+        dry_run: Plan only: the sources' headers are read, the destination is not checked and nothing
+            is written; the report holds the plan.
+        resume: Continue an interrupted run into the same destination, keeping its finished files.
+        manifest: Journal the outputs and write ``reshard-manifest.json`` last (False: neither, as
+            the MindSpore drop-in does).
+        hf: Write Hugging Face shards plus ``model.safetensors.index.json`` (False: not).
+        max_shard_size: Largest Hugging Face shard, bytes or a size such as ``"2GB"``; only with
+            ``hf`` (None: ``5GB``).
+
+    Returns:
+        A ``Report``: the plan, notes for the user (files passed over, merged strategy files ignored)
+        and the files a resumed run kept.
+
+    Raises:
+        UsageError: A missing or unrecognised source, several rank folders without ``src_strategy``,
+            a strategy for a full model, an unsafe ``prefix``, conflicting Hugging Face options, a
+            missing source rank, write options that do not fit the outputs (see ``execute``), or a
+            refused destination (see ``check_destination``).
+        LayoutError: A strategy does not fit the tensors or the rank count.
+        FormatError: A strategy path that cannot be read, or a source or strategy file that is
+            truncated, corrupted or not what it claims.
+        CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
+        IntegrityError: A source's crc trailer does not match its content.
+        UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
+        ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
+
+    Example:
+        from reshard import api
+        report = api.transform("demo/ckpt_8ranks", "ckpt_4ranks", "demo/strategy_8", "demo/strategy_4")
+        full = api.transform("demo/ckpt_4ranks", "full", "demo/strategy_4", None, output_format="safetensors")
     """
     layout_dir.check_prefix(prefix)  # before anything is read: output names never leave the destination
     notes: list[str] = []
@@ -282,7 +408,46 @@ def transform_by_rank(
 ) -> Report:
     """Write only destination ``rank``'s file from ``{source rank: file}`` (multi-node building block).
 
-    The manifest goes next to ``out_file``.
+    The manifest goes next to ``out_file``. ``files_map`` needs the source ranks ``needed_ranks``
+    names, and no others.
+
+    Args:
+        rank: The destination rank to write.
+        files_map: Source rank -> its checkpoint file.
+        out_file: The output file; its extension (``.ckpt`` / ``.safetensors``) is the format.
+        src_strategy: The source strategy, a path or a ``StrategyFile`` (None: the source is a full
+            model).
+        dst_strategy: The destination strategy (None: a full model).
+        read: How sources are found and opened (decryption key, crc checking, which file of a rank
+            folder). None: ``ReadOptions()``, crc trailers checked, no key.
+        write: What the outputs hold (``WriteOptions``: crc trailer, encryption, checksum). None: the
+            defaults (no crc trailer, no encryption, BLAKE3 in the manifest).
+        run: How the run executes (``RunOptions``: workers, memory bound, progress hooks; a
+            ``RayOptions`` runs on Ray). None: ``RunOptions()``.
+        dry_run: Plan only: the sources' headers are read, the destination is not checked and nothing
+            is written; the report holds the plan.
+        manifest: Journal the outputs and write ``reshard-manifest.json`` last (False: neither, as
+            the MindSpore drop-in does).
+
+    Returns:
+        A ``Report`` holding the plan (no notes).
+
+    Raises:
+        UsageError: A missing source file, a needed source rank missing from ``files_map``, or write
+            options that do not fit the output (see ``execute``).
+        LayoutError: ``rank`` or the tensors do not fit the strategies.
+        FormatError: A strategy path that cannot be read, or a source or strategy file that is
+            truncated, corrupted or not what it claims.
+        CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
+        IntegrityError: A source's crc trailer does not match its content.
+        UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
+        ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
+
+    Example:
+        from reshard import api
+        needed = api.needed_ranks(0, "demo/strategy_8", "demo/strategy_4")
+        files = {r: f"demo/ckpt_8ranks/rank_{r}/checkpoint_{r}.ckpt" for r in needed}
+        api.transform_by_rank(0, files, "out/checkpoint_0.ckpt", "demo/strategy_8", "demo/strategy_4")
     """
     sources = {int(r): source_file(p, int(r), read) for r, p in files_map.items()}
     plan = plan_transform_by_rank(rank, sources, out_file, _strategy(src_strategy), _strategy(dst_strategy))
@@ -300,6 +465,23 @@ def needed_ranks(
     """Source ranks whose files destination ``rank_id`` needs (MindSpore's ``rank_list_for_transform``).
 
     Notes on loading the strategies (a merged file passed over) go to ``notes`` when given.
+
+    Args:
+        rank_id: The destination rank.
+        src_strategy: The source strategy, a path or a ``StrategyFile`` (None: a full model, so ``[0]``).
+        dst_strategy: The destination strategy (None: a full model).
+        notes: A list the loading notes are appended to (None: dropped).
+
+    Returns:
+        The source ranks, in MindSpore's order (descending).
+
+    Raises:
+        FormatError: A strategy path that cannot be read (missing, say) or parsed.
+        LayoutError: ``rank_id`` is not a rank of the strategies, or the layouts do not fit.
+
+    Example:
+        from reshard import api
+        ranks = api.needed_ranks(0, "demo/strategy_8", "demo/strategy_4")
     """
     from reshard import layout
     from reshard.layout import layout_map
@@ -337,6 +519,51 @@ def unify(
     ``hf=True`` writes Hugging Face shards (``model-00001-of-0000N.safetensors`` of at most
     ``max_shard_size``, default ``5GB``) and ``model.safetensors.index.json`` instead (one
     ``model.safetensors`` when everything fits); ``hyper_param.safetensors`` is written as usual.
+
+    Args:
+        src_dir: The folder of ``rank_<r>`` folders holding ``.safetensors`` files.
+        src_strategy: Their strategy, a path (file or folder of per-stage files) or a ``StrategyFile``.
+        dst_dir: The output folder.
+        file_suffix: Read the file of each rank folder whose name ends with this (None: MindSpore's
+            rule for choosing one).
+        choice_func: MindSpore's ``choice_func(name)``: False moves a parameter to
+            ``hyper_param.safetensors``, a str renames it (None: every parameter kept as named).
+        split_dst_file: ``(index, count)``: write only part ``index`` of ``count`` (default ``()``: all).
+        read: How sources are found and opened (decryption key, crc checking, which file of a rank
+            folder). None: ``ReadOptions()``, crc trailers checked, no key.
+        write: What the outputs hold (``WriteOptions``: crc trailer, encryption, checksum). None: the
+            defaults (no crc trailer, no encryption, BLAKE3 in the manifest).
+        run: How the run executes (``RunOptions``: workers, memory bound, progress hooks; a
+            ``RayOptions`` runs on Ray). None: ``RunOptions()``.
+        overwrite: Replace the files this run writes in a non-empty ``dst_dir`` (and remove an earlier
+            run's outputs the new layout no longer has). False: a non-empty destination is refused.
+        dry_run: Plan only: the sources' headers are read, the destination is not checked and nothing
+            is written; the report holds the plan.
+        mindspore_order: Pack in the folder listing order, as MindSpore (False: rank order).
+        resume: Continue an interrupted run into the same destination, keeping its finished files.
+        manifest: Journal the outputs and write ``reshard-manifest.json`` last (False: neither, as
+            the MindSpore drop-in does).
+        hf: Write Hugging Face shards plus ``model.safetensors.index.json`` (False: not).
+        max_shard_size: Largest Hugging Face shard, bytes or a size such as ``"2GB"``; only with
+            ``hf`` (None: ``5GB``).
+
+    Returns:
+        A ``Report``: the plan, notes (files passed over) and the files a resumed run kept.
+
+    Raises:
+        UsageError: ``src_dir`` is not rank folders of ``.safetensors`` files, ``split_dst_file``
+            with ``hf``, write options that do not fit the outputs (see ``execute``), or a refused
+            destination (see ``check_destination``).
+        LayoutError: The strategy does not fit the tensors, or describes fewer ranks than there are
+            rank folders.
+        FormatError: A strategy path that cannot be read, or a source or strategy file that is
+            truncated, corrupted or not what it claims.
+        UnsupportedError: A source holds entries reshard deliberately does not handle.
+        ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
+
+    Example:
+        from reshard import api
+        api.unify("demo/st_8ranks", "demo/strategy_8", "unified")
     """
     notes: list[str] = []
     shard_size = _shard_size(hf, max_shard_size)
@@ -410,7 +637,45 @@ def split(
 ) -> Report:
     """Slice a unified (full) model into ``dst_dir/rank_<r>/net.<fmt>`` for a target strategy.
 
-    ``unified_dir`` may also be a Hugging Face sharded model (its folder or its index file).
+    ``unified_dir`` may also be a Hugging Face sharded model (its folder or its index file) or one
+    full checkpoint.
+
+    Args:
+        unified_dir: The unified folder (``part<j>.safetensors`` + ``param_name_map.json``), a
+            Hugging Face model or a full checkpoint.
+        dst_strategy: The destination strategy, a path or a ``StrategyFile``.
+        dst_dir: The output folder.
+        ranks: Only these destination ranks (None: all).
+        output_format: ``"safetensors"`` (default) or ``"ckpt"``.
+        name_map: Output name -> name in the unified model (None: names kept).
+        write: What the outputs hold (``WriteOptions``: crc trailer, encryption, checksum). None: the
+            defaults (no crc trailer, no encryption, BLAKE3 in the manifest).
+        run: How the run executes (``RunOptions``: workers, memory bound, progress hooks; a
+            ``RayOptions`` runs on Ray). None: ``RunOptions()``.
+        overwrite: Replace the files this run writes in a non-empty ``dst_dir`` (and remove an earlier
+            run's outputs the new layout no longer has). False: a non-empty destination is refused.
+        dry_run: Plan only: the sources' headers are read, the destination is not checked and nothing
+            is written; the report holds the plan.
+        resume: Continue an interrupted run into the same destination, keeping its finished files.
+        manifest: Journal the outputs and write ``reshard-manifest.json`` last (False: neither, as
+            the MindSpore drop-in does).
+
+    Returns:
+        A ``Report``: the plan, notes and the files a resumed run kept.
+
+    Raises:
+        UsageError: ``unified_dir`` is not a full model, write options that do not fit the outputs
+            (see ``execute``), or a refused destination (see ``check_destination``).
+        LayoutError: The strategy does not fit the tensors.
+        FormatError: A strategy path that cannot be read, or a source or strategy file that is
+            truncated, corrupted or not what it claims.
+        IntegrityError: A full ``.ckpt`` source's crc trailer does not match.
+        ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
+
+    Example:
+        from reshard import api
+        api.unify("demo/st_8ranks", "demo/strategy_8", "unified")
+        api.split("unified", "demo/strategy_4", "st_4ranks", ranks=[0, 1])
     """
     files, mapping, hyper = unified_index(unified_dir, name_map)
     notes: list[str] = []
@@ -436,9 +701,28 @@ def convert_targets(
     choose: ReadOptions | None = None,
     notes: list[str] | None = None,
 ) -> list[tuple[str, str]]:
-    """(input, output) pairs of a convert: a file, or every matching file of the ``rank*`` folders.
+    """The (input, output) pairs of a convert: a file, or every matching file of the ``rank*`` folders.
 
-    With ``choose.file_suffix`` or ``choose.pick``, one file per rank folder (a note names it)."""
+    With ``choose.file_suffix`` or ``choose.pick``, one file per rank folder (a note names it).
+
+    Args:
+        src: A checkpoint file, or a folder of ``rank*`` folders.
+        dst: The output folder (None: next to the inputs).
+        to: The output format, ``"ckpt"`` or ``"safetensors"``.
+        file_regex: Only inputs whose name matches (None: all).
+        choose: Read options choosing one file per rank folder (None: every file).
+        notes: A list the notes are appended to (None: dropped).
+
+    Returns:
+        The pairs, in rank folder order; empty when ``file_regex`` matches nothing.
+
+    Raises:
+        UsageError: A missing source, or a file of the wrong extension.
+
+    Example:
+        from reshard import api
+        pairs = api.convert_targets("demo/ckpt_8ranks", "st_8ranks", "safetensors")
+    """
     import re
 
     src_ext = ".ckpt" if to == "safetensors" else ".safetensors"
@@ -486,10 +770,51 @@ def convert(
     the source folder (the file's folder for one file); then existing outputs are refused unless
     ``overwrite``/``resume``. ``hf=True`` converts one full ``.ckpt`` file into Hugging Face
     shards (at most ``max_shard_size``, default ``5GB``) + ``model.safetensors.index.json``.
-    ``.ckpt`` sources with ``to="ckpt"`` are re-written into ``dst``: encrypted with ``write.enc_key``
-    (after decrypting with ``read.dec_key`` when given) or decrypted (only ``read.dec_key``); with
-    neither key there is nothing to do, a usage error. A folder without ``rank*`` folders that holds
-    one checkpoint file stands for that file.
+    ``.ckpt`` sources with ``to="ckpt"`` are re-written into ``dst`` (``recrypt``): encrypted with
+    ``write.enc_key`` (after decrypting with ``read.dec_key`` when given) or decrypted (only
+    ``read.dec_key``); with neither key there is nothing to do, a usage error. A folder without
+    ``rank*`` folders that holds one checkpoint file stands for that file.
+
+    Args:
+        src: A checkpoint file, or a folder of ``rank*`` folders.
+        dst: The output folder (None: next to the inputs).
+        to: The output format, ``"ckpt"`` or ``"safetensors"``.
+        name_map: Output name -> source name (None: names kept).
+        file_regex: Only inputs whose name matches (None: all).
+        read: How sources are found and opened (decryption key, crc checking, which file of a rank
+            folder). None: ``ReadOptions()``, crc trailers checked, no key.
+        write: What the outputs hold (``WriteOptions``: crc trailer, encryption, checksum). None: the
+            defaults (no crc trailer, no encryption, BLAKE3 in the manifest).
+        run: How the run executes (``RunOptions``: workers, memory bound, progress hooks; a
+            ``RayOptions`` runs on Ray). None: ``RunOptions()``.
+        dry_run: Plan only: the sources' headers are read, the destination is not checked and nothing
+            is written; the report holds the plan.
+        overwrite: Replace existing outputs (False: refused).
+        resume: Continue an interrupted run into the same destination, keeping its finished files.
+        manifest: Journal the outputs and write ``reshard-manifest.json`` last (False: neither, as
+            the MindSpore drop-in does).
+        hf: Write Hugging Face shards plus ``model.safetensors.index.json`` (False: not).
+        max_shard_size: Largest Hugging Face shard, bytes or a size such as ``"2GB"``; only with
+            ``hf`` (None: ``5GB``).
+
+    Returns:
+        A ``Report``: the plan, notes (files passed over) and the files a resumed run kept.
+
+    Raises:
+        UsageError: A bad ``to``, a missing source, an existing output or refused destination, a
+            ``.ckpt`` to ``.ckpt`` conversion without a key, Hugging Face output from anything but
+            one ``.ckpt`` file, or write options that do not fit the outputs (see ``execute``).
+        FormatError: A strategy path that cannot be read, or a source or strategy file that is
+            truncated, corrupted or not what it claims.
+        CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
+        IntegrityError: A source's crc trailer does not match its content.
+        UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
+        ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
+
+    Example:
+        from reshard import api
+        api.convert("demo/ckpt_8ranks", "st_8ranks", "safetensors")
+        api.convert("demo/full/model.ckpt", "hf", "safetensors", hf=True, max_shard_size="4MB")
     """
     if to not in layout_dir.FORMATS:
         raise UsageError(f"--to must be ckpt or safetensors, not {to!r}")
@@ -543,7 +868,21 @@ def _convert_source(src: str) -> str:
 
 
 def holds_only_ckpt(src: str) -> bool:
-    """A ``.ckpt`` file, or ``rank*`` folders holding ``.ckpt`` files and no ``.safetensors`` file."""
+    """Whether ``src`` is a ``.ckpt`` file, or ``rank*`` folders holding ``.ckpt`` files and no ``.safetensors``.
+
+    Args:
+        src: A path (it need not exist).
+
+    Returns:
+        True for a ``.ckpt`` file or such folders; False otherwise, a missing path included.
+
+    Raises:
+        OSError: A folder that cannot be listed (no ReshardError: a missing path is just False).
+
+    Example:
+        from reshard import api
+        assert api.holds_only_ckpt("demo/ckpt_8ranks") and not api.holds_only_ckpt("demo/st_8ranks")
+    """
     if os.path.isfile(src):
         return src.endswith(".ckpt")
     if not os.path.isdir(src):
@@ -567,9 +906,50 @@ def recrypt(
     resume: bool = False,
     manifest: bool = True,
 ) -> Report:
-    """``.ckpt`` to ``.ckpt`` in one step: a file or ``rank*`` folders re-written into ``dst`` (same
-    names), encrypted with ``write.enc_key``/``enc_mode`` after decrypting with ``read.dec_key`` when
-    given, or decrypted when only ``read.dec_key`` is given. The inputs are never replaced."""
+    """Re-write ``.ckpt`` files as ``.ckpt``: encrypt, decrypt, or change the key.
+
+    A file or ``rank*`` folders are re-written into ``dst`` under the same names: encrypted with
+    ``write.enc_key`` / ``enc_mode`` after decrypting with ``read.dec_key`` when given, or
+    decrypted when only ``read.dec_key`` is given. The inputs are never replaced.
+
+    Args:
+        src: A ``.ckpt`` file, or a folder of ``rank*`` folders of ``.ckpt`` files.
+        dst: The output folder (required: the inputs are never replaced).
+        file_regex: Only inputs whose name matches (None: all).
+        read: How sources are found and opened (decryption key, crc checking, which file of a rank
+            folder). None: ``ReadOptions()``, crc trailers checked, no key.
+        write: What the outputs hold (``WriteOptions``: crc trailer, encryption, checksum). None: the
+            defaults (no crc trailer, no encryption, BLAKE3 in the manifest).
+        run: How the run executes (``RunOptions``: workers, memory bound, progress hooks; a
+            ``RayOptions`` runs on Ray). None: ``RunOptions()``.
+        dry_run: Plan only: the sources' headers are read, the destination is not checked and nothing
+            is written; the report holds the plan.
+        overwrite: Replace existing outputs (False: a non-empty ``dst`` is refused).
+        resume: Continue an interrupted run into the same destination, keeping its finished files.
+        manifest: Journal the outputs and write ``reshard-manifest.json`` last (False: neither, as
+            the MindSpore drop-in does).
+
+    Returns:
+        A ``Report``: the plan, notes and the files a resumed run kept.
+
+    Raises:
+        UsageError: No key at all, no ``dst``, an output that would replace an input, a bad key or
+            mode, ``write.write_crc`` with encryption, or a refused destination (see
+            ``check_destination``).
+        FormatError: A strategy path that cannot be read, or a source or strategy file that is
+            truncated, corrupted or not what it claims.
+        CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
+        IntegrityError: A source's crc trailer does not match its content.
+        UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
+        ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
+
+    Example:
+        from reshard import api
+        from reshard.execute.options import WriteOptions
+        key = bytes(range(16))
+        api.recrypt("demo/full/model.ckpt", "enc", write=WriteOptions(enc_key=key, enc_mode="AES-GCM"))
+        api.recrypt("enc/model.ckpt", "plain", read=api.ReadOptions(dec_key=key))
+    """
     out_dir = _recrypt_destination(src, dst, read, write)
     # the .ckpt inputs a conversion to safetensors would read, each written under its own name
     pairs = [

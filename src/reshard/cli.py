@@ -803,5 +803,12 @@ def _main(argv: Sequence[str] | None) -> int:
     return status if isinstance(status, int) else 0
 
 
+__all__ = [
+    "EXIT_BROKEN_PIPE", "EXIT_BUG", "EXIT_CODES", "EXIT_USAGE", "Signalled", "build_parser", "cmd_convert", "cmd_demo",
+    "cmd_inspect", "cmd_merge_strategies", "cmd_rank_list", "cmd_split", "cmd_transform", "cmd_unify", "cmd_verify",
+    "install_signal_handlers", "interrupted", "main", "print_plan", "summary",
+]
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -122,3 +122,6 @@ def _to_full_and_check(src: str, dst: str, strategy: str, model: dict[str, np.nd
 def _files(report: api.Report) -> str:
     p = report.plan
     return f"{len(p.files)} files, {p.bytes_written / 2**20:.1f} MiB"
+
+
+__all__ = ["main"]

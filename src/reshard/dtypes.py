@@ -96,3 +96,10 @@ def from_numpy(dtype: np.dtype | type, path: str | None = None) -> DType:
         return _BY_NUMPY[key.newbyteorder("=") if key.byteorder == ">" else key]
     except KeyError:
         raise FormatError(f"numpy dtype {key} has no MindSpore equivalent", path) from None
+
+
+__all__ = [
+    "ALL", "BFLOAT16", "BOOL", "COMPLEX64", "COMPLEX128", "FLOAT8_E4M3", "FLOAT8_E5M2", "FLOAT16", "FLOAT32", "FLOAT64",
+    "INT4", "INT8", "INT16", "INT32", "INT64", "STR", "UINT8", "UINT16", "UINT32", "UINT64", "DType", "from_ms_name",
+    "from_numpy", "from_st_code",
+]

@@ -43,3 +43,8 @@ class IntegrityError(ReshardError):
 
 class CryptoError(ReshardError):
     """Decryption failed: wrong key, wrong mode, or a tampered record."""
+
+
+__all__ = [
+    "CryptoError", "FormatError", "IntegrityError", "LayoutError", "ReshardError", "UnsupportedError", "UsageError",
+]

@@ -237,3 +237,9 @@ def main(path: str, as_json: bool = False, strategy: str | None = None, read: An
             console.print(f"ignored: {', '.join(part['ignored'])}")
     count = sum(len(p["tensors"]) for _, p in groups)
     console.print(f"{count} tensors, {format_size(info['bytes'])} in {len(info.get('files', groups))} file(s)")
+
+
+__all__ = [
+    "Layouts", "checkpoint_rows", "describe_layout", "full_model_info", "gather", "main", "param_layouts",
+    "stage_layouts", "strategy_rows",
+]

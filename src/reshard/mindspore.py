@@ -349,6 +349,39 @@ def save_checkpoint(
     Float32 (all 0-d), ``str``, numpy arrays as they are. The extension ``.ckpt`` / ``.safetensors``
     is appended unless the name already ends with the format string. ``integrated_save`` and
     ``async_save`` are accepted for compatibility; the file is always written synchronously.
+
+    Args:
+        save_obj: The values: a dict ``name -> numpy array | str`` or a list of
+            ``{"name": ..., "data": ...}`` dicts (a network is not accepted).
+        ckpt_file_name: The output file name; ``.<format>`` is appended unless it ends with the format.
+        integrated_save: Checked to be a bool, otherwise ignored (default True).
+        async_save: A bool or str, checked, otherwise ignored (default False: the write is synchronous
+            anyway).
+        append_dict: Extra values saved after ``save_obj``, converted as above (None: none).
+        enc_key: Encrypt the ``.ckpt`` with this key (None: not encrypted; only for ``format="ckpt"``).
+        enc_mode: ``"AES-GCM"`` (default), ``"AES-CBC"`` or ``"SM4-CBC"``; used with ``enc_key``.
+        choice_func: Keep a ``save_obj`` entry when ``choice_func(name)`` is truthy (None: keep all).
+        crc_check: Write MindSpore's crc (a ``.ckpt`` trailer, or ``crc_num`` in the safetensors
+            metadata); default False.
+        format: ``"ckpt"`` (default) or ``"safetensors"``.
+        **kwargs: ``remove_redundancy`` (a bool, recorded in the safetensors metadata),
+            ``incremental`` and ``global_step_num`` as MindSpore reads them; other keywords are ignored
+            with a warning.
+
+    Returns:
+        None; the file is written atomically (temporary name, then rename).
+
+    Raises:
+        UsageError: An argument of the wrong type or value, a file name that is a folder, a name
+            saved twice, an int outside Int64, a str for a safetensors file, encryption options with
+            ``format="safetensors"``, ``crc_check`` together with ``enc_key``, a bad key length or mode.
+        UnsupportedError: A network as ``save_obj``, or ``incremental=True``.
+
+    Example:
+        import numpy as np
+        from reshard import mindspore as ms
+        ms.save_checkpoint({"w": np.ones((2, 3), np.float32)}, "net.ckpt", append_dict={"epoch": 3})
+        ms.save_checkpoint({"w": np.ones((2, 3), np.float32)}, "net", format="safetensors", crc_check=True)
     """
     fmt = _format(format)
     _bool(integrated_save, "integrated_save")
@@ -505,6 +538,37 @@ def load_checkpoint(
     both are None, ``choice_func(name)`` (truthy) decides. ``strict_load`` and
     ``remove_redundancy`` only matter when loading into a network (MindSpore ignores the first and
     checks the type of the second here; so do we).
+
+    Args:
+        ckpt_file_name: The checkpoint file; it must end with ``format``.
+        net: Must be None (there are no networks without MindSpore).
+        strict_load: Ignored, as MindSpore does without a network (default False).
+        filter_prefix: A str or list of str: names starting with one are left out (None: none).
+        dec_key: Decrypt an encrypted ``.ckpt`` with this key (None: not encrypted).
+        dec_mode: The mode of ``dec_key``: ``"AES-GCM"`` (default), ``"AES-CBC"`` or ``"SM4-CBC"``.
+        specify_prefix: A str or list of str: only names starting with one are kept (None: all).
+        choice_func: Without prefixes, keep a name when ``choice_func(name)`` is truthy (None: all).
+        crc_check: Check the crc (trailer or metadata) when the file has one; a ``.ckpt`` without a
+            trailer only warns, as in MindSpore (default False).
+        remove_redundancy: Checked to be a bool, otherwise ignored (default False).
+        format: ``"ckpt"`` (default) or ``"safetensors"``.
+
+    Returns:
+        ``{name: numpy array | str}``, owned copies (the file is closed).
+
+    Raises:
+        UsageError: A wrong argument type, a name not ending with ``format``, a missing file,
+            ``dec_key`` with safetensors, or no parameter left after the filters.
+        UnsupportedError: A network given as ``net``, or a file with entries reshard does not handle.
+        FormatError: The file is truncated, corrupted or not what its extension says.
+        CryptoError: The file does not decrypt with ``dec_key`` / ``dec_mode``, or ``dec_key`` was given
+            for a file that is not encrypted.
+        IntegrityError: ``crc_check=True`` and the crc does not match.
+
+    Example:
+        from reshard import mindspore as ms
+        params = ms.load_checkpoint("demo/full/model.ckpt")
+        weights = ms.load_checkpoint("demo/full/model.ckpt", filter_prefix=("adam_m.", "adam_v."))
     """
     if net is not None:
         raise UnsupportedError("reshard has no networks; pass net=None and load the returned arrays")
@@ -562,6 +626,30 @@ def ckpt_to_safetensors(
     Outputs replace every ``.ckpt`` in the file name by ``.safetensors`` and go to ``save_path``
     (same ``rank*`` sub-folder names) or next to the inputs. ``processes_num`` is checked (an int
     >= 1) but does not size reshard's IO threads.
+
+    Args:
+        file_path: A ``.ckpt`` file, or a folder of ``rank*`` folders.
+        save_path: The output folder (None: next to the inputs); not a file name.
+        name_map: Output name -> name in the checkpoint (None: names kept).
+        file_name_regex: Only inputs whose name matches (None: all).
+        processes_num: An int >= 1, checked for compatibility; it does not size reshard's IO threads (the
+            CLI's default worker count is used).
+
+    Returns:
+        None.
+
+    Raises:
+        UsageError: A wrong argument, a ``save_path`` with a file extension, an invalid or
+            non-matching ``file_name_regex``, a missing ``file_path``, or outputs that exist already.
+        FormatError: A source or strategy file is truncated, corrupted or not what it claims.
+        IntegrityError: A ``.ckpt`` source's crc trailer does not match its content.
+        UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
+        ReshardError: An output cannot be written (a full disk, say); what the run wrote is removed.
+
+    Example:
+        from reshard import mindspore as ms
+        ms.ckpt_to_safetensors("demo/ckpt_8ranks", "st_8ranks")
+        ms.ckpt_to_safetensors("demo/full/model.ckpt", "full_st")
     """
     _convert("safetensors", file_path, save_path, name_map, file_name_regex, processes_num)
 
@@ -573,7 +661,29 @@ def safetensors_to_ckpt(
     file_name_regex: str | None = None,
     processes_num: int = 1,
 ) -> None:
-    """``mindspore.safetensors_to_ckpt``: the mirror of ``ckpt_to_safetensors`` (parameters sorted)."""
+    """``mindspore.safetensors_to_ckpt``: the mirror of ``ckpt_to_safetensors`` (parameters sorted).
+
+    Args:
+        file_path: A ``.safetensors`` file, or a folder of ``rank*`` folders.
+        save_path: The output folder (None: next to the inputs); not a file name.
+        name_map: Output name -> name in the checkpoint (None: names kept).
+        file_name_regex: Only inputs whose name matches (None: all).
+        processes_num: An int >= 1, checked for compatibility; it does not size reshard's IO threads (the
+            CLI's default worker count is used).
+
+    Returns:
+        None.
+
+    Raises:
+        UsageError: A wrong argument, a ``save_path`` with a file extension, an invalid or
+            non-matching ``file_name_regex``, a missing ``file_path``, or outputs that exist already.
+        FormatError: A source file is truncated, corrupted or not what it claims.
+        UnsupportedError: A source holds entries reshard deliberately does not handle.
+
+    Example:
+        from reshard import mindspore as ms
+        ms.safetensors_to_ckpt("demo/st_8ranks", "ckpt_8ranks")
+    """
     _convert("ckpt", file_path, save_path, name_map, file_name_regex, processes_num)
 
 
@@ -586,6 +696,23 @@ def merge_pipeline_strategys(src_strategy_dirs: str, dst_strategy_file: str) -> 
 
     Files are merged in the folder's listing order, as MindSpore's ``glob`` does (the order decides
     the item order of the merged file and, for JSON, which stage's operator entries win).
+
+    Args:
+        src_strategy_dirs: The folder of per-stage strategy files (``.ckpt`` protobuf or ``.json``).
+        dst_strategy_file: The merged file; it ends with ``.json`` exactly when the sources are JSON.
+
+    Returns:
+        None; the merged file is written atomically.
+
+    Raises:
+        UsageError: ``src_strategy_dirs`` is not a folder or holds no strategy files,
+            ``dst_strategy_file`` is a folder or has the wrong extension, a file cannot be written,
+            or a per-stage file's parameter names hold ``-``.
+        FormatError: A strategy file cannot be parsed, or the files mix formats.
+
+    Example:
+        from reshard import mindspore as ms
+        ms.merge_pipeline_strategys("demo/strategy_8", "merged/src_strategy.ckpt")
     """
     src = _path(src_strategy_dirs, "src_strategy_dirs")
     if not os.path.isdir(src):
@@ -616,6 +743,22 @@ def build_searched_strategy(strategy_filename: str) -> dict[str, Any]:
     Protobuf files give their stored messages; JSON files one message per layout (one DevMatrix,
     TensorMap, ParamSplitShape and IndicesOffset), as MindSpore converts them. The messages come
     from reshard's own ``node_strategy.proto`` classes (same fields, same bytes).
+
+    Args:
+        strategy_filename: A strategy file (protobuf ``.ckpt`` or ``.json``; merged or one stage).
+
+    Returns:
+        ``{parameter name: ParallelLayouts}`` protobuf messages, in the file's order.
+
+    Raises:
+        UsageError: No such file, or an empty one.
+        FormatError: The file cannot be parsed as a strategy.
+        LayoutError: A JSON file's layout cannot be stored as a protobuf message (an empty tensor map entry).
+
+    Example:
+        from reshard import mindspore as ms
+        layouts = ms.build_searched_strategy("demo/merged/src_strategy.ckpt")
+        dev_matrix = list(next(iter(layouts.values())).dev_matrix[0].dim)
     """
     path = _strategy_file(strategy_filename, "strategy_filename")
     sf = read_strategy(path)  # validates and gives one-line errors
@@ -632,7 +775,25 @@ def build_searched_strategy(strategy_filename: str) -> dict[str, Any]:
 def rank_list_for_transform(
     rank_id: int, src_strategy_file: str | None = None, dst_strategy_file: str | None = None
 ) -> list[int]:
-    """``mindspore.rank_list_for_transform``: source ranks destination ``rank_id`` needs, descending."""
+    """``mindspore.rank_list_for_transform``: source ranks destination ``rank_id`` needs, descending.
+
+    Args:
+        rank_id: The destination rank (an int >= 0, within the destination strategy's ranks).
+        src_strategy_file: The source strategy file (None: a full model, so ``[0]``).
+        dst_strategy_file: The destination strategy file (None: a full model).
+
+    Returns:
+        The source ranks, descending (MindSpore's order).
+
+    Raises:
+        UsageError: A bad ``rank_id`` or one out of range, or a missing or empty strategy file.
+        FormatError: A strategy file cannot be parsed.
+        LayoutError: The two strategies' layouts do not fit each other.
+
+    Example:
+        from reshard import mindspore as ms
+        ranks = ms.rank_list_for_transform(0, "demo/merged/src_strategy.ckpt", "demo/merged/dst_strategy.ckpt")
+    """
     _int(rank_id, "rank_id", minimum=0)
     if src_strategy_file is None:
         return [0]
@@ -708,6 +869,35 @@ def transform_checkpoints(
     single-stage strategies where the source's names are a strict subset of the destination's
     select MindSpore's by-stage mode (``{prefix}{r}_part{stage}.ckpt``). Existing files of the same
     names are replaced (MindSpore writes into an existing folder too); nothing else is touched.
+
+    Args:
+        src_checkpoints_dir: The folder of ``rank_<r>`` folders.
+        dst_checkpoints_dir: The output folder (created if missing).
+        ckpt_prefix: The output file name prefix; no path separators, ``..`` or blanks.
+        src_strategy_file: The source's (merged) strategy file (None: the source is one full model
+            in ``rank_0``).
+        dst_strategy_file: The destination strategy file (None: one full model).
+        process_num: An int >= 1, checked for compatibility; it does not size reshard's IO threads (the
+            CLI's default worker count is used).
+        output_format: ``"ckpt"`` (default) or ``"safetensors"``.
+
+    Returns:
+        None.
+
+    Raises:
+        UsageError: A wrong argument, an unsafe prefix, a source folder without rank folders, several
+            rank folders without ``src_strategy_file``, safetensors output from ``.ckpt`` sources, a
+            missing source rank, or a destination inside the source or held by another run.
+        LayoutError: Both strategies None, or a strategy that does not fit the tensors.
+        FormatError: A source or strategy file is truncated, corrupted or not what it claims.
+        IntegrityError: A ``.ckpt`` source's crc trailer does not match its content.
+        UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
+        ReshardError: An output cannot be written (a full disk, say); what the run wrote is removed.
+
+    Example:
+        from reshard import mindspore as ms
+        ms.transform_checkpoints("demo/ckpt_8ranks", "ckpt_4ranks", "checkpoint_",
+                                 "demo/merged/src_strategy.ckpt", "demo/merged/dst_strategy.ckpt")
     """
     src_dir = _path(src_checkpoints_dir, "src_checkpoints_dir")
     dst_dir = _path(dst_checkpoints_dir, "dst_checkpoints_dir")
@@ -754,6 +944,33 @@ def transform_checkpoint_by_rank(
 
     ``checkpoint_files_map`` maps source ranks (ints) to their ``.ckpt`` files; files are read in
     the map's order, as MindSpore does.
+
+    Args:
+        rank_id: The destination rank (an int >= 0, within the destination strategy's ranks).
+        checkpoint_files_map: Source rank -> its ``.ckpt`` file (the ranks
+            ``rank_list_for_transform`` names).
+        save_checkpoint_file_name: The output file; it must end with ``.ckpt``.
+        src_strategy_file: The source strategy file (None: a full model).
+        dst_strategy_file: The destination strategy file (None: a full model).
+
+    Returns:
+        None.
+
+    Raises:
+        UsageError: A wrong argument, a missing source file or strategy file, an output name not
+            ending with ``.ckpt``, ``rank_id`` out of range, or a needed source rank not in the map.
+        LayoutError: Both strategies None, or a strategy that does not fit the tensors.
+        FormatError: A source or strategy file is truncated, corrupted or not what it claims.
+        IntegrityError: A ``.ckpt`` source's crc trailer does not match its content.
+        UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
+        ReshardError: An output cannot be written (a full disk, say); what the run wrote is removed.
+
+    Example:
+        from reshard import mindspore as ms
+        src, dst = "demo/merged/src_strategy.ckpt", "demo/merged/dst_strategy.ckpt"
+        ranks = ms.rank_list_for_transform(0, src, dst)
+        files = {r: f"demo/ckpt_8ranks/rank_{r}/checkpoint_{r}.ckpt" for r in ranks}
+        ms.transform_checkpoint_by_rank(0, files, "rank_0/checkpoint_0.ckpt", src, dst)
     """
     if not isinstance(checkpoint_files_map, Mapping):
         raise UsageError(f"checkpoint_files_map must be a dict, got {type(checkpoint_files_map).__name__}")
@@ -813,6 +1030,36 @@ def unified_safetensors(
     renames it (MindSpore's rules, docs/formats.md §4.1). Sources saved without redundant copies
     (``remove_redundancy=True``) work whatever ``merge_with_redundancy`` says: a slice missing from
     one rank is read from another rank of its redundancy group.
+
+    Args:
+        src_dir: The folder of ``rank_<r>`` folders holding ``.safetensors`` files.
+        src_strategy_file: Their (merged) strategy file.
+        dst_dir: The output folder: ``part<j>.safetensors``, ``param_name_map.json`` and
+            ``hyper_param.safetensors``.
+        merge_with_redundancy: Checked to be a bool; either value works (default True).
+        file_suffix: Read the file of each rank folder whose name ends with this (None: MindSpore's
+            rule for choosing one).
+        max_process_num: An int >= 1, checked for compatibility; it does not size reshard's IO
+            threads (default 64).
+        choice_func: False moves a parameter to ``hyper_param.safetensors``, a str renames it (None:
+            every parameter kept as named).
+        split_dst_file: ``(index, count)``: write only part ``index`` of ``count`` (default ``()``: all).
+
+    Returns:
+        None.
+
+    Raises:
+        UsageError: A wrong argument, ``src_dir`` a file or not rank folders of ``.safetensors``,
+            a missing or empty strategy file, a ``split_dst_file`` that selects no part, or a
+            destination inside the source or held by another run.
+        LayoutError: The strategy does not fit the tensors or the rank folders.
+        FormatError: A source or strategy file is truncated, corrupted or not what it claims.
+        UnsupportedError: A source holds entries reshard deliberately does not handle.
+        ReshardError: An output cannot be written (a full disk, say); what the run wrote is removed.
+
+    Example:
+        from reshard import mindspore as ms
+        ms.unified_safetensors("demo/st_8ranks", "demo/merged/src_strategy.ckpt", "unified")
     """
     src = _path(src_dir, "src_dir")
     if os.path.isfile(src):
@@ -910,6 +1157,43 @@ def load_distributed_checkpoint(
     for ``rank_id`` or every rank. With ``return_param_dict=True`` and a ``rank_id`` the rank's
     tensors are returned as ``{name: numpy array}`` (sorted names) — a framework-free load; files
     are then only written if ``dst_safetensors_dir`` is given.
+
+    Args:
+        network: Must be None (there are no networks without MindSpore).
+        checkpoint_filenames: Must be None (the legacy ``.ckpt`` path is not supported).
+        predict_strategy: The destination strategy file (required).
+        train_strategy_filename: Must be None.
+        strict_load: Must keep its default False.
+        dec_key: Must be None.
+        dec_mode: Must keep its default ``"AES-GCM"``.
+        format: Must be ``"safetensors"`` (the default ``"ckpt"`` is refused).
+        unified_safetensors_dir: The unified model (``unified_safetensors``'s output, or a Hugging
+            Face model); required.
+        dst_safetensors_dir: The output folder (None: nothing written; then ``return_param_dict``).
+        rank_id: Only this destination rank (None: every rank).
+        output_format: ``"safetensors"`` (default) or ``"ckpt"``.
+        name_map: Output name -> name in the unified model (None: names kept).
+        max_process_num: An int >= 1, checked for compatibility; it does not size reshard's IO
+            threads (default 64).
+        return_param_dict: Return ``rank_id``'s tensors instead of (or besides) writing them.
+
+    Returns:
+        ``{name: numpy array | str}`` of ``rank_id`` with ``return_param_dict=True``; None otherwise.
+
+    Raises:
+        UnsupportedError: A network, ``format="ckpt"``, or a missing or non-path ``predict_strategy``.
+        UsageError: A legacy argument not at its default, no ``unified_safetensors_dir``, a wrong
+            argument, ``rank_id`` out of range, ``return_param_dict`` without ``rank_id``, no
+            ``dst_safetensors_dir`` without ``return_param_dict``, or a refused destination.
+        LayoutError: The strategy does not fit the tensors.
+        FormatError: A unified file or the strategy is truncated, corrupted or not what it claims.
+
+    Example:
+        from reshard import mindspore as ms
+        ms.unified_safetensors("demo/st_8ranks", "demo/merged/src_strategy.ckpt", "unified")
+        params = ms.load_distributed_checkpoint(None, predict_strategy="demo/merged/dst_strategy.ckpt",
+                                                format="safetensors", unified_safetensors_dir="unified",
+                                                rank_id=0, return_param_dict=True)
     """
     if network is not None:
         raise UnsupportedError(

@@ -124,3 +124,6 @@ def write_stage_strategies(folder: str, strategies: list[StrategyFile], devices_
         write_strategy(path, sf)
         paths.append(path)
     return paths
+
+
+__all__ = ["COLUMN", "REPLICATED_1D", "ROW", "ModelShape", "full_model", "stage_strategies", "write_stage_strategies"]

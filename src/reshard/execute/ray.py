@@ -322,4 +322,4 @@ def runner(read: ReadOptions | None, run: RunOptions) -> Callable[[Plan, WriteOp
     return run_on_ray
 
 
-__all__ = ["NO_OPENER", "RayOptions", "run_plan_ray", "runner"]
+__all__ = ["NO_OPENER", "PROBE_SECONDS", "RayOptions", "probe_address", "run_plan_ray", "runner"]

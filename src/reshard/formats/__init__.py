@@ -5,3 +5,5 @@ shapes and byte ranges over a memory map, zero-copy) and a writer that first com
 :class:`~reshard.formats.base.FileLayout` (where every framing byte and every tensor's data goes)
 so that executors can fill tensor data in place, in any order, without holding a tensor whole.
 """
+
+__all__: list[str] = []  # the submodules are the interface

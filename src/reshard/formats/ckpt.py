@@ -596,5 +596,5 @@ def write_encrypted(
             raise ReshardError(f"write failed: {exc.strerror or exc}", path) from None
 
 
-__all__ = ["SLICE_BYTES", "CkptProbe", "ckpt_layout", "crc_finish", "ends_with_crc_trailer", "probe_ckpt", "read_ckpt",
-           "save_ckpt"]
+__all__ = ["CRC_TRAILER_BYTES", "SLICE_BYTES", "CkptProbe", "ckpt_layout", "crc_finish", "ends_with_crc_trailer",
+           "probe_ckpt", "read_ckpt", "save_ckpt", "write_encrypted"]

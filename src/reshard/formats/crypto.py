@@ -393,3 +393,10 @@ def _key_from_env(env_var: str) -> bytes:
     if len(digits) % 2 or not set(digits) <= _HEX_KEY_CHARS:
         raise UsageError(f"the key environment variable {env_var} must hold the key as hex digits")
     return bytes.fromhex(digits)
+
+
+__all__ = [
+    "AES_KEY_BYTES", "BLOCK_BYTES", "CIPHER_BLOCK_BYTES", "GCM_NONCE_BYTES", "IV_BYTES", "KEY_FORMATS", "MAGIC_AES_CBC",
+    "MAGIC_AES_GCM", "MAGIC_SM4_CBC", "MODES", "SM4_KEY_BYTES", "TAG_BYTES", "ambiguous_key_file", "check_key",
+    "decrypt_stream", "encrypt_stream", "encrypted_mode", "load_key",
+]

@@ -184,3 +184,9 @@ def rank_output(dst_dir: str, rank: int, prefix: str, fmt: str, part: int | None
     check_prefix(prefix)
     tail = f"_part{part}" if part is not None else ""
     return os.path.join(rank_dir(dst_dir, rank), f"{prefix}{rank}{tail}.{fmt}")
+
+
+__all__ = [
+    "FORMATS", "PICKS", "PICK_RULES", "RULE_TEXT", "UNSAFE_PREFIX_PARTS", "RankFile", "check_prefix", "choose_file",
+    "collect_rank_files", "detect_format", "files_in", "pick_file", "rank_dir", "rank_dirs", "rank_output",
+]

@@ -352,3 +352,9 @@ def _little_endian(value: Any) -> Any:
     if array.dtype.byteorder == ">":
         return array.astype(array.dtype.newbyteorder("<"))
     return array
+
+
+__all__ = [
+    "FORMAT", "INT4_MARKER", "METADATA_KEY", "int4_metadata", "read_safetensors", "safetensors_layout",
+    "save_safetensors",
+]

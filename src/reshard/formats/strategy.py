@@ -665,3 +665,11 @@ def _check_unprefixed(name: str, path: str) -> None:
             " survive a merge (MindSpore splits merged names at '-')",
             path,
         )
+
+
+__all__ = [
+    "DEFAULT_OP_NAME", "DEFAULT_OP_STRATEGY", "FORMATS", "FRESH_CURRENT_STAGE", "JSON", "JSON_SUFFIX",
+    "MERGED_CURRENT_STAGE", "PROTOBUF", "PROTOBUF_SUFFIX", "StrategyFile", "StrategyItem", "encode_strategy",
+    "find_strategy_files", "format_of", "is_merged_file", "load_strategy", "make_strategy", "merge_pipeline_strategies",
+    "merge_strategy_files", "message_classes", "read_strategy", "write_strategy",
+]

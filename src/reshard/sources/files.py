@@ -23,7 +23,33 @@ INDEX_THREADS = 8  # source files indexed at once while planning (the scans wait
 
 
 def open_checkpoint(path: str, options: ReadOptions | None = None) -> TensorIndex:
-    """Index a ``.ckpt`` or ``.safetensors`` file (zero-copy views over a memory map)."""
+    """Index a ``.ckpt`` or ``.safetensors`` file (zero-copy views over a memory map).
+
+    Only the header is read; tensor data is read when an array is used. Close the index (or use it
+    as a context manager) to release the map.
+
+    Args:
+        path: The checkpoint file; its extension says the format.
+        options: Decryption key and mode, and ``verify_crc`` (None: ``ReadOptions()``: no key, a crc
+            trailer checked when the file has one).
+
+    Returns:
+        A ``TensorIndex``: ``entries`` (name -> dtype, shape, byte ranges), ``metadata``,
+        ``array(name)`` (a numpy view) and ``value(name)`` (an array or a str).
+
+    Raises:
+        UsageError: No such file, or a name ending neither in ``.ckpt`` nor ``.safetensors``.
+        FormatError: The file is truncated, corrupted or not what its extension says.
+        CryptoError: An encrypted ``.ckpt`` does not decrypt with ``options.dec_key`` / ``dec_mode``.
+        IntegrityError: The ``.ckpt`` crc trailer does not match (checked when ``options.verify_crc``).
+        UnsupportedError: The file holds entries reshard deliberately does not handle (``MapTensor``).
+
+    Example:
+        from reshard import api
+        with api.open_checkpoint("demo/full/model.ckpt") as index:
+            name = next(iter(index.entries))
+            w = index.array(name).copy()
+    """
     options = options or ReadOptions()
     fmt = layout_dir.detect_format(path)
     if not os.path.isfile(path):
@@ -43,7 +69,30 @@ def has_crc_trailer(path: str) -> bool:
 
 
 def source_file(path: str, rank: int = 0, options: ReadOptions | None = None) -> SourceFile:
-    """Header facts of one checkpoint (dtypes, shapes, metadata) for planning."""
+    """Header facts of one checkpoint (dtypes, shapes, metadata) for planning.
+
+    Args:
+        path: The checkpoint file.
+        rank: The rank the file belongs to (default 0: a full model).
+        options: Decryption key and mode, and ``verify_crc`` (None: ``ReadOptions()``: no key, a crc
+            trailer checked when the file has one).
+
+    Returns:
+        A ``SourceFile``: the path, the rank, ``tensors`` (name -> dtype, shape, bytes), the
+        metadata and the string values.
+
+    Raises:
+        UsageError: No such file, or not a ``.ckpt`` / ``.safetensors`` file.
+        FormatError: The file is truncated, corrupted or not what its extension says.
+        CryptoError: An encrypted ``.ckpt`` does not decrypt with ``options.dec_key`` / ``dec_mode``.
+        IntegrityError: The ``.ckpt`` crc trailer does not match (checked when ``options.verify_crc``).
+        UnsupportedError: The file holds entries reshard deliberately does not handle (``MapTensor``).
+
+    Example:
+        from reshard import api
+        facts = api.source_file("demo/ckpt_8ranks/rank_3/checkpoint_3.ckpt", rank=3)
+        shapes = {name: t.shape for name, t in facts.tensors.items()}
+    """
     with open_checkpoint(path, options) as index:
         tensors = {name: SourceTensor(e.dtype, e.shape, e.nbytes) for name, e in index.entries.items()}
         strings = {name: str(index.value(name)) for name, e in index.entries.items() if e.is_string}

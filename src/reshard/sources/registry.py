@@ -81,6 +81,29 @@ def unified_index(path: str, name_map: Mapping[str, str] | None = None,
     ``path`` is a unified folder (``part<j>.safetensors`` + ``param_name_map.json``), a Hugging
     Face folder or index file (checked against its shards), or one full checkpoint (a file, or a
     folder holding one): its keys, translated back through the inverted ``name_map``, are the names.
+
+    Args:
+        path: The full model.
+        name_map: Output name -> name in the model; its inverse translates a keyed model's names
+            (None: names kept).
+        options: Read options for the model's files (None: ``ReadOptions()``).
+
+    Returns:
+        ``(files, mapping, hyper)``: file name -> ``SourceFile`` header facts, parameter name -> file
+        name, and the facts of ``hyper_param.safetensors`` (None when there is none).
+
+    Raises:
+        UsageError: The path is missing, empty, or not a full model reshard reads.
+        FormatError: A file or index is truncated or corrupted, or an index disagrees with its shards.
+        CryptoError: An encrypted ``.ckpt`` does not decrypt with the key given.
+        IntegrityError: A ``.ckpt`` crc trailer does not match.
+        UnsupportedError: A file holds entries reshard deliberately does not handle.
+
+    Example:
+        from reshard import api
+        files, mapping, hyper = api.unified_index("demo/full/model.ckpt")
+        api.unify("demo/st_8ranks", "demo/strategy_8", "unified")
+        files, mapping, hyper = api.unified_index("unified")
     """
     opened = open_source(path, FULL_MODELS, options)
     mapping = opened.weight_map
