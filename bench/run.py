@@ -322,6 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scaling", default="", help="also run these sizes for reshard and cp, e.g. 0.5G,1G,2G,4G")
     p.add_argument("--mindspore-scaling", action="store_true", help="include MindSpore in the scaling series")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="do not check outputs")
+    p.add_argument("--crc-sources", action="store_true",
+                   help="rank .ckpt inputs carry crc trailers, so the .ckpt rows include the (default) crc check")
     p.add_argument("--no-settle", dest="settle", action="store_false",
                    help="skip waiting for writeback before each timing (smoke tests only: timings are then noise)")
     p.add_argument("--no-plan", action="store_true", help="skip the planning micro-benchmark")
@@ -347,8 +349,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _workload(args: argparse.Namespace, size: int) -> Workload:
-    root = os.path.join(os.path.abspath(args.work), f"model-{size_label(size)}-{args.dtype}")
-    return Workload.layout(root, size, args.dtype, args.hidden)
+    crc = "-crc" if args.crc_sources else ""
+    root = os.path.join(os.path.abspath(args.work), f"model-{size_label(size)}-{args.dtype}{crc}")
+    return Workload.layout(root, size, args.dtype, args.hidden, args.crc_sources)
 
 
 def _main(args: argparse.Namespace, keys: list[str]) -> int:

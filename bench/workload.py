@@ -104,15 +104,16 @@ class Workload:
     ranks4_ckpt: str
     ranks4_st: str
     unified: str
+    crc: bool = False  # the .ckpt rank shards carry crc trailers (checked on every read by default)
 
     @classmethod
-    def layout(cls, root: str, target: int, dtype: str, hidden: int | None = None) -> Workload:
+    def layout(cls, root: str, target: int, dtype: str, hidden: int | None = None, crc: bool = False) -> Workload:
         shape = choose_shape(target, dtype, hidden)
         j = lambda *p: os.path.join(root, *p)  # noqa: E731
         return cls(root, target, dtype, shape.hidden, shape.layers, model_bytes(shape, dtype),
                    largest_tensor(shape, dtype), j("full", "rank_0", "model.ckpt"), j("strategy", "ranks8.ckpt"),
                    j("strategy", "ranks4.ckpt"), j("ranks8_ckpt"), j("ranks8_st"), j("ranks4_ckpt"),
-                   j("ranks4_st"), j("unified"))
+                   j("ranks4_st"), j("unified"), crc)
 
     @property
     def shape(self) -> ModelShape:
@@ -135,6 +136,7 @@ def generate(w: Workload) -> dict[str, float]:
     import measure  # bench/ is on sys.path: this file runs as a script
 
     from reshard import api
+    from reshard.execute.options import WriteOptions
     from reshard.formats.ckpt import save_ckpt
     from reshard.formats.strategy import merge_pipeline_strategies
     from reshard.synthetic import full_model, stage_strategies, write_stage_strategies
@@ -146,6 +148,7 @@ def generate(w: Workload) -> dict[str, float]:
     def step(name: str, start: float) -> None:
         steps[name] = round(time.perf_counter() - start, 3)
 
+    crc = WriteOptions(write_crc=w.crc)
     t = time.perf_counter()
     save_ckpt(w.full_ckpt, full_model(w.shape, DTYPES[w.dtype][0]))
     step("full model", t)
@@ -156,9 +159,9 @@ def generate(w: Workload) -> dict[str, float]:
         write_stage_strategies(folder, stage_strategies(w.shape, dp, mp, pp, opt), dp * mp)
         merge_pipeline_strategies(folder, merged)
     for label, func in (
-        ("8 ranks .ckpt", lambda: api.transform(w.full_ckpt, w.ranks8_ckpt, None, w.strategy8)),
+        ("8 ranks .ckpt", lambda: api.transform(w.full_ckpt, w.ranks8_ckpt, None, w.strategy8, write=crc)),
         ("8 ranks .safetensors", lambda: api.convert(w.ranks8_ckpt, w.ranks8_st, "safetensors")),
-        ("4 ranks .ckpt", lambda: api.transform(w.full_ckpt, w.ranks4_ckpt, None, w.strategy4)),
+        ("4 ranks .ckpt", lambda: api.transform(w.full_ckpt, w.ranks4_ckpt, None, w.strategy4, write=crc)),
         ("4 ranks .safetensors", lambda: api.convert(w.ranks4_ckpt, w.ranks4_st, "safetensors")),
         ("unified .safetensors", lambda: api.unify(w.ranks8_st, w.strategy8, w.unified)),
     ):
