@@ -119,8 +119,9 @@ class _TreePoller(threading.Thread):
         self.join()
 
 
-def run_measured(argv: Sequence[str], log_prefix: str, env: dict[str, str] | None = None,
-                 cwd: str | None = None) -> Measurement:
+def run_measured(
+    argv: Sequence[str], log_prefix: str, env: dict[str, str] | None = None, cwd: str | None = None
+) -> Measurement:
     """Run ``argv`` to completion under ``spawn.py``; raise ``ContestantError`` if it fails.
 
     stdout/stderr go to ``log_prefix``.out/.err files (never pipes: a chatty child must not block).
@@ -143,8 +144,9 @@ def run_measured(argv: Sequence[str], log_prefix: str, env: dict[str, str] | Non
     maxrss = int(spawned["maxrss_kib"]) * 1024
     wall = float(spawned["wall"])
     call = _reported_call_time(out_path)
-    return Measurement(wall, wall if call is None else call, max(maxrss, poller.peak), maxrss, poller.peak,
-                       poller.most, pressure)
+    return Measurement(
+        wall, wall if call is None else call, max(maxrss, poller.peak), maxrss, poller.peak, poller.most, pressure
+    )
 
 
 def cpu_pressure() -> float:
@@ -168,7 +170,7 @@ def _reported_call_time(out_path: str) -> float | None:
     at = text.rfind(RESULT_MARKER)
     if at < 0:
         return None
-    return float(json.loads(text[at + len(RESULT_MARKER):].strip().splitlines()[0])["call"])
+    return float(json.loads(text[at + len(RESULT_MARKER) :].strip().splitlines()[0])["call"])
 
 
 # ------------------------------------------------------------------------------------ files and cache

@@ -52,51 +52,124 @@ def operations(w: Workload) -> list[Operation]:
     s8, s4 = w.strategy8, w.strategy4
 
     def ms_transform(src: str, dst_strategy: str | None, fmt: str) -> Callable[[str, int], dict[str, Any]]:
-        return lambda out, procs: {"fn": "transform_checkpoints", "kwargs": {
-            "src_checkpoints_dir": src, "dst_checkpoints_dir": out, "ckpt_prefix": "checkpoint_",
-            "src_strategy_file": s8, "dst_strategy_file": dst_strategy, "process_num": procs, "output_format": fmt}}
+        return lambda out, procs: {
+            "fn": "transform_checkpoints",
+            "kwargs": {
+                "src_checkpoints_dir": src,
+                "dst_checkpoints_dir": out,
+                "ckpt_prefix": "checkpoint_",
+                "src_strategy_file": s8,
+                "dst_strategy_file": dst_strategy,
+                "process_num": procs,
+                "output_format": fmt,
+            },
+        }
 
     def dropin_transform(out: str) -> dict[str, Any]:
         """One call, run by ``reshard.mindspore`` and by MindSpore alike: MindSpore's defaults
         (``process_num=1``), as a script written for MindSpore calls it."""
-        return {"src_checkpoints_dir": w.ranks8_ckpt, "dst_checkpoints_dir": out, "ckpt_prefix": "checkpoint_",
-                "src_strategy_file": s8, "dst_strategy_file": s4}
+        return {
+            "src_checkpoints_dir": w.ranks8_ckpt,
+            "dst_checkpoints_dir": out,
+            "ckpt_prefix": "checkpoint_",
+            "src_strategy_file": s8,
+            "dst_strategy_file": s4,
+        }
 
     return [
-        Operation("transform_ckpt", "transform 8→4 ranks (.ckpt)", (w.ranks8_ckpt, s8, s4),
-                  lambda out: ["transform", "--src", w.ranks8_ckpt, "--dst", out, "--src-strategy", s8,
-                               "--dst-strategy", s4],
-                  ms_transform(w.ranks8_ckpt, s4, "ckpt"), "transform_checkpoints (.ckpt)", CKPT_PATH_TARGET,
-                  lambda: w.ranks4_ckpt, True),
-        Operation("transform_st", "transform 8→4 ranks (.safetensors)", (w.ranks8_st, s8, s4),
-                  lambda out: ["transform", "--src", w.ranks8_st, "--dst", out, "--src-strategy", s8,
-                               "--dst-strategy", s4],
-                  ms_transform(w.ranks8_st, s4, "safetensors"), "transform_checkpoints (safetensors)",
-                  SAFETENSORS_PATH_TARGET, lambda: w.ranks4_st, True),
-        Operation("merge_ckpt", "merge 8 ranks→full (.ckpt)", (w.ranks8_ckpt, s8),
-                  lambda out: ["transform", "--src", w.ranks8_ckpt, "--dst", out, "--src-strategy", s8],
-                  ms_transform(w.ranks8_ckpt, None, "ckpt"), "transform_checkpoints (.ckpt, dst None)",
-                  CKPT_PATH_TARGET, lambda: w.full_ckpt, False),
-        Operation("unify", "unify 8 ranks→full (.safetensors)", (w.ranks8_st, s8),
-                  lambda out: ["unify", w.ranks8_st, out, "--strategy", s8],
-                  lambda out, procs: {"fn": "unified_safetensors", "kwargs": {
-                      "src_dir": w.ranks8_st, "src_strategy_file": s8, "dst_dir": out, "max_process_num": procs}},
-                  "unified_safetensors", SAFETENSORS_PATH_TARGET, lambda: w.full_ckpt, False),
-        Operation("split", "split full→8 ranks (.safetensors)", (w.unified, s8),
-                  lambda out: ["split", w.unified, out, "--strategy", s8],
-                  lambda out, procs: {"fn": "load_distributed_checkpoint", "args": [None], "kwargs": {
-                      "format": "safetensors", "predict_strategy": s8, "unified_safetensors_dir": w.unified,
-                      "dst_safetensors_dir": out, "max_process_num": procs}},
-                  "load_distributed_checkpoint (save mode)", SAFETENSORS_PATH_TARGET, lambda: w.ranks8_st, True),
-        Operation("dropin_transform", "drop-in transform_checkpoints 8→4 ranks (.ckpt)", (w.ranks8_ckpt, s8, s4),
-                  lambda out: {"dropin": "transform_checkpoints", "kwargs": dropin_transform(out)},
-                  lambda out, procs: {"fn": "transform_checkpoints", "kwargs": dropin_transform(out)},
-                  "transform_checkpoints (.ckpt, same call)", CKPT_PATH_TARGET, lambda: w.ranks4_ckpt, True),
-        Operation("convert", "convert .ckpt→.safetensors (8 ranks)", (w.ranks8_ckpt,),
-                  lambda out: ["convert", w.ranks8_ckpt, out, "--to", "safetensors"],
-                  lambda out, procs: {"fn": "ckpt_to_safetensors", "kwargs": {
-                      "file_path": w.ranks8_ckpt, "save_path": out, "processes_num": procs}},
-                  "ckpt_to_safetensors", SAFETENSORS_PATH_TARGET, lambda: w.ranks8_ckpt, True),
+        Operation(
+            "transform_ckpt",
+            "transform 8→4 ranks (.ckpt)",
+            (w.ranks8_ckpt, s8, s4),
+            lambda out: ["transform", "--src", w.ranks8_ckpt, "--dst", out, "--src-strategy", s8, "--dst-strategy", s4],
+            ms_transform(w.ranks8_ckpt, s4, "ckpt"),
+            "transform_checkpoints (.ckpt)",
+            CKPT_PATH_TARGET,
+            lambda: w.ranks4_ckpt,
+            True,
+        ),
+        Operation(
+            "transform_st",
+            "transform 8→4 ranks (.safetensors)",
+            (w.ranks8_st, s8, s4),
+            lambda out: ["transform", "--src", w.ranks8_st, "--dst", out, "--src-strategy", s8, "--dst-strategy", s4],
+            ms_transform(w.ranks8_st, s4, "safetensors"),
+            "transform_checkpoints (safetensors)",
+            SAFETENSORS_PATH_TARGET,
+            lambda: w.ranks4_st,
+            True,
+        ),
+        Operation(
+            "merge_ckpt",
+            "merge 8 ranks→full (.ckpt)",
+            (w.ranks8_ckpt, s8),
+            lambda out: ["transform", "--src", w.ranks8_ckpt, "--dst", out, "--src-strategy", s8],
+            ms_transform(w.ranks8_ckpt, None, "ckpt"),
+            "transform_checkpoints (.ckpt, dst None)",
+            CKPT_PATH_TARGET,
+            lambda: w.full_ckpt,
+            False,
+        ),
+        Operation(
+            "unify",
+            "unify 8 ranks→full (.safetensors)",
+            (w.ranks8_st, s8),
+            lambda out: ["unify", w.ranks8_st, out, "--strategy", s8],
+            lambda out, procs: {
+                "fn": "unified_safetensors",
+                "kwargs": {"src_dir": w.ranks8_st, "src_strategy_file": s8, "dst_dir": out, "max_process_num": procs},
+            },
+            "unified_safetensors",
+            SAFETENSORS_PATH_TARGET,
+            lambda: w.full_ckpt,
+            False,
+        ),
+        Operation(
+            "split",
+            "split full→8 ranks (.safetensors)",
+            (w.unified, s8),
+            lambda out: ["split", w.unified, out, "--strategy", s8],
+            lambda out, procs: {
+                "fn": "load_distributed_checkpoint",
+                "args": [None],
+                "kwargs": {
+                    "format": "safetensors",
+                    "predict_strategy": s8,
+                    "unified_safetensors_dir": w.unified,
+                    "dst_safetensors_dir": out,
+                    "max_process_num": procs,
+                },
+            },
+            "load_distributed_checkpoint (save mode)",
+            SAFETENSORS_PATH_TARGET,
+            lambda: w.ranks8_st,
+            True,
+        ),
+        Operation(
+            "dropin_transform",
+            "drop-in transform_checkpoints 8→4 ranks (.ckpt)",
+            (w.ranks8_ckpt, s8, s4),
+            lambda out: {"dropin": "transform_checkpoints", "kwargs": dropin_transform(out)},
+            lambda out, procs: {"fn": "transform_checkpoints", "kwargs": dropin_transform(out)},
+            "transform_checkpoints (.ckpt, same call)",
+            CKPT_PATH_TARGET,
+            lambda: w.ranks4_ckpt,
+            True,
+        ),
+        Operation(
+            "convert",
+            "convert .ckpt→.safetensors (8 ranks)",
+            (w.ranks8_ckpt,),
+            lambda out: ["convert", w.ranks8_ckpt, out, "--to", "safetensors"],
+            lambda out, procs: {
+                "fn": "ckpt_to_safetensors",
+                "kwargs": {"file_path": w.ranks8_ckpt, "save_path": out, "processes_num": procs},
+            },
+            "ckpt_to_safetensors",
+            SAFETENSORS_PATH_TARGET,
+            lambda: w.ranks8_ckpt,
+            True,
+        ),
     ]
 
 

@@ -112,8 +112,14 @@ def time_plan(params: int, dst_ranks: int, pp: int) -> dict[str, Any]:
     built = sum(len(tuple(f.tensors)) for f in plan.files)
     materialise = time.perf_counter() - start
     assert built == s["tensors"]
-    return {"seconds": seconds, "validate_seconds": validate, "materialise_seconds": materialise,
-            "tensors": s["tensors"], "copies": s["copies"], "outputs": s["outputs"]}
+    return {
+        "seconds": seconds,
+        "validate_seconds": validate,
+        "materialise_seconds": materialise,
+        "tensors": s["tensors"],
+        "copies": s["copies"],
+        "outputs": s["outputs"],
+    }
 
 
 def time_layout(params: int, dst_ranks: int, pp: int) -> dict[str, Any]:
@@ -162,8 +168,18 @@ MODES = {"plan": time_plan, "layout": time_layout}
 
 def _fresh(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """Run one timing in a new interpreter (empty layout caches)."""
-    argv = [sys.executable, os.path.abspath(__file__), "--one", mode, "--params", str(args.params),
-            "--ranks", str(args.ranks), "--pp", str(args.pp)]
+    argv = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--one",
+        mode,
+        "--params",
+        str(args.params),
+        "--ranks",
+        str(args.ranks),
+        "--pp",
+        str(args.pp),
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"plan_bench: {mode} run failed:\n{proc.stderr[-3000:]}")
@@ -182,13 +198,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     layouts = _timings("layout", args)
     best = min(p["seconds"] for p in plans)
     result: dict[str, Any] = {
-        "params": args.params, "dst_ranks": args.ranks, "pp": args.pp, "src_ranks": SRC_DEV[0] * SRC_DEV[1],
-        "repeat": len(plans), "plan_seconds": best, "plan_runs": [p["seconds"] for p in plans],
+        "params": args.params,
+        "dst_ranks": args.ranks,
+        "pp": args.pp,
+        "src_ranks": SRC_DEV[0] * SRC_DEV[1],
+        "repeat": len(plans),
+        "plan_seconds": best,
+        "plan_runs": [p["seconds"] for p in plans],
         "validate_seconds": min(p["validate_seconds"] for p in plans),
         "materialise_seconds": min(p["materialise_seconds"] for p in plans),
-        "layout_seconds": min(x["seconds"] for x in layouts), "layout_runs": [x["seconds"] for x in layouts],
-        "tensors": plans[0]["tensors"], "copies": plans[0]["copies"], "outputs": plans[0]["outputs"],
-        "pieces": layouts[0]["pieces"], "target_seconds": SLOW_SECONDS,
+        "layout_seconds": min(x["seconds"] for x in layouts),
+        "layout_runs": [x["seconds"] for x in layouts],
+        "tensors": plans[0]["tensors"],
+        "copies": plans[0]["copies"],
+        "outputs": plans[0]["outputs"],
+        "pieces": layouts[0]["pieces"],
+        "target_seconds": SLOW_SECONDS,
     }
     if args.profile or best > SLOW_SECONDS:
         ranks = args.ranks if args.profile else max(DST_MP * args.pp, args.ranks // PROFILE_SHRINK)
@@ -203,8 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", type=int, default=1024, help="destination ranks in total (multiple of 16 x pp)")
     p.add_argument("--pp", type=int, default=1, help="destination pipeline stages")
     p.add_argument("--repeat", type=int, default=3, help="fresh-process runs per timing; the best counts")
-    p.add_argument("--profile", action="store_true",
-                   help="profile one full-size planning run (a slow plan is profiled anyway, on ranks / 8)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile one full-size planning run (a slow plan is profiled anyway, on ranks / 8)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
     p.add_argument("--one", choices=sorted(MODES), help=argparse.SUPPRESS)  # internal: one fresh-process timing
     args = p.parse_args(argv)
@@ -217,15 +245,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"plan_transform, {args.params} parameters x {args.ranks} destination ranks ({args.pp} stage(s)), "
-          f"source {result['src_ranks']} ranks: {result['tensors']:,} tensor plans, {result['copies']:,} copies")
-    print(f"  plan_transform + summary(): best {result['plan_seconds']:.3f} s of {result['repeat']} "
-          f"({', '.join(f'{s:.3f}' for s in result['plan_runs'])}); target < {SLOW_SECONDS:g} s")
+    print(
+        f"plan_transform, {args.params} parameters x {args.ranks} destination ranks ({args.pp} stage(s)), "
+        f"source {result['src_ranks']} ranks: {result['tensors']:,} tensor plans, {result['copies']:,} copies"
+    )
+    print(
+        f"  plan_transform + summary(): best {result['plan_seconds']:.3f} s of {result['repeat']} "
+        f"({', '.join(f'{s:.3f}' for s in result['plan_runs'])}); target < {SLOW_SECONDS:g} s"
+    )
     print(f"  validate_plan (what every run checks before writing): best {result['validate_seconds']:.3f} s")
-    print(f"  building every TensorPlan afterwards (executors do it file by file): "
-          f"best {result['materialise_seconds']:.3f} s")
-    print(f"  layout engine alone: best {result['layout_seconds']:.3f} s "
-          f"({result['pieces']:,} transfer pieces in distinct tables)")
+    print(
+        f"  building every TensorPlan afterwards (executors do it file by file): "
+        f"best {result['materialise_seconds']:.3f} s"
+    )
+    print(
+        f"  layout engine alone: best {result['layout_seconds']:.3f} s "
+        f"({result['pieces']:,} transfer pieces in distinct tables)"
+    )
     if "profile" in result:
         print(f"cProfile of plan_transform with {result['profile_ranks']} destination ranks:")
         print(result["profile"])

@@ -87,24 +87,40 @@ def summarize_collapsed(text: str) -> dict[str, Any]:
     }
 
 
-def profile_reshard(child: str, cli_args: list[str] | dict[str, Any], log_prefix: str,
-                    env: dict[str, str]) -> dict[str, Any]:
+def profile_reshard(
+    child: str, cli_args: list[str] | dict[str, Any], log_prefix: str, env: dict[str, str]
+) -> dict[str, Any]:
     """Run ``rs_child.py`` with ``cli_args`` (or a drop-in call) once under a profiler; the caller
     deletes the output."""
     if shutil.which("py-spy"):
         raw = log_prefix + ".pyspy.txt"
-        argv = ["py-spy", "record", "--idle", "--threads", "--rate", str(PYSPY_RATE), "--format", "raw",
-                "-o", raw, "--", sys.executable, child, json.dumps(cli_args)]
+        argv = [
+            "py-spy",
+            "record",
+            "--idle",
+            "--threads",
+            "--rate",
+            str(PYSPY_RATE),
+            "--format",
+            "raw",
+            "-o",
+            raw,
+            "--",
+            sys.executable,
+            child,
+            json.dumps(cli_args),
+        ]
         proc = subprocess.run(argv, capture_output=True, text=True, env=env)
         if proc.returncode == 0 and os.path.isfile(raw):
             with open(raw, encoding="utf-8") as fh:
                 return {"tool": f"py-spy --idle --threads, {PYSPY_RATE} Hz", **summarize_collapsed(fh.read())}
     stats_path = log_prefix + ".pstats"
-    code = (f"import cProfile, json, sys; sys.path.insert(0, {os.path.dirname(child)!r}); import rs_child; "
-            f"run = rs_child.load(json.loads(sys.argv[1])); cProfile.run('run()', {stats_path!r})")
+    code = (
+        f"import cProfile, json, sys; sys.path.insert(0, {os.path.dirname(child)!r}); import rs_child; "
+        f"run = rs_child.load(json.loads(sys.argv[1])); cProfile.run('run()', {stats_path!r})"
+    )
     job = [*cli_args, "--workers", "1"] if isinstance(cli_args, list) else cli_args
-    subprocess.run([sys.executable, "-c", code, json.dumps(job)], capture_output=True, text=True, env=env,
-                   check=True)
+    subprocess.run([sys.executable, "-c", code, json.dumps(job)], capture_output=True, text=True, env=env, check=True)
     tool = "cProfile, --workers 1" if isinstance(cli_args, list) else "cProfile, main thread only"
     return {"tool": f"{tool} (py-spy not installed)", "text": cprofile_text(stats_path)}
 
@@ -120,11 +136,12 @@ def format_profile(p: dict[str, Any]) -> str:
     """Plain text for the report: the two top lists, percentages of all samples."""
     if "text" in p:
         return f"({p['tool']})\n{p['text']}"
-    lines = [f"({p['tool']}: {p['samples']} busy samples over {p['threads']} threads, "
-             f"{p['waiting_samples']} samples of threads waiting on other threads left out)", "own time:"]
+    lines = [
+        f"({p['tool']}: {p['samples']} busy samples over {p['threads']} threads, "
+        f"{p['waiting_samples']} samples of threads waiting on other threads left out)",
+        "own time:",
+    ]
     lines += [f"  {share * 100:5.1f}%  {func}" for func, share in p["own"]]
     lines.append("inclusive:")
     lines += [f"  {share * 100:5.1f}%  {func}" for func, share in p["inclusive"]]
     return "\n".join(lines)
-
-

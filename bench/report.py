@@ -64,14 +64,18 @@ def main_table(main: dict[str, Any]) -> list[str]:
         rs, cp, ms, r = op["reshard"], op["cp"], op.get("mindspore"), op["ratios"]
         ms_cells = ["—", "—", "—"]
         if ms:
-            ms_cells = [f"{_s(ms['wall'])} ({_s(ms['call'])})",
-                        f"{_x(r['ms_reshard_wall'])} ({_x(r['ms_reshard_call'])})", _mib(ms["peak_rss"])]
+            ms_cells = [
+                f"{_s(ms['wall'])} ({_s(ms['call'])})",
+                f"{_x(r['ms_reshard_wall'])} ({_x(r['ms_reshard_call'])})",
+                _mib(ms["peak_rss"]),
+            ]
         elif op.get("mindspore_error"):
             ms_cells = ["failed", "—", "—"]
         lines.append(
             f"| {op['title']} | {_gb(op['output_bytes'])} | {_s(cp['wall'])} | {_s(rs['wall'])} ({_s(rs['call'])}) "
             f"| {_x(r['reshard_cp_wall'])} ({_x(r['reshard_cp_call'])}) | {_mib(rs['peak_rss'])} | {op['ms_call']} "
-            f"| {' | '.join(ms_cells)} |")
+            f"| {' | '.join(ms_cells)} |"
+        )
     return lines
 
 
@@ -79,10 +83,12 @@ def targets(main: dict[str, Any]) -> list[str]:
     """One line per target of issue 4, with the operations that miss it."""
     ops = main["operations"]
     budget = _rss_budget(main["workload"])
-    slow_cp = [f"{o['key']} {_x(o['ratios']['reshard_cp_wall'])}" for o in ops
-               if o["ratios"]["reshard_cp_wall"] > CP_TARGET]
-    slow_cp_call = [f"{o['key']} {_x(o['ratios']['reshard_cp_call'])}" for o in ops
-                    if o["ratios"]["reshard_cp_call"] > CP_TARGET]
+    slow_cp = [
+        f"{o['key']} {_x(o['ratios']['reshard_cp_wall'])}" for o in ops if o["ratios"]["reshard_cp_wall"] > CP_TARGET
+    ]
+    slow_cp_call = [
+        f"{o['key']} {_x(o['ratios']['reshard_cp_call'])}" for o in ops if o["ratios"]["reshard_cp_call"] > CP_TARGET
+    ]
     fat = [f"{o['key']} {_mib(o['reshard']['peak_rss'])}" for o in ops if o["reshard"]["peak_rss"] > budget]
     lines = [
         f"- reshard ≤ {CP_TARGET}× `cp -r` (process wall): "
@@ -94,18 +100,26 @@ def targets(main: dict[str, Any]) -> list[str]:
     ]
     with_ms = [o for o in ops if "ms_reshard_wall" in o["ratios"]]
     if with_ms:
-        slow_ms = [f"{o['key']} {_x(o['ratios']['ms_reshard_wall'])} < {o['ms_target']:g}×" for o in with_ms
-                   if o["ratios"]["ms_reshard_wall"] < o["ms_target"]]
-        lines.append("- reshard ≥ 10× faster than MindSpore's .ckpt path, ≥ 4× than its safetensors path (wall): "
-                     + ("all met" if not slow_ms else "missed by " + ", ".join(slow_ms)))
+        slow_ms = [
+            f"{o['key']} {_x(o['ratios']['ms_reshard_wall'])} < {o['ms_target']:g}×"
+            for o in with_ms
+            if o["ratios"]["ms_reshard_wall"] < o["ms_target"]
+        ]
+        lines.append(
+            "- reshard ≥ 10× faster than MindSpore's .ckpt path, ≥ 4× than its safetensors path (wall): "
+            + ("all met" if not slow_ms else "missed by " + ", ".join(slow_ms))
+        )
     return lines
 
 
 def scaling_table(series: Sequence[dict[str, Any]]) -> list[str]:
     sizes = [s["workload"]["model_bytes"] for s in series]
     head = "| operation | " + " | ".join(f"{_gb(n)} model" for n in sizes) + " |"
-    lines = [head, "|---|" + "---:|" * len(sizes),
-             "| largest tensor | " + " | ".join(_mib(s["workload"]["largest_tensor"]) for s in series) + " |"]
+    lines = [
+        head,
+        "|---|" + "---:|" * len(sizes),
+        "| largest tensor | " + " | ".join(_mib(s["workload"]["largest_tensor"]) for s in series) + " |",
+    ]
     keys = [o["key"] for o in series[0]["operations"]]
     with_ms = sum(bool(s["mindspore"]) for s in series) > 1
     for key in keys:
@@ -122,8 +136,13 @@ def scaling_table(series: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def _median_pressure(main: dict[str, Any]) -> float:
-    values = sorted(r["cpu_pressure"] for o in main["operations"] for c in ("reshard", "cp", "mindspore")
-                    if o.get(c) for r in o[c]["runs"])
+    values = sorted(
+        r["cpu_pressure"]
+        for o in main["operations"]
+        for c in ("reshard", "cp", "mindspore")
+        if o.get(c)
+        for r in o[c]["runs"]
+    )
     return values[len(values) // 2] if values else -1.0
 
 
@@ -143,19 +162,30 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "Times are process wall times, best run; in parentheses the operation alone, after interpreter "
         "start-up and imports. Peak RSS is the largest of all runs."
-        + (f" Other work on the machine: median CPU pressure {pressure:.0f}% (/proc/pressure/cpu some avg10) "
-           "at the start of the runs." if pressure >= 0 else ""),
+        + (
+            f" Other work on the machine: median CPU pressure {pressure:.0f}% (/proc/pressure/cpu some avg10) "
+            "at the start of the runs."
+            if pressure >= 0
+            else ""
+        ),
         "",
         *targets(main),
     ]
     if results.get("scaling"):
-        out += ["", "Scaling (reshard / `cp -r` wall time · reshard peak RSS; MindSpore when measured):", "",
-                *scaling_table(results["scaling"])]
+        out += [
+            "",
+            "Scaling (reshard / `cp -r` wall time · reshard peak RSS; MindSpore when measured):",
+            "",
+            *scaling_table(results["scaling"]),
+        ]
     plan = results.get("plan")
     if plan and "plan_seconds" in plan:
-        out += ["", f"Planning {plan['params']} parameters × {plan['dst_ranks']} destination ranks "
-                f"({plan['copies']:,} copies): plan_transform {plan['plan_seconds']:.2f} s (best of {plan['repeat']}), "
-                f"of which the layout engine alone {plan['layout_seconds']:.2f} s."]
+        out += [
+            "",
+            f"Planning {plan['params']} parameters × {plan['dst_ranks']} destination ranks "
+            f"({plan['copies']:,} copies): plan_transform {plan['plan_seconds']:.2f} s (best of {plan['repeat']}), "
+            f"of which the layout engine alone {plan['layout_seconds']:.2f} s.",
+        ]
     return "\n".join(out)
 
 
@@ -200,8 +230,14 @@ def chart(main: dict[str, Any], path: str) -> None:
             ax.barh(ys, values, height, label=label, color=color)
             for y, v in zip(ys, values, strict=True):
                 if v:
-                    ax.annotate(f"{v:.2f}" if ax is ax_t else f"{v:.0f}", (v, y), xytext=(2, 0),
-                                textcoords="offset points", va="center", fontsize=7)
+                    ax.annotate(
+                        f"{v:.2f}" if ax is ax_t else f"{v:.0f}",
+                        (v, y),
+                        xytext=(2, 0),
+                        textcoords="offset points",
+                        va="center",
+                        fontsize=7,
+                    )
     ax_m.axvline(_rss_budget(main["workload"]) / MIB, color="black", linestyle=":", label="largest tensor + 300 MiB")
     plain = FuncFormatter(lambda v, _: f"{v:g}")
     for ax, title in ((ax_t, "wall time, best run (s)"), (ax_m, "peak RSS (MiB)")):

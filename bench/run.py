@@ -112,8 +112,10 @@ def check_disk(w: Workload) -> None:
     free = shutil.disk_usage(w.root).free
     need = w.disk_needed()
     if free < need:
-        raise BenchError(f"not enough free disk in {w.root}: {free / 1e9:.1f} GB free, {need / 1e9:.1f} GB needed "
-                         f"for a {w.model_bytes / 1e9:.2f} GB model (choose another --work or a smaller --size)")
+        raise BenchError(
+            f"not enough free disk in {w.root}: {free / 1e9:.1f} GB free, {need / 1e9:.1f} GB needed "
+            f"for a {w.model_bytes / 1e9:.2f} GB model (choose another --work or a smaller --size)"
+        )
 
 
 def prepare_workload(w: Workload, env: dict[str, str]) -> dict[str, Any]:
@@ -123,11 +125,17 @@ def prepare_workload(w: Workload, env: dict[str, str]) -> dict[str, Any]:
         _log(f"[{size_label(w.target)}] reusing the inputs in {w.root}")
         with open(os.path.join(w.root, "workload.json"), encoding="utf-8") as fh:
             return json.load(fh)["seconds"]
-    _log(f"[{size_label(w.target)}] generating a {w.model_bytes / 1e9:.2f} GB model ({w.layers} layers, "
-         f"hidden {w.hidden}, {w.dtype}) in {w.root} ...")
+    _log(
+        f"[{size_label(w.target)}] generating a {w.model_bytes / 1e9:.2f} GB model ({w.layers} layers, "
+        f"hidden {w.hidden}, {w.dtype}) in {w.root} ..."
+    )
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, os.path.join(BENCH_DIR, "workload.py"), json.dumps(asdict(w))],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(BENCH_DIR, "workload.py"), json.dumps(asdict(w))],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if proc.returncode != 0:
         raise BenchError(f"generating the inputs failed:\n{proc.stderr[-3000:]}")
     _log(f"[{size_label(w.target)}] inputs ready in {time.perf_counter() - start:.1f} s")
@@ -169,8 +177,13 @@ class Runner:
         os.makedirs(logs, exist_ok=True)
         out, copy, ms_out = (os.path.join(scratch, n) for n in ("reshard", "cp", "mindspore"))
         runs: dict[str, list[measure.Measurement]] = {"reshard": [], "cp": [], "mindspore": []}
-        result: dict[str, Any] = {"key": op.key, "title": op.title, "ms_call": op.ms_call,
-                                  "ms_target": op.ms_target, "reshard_args": self.reshard_args(op, "OUT")}
+        result: dict[str, Any] = {
+            "key": op.key,
+            "title": op.title,
+            "ms_call": op.ms_call,
+            "ms_target": op.ms_target,
+            "reshard_args": self.reshard_args(op, "OUT"),
+        }
         ms_error = None
         for rep in range(self.args.repeat):
             for path in (out, copy, ms_out):
@@ -193,8 +206,12 @@ class Runner:
                     ms_error = str(exc).splitlines()[-1][:300]
                     _log(f"{tag} {op.key}: MindSpore failed: {ms_error}")
                 measure.remove(ms_out)
-            _log(f"{tag} {op.key} #{rep + 1}: " + ", ".join(
-                f"{name} {r[-1].wall:.2f} s {r[-1].peak_rss / 2**20:.0f} MiB" for name, r in runs.items() if r))
+            _log(
+                f"{tag} {op.key} #{rep + 1}: "
+                + ", ".join(
+                    f"{name} {r[-1].wall:.2f} s {r[-1].peak_rss / 2**20:.0f} MiB" for name, r in runs.items() if r
+                )
+            )
         for name, measured in runs.items():
             if measured:
                 result[name] = summarize(measured)
@@ -204,8 +221,9 @@ class Runner:
         if self.args.profile and result["ratios"]["reshard_cp_wall"] > CP_TARGET:
             measure.prepare_cache(self.args.cache, op.inputs, self.args.settle)
             child = os.path.join(BENCH_DIR, "rs_child.py")
-            result["profile"] = profiling.profile_reshard(child, self.reshard_args(op, out),
-                                                          f"{logs}/{op.key}-profile", self.env)
+            result["profile"] = profiling.profile_reshard(
+                child, self.reshard_args(op, out), f"{logs}/{op.key}-profile", self.env
+            )
             measure.remove(out)
         return result
 
@@ -221,8 +239,10 @@ class Runner:
 
         available = psutil.virtual_memory().available
         if MS_PEAK_FACTOR * w.model_bytes > MS_MEMORY_SHARE * available:
-            _log(f"{tag} skipping MindSpore: it may need {MS_PEAK_FACTOR} x {w.model_bytes / 1e9:.1f} GB, "
-                 f"{available / 1e9:.1f} GB available")
+            _log(
+                f"{tag} skipping MindSpore: it may need {MS_PEAK_FACTOR} x {w.model_bytes / 1e9:.1f} GB, "
+                f"{available / 1e9:.1f} GB available"
+            )
             return False
         return True
 
@@ -230,10 +250,16 @@ class Runner:
 def summarize(runs: list[measure.Measurement]) -> dict[str, Any]:
     """Best (shortest) wall time and its run; peak RSS is the largest of all runs."""
     best = min(runs, key=lambda m: m.wall)
-    return {"wall": best.wall, "call": min(m.call for m in runs), "peak_rss": max(m.peak_rss for m in runs),
-            "maxrss": max(m.maxrss for m in runs), "rss_tree": max(m.rss_tree for m in runs),
-            "processes": max(m.processes for m in runs),
-            "cpu_pressure_of_best": best.cpu_pressure, "runs": [m.to_json() for m in runs]}
+    return {
+        "wall": best.wall,
+        "call": min(m.call for m in runs),
+        "peak_rss": max(m.peak_rss for m in runs),
+        "maxrss": max(m.maxrss for m in runs),
+        "rss_tree": max(m.rss_tree for m in runs),
+        "processes": max(m.processes for m in runs),
+        "cpu_pressure_of_best": best.cpu_pressure,
+        "runs": [m.to_json() for m in runs],
+    }
 
 
 # ------------------------------------------------------------------------------------ metadata
@@ -277,8 +303,9 @@ def run_plan_bench(args: argparse.Namespace, env: dict[str, str]) -> dict[str, A
     if args.no_plan:
         return None
     _log("planning micro-benchmark (1000 parameters x 1024 ranks) ...")
-    proc = subprocess.run([sys.executable, os.path.join(BENCH_DIR, "plan_bench.py"), "--json"],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(BENCH_DIR, "plan_bench.py"), "--json"], capture_output=True, text=True, env=env
+    )
     if proc.returncode != 0:
         _log(f"plan_bench failed: {proc.stderr.strip()[-500:]}")
         return {"error": proc.stderr.strip()[-500:]}
@@ -301,34 +328,59 @@ def write_charts(results: dict[str, Any], out_dir: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bench/run.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="bench/run.py", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--size", type=parse_size, default=parse_size("1G"), help="model size (default 1G = 1 GiB)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="weight dtype (Adam moments stay fp32)")
     p.add_argument("--hidden", type=int, default=None, help="hidden size (default 768; layers follow the size)")
-    p.add_argument("--repeat", type=int, default=5,
-                   help="timed runs per contestant; the best counts (default 5: a cold read of this VM's disk "
-                        "varies by 2x from run to run)")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=5,
+        help="timed runs per contestant; the best counts (default 5: a cold read of this VM's disk "
+        "varies by 2x from run to run)",
+    )
     p.add_argument("--work", default=DEFAULT_WORK, help=f"work folder on the disk to test (default {DEFAULT_WORK})")
     p.add_argument("--out", default=DEFAULT_OUT, help="where results.json and the charts go (default bench/out)")
-    p.add_argument("--cache", choices=measure.CACHE_MODES, default="cold",
-                   help="inputs evicted from (cold, default) or read into (warm) the page cache before each run")
+    p.add_argument(
+        "--cache",
+        choices=measure.CACHE_MODES,
+        default="cold",
+        help="inputs evicted from (cold, default) or read into (warm) the page cache before each run",
+    )
     p.add_argument("--ops", default=",".join(OPERATION_KEYS), help=f"subset of {','.join(OPERATION_KEYS)}")
     p.add_argument("--no-mindspore", action="store_true", help="time reshard and cp only")
-    p.add_argument("--reshard-flags", default="",
-                   help="extra flags for every reshard command, e.g. --reshard-flags=--no-manifest")
-    p.add_argument("--ms-procs", type=int, default=os.cpu_count() or 1,
-                   help="MindSpore's process_num / max_process_num (default: the core count)")
+    p.add_argument(
+        "--reshard-flags", default="", help="extra flags for every reshard command, e.g. --reshard-flags=--no-manifest"
+    )
+    p.add_argument(
+        "--ms-procs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="MindSpore's process_num / max_process_num (default: the core count)",
+    )
     p.add_argument("--scaling", default="", help="also run these sizes for reshard and cp, e.g. 0.5G,1G,2G,4G")
     p.add_argument("--mindspore-scaling", action="store_true", help="include MindSpore in the scaling series")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="do not check outputs")
-    p.add_argument("--crc-sources", action="store_true",
-                   help="rank .ckpt inputs carry crc trailers, so the .ckpt rows include the (default) crc check")
-    p.add_argument("--no-settle", dest="settle", action="store_false",
-                   help="skip waiting for writeback before each timing (smoke tests only: timings are then noise)")
+    p.add_argument(
+        "--crc-sources",
+        action="store_true",
+        help="rank .ckpt inputs carry crc trailers, so the .ckpt rows include the (default) crc check",
+    )
+    p.add_argument(
+        "--no-settle",
+        dest="settle",
+        action="store_false",
+        help="skip waiting for writeback before each timing (smoke tests only: timings are then noise)",
+    )
     p.add_argument("--no-plan", action="store_true", help="skip the planning micro-benchmark")
-    p.add_argument("--no-profile", dest="profile", action="store_false",
-                   help="do not profile operations slower than 1.25x cp (py-spy if installed, else cProfile)")
+    p.add_argument(
+        "--no-profile",
+        dest="profile",
+        action="store_false",
+        help="do not profile operations slower than 1.25x cp (py-spy if installed, else cProfile)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the generated inputs (reused by the next run)")
     return p
 
@@ -338,8 +390,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     keys = [k for k in args.ops.split(",") if k]
     unknown = sorted(set(keys) - set(OPERATION_KEYS))
     if unknown or args.repeat < 1:
-        _log(f"bench: error: unknown operation(s) {unknown}; choose from {','.join(OPERATION_KEYS)}"
-             if unknown else "bench: error: --repeat must be at least 1")
+        _log(
+            f"bench: error: unknown operation(s) {unknown}; choose from {','.join(OPERATION_KEYS)}"
+            if unknown
+            else "bench: error: --repeat must be at least 1"
+        )
         return 2
     try:
         return _main(args, keys)

@@ -110,10 +110,24 @@ class Workload:
     def layout(cls, root: str, target: int, dtype: str, hidden: int | None = None, crc: bool = False) -> Workload:
         shape = choose_shape(target, dtype, hidden)
         j = lambda *p: os.path.join(root, *p)  # noqa: E731
-        return cls(root, target, dtype, shape.hidden, shape.layers, model_bytes(shape, dtype),
-                   largest_tensor(shape, dtype), j("full", "rank_0", "model.ckpt"), j("strategy", "ranks8.ckpt"),
-                   j("strategy", "ranks4.ckpt"), j("ranks8_ckpt"), j("ranks8_st"), j("ranks4_ckpt"),
-                   j("ranks4_st"), j("unified"), crc)
+        return cls(
+            root,
+            target,
+            dtype,
+            shape.hidden,
+            shape.layers,
+            model_bytes(shape, dtype),
+            largest_tensor(shape, dtype),
+            j("full", "rank_0", "model.ckpt"),
+            j("strategy", "ranks8.ckpt"),
+            j("strategy", "ranks4.ckpt"),
+            j("ranks8_ckpt"),
+            j("ranks8_st"),
+            j("ranks4_ckpt"),
+            j("ranks4_st"),
+            j("unified"),
+            crc,
+        )
 
     @property
     def shape(self) -> ModelShape:
@@ -153,8 +167,10 @@ def generate(w: Workload) -> dict[str, float]:
     save_ckpt(w.full_ckpt, full_model(w.shape, DTYPES[w.dtype][0]))
     step("full model", t)
     sdir = os.path.dirname(w.strategy8)
-    for name, (dp, mp, pp, opt), merged in (("stages8", (2, 2, 2, True), w.strategy8),
-                                            ("stages4", (1, 2, 2, False), w.strategy4)):
+    for name, (dp, mp, pp, opt), merged in (
+        ("stages8", (2, 2, 2, True), w.strategy8),
+        ("stages4", (1, 2, 2, False), w.strategy4),
+    ):
         folder = os.path.join(sdir, name)
         write_stage_strategies(folder, stage_strategies(w.shape, dp, mp, pp, opt), dp * mp)
         merge_pipeline_strategies(folder, merged)
@@ -195,8 +211,11 @@ def _same(a: object, b: object) -> bool:
     if isinstance(a, str) or isinstance(b, str):
         return a == b
     x, y = np.asarray(a), np.asarray(b)
-    return (x.shape == y.shape and x.dtype == y.dtype
-            and np.array_equal(x.reshape(-1).view(np.uint8), y.reshape(-1).view(np.uint8)))
+    return (
+        x.shape == y.shape
+        and x.dtype == y.dtype
+        and np.array_equal(x.reshape(-1).view(np.uint8), y.reshape(-1).view(np.uint8))
+    )
 
 
 def verify_output(output: str, reference: str, per_rank: bool) -> int:
@@ -226,7 +245,7 @@ def verify_output(output: str, reference: str, per_rank: bool) -> int:
             for index in handles[: len(want_files)]:
                 ref.update({name: index.value(name) for name in index})
             seen: set[str] = set()
-            for index in handles[len(want_files):]:
+            for index in handles[len(want_files) :]:
                 for name in index:
                     if name not in ref or not _same(index.value(name), ref[name]):
                         raise AssertionError(f"{index.path}: tensor {name!r} differs from the reference")

@@ -78,8 +78,9 @@ def assert_same_tree(ours: str, theirs: str, ms_wrong: frozenset[str] = frozense
     """
     a, b = tree_files(ours), tree_files(theirs)
     assert sorted(a) == sorted(b), f"file names differ:\nours   {sorted(a)}\ntheirs {sorted(b)}"
-    differing = [k for k in a if a[k] != b[k]
-                 and not _same_but_metadata_order(os.path.join(ours, k), os.path.join(theirs, k))]
+    differing = [
+        k for k in a if a[k] != b[k] and not _same_but_metadata_order(os.path.join(ours, k), os.path.join(theirs, k))
+    ]
     if ms_wrong:
         differing = [k for k in differing if differing_tensors(ours, theirs, k) - ms_wrong]
     assert not differing, f"bytes differ: {differing} ({describe_difference(ours, theirs, differing[0])})"
@@ -156,6 +157,8 @@ def write_stages(folder: str, stages: StageLayouts, fmt: str = "ckpt") -> str:
     """Per-stage strategy files in ``folder``; returns the folder."""
     os.makedirs(folder, exist_ok=True)
     for stage, layouts in enumerate(stages):
-        write_strategy(os.path.join(folder, f"stage_{stage}.{'json' if fmt == 'json' else 'ckpt'}"),
-                       make_strategy(layouts, stage=stage))
+        write_strategy(
+            os.path.join(folder, f"stage_{stage}.{'json' if fmt == 'json' else 'ckpt'}"),
+            make_strategy(layouts, stage=stage),
+        )
     return folder

@@ -28,8 +28,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("reshard.sources",),
     ("reshard.execute",),
     ("reshard.lock", "reshard.manifest", "reshard.api"),
-    ("reshard.mindspore", "reshard.cli", "reshard.inspect", "reshard.verify", "reshard.demo", "reshard.synthetic",
-     "reshard.__main__"),
+    (
+        "reshard.mindspore",
+        "reshard.cli",
+        "reshard.inspect",
+        "reshard.verify",
+        "reshard.demo",
+        "reshard.synthetic",
+        "reshard.__main__",
+    ),
 )
 
 
@@ -108,7 +115,7 @@ def test_no_import_cycles() -> None:
             if target == "reshard":
                 continue
             if state.get(target) == 1:
-                cycles.append(" -> ".join([*stack[stack.index(target):], target]))
+                cycles.append(" -> ".join([*stack[stack.index(target) :], target]))
             elif target not in state:
                 visit(target)
         stack.pop()
@@ -120,15 +127,22 @@ def test_no_import_cycles() -> None:
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
-@pytest.mark.parametrize("module, forbidden", [
-    ("reshard.layout", ("google.protobuf", "reshard.formats", "numpy")),
-])
+@pytest.mark.parametrize(
+    "module, forbidden",
+    [
+        ("reshard.layout", ("google.protobuf", "reshard.formats", "numpy")),
+    ],
+)
 def test_the_layout_core_loads_alone(module: str, forbidden: tuple[str, ...]) -> None:
     """``import reshard.layout`` loads neither protobuf nor any reader: the slice algebra is pure."""
-    code = (f"import sys, {module}; "
-            f"print(' '.join(m for m in sys.modules if m.startswith({forbidden!r})))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+    code = f"import sys, {module}; print(' '.join(m for m in sys.modules if m.startswith({forbidden!r})))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "", f"import {module} loaded: {proc.stdout.strip()}"
 

@@ -277,8 +277,17 @@ def missing_strategy(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
 
 def dst_inside_source(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     src = _copy_tree(tmp, job["r8"])
-    return ["transform", "--src", src, "--dst", os.path.join(src, "rank_0", "out"), "--src-strategy", job["s8"],
-            "--dst-strategy", job["s4"]], "inside the source"
+    return [
+        "transform",
+        "--src",
+        src,
+        "--dst",
+        os.path.join(src, "rank_0", "out"),
+        "--src-strategy",
+        job["s8"],
+        "--dst-strategy",
+        job["s4"],
+    ], "inside the source"
 
 
 def dst_not_empty(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
@@ -363,8 +372,10 @@ def split_given_rank_folders(tmp: Path, job: dict[str, str]) -> tuple[list[str],
 
 
 def src_is_one_rank_folder(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
-    return (_transform(os.path.join(job["r8"], "rank_0"), job["s8"], job["s4"]),
-            f"give the folder holding the rank_<r> folders ({job['r8']})")
+    return (
+        _transform(os.path.join(job["r8"], "rank_0"), job["s8"], job["s4"]),
+        f"give the folder holding the rank_<r> folders ({job['r8']})",
+    )
 
 
 def prefix_absolute(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
@@ -377,8 +388,10 @@ def prefix_parent(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
 
 
 def prefix_subfolder(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
-    return (["transform", "--src", job["full"], "--dst", OUT, "--dst-strategy", job["s4"], "--prefix", "a/b_"],
-            "may not lead out of it")
+    return (
+        ["transform", "--src", job["full"], "--dst", OUT, "--dst-strategy", job["s4"], "--prefix", "a/b_"],
+        "may not lead out of it",
+    )
 
 
 def ranks_twice(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
@@ -398,8 +411,10 @@ def ranks_beyond_destination(tmp: Path, job: dict[str, str]) -> tuple[list[str],
 
 
 def rank_list_beyond_destination(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
-    return (["rank-list", "9", "--src-strategy", job["s8"], "--dst-strategy", job["s4"]],
-            "destination rank 9 out of range: the destination strategy has 4 ranks")
+    return (
+        ["rank-list", "9", "--src-strategy", job["s8"], "--dst-strategy", job["s4"]],
+        "destination rank 9 out of range: the destination strategy has 4 ranks",
+    )
 
 
 def demo_dir_is_a_file(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
@@ -427,8 +442,10 @@ def no_shared_disk_without_ray(tmp: Path, job: dict[str, str]) -> tuple[list[str
 
 
 def ray_address_without_ray(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
-    return (_transform(job["r8"], job["s8"], job["s4"], "--ray-address", "127.0.0.1:1"),
-            "--ray-address applies to --executor ray")
+    return (
+        _transform(job["r8"], job["s8"], job["s4"], "--ray-address", "127.0.0.1:1"),
+        "--ray-address applies to --executor ray",
+    )
 
 
 def _plan(job: dict[str, str], flag: str) -> list[str]:
@@ -459,14 +476,28 @@ def key_format_hex_not_hex(tmp: Path, job: dict[str, str]) -> tuple[list[str], s
     path = tmp / "enc.ckpt"
     save_ckpt(path, {"w": np.arange(4, dtype=np.float32)}, enc_key=bytes(16))
     (tmp / "key.bin").write_bytes(b"0123456789ABCDEF")
-    return (["convert", str(path), OUT, "--to", "safetensors", "--dec-key-file", str(tmp / "key.bin"),
-             "--key-format", "hex"], "--key-format hex: the key file must hold")
+    return (
+        [
+            "convert",
+            str(path),
+            OUT,
+            "--to",
+            "safetensors",
+            "--dec-key-file",
+            str(tmp / "key.bin"),
+            "--key-format",
+            "hex",
+        ],
+        "--key-format hex: the key file must hold",
+    )
 
 
 def ray_address_nobody_answers(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     address = f"127.0.0.1:{_closed_port()}"
-    return (_transform(job["r8"], job["s8"], job["s4"], "--executor", "ray", "--ray-address", address),
-            "no Ray cluster answers there")
+    return (
+        _transform(job["r8"], job["s8"], job["s4"], "--executor", "ray", "--ray-address", address),
+        "no Ray cluster answers there",
+    )
 
 
 def _closed_port() -> int:
@@ -479,21 +510,68 @@ def _closed_port() -> int:
 
 
 CASES: list[Case] = [
-    ckpt_truncated, ckpt_garbage_header, ckpt_bit_flips, ckpt_lying_dims, ckpt_unknown_dtype, ckpt_crc_mismatch,
-    ckpt_encrypted_no_key, ckpt_wrong_key, ckpt_empty_file,
-    st_truncated, st_lying_offsets, st_header_length_too_big, st_unknown_dtype, st_bad_json, st_unify_corrupt_part,
-    split_corrupt_unified, split_bad_index,
-    strategy_truncated, strategy_bad_json, strategy_not_matching_shapes, strategy_rank_count, layout_not_dividing,
+    ckpt_truncated,
+    ckpt_garbage_header,
+    ckpt_bit_flips,
+    ckpt_lying_dims,
+    ckpt_unknown_dtype,
+    ckpt_crc_mismatch,
+    ckpt_encrypted_no_key,
+    ckpt_wrong_key,
+    ckpt_empty_file,
+    st_truncated,
+    st_lying_offsets,
+    st_header_length_too_big,
+    st_unknown_dtype,
+    st_bad_json,
+    st_unify_corrupt_part,
+    split_corrupt_unified,
+    split_bad_index,
+    strategy_truncated,
+    strategy_bad_json,
+    strategy_not_matching_shapes,
+    strategy_rank_count,
+    layout_not_dividing,
     merge_garbage,
-    missing_rank_folder, missing_rank_file, missing_source, missing_strategy, dst_inside_source, dst_not_empty,
-    dst_under_a_file, convert_wrong_extension, bad_name_map, rank_out_of_range, verify_corrupt_side,
+    missing_rank_folder,
+    missing_rank_file,
+    missing_source,
+    missing_strategy,
+    dst_inside_source,
+    dst_not_empty,
+    dst_under_a_file,
+    convert_wrong_extension,
+    bad_name_map,
+    rank_out_of_range,
+    verify_corrupt_side,
     inspect_truncated,
-    unify_other_rank_count, unify_split_not_a_number, unify_split_three_numbers, unify_split_empty_group,
-    unify_ckpt_rank_folders, unify_missing_rank_folder, split_given_rank_folders, src_is_one_rank_folder,
-    prefix_absolute, prefix_parent, prefix_subfolder, ranks_twice, ranks_backwards,
-    ranks_empty, ranks_beyond_destination, rank_list_beyond_destination, demo_dir_is_a_file, demo_dir_not_empty,
-    workers_zero, max_memory_zero, no_shared_disk_without_ray, ray_address_without_ray, plan_resume,
-    plan_overwrite, plan_progress, verify_rank_folders_without_strategy, file_suffix_matches_nothing,
+    unify_other_rank_count,
+    unify_split_not_a_number,
+    unify_split_three_numbers,
+    unify_split_empty_group,
+    unify_ckpt_rank_folders,
+    unify_missing_rank_folder,
+    split_given_rank_folders,
+    src_is_one_rank_folder,
+    prefix_absolute,
+    prefix_parent,
+    prefix_subfolder,
+    ranks_twice,
+    ranks_backwards,
+    ranks_empty,
+    ranks_beyond_destination,
+    rank_list_beyond_destination,
+    demo_dir_is_a_file,
+    demo_dir_not_empty,
+    workers_zero,
+    max_memory_zero,
+    no_shared_disk_without_ray,
+    ray_address_without_ray,
+    plan_resume,
+    plan_overwrite,
+    plan_progress,
+    verify_rank_folders_without_strategy,
+    file_suffix_matches_nothing,
     key_format_hex_not_hex,
 ]
 try:
@@ -542,8 +620,10 @@ def test_several_candidate_files_are_reported(job: dict[str, str], tmp_path: Pat
     proc = run_cli(*[a.replace(OUT, str(tmp_path / "out")) for a in _transform(src, job["s8"], job["s4"])])
     assert proc.returncode == 0, proc.stderr
     notes = [line for line in proc.stderr.splitlines() if "rank 2" in line]
-    assert notes == ["reshard: note: rank 2: using checkpoint_2.ckpt (the last name, MindSpore's rule for .ckpt), "
-                     "ignoring checkpoint_0-old.ckpt"], proc.stderr
+    assert notes == [
+        "reshard: note: rank 2: using checkpoint_2.ckpt (the last name, MindSpore's rule for .ckpt), "
+        "ignoring checkpoint_0-old.ckpt"
+    ], proc.stderr
 
 
 # ------------------------------------------------------------------------------------ full disk, read-only
@@ -591,9 +671,14 @@ def test_full_disk(mid_job: dict[str, str], tmp_path: Path, encrypted: bool) -> 
             proc = run_cli(*argv, env=env)
             assert_clean_failure(proc, "No space left on device")
         else:  # no mount permission: the same code path through a file-size limit (EFBIG)
-            proc = subprocess.run([sys.executable, "-m", "reshard.cli", *argv], capture_output=True, text=True,
-                                  env={**os.environ, **env}, preexec_fn=_limit_file_size(3 * 1024 * 1024),
-                                  timeout=300)
+            proc = subprocess.run(
+                [sys.executable, "-m", "reshard.cli", *argv],
+                capture_output=True,
+                text=True,
+                env={**os.environ, **env},
+                preexec_fn=_limit_file_size(3 * 1024 * 1024),
+                timeout=300,
+            )
             assert_clean_failure(proc, "write failed")
         assert os.listdir(disk) == []  # nothing half-written, no temp file, not even the folder
     assert snapshot(mid_job["root"]) == inputs

@@ -33,9 +33,25 @@ def _run(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[s
 
 def test_run_tiny_model_reshard_and_cp(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = _run([str(BENCH / "run.py"), "--size", "8M", "--repeat", "1", "--no-mindspore", "--no-plan",
-                 "--no-profile", "--no-settle", "--work", str(tmp_path / "work"), "--out", str(out),
-                 "--scaling", "4M,8M"])
+    proc = _run(
+        [
+            str(BENCH / "run.py"),
+            "--size",
+            "8M",
+            "--repeat",
+            "1",
+            "--no-mindspore",
+            "--no-plan",
+            "--no-profile",
+            "--no-settle",
+            "--work",
+            str(tmp_path / "work"),
+            "--out",
+            str(out),
+            "--scaling",
+            "4M,8M",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     ops = results["main"]["operations"]
@@ -57,8 +73,19 @@ def test_run_tiny_model_reshard_and_cp(tmp_path: Path) -> None:
 
 
 def test_run_refuses_without_disk(tmp_path: Path) -> None:
-    proc = _run([str(BENCH / "run.py"), "--size", "100T", "--no-mindspore", "--no-plan",
-                 "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")])
+    proc = _run(
+        [
+            str(BENCH / "run.py"),
+            "--size",
+            "100T",
+            "--no-mindspore",
+            "--no-plan",
+            "--work",
+            str(tmp_path / "work"),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert proc.returncode == 1
     assert "not enough free disk" in proc.stderr and proc.stderr.count("\n") == 1
     assert not [name for _, _, names in os.walk(tmp_path / "work") for name in names]  # nothing generated

@@ -47,8 +47,19 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def test_transform_with_mindformers_flags(job: dict[str, str], tmp_path) -> None:
     before = snapshot(job["r8"])
     out = tmp_path / "r4"
-    proc = run("transform", "--src_ckpt_dir", job["r8"], "--dst_ckpt_dir", str(out), "--src_ckpt_strategy",
-               job["s8"], "--dst_ckpt_strategy", job["s4"], "--prefix", "ck_")
+    proc = run(
+        "transform",
+        "--src_ckpt_dir",
+        job["r8"],
+        "--dst_ckpt_dir",
+        str(out),
+        "--src_ckpt_strategy",
+        job["s8"],
+        "--dst_ckpt_strategy",
+        job["s4"],
+        "--prefix",
+        "ck_",
+    )
     assert proc.returncode == 0, proc.stderr
     assert ranks_in(out) == [f"rank_{r}" for r in range(4)]
     assert os.listdir(out / "rank_3") == ["ck_3.ckpt"]
@@ -56,16 +67,37 @@ def test_transform_with_mindformers_flags(job: dict[str, str], tmp_path) -> None
 
 
 def test_progress_bar_forced_on_a_pipe(job: dict[str, str], tmp_path) -> None:
-    proc = run("transform", "--src", job["r8"], "--dst", str(tmp_path / "p"), "--src-strategy", job["s8"],
-               "--dst-strategy", job["s4"], "--progress")
+    proc = run(
+        "transform",
+        "--src",
+        job["r8"],
+        "--dst",
+        str(tmp_path / "p"),
+        "--src-strategy",
+        job["s8"],
+        "--dst-strategy",
+        job["s4"],
+        "--progress",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
 
 
 def test_transform_hyphenated_flags_strategy_folder_and_full(job: dict[str, str], tmp_path) -> None:
     out = tmp_path / "full"
-    proc = run("transform", "--src-ckpt-dir", job["r8"], "--dst-ckpt-dir", str(out), "--src-ckpt-strategy",
-               job["s8dir"], "--dst-ckpt-strategy", "None", "--output-format", "safetensors")
+    proc = run(
+        "transform",
+        "--src-ckpt-dir",
+        job["r8"],
+        "--dst-ckpt-dir",
+        str(out),
+        "--src-ckpt-strategy",
+        job["s8dir"],
+        "--dst-ckpt-strategy",
+        "None",
+        "--output-format",
+        "safetensors",
+    )
     assert proc.returncode == 0, proc.stderr
     with api.open_checkpoint(str(out / "rank_0" / "checkpoint_0.safetensors")) as index:
         emb = index.array("model.tok_embeddings.embedding_weight")
@@ -78,16 +110,37 @@ def test_by_rank_and_rank_list(job: dict[str, str], tmp_path) -> None:
     needed = json.loads(proc.stdout)
     assert needed == sorted(needed) and needed  # ascending for people; the API keeps MindSpore's order
     out = tmp_path / "one"
-    proc = run("transform", "--src", job["r8"], "--dst", str(out), "--src-strategy", job["s8"], "--dst-strategy",
-               job["s4"], "--ranks", "2")
+    proc = run(
+        "transform",
+        "--src",
+        job["r8"],
+        "--dst",
+        str(out),
+        "--src-strategy",
+        job["s8"],
+        "--dst-strategy",
+        job["s4"],
+        "--ranks",
+        "2",
+    )
     assert proc.returncode == 0, proc.stderr
     assert ranks_in(out) == ["rank_2"]
 
 
 def test_plan_prints_and_writes_nothing(job: dict[str, str], tmp_path) -> None:
     out = tmp_path / "never"
-    proc = run("plan", "--src", job["r8"], "--dst", str(out), "--src-strategy", job["s8"], "--dst-strategy",
-               job["s4"], "--json")
+    proc = run(
+        "plan",
+        "--src",
+        job["r8"],
+        "--dst",
+        str(out),
+        "--src-strategy",
+        job["s8"],
+        "--dst-strategy",
+        job["s4"],
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     assert plan["outputs"] == 4 and plan["bytes_written"] > 0
@@ -122,8 +175,10 @@ def test_unify_then_split_round_trip(job: dict[str, str], tmp_path) -> None:
     proc = run("split", str(uni), str(back), "--strategy", job["s8"], "--output-format", "ckpt")
     assert proc.returncode == 0, proc.stderr
     assert ranks_in(back) == [f"rank_{r}" for r in range(8)]
-    with api.open_checkpoint(str(back / "rank_5" / "net.ckpt")) as a, \
-            api.open_checkpoint(os.path.join(job["r8"], "rank_5", "checkpoint_5.ckpt")) as b:
+    with (
+        api.open_checkpoint(str(back / "rank_5" / "net.ckpt")) as a,
+        api.open_checkpoint(os.path.join(job["r8"], "rank_5", "checkpoint_5.ckpt")) as b,
+    ):
         for name in b:
             if name in a and not b.entries[name].is_string:
                 assert np.array_equal(a.array(name), b.array(name)), name
@@ -138,13 +193,29 @@ def test_demo_runs(tmp_path) -> None:
 BAD_CASES = [
     ("missing source", ["transform", "--src", "/nonexistent/x", "--dst", "{tmp}/o"]),
     ("no strategy for several ranks", ["transform", "--src", "{r8}", "--dst", "{tmp}/o"]),
-    ("strategy not matching files", ["transform", "--src", "{r8}", "--dst", "{tmp}/o", "--src-strategy", "{s4}",
-                                     "--dst-strategy", "{s8}"]),
+    (
+        "strategy not matching files",
+        ["transform", "--src", "{r8}", "--dst", "{tmp}/o", "--src-strategy", "{s4}", "--dst-strategy", "{s8}"],
+    ),
     ("garbage strategy", ["transform", "--src", "{r8}", "--dst", "{tmp}/o", "--src-strategy", "{garbage}"]),
     ("garbage checkpoint", ["inspect", "{garbage}"]),
     ("unknown flag", ["transform", "--bogus"]),
-    ("rank out of range", ["transform", "--src", "{r8}", "--dst", "{tmp}/o", "--src-strategy", "{s8}",
-                           "--dst-strategy", "{s4}", "--ranks", "9"]),
+    (
+        "rank out of range",
+        [
+            "transform",
+            "--src",
+            "{r8}",
+            "--dst",
+            "{tmp}/o",
+            "--src-strategy",
+            "{s8}",
+            "--dst-strategy",
+            "{s4}",
+            "--ranks",
+            "9",
+        ],
+    ),
     ("dst inside src", ["transform", "--src", "{r8}", "--dst", "{r8}/rank_0/out", "--src-strategy", "{s8}"]),
 ]
 

@@ -28,18 +28,23 @@ def _pieces(size: int, cuts: list[int]) -> list[tuple[int, int]]:
 
 
 @settings(max_examples=40, deadline=None)
-@given(size=st.integers(0, 3 * 1024 * 1024), cuts=st.lists(st.integers(0, 1 << 30), max_size=12),
-       seed=st.integers(0, 1 << 16), skip=st.booleans())
+@given(
+    size=st.integers(0, 3 * 1024 * 1024),
+    cuts=st.lists(st.integers(0, 1 << 30), max_size=12),
+    seed=st.integers(0, 1 << 16),
+    skip=st.booleans(),
+)
 @pytest.mark.parametrize("algorithm", ["blake3", "sha256"])
-def test_streaming_hash_matches_a_fresh_hash_in_any_order(tmp_path_factory, algorithm: str, size: int,
-                                                          cuts: list[int], seed: int, skip: bool) -> None:
+def test_streaming_hash_matches_a_fresh_hash_in_any_order(
+    tmp_path_factory, algorithm: str, size: int, cuts: list[int], seed: int, skip: bool
+) -> None:
     path = tmp_path_factory.mktemp("d") / "f.bin"
     data = random.Random(seed).randbytes(size)
     pieces = _pieces(size, cuts)
     random.Random(seed).shuffle(pieces)
     if skip and pieces:  # a range never reported (zeros the layout leaves): result() covers it
         dropped = pieces.pop()
-        data = data[: dropped[0]] + bytes(dropped[1]) + data[dropped[0] + dropped[1]:]
+        data = data[: dropped[0]] + bytes(dropped[1]) + data[dropped[0] + dropped[1] :]
     fd = os.open(path, os.O_RDWR | os.O_CREAT)
     try:
         os.ftruncate(fd, size)
@@ -117,9 +122,14 @@ def test_manifest_digests_equal_a_fresh_read(tmp_path, target: str, workers: int
     """Every output's manifest checksum (computed while writing) is the hash of the file on disk."""
     job = make_job(str(tmp_path / "job"))
     for dst_strategy, out in ((job["s4"], tmp_path / "to4"), (None, tmp_path / "full")):
-        api.transform(job[target], str(out), job["s8"], dst_strategy,
-                      write=WriteOptions(write_crc=crc and target == "r8", checksum=algorithm),
-                      run=RunOptions(workers=workers))
+        api.transform(
+            job[target],
+            str(out),
+            job["s8"],
+            dst_strategy,
+            write=WriteOptions(write_crc=crc and target == "r8", checksum=algorithm),
+            run=RunOptions(workers=workers),
+        )
         doc = read_manifest(str(out))
         assert doc["outputs"] and doc["checksum"] == algorithm
         for item in doc["outputs"]:
@@ -132,8 +142,9 @@ def test_plain_outputs_are_not_read_back(tmp_path, monkeypatch) -> None:
     job = make_job(str(tmp_path / "job"))
     read_back: list[str] = []
     real = manifest.file_digest
-    monkeypatch.setattr(manifest, "file_digest",
-                        lambda path, algorithm: read_back.append(path) or real(path, algorithm))
+    monkeypatch.setattr(
+        manifest, "file_digest", lambda path, algorithm: read_back.append(path) or real(path, algorithm)
+    )
     api.transform(job["r8"], str(tmp_path / "out"), job["s8"], job["s4"], run=RunOptions(workers=2))
     assert read_back == []
 
@@ -142,15 +153,25 @@ def test_cli_checksum_choice(tmp_path) -> None:
     """``--checksum sha256`` gives ``sha256sum``-compatible records; an unknown name is one clean line."""
     job = make_job(str(tmp_path / "job"))
     out = tmp_path / "out"
-    proc = run_cli("transform", "--src", job["r8"], "--dst", str(out), "--src-strategy", job["s8"],
-                   "--checksum", "sha256")
+    proc = run_cli(
+        "transform", "--src", job["r8"], "--dst", str(out), "--src-strategy", job["s8"], "--checksum", "sha256"
+    )
     assert proc.returncode == 0, proc.stderr
     doc = read_manifest(str(out))
     assert doc["checksum"] == "sha256"
     for item in doc["outputs"]:
         with open(out / item["path"], "rb") as fh:
             assert item["sha256"] == hashlib.sha256(fh.read()).hexdigest()
-    bad = run_cli("transform", "--src", job["r8"], "--dst", str(tmp_path / "bad"), "--src-strategy", job["s8"],
-                  "--checksum", "md5")
+    bad = run_cli(
+        "transform",
+        "--src",
+        job["r8"],
+        "--dst",
+        str(tmp_path / "bad"),
+        "--src-strategy",
+        job["s8"],
+        "--checksum",
+        "md5",
+    )
     assert bad.returncode == 2 and "md5" in bad.stderr and "Traceback" not in bad.stderr
     assert not (tmp_path / "bad").exists()

@@ -47,8 +47,14 @@ def _all_encrypted(folder: str, mode: str) -> bool:
     return bool(files) and all(h == mode for h in heads)
 
 
-def _same(a: str, b: str, a_strategy: str | None = None, b_strategy: str | None = None,
-          key: bytes | None = None, mode: str = "AES-GCM") -> bool:
+def _same(
+    a: str,
+    b: str,
+    a_strategy: str | None = None,
+    b_strategy: str | None = None,
+    key: bytes | None = None,
+    mode: str = "AES-GCM",
+) -> bool:
     read = api.ReadOptions(dec_key=key, dec_mode=mode)
     return verify.verify(a, b, a_strategy=a_strategy, b_strategy=b_strategy, read=read).ok
 
@@ -59,15 +65,42 @@ def test_transform_both_ways_cli_key_file_and_env(job, tmp_path, mode: str) -> N
     key_file = _key_file(tmp_path, key, hex_text=mode == "AES-CBC")
     enc = str(tmp_path / "enc4")
     before = snapshot(job["r8"])
-    proc = run_cli("transform", "--src", job["r8"], "--dst", enc, "--src-strategy", job["s8"], "--dst-strategy",
-                   job["s4"], "--enc-key-file", key_file, "--enc-mode", mode)
+    proc = run_cli(
+        "transform",
+        "--src",
+        job["r8"],
+        "--dst",
+        enc,
+        "--src-strategy",
+        job["s8"],
+        "--dst-strategy",
+        job["s4"],
+        "--enc-key-file",
+        key_file,
+        "--enc-mode",
+        mode,
+    )
     assert proc.returncode == 0, proc.stderr
     assert _all_encrypted(enc, mode)
     assert manifest.read_manifest(enc)["encryption"] == mode
     assert _same(job["full"], enc, None, job["s4"], key, mode)
     back = str(tmp_path / "back8")
-    proc = run_cli("transform", "--src", enc, "--dst", back, "--src-strategy", job["s4"], "--dst-strategy",
-                   job["s8"], "--dec-key-env", ENV, "--dec-mode", mode, env={ENV: key.hex()})
+    proc = run_cli(
+        "transform",
+        "--src",
+        enc,
+        "--dst",
+        back,
+        "--src-strategy",
+        job["s4"],
+        "--dst-strategy",
+        job["s8"],
+        "--dec-key-env",
+        ENV,
+        "--dec-mode",
+        mode,
+        env={ENV: key.hex()},
+    )
     assert proc.returncode == 0, proc.stderr
     assert not _all_encrypted(back, mode)
     assert _same(job["r8"], back, job["s8"], job["s8"])
@@ -102,13 +135,28 @@ def test_cli_convert_encrypts_and_decrypts(job, tmp_path) -> None:
     st = str(tmp_path / "st")
     assert run_cli("convert", job["full"], st, "--to", "safetensors").returncode == 0
     enc = str(tmp_path / "enc")
-    proc = run_cli("convert", os.path.join(st, "model.safetensors"), enc, "--to", "ckpt", "--enc-key-env", ENV,
-                   env={ENV: key.hex()})
+    proc = run_cli(
+        "convert",
+        os.path.join(st, "model.safetensors"),
+        enc,
+        "--to",
+        "ckpt",
+        "--enc-key-env",
+        ENV,
+        env={ENV: key.hex()},
+    )
     assert proc.returncode == 0, proc.stderr
     assert _all_encrypted(enc, "AES-GCM")
     plain = str(tmp_path / "plain")
-    proc = run_cli("convert", os.path.join(enc, "model.ckpt"), plain, "--to", "safetensors", "--dec-key-file",
-                   _key_file(tmp_path, key))
+    proc = run_cli(
+        "convert",
+        os.path.join(enc, "model.ckpt"),
+        plain,
+        "--to",
+        "safetensors",
+        "--dec-key-file",
+        _key_file(tmp_path, key),
+    )
     assert proc.returncode == 0, proc.stderr
     assert _same(job["full"], os.path.join(plain, "model.safetensors"))
 
@@ -127,10 +175,18 @@ BAD = [
     ("unset variable", ["--dec-key-env", "RESHARD_NO_SUCH_VAR"], {}, "not set"),
     ("missing key file", ["--dec-key-file", "/nonexistent/key"], {}, "key file"),
     ("mode without key", ["--dec-mode", "AES-CBC"], {}, "needs a key"),
-    ("enc with crc", ["--dec-key-env", ENV, "--dec-mode", "AES-CBC", "--enc-key-env", ENV, "--crc"],
-     {ENV: KEYS["AES-CBC"].hex()}, "mutually exclusive"),
-    ("enc of safetensors", ["--dec-key-env", ENV, "--dec-mode", "AES-CBC", "--enc-key-env", ENV,
-                            "--output-format", "safetensors"], {ENV: KEYS["AES-CBC"].hex()}, "only .ckpt"),
+    (
+        "enc with crc",
+        ["--dec-key-env", ENV, "--dec-mode", "AES-CBC", "--enc-key-env", ENV, "--crc"],
+        {ENV: KEYS["AES-CBC"].hex()},
+        "mutually exclusive",
+    ),
+    (
+        "enc of safetensors",
+        ["--dec-key-env", ENV, "--dec-mode", "AES-CBC", "--enc-key-env", ENV, "--output-format", "safetensors"],
+        {ENV: KEYS["AES-CBC"].hex()},
+        "only .ckpt",
+    ),
 ]
 
 
@@ -139,8 +195,19 @@ def test_bad_keys_one_line(job, tmp_path, flags: list[str], env: dict[str, str],
     enc = _enc_tree(job, tmp_path)
     before = snapshot(enc)
     dst = tmp_path / "out"
-    proc = run_cli("transform", "--src", enc, "--dst", str(dst), "--src-strategy", job["s8"], "--dst-strategy",
-                   job["s4"], *flags, env=env)
+    proc = run_cli(
+        "transform",
+        "--src",
+        enc,
+        "--dst",
+        str(dst),
+        "--src-strategy",
+        job["s8"],
+        "--dst-strategy",
+        job["s4"],
+        *flags,
+        env=env,
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("reshard: error:") and text in lines[0], proc.stderr
@@ -159,8 +226,9 @@ def test_no_key_on_the_command_line() -> None:
 def test_api_refusals_before_writing(job, tmp_path) -> None:
     dst = tmp_path / "out"
     with pytest.raises(UsageError, match="needs a 16-byte key"):
-        api.transform(job["r8"], str(dst), job["s8"], job["s4"],
-                      write=WriteOptions(enc_key=b"short", enc_mode="SM4-CBC"))
+        api.transform(
+            job["r8"], str(dst), job["s8"], job["s4"], write=WriteOptions(enc_key=b"short", enc_mode="SM4-CBC")
+        )
     with pytest.raises(CryptoError, match="not an encrypted checkpoint"):
         api.transform(job["r8"], str(dst), job["s8"], job["s4"], read=api.ReadOptions(dec_key=KEYS["AES-GCM"]))
     assert not dst.exists()
@@ -217,8 +285,11 @@ def test_oracle_mindspore_reads_our_encrypted_outputs_and_we_transform_its_files
     matched = 0
     for case in ours:
         with read_ckpt(case["path"], dec_key=bytes.fromhex(case["key"]), dec_mode=case["mode"]) as index:
-            expected = {n: hashlib.sha256(np.ascontiguousarray(index.array(n)).tobytes()).hexdigest()
-                        for n in index if not index.entries[n].is_string}
+            expected = {
+                n: hashlib.sha256(np.ascontiguousarray(index.array(n)).tobytes()).hexdigest()
+                for n in index
+                if not index.entries[n].is_string
+            }
         assert got["ours"][case["path"]] == expected
         matched += 1
     assert matched == 12  # 4 ranks x 3 modes loaded by MindSpore, every tensor equal

@@ -32,7 +32,12 @@ def test_readme_and_docstring_list_the_same_differences() -> None:
 def test_the_list_names_the_exactness_cases() -> None:
     """The differences of issue 9's exactness items are on it."""
     text = " ".join(_items(README.read_text(encoding="utf-8"), README_LEAD, "-"))
-    for phrase in ("4 → 6, 8 → 6 ranks", "shared parameters have a different layout in each stage",
-                   "copies a contiguous run of elements", "by-stage mode", "optimizer states left out on both sides",
-                   "do not size reshard's IO"):
+    for phrase in (
+        "4 → 6, 8 → 6 ranks",
+        "shared parameters have a different layout in each stage",
+        "copies a contiguous run of elements",
+        "by-stage mode",
+        "optimizer states left out on both sides",
+        "do not size reshard's IO",
+    ):
         assert phrase in text, phrase

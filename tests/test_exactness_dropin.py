@@ -37,8 +37,14 @@ def job(tmp_path: Any) -> dict[str, str]:
         save_ckpt(str(tmp_path / "ck" / f"rank_{rank}" / f"c_{rank}.ckpt"), {"w": piece})
     api.convert(str(tmp_path / "ck"), str(tmp_path / "st"), "safetensors")
     api.unify(str(tmp_path / "st"), s2, str(tmp_path / "unified"))
-    return {"s2": s2, "s4": s4, "ck": str(tmp_path / "ck"), "st": str(tmp_path / "st"),
-            "unified": str(tmp_path / "unified"), "out": str(tmp_path / "out")}
+    return {
+        "s2": s2,
+        "s4": s4,
+        "ck": str(tmp_path / "ck"),
+        "st": str(tmp_path / "st"),
+        "unified": str(tmp_path / "unified"),
+        "out": str(tmp_path / "out"),
+    }
 
 
 @pytest.fixture
@@ -58,23 +64,31 @@ def seen_workers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def _calls(j: dict[str, str]) -> dict[str, Any]:
     """Each drop-in function with a process count, as a function of that count."""
     return {
-        "transform_checkpoints": lambda n: ms.transform_checkpoints(j["ck"], j["out"], "p_", j["s2"], j["s4"],
-                                                                   process_num=n),
+        "transform_checkpoints": lambda n: ms.transform_checkpoints(
+            j["ck"], j["out"], "p_", j["s2"], j["s4"], process_num=n
+        ),
         "transform_checkpoints (safetensors)": lambda n: ms.transform_checkpoints(
-            j["st"], j["out"], "p_", j["s2"], j["s4"], process_num=n, output_format="safetensors"),
+            j["st"], j["out"], "p_", j["s2"], j["s4"], process_num=n, output_format="safetensors"
+        ),
         "ckpt_to_safetensors": lambda n: ms.ckpt_to_safetensors(j["ck"], j["out"], processes_num=n),
         "safetensors_to_ckpt": lambda n: ms.safetensors_to_ckpt(j["st"], j["out"], processes_num=n),
         "unified_safetensors": lambda n: ms.unified_safetensors(j["st"], j["s2"], j["out"], max_process_num=n),
         "load_distributed_checkpoint": lambda n: ms.load_distributed_checkpoint(
-            None, format="safetensors", predict_strategy=j["s4"], unified_safetensors_dir=j["unified"],
-            dst_safetensors_dir=j["out"], max_process_num=n),
+            None,
+            format="safetensors",
+            predict_strategy=j["s4"],
+            unified_safetensors_dir=j["unified"],
+            dst_safetensors_dir=j["out"],
+            max_process_num=n,
+        ),
     }
 
 
 @pytest.mark.parametrize("count", [1, 2, 64])
 @pytest.mark.parametrize("function", list(_calls({k: "" for k in ("ck", "st", "s2", "s4", "unified", "out")})))
-def test_process_counts_do_not_size_the_io(job: dict[str, str], seen_workers: list[int], function: str,
-                                           count: int) -> None:
+def test_process_counts_do_not_size_the_io(
+    job: dict[str, str], seen_workers: list[int], function: str, count: int
+) -> None:
     _calls(job)[function](count)
     assert seen_workers and set(seen_workers) == {default_workers()}
     assert os.listdir(job["out"])
@@ -82,8 +96,9 @@ def test_process_counts_do_not_size_the_io(job: dict[str, str], seen_workers: li
 
 @pytest.mark.parametrize("count", [0, -1, True, 2.5, "2", None])
 @pytest.mark.parametrize("function", ["transform_checkpoints", "ckpt_to_safetensors", "unified_safetensors"])
-def test_process_counts_mindspore_cannot_run_with_are_usage_errors(job: dict[str, str], function: str,
-                                                                   count: Any) -> None:
+def test_process_counts_mindspore_cannot_run_with_are_usage_errors(
+    job: dict[str, str], function: str, count: Any
+) -> None:
     with pytest.raises(UsageError, match="process"):
         _calls(job)[function](count)
     assert not os.path.exists(job["out"])

@@ -38,8 +38,13 @@ BY_STAGE_CASES = {
     # same model names; only the destination holds optimizer states: all-stage mode
     "dst_adds_optimizer_states": (
         {"w": L((2,), (0, -1)), "b": L((2,), (-1,))},
-        {"w": L((2,), (-1, 0)), "b": L((2,), (0,)), "adam_m.w": L((2,), (-1, 0)), "adam_v.w": L((2,), (-1, 0)),
-         "accu_grads.b": L((2,), (0,))},
+        {
+            "w": L((2,), (-1, 0)),
+            "b": L((2,), (0,)),
+            "adam_m.w": L((2,), (-1, 0)),
+            "adam_v.w": L((2,), (-1, 0)),
+            "accu_grads.b": L((2,), (0,)),
+        },
         "all-stage",
     ),
     # the destination adds a model parameter too: by-stage mode
@@ -65,13 +70,25 @@ def test_by_stage_mode_only_when_model_names_grow(oracle, tmp_path) -> None:
         write_strategy(f"{root}/{name}/src.ckpt", make_strategy(src))
         write_strategy(f"{root}/{name}/dst.ckpt", make_strategy(dst))
         api.transform(f"{root}/full", f"{root}/{name}/ranks", None, f"{root}/{name}/src.ckpt")
-        jobs.append({"op": "transform", "src_checkpoints_dir": f"{root}/{name}/ranks",
-                     "dst_checkpoints_dir": f"{root}/{name}/ms", "ckpt_prefix": "checkpoint_",
-                     "src_strategy_file": f"{root}/{name}/src.ckpt", "dst_strategy_file": f"{root}/{name}/dst.ckpt"})
+        jobs.append(
+            {
+                "op": "transform",
+                "src_checkpoints_dir": f"{root}/{name}/ranks",
+                "dst_checkpoints_dir": f"{root}/{name}/ms",
+                "ckpt_prefix": "checkpoint_",
+                "src_strategy_file": f"{root}/{name}/src.ckpt",
+                "dst_strategy_file": f"{root}/{name}/dst.ckpt",
+            }
+        )
     run_ms_jobs(oracle, jobs)
     for name, (_, _, mode) in BY_STAGE_CASES.items():
-        rms.transform_checkpoints(f"{root}/{name}/ranks", f"{root}/{name}/rs", "checkpoint_",
-                                  f"{root}/{name}/src.ckpt", f"{root}/{name}/dst.ckpt")
+        rms.transform_checkpoints(
+            f"{root}/{name}/ranks",
+            f"{root}/{name}/rs",
+            "checkpoint_",
+            f"{root}/{name}/src.ckpt",
+            f"{root}/{name}/dst.ckpt",
+        )
         tail = "_part0" if mode == "by-stage" else ""
         assert sorted(tree_files(f"{root}/{name}/ms")) == [f"rank_{r}/checkpoint_{r}{tail}.ckpt" for r in range(2)]
         assert_same_tree(f"{root}/{name}/rs", f"{root}/{name}/ms")
@@ -95,15 +112,27 @@ def non_dividing(oracle, tmp_path_factory) -> str:
         merge_pipeline_strategies(f"{root}/stages_{name}", f"{root}/{name}.ckpt")
 
     def job(src: str, dst: str, s: str | None, d: str | None) -> dict[str, object]:
-        return {"op": "transform", "src_checkpoints_dir": f"{root}/{src}", "dst_checkpoints_dir": f"{root}/{dst}",
-                "ckpt_prefix": "checkpoint_", "src_strategy_file": s and f"{root}/{s}.ckpt",
-                "dst_strategy_file": d and f"{root}/{d}.ckpt"}
+        return {
+            "op": "transform",
+            "src_checkpoints_dir": f"{root}/{src}",
+            "dst_checkpoints_dir": f"{root}/{dst}",
+            "ckpt_prefix": "checkpoint_",
+            "src_strategy_file": s and f"{root}/{s}.ckpt",
+            "dst_strategy_file": d and f"{root}/{d}.ckpt",
+        }
 
-    jobs = [job("full", "ms8", None, "s8"), job("full", "ms4", None, "s4"),
-            job("ms8", "ms8_full", "s8", None), job("ms4", "ms4_full", "s4", None)]
+    jobs = [
+        job("full", "ms8", None, "s8"),
+        job("full", "ms4", None, "s4"),
+        job("ms8", "ms8_full", "s8", None),
+        job("ms4", "ms4_full", "s4", None),
+    ]
     for six in ("s6_pp2", "s6_pp1"):
-        jobs += [job("full", f"full_{six}", None, six), job("ms8_full", f"ms8_full_{six}", None, six),
-                 job("ms4_full", f"ms4_full_{six}", None, six)]
+        jobs += [
+            job("full", f"full_{six}", None, six),
+            job("ms8_full", f"ms8_full_{six}", None, six),
+            job("ms4_full", f"ms4_full_{six}", None, six),
+        ]
     run_ms_jobs(oracle, jobs)
     refused = oracle(REFUSAL_SCRIPT, job("ms8", "ms8_s6", "s8", "s6_pp2"))
     assert "Cannot transform device_num from 4 to 3" in refused, refused
@@ -140,10 +169,23 @@ def test_non_dividing_transform_of_a_pipeline_shared_parameter(non_dividing: str
     root = non_dividing
     out = f"{root}/rs{source}_{six}"
     proc = subprocess.run(
-        [sys.executable, "-m", "reshard.cli", "transform", "--src_ckpt_dir", f"{root}/ms{source}",
-         "--dst_ckpt_dir", out, "--src_ckpt_strategy", f"{root}/s{source}.ckpt",
-         "--dst_ckpt_strategy", f"{root}/{six}.ckpt"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "reshard.cli",
+            "transform",
+            "--src_ckpt_dir",
+            f"{root}/ms{source}",
+            "--dst_ckpt_dir",
+            out,
+            "--src_ckpt_strategy",
+            f"{root}/s{source}.ckpt",
+            "--dst_ckpt_strategy",
+            f"{root}/{six}.ckpt",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     _assert_same_tensors_as(out, f"{root}/full_{six}")
@@ -153,8 +195,7 @@ def test_non_dividing_transform_of_a_pipeline_shared_parameter(non_dividing: str
 def test_non_dividing_drop_in_matches_the_cli(non_dividing: str) -> None:
     """``reshard.mindspore.transform_checkpoints`` does what MindSpore refuses, with the same bytes."""
     root = non_dividing
-    rms.transform_checkpoints(f"{root}/ms8", f"{root}/dropin8", "checkpoint_", f"{root}/s8.ckpt",
-                              f"{root}/s6_pp2.ckpt")
+    rms.transform_checkpoints(f"{root}/ms8", f"{root}/dropin8", "checkpoint_", f"{root}/s8.ckpt", f"{root}/s6_pp2.ckpt")
     assert_same_tree(f"{root}/dropin8", f"{root}/ms8_full_s6_pp2")
 
 
@@ -169,23 +210,40 @@ def test_full_safetensors_source_column_split_gets_the_right_slice(oracle, tmp_p
     from reshard.formats.safetensors import save_safetensors
 
     root = str(tmp_path)
-    full = {"col": np.arange(48, dtype=np.float32).reshape(6, 8), "row": np.arange(48, dtype=np.float32).reshape(8, 6),
-            "v": np.arange(8, dtype=np.float16)}
+    full = {
+        "col": np.arange(48, dtype=np.float32).reshape(6, 8),
+        "row": np.arange(48, dtype=np.float32).reshape(8, 6),
+        "v": np.arange(8, dtype=np.float16),
+    }
     layouts = {"col": L((2,), (-1, 0)), "row": L((2,), (0, -1)), "v": L((2,), (0,))}
     save_safetensors(f"{root}/full/rank_0/model.safetensors", full, {"format": "ms"})
     write_strategy(f"{root}/dst.ckpt", make_strategy(layouts))
-    run_ms_jobs(oracle, [
-        {"op": "transform", "src_checkpoints_dir": f"{root}/full", "dst_checkpoints_dir": f"{root}/ms_{fmt}",
-         "ckpt_prefix": "net_", "src_strategy_file": None, "dst_strategy_file": f"{root}/dst.ckpt",
-         "output_format": fmt} for fmt in ("safetensors", "ckpt")])
+    run_ms_jobs(
+        oracle,
+        [
+            {
+                "op": "transform",
+                "src_checkpoints_dir": f"{root}/full",
+                "dst_checkpoints_dir": f"{root}/ms_{fmt}",
+                "ckpt_prefix": "net_",
+                "src_strategy_file": None,
+                "dst_strategy_file": f"{root}/dst.ckpt",
+                "output_format": fmt,
+            }
+            for fmt in ("safetensors", "ckpt")
+        ],
+    )
     for fmt in ("safetensors", "ckpt"):
-        rms.transform_checkpoints(f"{root}/full", f"{root}/rs_{fmt}", "net_", None, f"{root}/dst.ckpt",
-                                  output_format=fmt)
+        rms.transform_checkpoints(
+            f"{root}/full", f"{root}/rs_{fmt}", "net_", None, f"{root}/dst.ckpt", output_format=fmt
+        )
     assert_same_tree(f"{root}/rs_ckpt", f"{root}/ms_ckpt")
     assert_same_tree(f"{root}/rs_safetensors", f"{root}/ms_safetensors", ms_wrong=frozenset({"col"}))
     for rank in range(2):
-        with api.open_checkpoint(f"{root}/rs_safetensors/rank_{rank}/net_{rank}.safetensors") as ours, \
-                api.open_checkpoint(f"{root}/ms_safetensors/rank_{rank}/net_{rank}.safetensors") as theirs:
+        with (
+            api.open_checkpoint(f"{root}/rs_safetensors/rank_{rank}/net_{rank}.safetensors") as ours,
+            api.open_checkpoint(f"{root}/ms_safetensors/rank_{rank}/net_{rank}.safetensors") as theirs,
+        ):
             assert np.array_equal(ours.array("col"), full["col"][:, 4 * rank : 4 * rank + 4])
             # MindSpore's block: the 24 elements from the block's first one on, not the column slice
             assert np.array_equal(theirs.array("col").ravel(), full["col"].ravel()[4 * rank : 4 * rank + 24])

@@ -101,8 +101,11 @@ def _ckpt_seed(tmp: Path, **kw: Any) -> bytes:
 
 def _st_seed(tmp: Path) -> bytes:
     path = tmp / "seed.safetensors"
-    save_safetensors(path, {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "i": np.arange(3, dtype=np.int8)},
-                     metadata={"format": "ms"})
+    save_safetensors(
+        path,
+        {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "i": np.arange(3, dtype=np.int8)},
+        metadata={"format": "ms"},
+    )
     return path.read_bytes()
 
 
@@ -121,8 +124,13 @@ def _strategy_seed() -> tuple[bytes, bytes]:
 def seeds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     tmp = tmp_path_factory.mktemp("seeds")
     pb, js = _strategy_seed()
-    out = {"ckpt": _ckpt_seed(tmp), "ckpt_crc": _ckpt_seed(tmp, write_crc=True), "safetensors": _st_seed(tmp),
-           "strategy.ckpt": pb, "strategy.json": js}
+    out = {
+        "ckpt": _ckpt_seed(tmp),
+        "ckpt_crc": _ckpt_seed(tmp, write_crc=True),
+        "safetensors": _st_seed(tmp),
+        "strategy.ckpt": pb,
+        "strategy.json": js,
+    }
     for mode in crypto.MODES:
         key = KEY[:16] if mode == "SM4-CBC" else KEY
         buf = io.BytesIO()
@@ -197,11 +205,16 @@ def test_decrypt_mutations(seeds, tmp_path, data, mode: str, wrong_mode: bool) -
 
 
 @FUZZ
-@given(mode=st.sampled_from(crypto.MODES), block_size=st.integers(-(2**31), 2**31 - 1),
-       iv_len=st.integers(-(2**31), 2**31 - 1), cipher_len=st.integers(-(2**31), 2**31 - 1),
-       tail=st.binary(max_size=64))
-def test_decrypt_lying_record_headers(tmp_path, mode: str, block_size: int, iv_len: int, cipher_len: int,
-                                      tail: bytes) -> None:
+@given(
+    mode=st.sampled_from(crypto.MODES),
+    block_size=st.integers(-(2**31), 2**31 - 1),
+    iv_len=st.integers(-(2**31), 2**31 - 1),
+    cipher_len=st.integers(-(2**31), 2**31 - 1),
+    tail=st.binary(max_size=64),
+)
+def test_decrypt_lying_record_headers(
+    tmp_path, mode: str, block_size: int, iv_len: int, cipher_len: int, tail: bytes
+) -> None:
     magic = {"AES-GCM": 0x7F3A5ED8, "AES-CBC": 0x7F3A5ED9, "SM4-CBC": 0x7F3A5EDA}[mode]
     tag = bytes(16) if mode == "AES-GCM" else b""
     raw = struct.pack("<I", magic) + tag + struct.pack("<ii", block_size, iv_len) + bytes(16)
@@ -227,16 +240,21 @@ JSON_VALUES = st.recursive(
     max_leaves=12,
 )
 ENTRY = st.fixed_dictionaries(
-    {"dtype": st.sampled_from(["F32", "BF16", "I8", "F64", "BOOL", "Q8", ""]) | JSON_VALUES,
-     "shape": st.lists(st.integers(-2, 2**40), max_size=4) | JSON_VALUES,
-     "data_offsets": st.lists(st.integers(-2, 2**64), min_size=0, max_size=3) | JSON_VALUES},
+    {
+        "dtype": st.sampled_from(["F32", "BF16", "I8", "F64", "BOOL", "Q8", ""]) | JSON_VALUES,
+        "shape": st.lists(st.integers(-2, 2**40), max_size=4) | JSON_VALUES,
+        "data_offsets": st.lists(st.integers(-2, 2**64), min_size=0, max_size=3) | JSON_VALUES,
+    },
 )
 
 
 @FUZZ
-@given(header=st.dictionaries(st.text(max_size=6), ENTRY | JSON_VALUES, max_size=4),
-       metadata=st.none() | st.dictionaries(st.text(max_size=6), JSON_VALUES, max_size=3),
-       length_delta=st.sampled_from([0, 0, 0, -1, 1, 2**40]), data=st.binary(max_size=96))
+@given(
+    header=st.dictionaries(st.text(max_size=6), ENTRY | JSON_VALUES, max_size=4),
+    metadata=st.none() | st.dictionaries(st.text(max_size=6), JSON_VALUES, max_size=3),
+    length_delta=st.sampled_from([0, 0, 0, -1, 1, 2**40]),
+    data=st.binary(max_size=96),
+)
 def test_read_safetensors_random_headers(tmp_path, header, metadata, length_delta: int, data: bytes) -> None:
     if metadata is not None:
         header = {**header, "__metadata__": metadata}
@@ -271,20 +289,29 @@ def test_read_strategy_mutations(seeds, tmp_path, data, which: str) -> None:
 
 
 LAYOUT_ITEM = st.fixed_dictionaries(
-    {"dev_matrix": st.lists(st.integers(-1, 5), max_size=3) | JSON_VALUES,
-     "tensor_map": st.lists(st.integers(-2, 3) | st.lists(st.integers(-2, 3), max_size=2), max_size=3) | JSON_VALUES,
-     "field": st.integers(-1, 2) | JSON_VALUES,
-     "opt_weight_shard_step": st.integers(-1, 4) | JSON_VALUES,
-     "opt_weight_shard_size": st.integers(-2, 4) | JSON_VALUES},
+    {
+        "dev_matrix": st.lists(st.integers(-1, 5), max_size=3) | JSON_VALUES,
+        "tensor_map": st.lists(st.integers(-2, 3) | st.lists(st.integers(-2, 3), max_size=2), max_size=3) | JSON_VALUES,
+        "field": st.integers(-1, 2) | JSON_VALUES,
+        "opt_weight_shard_step": st.integers(-1, 4) | JSON_VALUES,
+        "opt_weight_shard_size": st.integers(-2, 4) | JSON_VALUES,
+    },
 )
 
 
 @FUZZ
-@given(items=st.dictionaries(st.text(min_size=1, max_size=6), LAYOUT_ITEM | JSON_VALUES, max_size=3),
-       stage=st.integers(-1, 3) | JSON_VALUES, extra=st.dictionaries(st.text(max_size=4), JSON_VALUES, max_size=2))
+@given(
+    items=st.dictionaries(st.text(min_size=1, max_size=6), LAYOUT_ITEM | JSON_VALUES, max_size=3),
+    stage=st.integers(-1, 3) | JSON_VALUES,
+    extra=st.dictionaries(st.text(max_size=4), JSON_VALUES, max_size=2),
+)
 def test_read_strategy_random_json(tmp_path, items, stage, extra) -> None:
-    doc = {"current_stage": 1, "parallel_strategy_item": {"op": {"stage": stage, "parallel_strategy": [[1]]}},
-           "parallel_layout_item": items, **extra}
+    doc = {
+        "current_stage": 1,
+        "parallel_strategy_item": {"op": {"stage": stage, "parallel_strategy": [[1]]}},
+        "parallel_layout_item": items,
+        **extra,
+    }
     raw = json.dumps(doc).encode()
     path = _write(tmp_path, "s.json", raw)
     read_or_reshard_error(_strategy_and_layouts(path), len(raw))

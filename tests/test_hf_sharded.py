@@ -99,18 +99,29 @@ def hub_groups(sizes: list[tuple[str, int]], limit: int) -> list[list[str]]:
 
     factory = serialization.split_state_dict_into_shards_factory
     size_kw = "get_storage_size" if "get_storage_size" in inspect.signature(factory).parameters else "get_tensor_size"
-    split = factory(dict(sizes), max_shard_size=limit, filename_pattern="model{suffix}.safetensors",
-                    **{size_kw: lambda size: size})
+    split = factory(
+        dict(sizes), max_shard_size=limit, filename_pattern="model{suffix}.safetensors", **{size_kw: lambda size: size}
+    )
     return [list(names) for names in split.filename_to_tensors.values()]
 
 
 # ------------------------------------------------------------------------------------ the rules
 
 
-@pytest.mark.parametrize(("text", "size"), [
-    ("5GB", 5 * 10**9), ("500MB", 500 * 10**6), ("2GiB", 2 * 2**30), ("1000", 1000), ("1.5GB", 1_500_000_000),
-    ("3kb", 3000), ("64 KiB", 65536), ("10B", 10), (123, 123),
-])
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("5GB", 5 * 10**9),
+        ("500MB", 500 * 10**6),
+        ("2GiB", 2 * 2**30),
+        ("1000", 1000),
+        ("1.5GB", 1_500_000_000),
+        ("3kb", 3000),
+        ("64 KiB", 65536),
+        ("10B", 10),
+        (123, 123),
+    ],
+)
 def test_sizes(text: str | int, size: int) -> None:
     assert parse_size(text) == size
 
@@ -121,14 +132,17 @@ def test_bad_sizes(text: str) -> None:
         parse_size(text)
 
 
-@pytest.mark.parametrize(("sizes", "limit", "groups"), [
-    # huggingface_hub's docstring: [6, 6, 2, 6, 2, 2] GB at 10 GB -> [6], [6+2], [6+2+2]
-    ([6, 6, 2, 6, 2, 2], 10, [[0], [1, 2], [3, 4, 5]]),
-    # a tensor over the limit gets a shard of its own, appended before the shard still open
-    ([3, 10, 3], 5, [[1], [0], [2]]),
-    ([5, 5, 5], 5, [[0], [1], [2]]),  # "exceed" is strict: a shard may be exactly the limit
-    ([1, 2, 3], 100, [[0, 1, 2]]),
-])
+@pytest.mark.parametrize(
+    ("sizes", "limit", "groups"),
+    [
+        # huggingface_hub's docstring: [6, 6, 2, 6, 2, 2] GB at 10 GB -> [6], [6+2], [6+2+2]
+        ([6, 6, 2, 6, 2, 2], 10, [[0], [1, 2], [3, 4, 5]]),
+        # a tensor over the limit gets a shard of its own, appended before the shard still open
+        ([3, 10, 3], 5, [[1], [0], [2]]),
+        ([5, 5, 5], 5, [[0], [1], [2]]),  # "exceed" is strict: a shard may be exactly the limit
+        ([1, 2, 3], 100, [[0, 1, 2]]),
+    ],
+)
 def test_shard_groups_hand_computed(sizes: list[int], limit: int, groups: list[list[int]]) -> None:
     named = [(f"t{i}", s) for i, s in enumerate(sizes)]
     assert hf_index.shard_groups(named, limit) == [[f"t{i}" for i in g] for g in groups]
@@ -137,9 +151,11 @@ def test_shard_groups_hand_computed(sizes: list[int], limit: int, groups: list[l
 
 def test_index_text_as_save_pretrained() -> None:
     text = hf_index.index_text(12, {"b": "model-00002-of-00002.safetensors", "a": "model-00001-of-00002.safetensors"})
-    assert text == ('{\n  "metadata": {\n    "total_size": 12\n  },\n  "weight_map": {\n'
-                    '    "a": "model-00001-of-00002.safetensors",\n    "b": "model-00002-of-00002.safetensors"\n'
-                    '  }\n}\n')
+    assert text == (
+        '{\n  "metadata": {\n    "total_size": 12\n  },\n  "weight_map": {\n'
+        '    "a": "model-00001-of-00002.safetensors",\n    "b": "model-00002-of-00002.safetensors"\n'
+        "  }\n}\n"
+    )
 
 
 def test_plan_hf_shards_single_and_strings() -> None:
@@ -161,8 +177,9 @@ def test_unify_hf_shards_load_with_safetensors_and_hold_the_unified_tensors(job:
     shards = sorted(glob.glob(os.path.join(hf, "model-*.safetensors")))
     assert len(shards) > 2
     assert_same_tensors(load_folder(hf, "model-*.safetensors"), load_folder(uni, "part*.safetensors"))
-    assert_same_tensors(load_file(os.path.join(hf, "hyper_param.safetensors")),
-                        load_file(os.path.join(uni, "hyper_param.safetensors")))
+    assert_same_tensors(
+        load_file(os.path.join(hf, "hyper_param.safetensors")), load_file(os.path.join(uni, "hyper_param.safetensors"))
+    )
     for path in shards:
         assert api.open_checkpoint(path).metadata == {"format": "pt"}  # what transformers accepts
 
@@ -181,8 +198,9 @@ def test_unify_hf_index_is_huggingface_hubs_decision(job: dict[str, str]) -> Non
     assert text == json.dumps(expected, indent=2, sort_keys=True) + "\n"
     for group in groups:  # each shard holds exactly its group
         assert sorted(load_file(os.path.join(hf, weight_map[group[0]]))) == sorted(group)
-    assert sorted(os.listdir(hf)) == sorted([*set(weight_map.values()), hf_index.INDEX_NAME,
-                                             "hyper_param.safetensors", "reshard-manifest.json"])
+    assert sorted(os.listdir(hf)) == sorted(
+        [*set(weight_map.values()), hf_index.INDEX_NAME, "hyper_param.safetensors", "reshard-manifest.json"]
+    )
 
 
 def test_single_shard_is_model_safetensors_without_index(job: dict[str, str], tmp_path) -> None:
@@ -199,8 +217,7 @@ def test_single_shard_is_model_safetensors_without_index(job: dict[str, str], tm
 
 def test_tensor_over_the_limit_gets_its_own_shard(job: dict[str, str], tmp_path) -> None:
     out = tmp_path / "big"
-    proc = run_cli("unify", job["r8st"], str(out), "--strategy", job["s8"], "--hf", "--max-shard-size",
-                   str(TOO_SMALL))
+    proc = run_cli("unify", job["r8st"], str(out), "--strategy", job["s8"], "--hf", "--max-shard-size", str(TOO_SMALL))
     assert proc.returncode == 0, proc.stderr
     shards = sorted(glob.glob(str(out / "model-*.safetensors")))
     oversized = 0
@@ -218,8 +235,18 @@ def test_transform_to_full_hf_and_convert_full_ckpt_hf(job: dict[str, str], tmp_
     with api.open_checkpoint(job["full"]) as full:
         model = {name: np.array(full.array(name)) for name in full}
     out = tmp_path / "t"
-    proc = run_cli("transform", "--src", job["r8st"], "--src-strategy", job["s8"], "--dst", str(out), "--hf",
-                   "--max-shard-size", "2KB")
+    proc = run_cli(
+        "transform",
+        "--src",
+        job["r8st"],
+        "--src-strategy",
+        job["s8"],
+        "--dst",
+        str(out),
+        "--hf",
+        "--max-shard-size",
+        "2KB",
+    )
     assert proc.returncode == 0, proc.stderr
     assert os.path.isfile(out / hf_index.INDEX_NAME)
     assert_same_tensors(load_folder(str(out), "model-*.safetensors"), model)
@@ -249,13 +276,17 @@ def test_manifest_covers_the_shards_and_the_index(job: dict[str, str]) -> None:
         assert (record["bytes"], record[algorithm]) == expected, name
 
 
-@pytest.mark.parametrize("args", [
-    ["unify", "{r8st}", "{out}", "--strategy", "{s8}", "--max-shard-size", "5GB"],  # size without --hf
-    ["unify", "{r8st}", "{out}", "--strategy", "{s8}", "--hf", "--split", "1/2"],
-    ["unify", "{r8st}", "{out}", "--strategy", "{s8}", "--hf", "--max-shard-size", "5 parsecs"],
-    ["transform", "--src", "{r8st}", "--dst", "{out}", "--src-strategy", "{s8}", "--dst-strategy", "{s4}", "--hf"],
-    ["convert", "{r8}", "{out}", "--to", "safetensors", "--hf"],  # rank folders, not one full file
-], ids=["size-without-hf", "hf-with-split", "bad-size", "hf-with-dst-strategy", "convert-folder"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["unify", "{r8st}", "{out}", "--strategy", "{s8}", "--max-shard-size", "5GB"],  # size without --hf
+        ["unify", "{r8st}", "{out}", "--strategy", "{s8}", "--hf", "--split", "1/2"],
+        ["unify", "{r8st}", "{out}", "--strategy", "{s8}", "--hf", "--max-shard-size", "5 parsecs"],
+        ["transform", "--src", "{r8st}", "--dst", "{out}", "--src-strategy", "{s8}", "--dst-strategy", "{s4}", "--hf"],
+        ["convert", "{r8}", "{out}", "--to", "safetensors", "--hf"],  # rank folders, not one full file
+    ],
+    ids=["size-without-hf", "hf-with-split", "bad-size", "hf-with-dst-strategy", "convert-folder"],
+)
 def test_bad_hf_options(job: dict[str, str], tmp_path, args: list[str]) -> None:
     out = tmp_path / "out"
     proc = run_cli(*[a.format(out=out, **job) for a in args])
@@ -286,12 +317,18 @@ def test_round_trip_ranks_hf_ranks(job: dict[str, str], tmp_path, via_index_file
 def test_transform_from_hf_equals_transform_from_the_full_file(job: dict[str, str], tmp_path) -> None:
     """A sharded full model is planned like the same tensors in one file (4-rank target, ckpt out)."""
     a, b = tmp_path / "a", tmp_path / "b"
-    assert run_cli("transform", "--src", job["hf"], "--dst", str(a), "--dst-strategy", job["s4"],
-                   "--output-format", "ckpt").returncode == 0
+    assert (
+        run_cli(
+            "transform", "--src", job["hf"], "--dst", str(a), "--dst-strategy", job["s4"], "--output-format", "ckpt"
+        ).returncode
+        == 0
+    )
     api.transform(job["full"], str(b), None, job["s4"], manifest=False)
     for rank in range(4):
-        with api.open_checkpoint(str(a / f"rank_{rank}" / f"checkpoint_{rank}.ckpt")) as x, \
-                api.open_checkpoint(str(b / f"rank_{rank}" / f"checkpoint_{rank}.ckpt")) as y:
+        with (
+            api.open_checkpoint(str(a / f"rank_{rank}" / f"checkpoint_{rank}.ckpt")) as x,
+            api.open_checkpoint(str(b / f"rank_{rank}" / f"checkpoint_{rank}.ckpt")) as y,
+        ):
             assert sorted(x) == sorted(y)
             for name in y:
                 assert np.array_equal(x.array(name), y.array(name)), name
@@ -333,8 +370,10 @@ def _broken(job: dict[str, str], root: str, case: str) -> str:
         weight_map["model.ghost.weight"] = first
     elif case == "tensor-in-two-shards":
         twin = next(n for n, f in weight_map.items() if f == first)
-        save_file({twin: np.zeros(2, np.float32), "extra": np.ones(2, np.float32)},
-                  os.path.join(folder, "model-extra.safetensors"))
+        save_file(
+            {twin: np.zeros(2, np.float32), "extra": np.ones(2, np.float32)},
+            os.path.join(folder, "model-extra.safetensors"),
+        )
         weight_map["extra"] = "model-extra.safetensors"
     if case == "malformed-json":
         with open(index_path, "w", encoding="utf-8") as fh:
@@ -371,9 +410,11 @@ def test_bad_index_split_one_line_exit_2_nothing_written(job: dict[str, str], tm
 def test_bad_index_other_commands(job: dict[str, str], tmp_path, command: str) -> None:
     folder = _broken(job, str(tmp_path), "missing-shard")
     out = tmp_path / "out"
-    args = {"transform": ["transform", "--src", folder, "--dst", str(out), "--dst-strategy", job["s8"]],
-            "verify": ["verify", job["full"], folder],
-            "inspect": ["inspect", folder]}[command]
+    args = {
+        "transform": ["transform", "--src", folder, "--dst", str(out), "--dst-strategy", job["s8"]],
+        "verify": ["verify", job["full"], folder],
+        "inspect": ["inspect", folder],
+    }[command]
     proc = run_cli(*args)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()

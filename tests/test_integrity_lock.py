@@ -35,8 +35,17 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     write_stage_strategies(f"{root}/s16", stage_strategies(BIG, 2, 4, 2, False), 8)
     merge_pipeline_strategies(f"{root}/s16", f"{root}/merged/s16.ckpt")
     job["s16"] = f"{root}/merged/s16.ckpt"
-    job["args"] = ["transform", "--src", job["r8"], "--src-strategy", job["s8"], "--dst-strategy", job["s16"],
-                   "--workers", "1"]
+    job["args"] = [
+        "transform",
+        "--src",
+        job["r8"],
+        "--src-strategy",
+        job["s8"],
+        "--dst-strategy",
+        job["s16"],
+        "--workers",
+        "1",
+    ]
     ref = f"{root}/reference"
     proc = run_cli(*job["args"], "--dst", ref)
     assert proc.returncode == 0, proc.stderr
@@ -45,8 +54,9 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _start(args: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "reshard.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "reshard.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _wait_for_temp_file(proc: subprocess.Popen[str], dst: str) -> None:

@@ -42,16 +42,19 @@ def test_a_correct_plan_passes() -> None:
     validate_plan(_plan(_tensor(_rows(0, 2), _rows(2, 4, source=1))), _shapes)
 
 
-@pytest.mark.parametrize(("copies", "message"), [
-    ((_rows(0, 2),), "fill 12 of its 24 elements \\(they leave a gap\\)"),
-    ((_rows(0, 2), _rows(1, 3, source=1), _rows(3, 4)), "copies overlap at \\[0:2, 0:6\\] and \\[1:3, 0:6\\]"),
-    ((_rows(0, 2), _rows(2, 4), _rows(2, 4, source=1)), "copies overlap"),
-    ((_rows(0, 2), _rows(3, 5, source=1)), "copy 1 writes \\[3:5, 0:6\\], outside the tensor's shape \\[4, 6\\]"),
-    ((_rows(0, 2), _rows(2, 4, src_row=1, source=1)), "copy 1 reads \\[1:3, 0:6\\], outside its source tensor's"),
-    ((_rows(0, 2), _rows(2, 4, source=5)), "copy 1 reads source 5 of 2"),
-    ((_rows(0, 2), Copy(1, "w", (0,), (2,), (2,))), "copy 1 has 1 dimensions, the tensor 2"),
-    ((_rows(0, 2), Copy(1, "nope", (0, 0), (2, 0), (2, 6))), "reads 'nope', which its source file does not hold"),
-])
+@pytest.mark.parametrize(
+    ("copies", "message"),
+    [
+        ((_rows(0, 2),), "fill 12 of its 24 elements \\(they leave a gap\\)"),
+        ((_rows(0, 2), _rows(1, 3, source=1), _rows(3, 4)), "copies overlap at \\[0:2, 0:6\\] and \\[1:3, 0:6\\]"),
+        ((_rows(0, 2), _rows(2, 4), _rows(2, 4, source=1)), "copies overlap"),
+        ((_rows(0, 2), _rows(3, 5, source=1)), "copy 1 writes \\[3:5, 0:6\\], outside the tensor's shape \\[4, 6\\]"),
+        ((_rows(0, 2), _rows(2, 4, src_row=1, source=1)), "copy 1 reads \\[1:3, 0:6\\], outside its source tensor's"),
+        ((_rows(0, 2), _rows(2, 4, source=5)), "copy 1 reads source 5 of 2"),
+        ((_rows(0, 2), Copy(1, "w", (0,), (2,), (2,))), "copy 1 has 1 dimensions, the tensor 2"),
+        ((_rows(0, 2), Copy(1, "nope", (0, 0), (2, 0), (2, 6))), "reads 'nope', which its source file does not hold"),
+    ],
+)
 def test_bad_plans_are_internal_errors_naming_the_tensor(copies: tuple[Copy, ...], message: str) -> None:
     with pytest.raises(PlanError, match=message) as info:
         validate_plan(_plan(_tensor(*copies, name="model.w")), _shapes)
@@ -116,7 +119,7 @@ def _broken_bulk(plan: Plan) -> RankTensors:
     index = next(i for i, share in enumerate(tensors.shares) if len(share.copies) > 1)
     share = tensors.shares[index]
     broken = dataclasses.replace(share, copies=share.copies[:-1])
-    tensors.shares = (*tensors.shares[:index], broken, *tensors.shares[index + 1:])
+    tensors.shares = (*tensors.shares[:index], broken, *tensors.shares[index + 1 :])
     return tensors
 
 

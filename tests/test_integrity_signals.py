@@ -21,8 +21,10 @@ from tests.trust_helpers import CLI_TIMEOUT, make_job, run_cli, temp_files, tree
 
 BIG = ModelShape.for_bytes(40_000_000)  # ~57 MB full checkpoint with Adam moments
 POLL_SECONDS = 0.001
-LINE = re.compile(r"^reshard: interrupted \((SIG[A-Z]+)\): (\d+) of (\d+) files completed; "
-                  r"run the same command with --resume to continue$")
+LINE = re.compile(
+    r"^reshard: interrupted \((SIG[A-Z]+)\): (\d+) of (\d+) files completed; "
+    r"run the same command with --resume to continue$"
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +33,17 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     job = make_job(root, BIG)
     write_stage_strategies(f"{root}/s16", stage_strategies(BIG, 2, 4, 2, False), 8)
     merge_pipeline_strategies(f"{root}/s16", f"{root}/merged/s16.ckpt")
-    job["args"] = ["transform", "--src", job["r8"], "--src-strategy", job["s8"], "--dst-strategy",
-                   f"{root}/merged/s16.ckpt", "--workers", "2"]
+    job["args"] = [
+        "transform",
+        "--src",
+        job["r8"],
+        "--src-strategy",
+        job["s8"],
+        "--dst-strategy",
+        f"{root}/merged/s16.ckpt",
+        "--workers",
+        "2",
+    ]
     ref = f"{root}/reference"
     proc = run_cli(*job["args"], "--dst", ref)
     assert proc.returncode == 0, proc.stderr
@@ -42,8 +53,9 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def _signal_mid_write(args: list[str], dst: str, signum: int) -> subprocess.CompletedProcess[str]:
     """Start the CLI and send ``signum`` as soon as an output is being written (a temp file exists)."""
-    proc = subprocess.Popen([sys.executable, "-m", "reshard.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reshard.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + CLI_TIMEOUT
     while proc.poll() is None and time.monotonic() < deadline:
         if os.path.isdir(dst) and temp_files(dst):

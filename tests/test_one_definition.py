@@ -78,9 +78,14 @@ def test_the_three_assemblers_use_copy_boxes(tmp_path: Path, callers: set[str]) 
     assert verify.verify(merged, job["full"]).ok
 
     callers.clear()
-    loaded = ms.load_distributed_checkpoint(None, predict_strategy=job["strategy"], format="safetensors",
-                                            unified_safetensors_dir=job["unified"], rank_id=3,
-                                            return_param_dict=True)
+    loaded = ms.load_distributed_checkpoint(
+        None,
+        predict_strategy=job["strategy"],
+        format="safetensors",
+        unified_safetensors_dir=job["unified"],
+        rank_id=3,
+        return_param_dict=True,
+    )
     assert callers == {"reshard.mindspore"}
     assert loaded is not None
     assert np.array_equal(loaded["w"], FULL["w"][4:8, 3:6])  # rank 3: dim 0 on axis 1, dim 1 on axis 0
@@ -88,8 +93,11 @@ def test_the_three_assemblers_use_copy_boxes(tmp_path: Path, callers: set[str]) 
 
 def test_only_assemble_copies_boxes() -> None:
     """``np.copyto`` (a box copy) appears in execute/assemble.py alone."""
-    users = sorted(str(path.relative_to(SRC)) for path, tree in _modules()
-                   if any(isinstance(node, ast.Attribute) and node.attr == "copyto" for node in ast.walk(tree)))
+    users = sorted(
+        str(path.relative_to(SRC))
+        for path, tree in _modules()
+        if any(isinstance(node, ast.Attribute) and node.attr == "copyto" for node in ast.walk(tree))
+    )
     assert users == [os.path.join("execute", "assemble.py")]
 
 
@@ -140,10 +148,14 @@ def test_crc_and_cipher_are_probed_in_one_place() -> None:
         rel = str(path.relative_to(SRC))
         for node in ast.walk(tree):
             if isinstance(node, ast.Name | ast.Attribute) and getattr(node, "id", getattr(node, "attr", "")) in (
-                    "CRC_MARK",):
+                "CRC_MARK",
+            ):
                 marks.append(rel)
-            if isinstance(node, ast.Constant) and node.value in (crypto.MAGIC_AES_GCM, crypto.MAGIC_AES_CBC,
-                                                                 crypto.MAGIC_SM4_CBC):
+            if isinstance(node, ast.Constant) and node.value in (
+                crypto.MAGIC_AES_GCM,
+                crypto.MAGIC_AES_CBC,
+                crypto.MAGIC_SM4_CBC,
+            ):
                 magics.append(rel)
     assert set(marks) == {os.path.join("formats", "ckpt.py")}
     assert set(magics) == {os.path.join("formats", "crypto.py")}
@@ -156,23 +168,35 @@ def test_one_temp_suffix() -> None:
     """The temporary-file suffix is spelled once (formats/base.py); everything else imports it."""
     spelled = []
     for path, tree in _modules():
-        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                      if isinstance(node, ast.Module | ast.FunctionDef | ast.ClassDef) and node.body
-                      and isinstance(node.body[0], ast.Expr)}
-        spelled += [str(path.relative_to(SRC)) for node in ast.walk(tree)
-                    if isinstance(node, ast.Constant) and isinstance(node.value, str) and "reshard-tmp" in node.value
-                    and id(node) not in docstrings]
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.FunctionDef | ast.ClassDef)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+        }
+        spelled += [
+            str(path.relative_to(SRC))
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and "reshard-tmp" in node.value
+            and id(node) not in docstrings
+        ]
     assert spelled == [os.path.join("formats", "base.py")]
 
 
 def test_no_module_toggles_the_umask() -> None:
     """``os.umask`` sets the mask of the whole process (every thread): library code never calls it."""
     names = {"umask"}
-    calls = [f"{path.relative_to(SRC)}:{getattr(node, 'lineno', '?')}" for path, tree in _modules()
-             for node in ast.walk(tree)
-             if (isinstance(node, ast.Attribute) and node.attr in names)
-             or (isinstance(node, ast.Name) and node.id in names)
-             or (isinstance(node, ast.alias) and node.name in names)]
+    calls = [
+        f"{path.relative_to(SRC)}:{getattr(node, 'lineno', '?')}"
+        for path, tree in _modules()
+        for node in ast.walk(tree)
+        if (isinstance(node, ast.Attribute) and node.attr in names)
+        or (isinstance(node, ast.Name) and node.id in names)
+        or (isinstance(node, ast.alias) and node.name in names)
+    ]
     assert calls == []
 
 

@@ -29,8 +29,7 @@ def test_the_catch_all_is_gone() -> None:
 
 def test_each_concern_holds_its_own_fields() -> None:
     assert _fields(WriteOptions) == {"write_crc", "enc_key", "enc_mode", "chunk_bytes", "checksum"}
-    assert _fields(RunOptions) == {"workers", "max_memory", "progress", "on_start", "on_file_written",
-                                   "hash_outputs"}
+    assert _fields(RunOptions) == {"workers", "max_memory", "progress", "on_start", "on_file_written", "hash_outputs"}
     assert issubclass(RayOptions, RunOptions)
     assert _fields(RayOptions) - _fields(RunOptions) == {"address", "shared_disk", "max_tasks"}
 
@@ -52,9 +51,15 @@ def test_api_uses_each_group(tmp_path) -> None:
     src = tmp_path / "src" / "m.ckpt"
     save_ckpt(src, {"w": np.arange(64, dtype=np.float32).reshape(8, 8), "b": np.ones(3, np.float16)})
     seen: list[int] = []
-    report = api.transform(str(src), str(tmp_path / "out"), None, None, read=api.ReadOptions(),
-                           write=WriteOptions(write_crc=True, chunk_bytes=64),
-                           run=RunOptions(workers=1, progress=seen.append))
+    report = api.transform(
+        str(src),
+        str(tmp_path / "out"),
+        None,
+        None,
+        read=api.ReadOptions(),
+        write=WriteOptions(write_crc=True, chunk_bytes=64),
+        run=RunOptions(workers=1, progress=seen.append),
+    )
     (out,) = [f.path for f in report.plan.files]
     assert probe_ckpt(out).crc_trailer
     with read_ckpt(out, verify_crc=True) as index:

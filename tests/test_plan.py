@@ -51,12 +51,17 @@ def _check_rank_files(folder: str, strategy: dict[str, L], prefix: str = "checkp
 FOUR = {"w": L((2, 2), (1, 0)), "h": L((2, 2), (-1, 1)), "v": L((2, 2), (0,)), "i": L((2, 2), (0, -1), 2, 2)}
 SIX_A = {"w": L((3, 2), (1, 0)), "h": L((3, 2), (0, 1)), "v": L((3, 2), (1,)), "i": L((3, 2), (-1, 1))}
 SIX_B = {"w": L((2, 3), (0, -1)), "h": L((2, 3), (-1, 0)), "v": L((2, 3), (0,)), "i": L((2, 3), (1, 0))}
-EIGHT = {"w": L((2, 2, 2), (2, 0)), "h": L((2, 2, 2), (-1, 1)), "v": L((2, 2, 2), (2,)),
-         "i": L((2, 2, 2), (0, 1), 4, 2)}
+EIGHT = {
+    "w": L((2, 2, 2), (2, 0)),
+    "h": L((2, 2, 2), (-1, 1)),
+    "v": L((2, 2, 2), (2,)),
+    "i": L((2, 2, 2), (0, 1), 4, 2),
+}
 
 
-@pytest.mark.parametrize(("src", "dst"), [(FOUR, SIX_A), (EIGHT, SIX_B), (SIX_A, FOUR), (SIX_B, EIGHT)],
-                         ids=["4->6", "8->6", "6->4", "6->8"])
+@pytest.mark.parametrize(
+    ("src", "dst"), [(FOUR, SIX_A), (EIGHT, SIX_B), (SIX_A, FOUR), (SIX_B, EIGHT)], ids=["4->6", "8->6", "6->4", "6->8"]
+)
 def test_device_counts_that_do_not_divide(tmp_path, src: dict[str, L], dst: dict[str, L]) -> None:
     """Beyond MindSpore (it refuses): 4 -> 6, 8 -> 6 and back give the exact slices."""
     tmp = str(tmp_path)
@@ -161,8 +166,9 @@ def _valid(p: L, shape: tuple[int, ...]) -> bool:
     return True
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_random_layout_chains_round_trip(tmp_path_factory, data: st.DataObject) -> None:
     """full -> A -> B -> full through real files gives back every tensor, for random layouts."""

@@ -85,8 +85,9 @@ def strategies(draw: st.DrawFn, devices: int, pp: int) -> StrategyFile:
     return make_strategy(items)
 
 
-def _sources(src: StrategyFile | None, devices: int, pp: int, drops: set[tuple[int, str]],
-             wrong: tuple[int, str] | None) -> dict[int, SourceFile]:
+def _sources(
+    src: StrategyFile | None, devices: int, pp: int, drops: set[tuple[int, str]], wrong: tuple[int, str] | None
+) -> dict[int, SourceFile]:
     """Every rank's file: the slices its stage holds (minus ``drops``), plus ``EXTRA``."""
     out: dict[int, SourceFile] = {}
     for rank in range(devices * pp):
@@ -172,8 +173,14 @@ def test_missing_and_wrong_slices_fail_the_same_way(data: st.DataObject) -> None
 
 @pytest.mark.parametrize(("with_src", "with_dst"), [(False, True), (True, False)], ids=["full->N", "N->full"])
 def test_full_source_or_destination(with_src: bool, with_dst: bool) -> None:
-    strategy = make_strategy({"emb": ParamLayout((2, 2), (1, 0)), "w": ParamLayout((2, 2), (0, -1), 2, 2),
-                              "v": ParamLayout((2, 2), (0,)), "s": ParamLayout((2, 2), ())})
+    strategy = make_strategy(
+        {
+            "emb": ParamLayout((2, 2), (1, 0)),
+            "w": ParamLayout((2, 2), (0, -1), 2, 2),
+            "v": ParamLayout((2, 2), (0,)),
+            "s": ParamLayout((2, 2), ()),
+        }
+    )
     src = strategy if with_src else None
     _assert_same(_sources(src, 4 if with_src else 1, 1, set(), None), src, strategy if with_dst else None)
 
@@ -181,9 +188,14 @@ def test_full_source_or_destination(with_src: bool, with_dst: bool) -> None:
 def _plan(ranks: int = 12) -> Plan:
     src = make_strategy({"w": ParamLayout((2, 2), (1, 0)), "v": ParamLayout((2, 2), (0,))})
     dst = make_strategy({"w": ParamLayout((ranks // 2, 2), (0, -1)), "v": ParamLayout((ranks // 2, 2), (-1,))})
-    sources = {r: SourceFile(f"/in/{r}.ckpt", r, {"w": SourceTensor(dtypes.FLOAT32, (12, 6), 288),
-                                                  "v": SourceTensor(dtypes.FLOAT32, (12,), 48)})
-               for r in range(4)}
+    sources = {
+        r: SourceFile(
+            f"/in/{r}.ckpt",
+            r,
+            {"w": SourceTensor(dtypes.FLOAT32, (12, 6), 288), "v": SourceTensor(dtypes.FLOAT32, (12,), 48)},
+        )
+        for r in range(4)
+    }
     return plan_transform(sources, src, dst, "/out", "checkpoint_", "ckpt")
 
 
@@ -240,8 +252,11 @@ def _old_decision(cut: StageCut, name: str) -> Role:
 def test_the_one_decision_is_the_old_one() -> None:
     """``StageCut.role`` over every combination of: in the source map, in the destination map (and
     in which stages), the stage planned."""
-    staged = {"0": StagedLayout(ParamLayout((2,), (0,)), (0,)), "1": StagedLayout(ParamLayout((2,), (0,)), (1,)),
-              "01": StagedLayout(ParamLayout((2,), (0,)), (0, 1))}
+    staged = {
+        "0": StagedLayout(ParamLayout((2,), (0,)), (0,)),
+        "1": StagedLayout(ParamLayout((2,), (0,)), (1,)),
+        "01": StagedLayout(ParamLayout((2,), (0,)), (0, 1)),
+    }
     names = ["a", "b", "c", "d"]
     seen = set()
     for src_names in [None, *itertools.chain.from_iterable(itertools.combinations(names, k) for k in range(5))]:
@@ -269,13 +284,20 @@ def _unified(names: dict[str, tuple[int, ...]], rename: dict[str, str]) -> tuple
     return parts, name_to_file
 
 
-def _assert_same_split(parts: dict[str, SourceFile], name_to_file: dict[str, str], hyper: SourceFile | None,
-                       dst: StrategyFile, rename: dict[str, str], ranks: list[int] | None = None,
-                       bulk: bool = False) -> None:
+def _assert_same_split(
+    parts: dict[str, SourceFile],
+    name_to_file: dict[str, str],
+    hyper: SourceFile | None,
+    dst: StrategyFile,
+    rename: dict[str, str],
+    ranks: list[int] | None = None,
+    bulk: bool = False,
+) -> None:
     wanted = ranks if ranks is not None else list(range(_total(dst)))
     fast = _outcome(lambda: plan_split(parts, name_to_file, hyper, dst, "/out", "safetensors", ranks, rename))
-    ref = _outcome(lambda: _plan_split_reference(parts, name_to_file, hyper, dst, "/out", "safetensors", wanted,
-                                                 rename, "net"))
+    ref = _outcome(
+        lambda: _plan_split_reference(parts, name_to_file, hyper, dst, "/out", "safetensors", wanted, rename, "net")
+    )
     if isinstance(ref, str) or isinstance(fast, str):
         assert fast == ref
         return

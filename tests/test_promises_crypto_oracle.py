@@ -53,25 +53,76 @@ def test_mindspore_loads_reencrypted_outputs(oracle, tmp_path: Path) -> None:
         files[name].write_bytes(key)
     env = {"PROMISES_SM4": keys["sm4"].hex()}
     convert(job["full"], str(tmp_path / "gcm"), "--enc-key-file", str(files["gcm"]))
-    convert(str(tmp_path / "gcm"), str(tmp_path / "cbc"), "--dec-key-file", str(files["gcm"]),
-            "--enc-key-file", str(files["cbc"]), "--enc-mode", "AES-CBC")
-    convert(str(tmp_path / "cbc" / "model.ckpt"), str(tmp_path / "sm4"), "--dec-key-file", str(files["cbc"]),
-            "--dec-mode", "AES-CBC", "--enc-key-env", "PROMISES_SM4", "--enc-mode", "SM4-CBC", env=env)
-    convert(str(tmp_path / "sm4"), str(tmp_path / "plain"), "--dec-key-env", "PROMISES_SM4", "--dec-mode", "SM4-CBC",
-            env=env)
+    convert(
+        str(tmp_path / "gcm"),
+        str(tmp_path / "cbc"),
+        "--dec-key-file",
+        str(files["gcm"]),
+        "--enc-key-file",
+        str(files["cbc"]),
+        "--enc-mode",
+        "AES-CBC",
+    )
+    convert(
+        str(tmp_path / "cbc" / "model.ckpt"),
+        str(tmp_path / "sm4"),
+        "--dec-key-file",
+        str(files["cbc"]),
+        "--dec-mode",
+        "AES-CBC",
+        "--enc-key-env",
+        "PROMISES_SM4",
+        "--enc-mode",
+        "SM4-CBC",
+        env=env,
+    )
+    convert(
+        str(tmp_path / "sm4"),
+        str(tmp_path / "plain"),
+        "--dec-key-env",
+        "PROMISES_SM4",
+        "--dec-mode",
+        "SM4-CBC",
+        env=env,
+    )
     convert(job["r8"], str(tmp_path / "r8gcm"), "--enc-key-file", str(files["gcm"]))
     rank3 = os.path.join(job["r8"], "rank_3", "checkpoint_3.ckpt")
     cases = [
-        {"name": "gcm", "path": str(tmp_path / "gcm" / "model.ckpt"), "key": keys["gcm"].hex(), "mode": "AES-GCM",
-         "reference": None},
-        {"name": "cbc", "path": str(tmp_path / "cbc" / "model.ckpt"), "key": keys["cbc"].hex(), "mode": "AES-CBC",
-         "reference": None},
-        {"name": "sm4", "path": str(tmp_path / "sm4" / "model.ckpt"), "key": keys["sm4"].hex(), "mode": "SM4-CBC",
-         "reference": None},
-        {"name": "plain", "path": str(tmp_path / "plain" / "model.ckpt"), "key": "", "mode": "AES-GCM",
-         "reference": None},
-        {"name": "rank3", "path": str(tmp_path / "r8gcm" / "rank_3" / "checkpoint_3.ckpt"), "key": keys["gcm"].hex(),
-         "mode": "AES-GCM", "reference": rank3},
+        {
+            "name": "gcm",
+            "path": str(tmp_path / "gcm" / "model.ckpt"),
+            "key": keys["gcm"].hex(),
+            "mode": "AES-GCM",
+            "reference": None,
+        },
+        {
+            "name": "cbc",
+            "path": str(tmp_path / "cbc" / "model.ckpt"),
+            "key": keys["cbc"].hex(),
+            "mode": "AES-CBC",
+            "reference": None,
+        },
+        {
+            "name": "sm4",
+            "path": str(tmp_path / "sm4" / "model.ckpt"),
+            "key": keys["sm4"].hex(),
+            "mode": "SM4-CBC",
+            "reference": None,
+        },
+        {
+            "name": "plain",
+            "path": str(tmp_path / "plain" / "model.ckpt"),
+            "key": "",
+            "mode": "AES-GCM",
+            "reference": None,
+        },
+        {
+            "name": "rank3",
+            "path": str(tmp_path / "r8gcm" / "rank_3" / "checkpoint_3.ckpt"),
+            "key": keys["gcm"].hex(),
+            "mode": "AES-GCM",
+            "reference": rank3,
+        },
     ]
     result = oracle(LOAD, {"original": job["full"], "cases": cases})
     assert all(r["same"] for r in result.values()), result

@@ -26,18 +26,28 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = str(tmp_path_factory.mktemp("demo"))
     proc = run("demo", "--dir", root)
     assert proc.returncode == 0, proc.stderr
-    return {"root": root, "full": f"{root}/full/model.ckpt", "full_dir": f"{root}/full", "r8": f"{root}/ckpt_8ranks",
-            "st8": f"{root}/st_8ranks", "r4": f"{root}/ckpt_4ranks", "full_back": f"{root}/full_back",
-            "s8": f"{root}/merged/src_strategy.ckpt", "s4": f"{root}/merged/dst_strategy.ckpt",
-            "s8_dir": f"{root}/strategy_8", "s4_dir": f"{root}/strategy_4"}
+    return {
+        "root": root,
+        "full": f"{root}/full/model.ckpt",
+        "full_dir": f"{root}/full",
+        "r8": f"{root}/ckpt_8ranks",
+        "st8": f"{root}/st_8ranks",
+        "r4": f"{root}/ckpt_4ranks",
+        "full_back": f"{root}/full_back",
+        "s8": f"{root}/merged/src_strategy.ckpt",
+        "s4": f"{root}/merged/dst_strategy.ckpt",
+        "s8_dir": f"{root}/strategy_8",
+        "s4_dir": f"{root}/strategy_4",
+    }
 
 
 @pytest.fixture(scope="module")
 def full_run(demo: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> str:
     """The 8 -> 4 transform of every rank, the reference for single-rank runs."""
     out = str(tmp_path_factory.mktemp("full_run") / "out")
-    proc = run("transform", "--src", demo["r8"], "--dst", out, "--src-strategy", demo["s8"],
-               "--dst-strategy", demo["s4"])
+    proc = run(
+        "transform", "--src", demo["r8"], "--dst", out, "--src-strategy", demo["s8"], "--dst-strategy", demo["s4"]
+    )
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -70,14 +80,24 @@ def needed(demo: dict[str, str], rank: int) -> list[int]:
 
 
 @pytest.mark.parametrize("rank", [0, 1, 3])
-def test_node_copies_only_the_ranks_it_needs(demo: dict[str, str], full_run: str, tmp_path: Path,
-                                             rank: int) -> None:
+def test_node_copies_only_the_ranks_it_needs(demo: dict[str, str], full_run: str, tmp_path: Path, rank: int) -> None:
     node_src = tmp_path / "src"
     for r in needed(demo, rank):
         shutil.copytree(os.path.join(demo["r8"], f"rank_{r}"), node_src / f"rank_{r}")
     out = tmp_path / "out"
-    proc = run("transform", "--src", str(node_src), "--dst", str(out), "--src-strategy", demo["s8"],
-               "--dst-strategy", demo["s4"], "--ranks", str(rank))
+    proc = run(
+        "transform",
+        "--src",
+        str(node_src),
+        "--dst",
+        str(out),
+        "--src-strategy",
+        demo["s8"],
+        "--dst-strategy",
+        demo["s4"],
+        "--ranks",
+        str(rank),
+    )
     assert proc.returncode == 0, proc.stderr
     assert sorted(os.listdir(out)) == [f"rank_{rank}", "reshard-manifest.json"]
     assert Path(rank_file(str(out), rank)).read_bytes() == Path(rank_file(full_run, rank)).read_bytes()
@@ -108,8 +128,21 @@ def test_ranks_still_refuses_folders_the_strategy_does_not_describe(demo: dict[s
     for r in needed(demo, 1):
         shutil.copytree(os.path.join(demo["r8"], f"rank_{r}"), node_src / f"rank_{r}")
     shutil.copytree(os.path.join(demo["r8"], "rank_1"), node_src / "rank_9")
-    line = one_error(run("transform", "--src", str(node_src), "--dst", str(tmp_path / "out"), "--src-strategy",
-                         demo["s8"], "--dst-strategy", demo["s4"], "--ranks", "1"))
+    line = one_error(
+        run(
+            "transform",
+            "--src",
+            str(node_src),
+            "--dst",
+            str(tmp_path / "out"),
+            "--src-strategy",
+            demo["s8"],
+            "--dst-strategy",
+            demo["s4"],
+            "--ranks",
+            "1",
+        )
+    )
     assert "describes 8 rank(s)" in line and "rank folder(s) 9" in line, line
 
 
@@ -171,8 +204,12 @@ def test_inspect_encrypted_checkpoint_with_key(demo: dict[str, str], tmp_path: P
     key = tmp_path / "key"
     key.write_bytes(b"0123456789abcdef")
     enc = tmp_path / "enc"
-    assert run("convert", demo["full"], str(enc), "--to", "ckpt", "--enc-key-file", str(key),
-               "--enc-mode", "AES-CBC").returncode == 0
+    assert (
+        run(
+            "convert", demo["full"], str(enc), "--to", "ckpt", "--enc-key-file", str(key), "--enc-mode", "AES-CBC"
+        ).returncode
+        == 0
+    )
     target = str(enc / "model.ckpt")
     line = one_error(run("inspect", target))
     assert "--dec-key-file" in line
@@ -205,8 +242,9 @@ def test_strategy_folder_with_merged_file(demo: dict[str, str], full_run: str, t
     before = snapshot(str(folder))
     note = "reshard: note: ignored merged_ckpt_strategy.ckpt: the per-stage files were used"
     out = tmp_path / "out"
-    proc = run("transform", "--src", demo["r8"], "--dst", str(out), "--src-strategy", str(folder),
-               "--dst-strategy", demo["s4"])
+    proc = run(
+        "transform", "--src", demo["r8"], "--dst", str(out), "--src-strategy", str(folder), "--dst-strategy", demo["s4"]
+    )
     assert proc.returncode == 0, proc.stderr
     assert note in proc.stderr.splitlines()
     for r in range(4):
@@ -217,8 +255,9 @@ def test_strategy_folder_with_merged_file(demo: dict[str, str], full_run: str, t
     proc = run("inspect", demo["r8"], "--strategy", str(folder), "--json")
     assert proc.returncode == 0 and note in proc.stderr.splitlines()
     proc = run("verify", demo["full"], demo["r8"], "--b-strategy", str(folder))
-    assert proc.returncode == 0 and any(line.endswith(note[len("reshard: note: "):]) for line in
-                                        proc.stderr.splitlines()), proc.stderr
+    assert proc.returncode == 0 and any(
+        line.endswith(note[len("reshard: note: ") :]) for line in proc.stderr.splitlines()
+    ), proc.stderr
     again = tmp_path / "again.ckpt"
     proc = run("merge-strategies", str(folder), str(again))
     assert proc.returncode == 0 and note in proc.stderr.splitlines(), proc.stderr
@@ -243,11 +282,33 @@ def test_convert_encrypts_reencrypts_and_decrypts(demo: dict[str, str], tmp_path
     proc = run("convert", demo["full"], str(enc), "--to", "ckpt", "--enc-key-file", str(key_a))
     assert proc.returncode == 0 and "wrote 1 file " in proc.stdout, proc.stderr
     assert (enc / "model.ckpt").read_bytes()[:4] != Path(demo["full"]).read_bytes()[:4]
-    proc = run("convert", str(enc), str(re_enc), "--to", "ckpt", "--dec-key-file", str(key_a),
-               "--enc-key-env", "PROMISES_KEY_B", "--enc-mode", "SM4-CBC", env=env)
+    proc = run(
+        "convert",
+        str(enc),
+        str(re_enc),
+        "--to",
+        "ckpt",
+        "--dec-key-file",
+        str(key_a),
+        "--enc-key-env",
+        "PROMISES_KEY_B",
+        "--enc-mode",
+        "SM4-CBC",
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
-    proc = run("convert", str(re_enc / "model.ckpt"), str(plain), "--to", "ckpt", "--dec-key-env", "PROMISES_KEY_B",
-               "--dec-mode", "SM4-CBC", env=env)
+    proc = run(
+        "convert",
+        str(re_enc / "model.ckpt"),
+        str(plain),
+        "--to",
+        "ckpt",
+        "--dec-key-env",
+        "PROMISES_KEY_B",
+        "--dec-mode",
+        "SM4-CBC",
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert (plain / "model.ckpt").read_bytes() == Path(demo["full"]).read_bytes()
     assert snapshot(demo["full_dir"]) == before
@@ -259,8 +320,18 @@ def test_convert_reencrypts_rank_folders(demo: dict[str, str], tmp_path: Path) -
     out = tmp_path / "enc8"
     proc = run("convert", demo["r8"], str(out), "--to", "ckpt", "--enc-key-file", str(key), "--enc-mode", "AES-CBC")
     assert proc.returncode == 0 and "wrote 8 files" in proc.stdout, proc.stderr
-    assert same_tensors(demo["r8"], str(out), "--a-strategy", demo["s8"], "--b-strategy", demo["s8"],
-                        "--dec-key-file", str(key), "--dec-mode", "AES-CBC")
+    assert same_tensors(
+        demo["r8"],
+        str(out),
+        "--a-strategy",
+        demo["s8"],
+        "--b-strategy",
+        demo["s8"],
+        "--dec-key-file",
+        str(key),
+        "--dec-mode",
+        "AES-CBC",
+    )
 
 
 def test_convert_ckpt_to_ckpt_refusals(demo: dict[str, str], tmp_path: Path) -> None:
@@ -270,10 +341,12 @@ def test_convert_ckpt_to_ckpt_refusals(demo: dict[str, str], tmp_path: Path) -> 
     out = tmp_path / "out"
     assert "nothing to do" in one_error(run("convert", demo["full"], str(out), "--to", "ckpt"))
     assert "nothing to do" in one_error(run("convert", demo["r8"], str(out), "--to", "ckpt"))
-    assert "give an output folder" in one_error(run("convert", demo["full"], "--to", "ckpt", "--enc-key-file",
-                                                    str(key)))
-    line = one_error(run("convert", demo["full"], demo["full_dir"], "--to", "ckpt", "--enc-key-file", str(key),
-                         "--overwrite"))
+    assert "give an output folder" in one_error(
+        run("convert", demo["full"], "--to", "ckpt", "--enc-key-file", str(key))
+    )
+    line = one_error(
+        run("convert", demo["full"], demo["full_dir"], "--to", "ckpt", "--enc-key-file", str(key), "--overwrite")
+    )
     assert "would replace an input" in line
     assert not out.exists() and snapshot(demo["root"]) == before
 
@@ -297,8 +370,9 @@ def test_full_file_and_folder_transform_without_source_strategy(demo: dict[str, 
     assert Path(rank_file(str(copy), 0)).read_bytes() == Path(demo["full"]).read_bytes()
 
 
-@pytest.mark.parametrize("pair", [("full", "full_back"), ("full_back", "full"), ("full_dir", "full_back"),
-                                  ("full_back", "full_dir")])
+@pytest.mark.parametrize(
+    "pair", [("full", "full_back"), ("full_back", "full"), ("full_dir", "full_back"), ("full_back", "full_dir")]
+)
 def test_verify_full_file_against_reshard_full_output(demo: dict[str, str], pair: tuple[str, str]) -> None:
     proc = run("verify", demo[pair[0]], demo[pair[1]], "--json")
     assert proc.returncode == 0, proc.stderr

@@ -63,9 +63,7 @@ def test_public_definitions_are_exported(name: str) -> None:
     defined = {
         n
         for n, value in vars(module).items()
-        if not n.startswith("_")
-        and (inspect.isfunction(value) or inspect.isclass(value))
-        and value.__module__ == name
+        if not n.startswith("_") and (inspect.isfunction(value) or inspect.isclass(value)) and value.__module__ == name
     }
     unlisted = defined - set(module.__all__) - NOT_EXPORTED.get(name, set())
     assert not unlisted, f"{name} defines public names missing from __all__: {sorted(unlisted)}"
@@ -85,10 +83,22 @@ def test_exclusions_are_still_defined() -> None:
 
 DOCUMENTED = {
     "reshard.api": (
-        "check_destination", "convert", "convert_targets", "execute", "holds_only_ckpt", "needed_ranks", "recrypt",
-        "split", "superseded", "transform", "transform_by_rank", "unify",
+        "check_destination",
+        "convert",
+        "convert_targets",
+        "execute",
+        "holds_only_ckpt",
+        "needed_ranks",
+        "recrypt",
+        "split",
+        "superseded",
+        "transform",
+        "transform_by_rank",
+        "unify",
         # the discovery functions the README shows (defined in reshard.sources)
-        "open_checkpoint", "source_file", "unified_index",
+        "open_checkpoint",
+        "source_file",
+        "unified_index",
     ),
     "reshard.mindspore": tuple(importlib.import_module("reshard.mindspore").__all__),
 }

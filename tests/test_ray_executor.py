@@ -37,8 +37,9 @@ def _tensor_files(root: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("shared_disk", [True, False])
 @pytest.mark.parametrize("target", ["s4", None], ids=["8to4", "8tofull"])
-def test_transform_matches_local(cluster: None, job: dict[str, str], tmp_path: Any, shared_disk: bool,
-                                 target: str | None) -> None:
+def test_transform_matches_local(
+    cluster: None, job: dict[str, str], tmp_path: Any, shared_disk: bool, target: str | None
+) -> None:
     dst_strategy = job[target] if target else None
     api.transform(job["r8"], str(tmp_path / "local"), job["s8"], dst_strategy)
     run = RayOptions(shared_disk=shared_disk, max_tasks=None if shared_disk else 3)
@@ -57,8 +58,7 @@ def test_unify_writes_parts_and_index(cluster: None, job: dict[str, str], tmp_pa
 
 
 @pytest.mark.parametrize("shared_disk", [True, False])
-def test_missing_source_is_one_line_error(cluster: None, job: dict[str, str], tmp_path: Any,
-                                          shared_disk: bool) -> None:
+def test_missing_source_is_one_line_error(cluster: None, job: dict[str, str], tmp_path: Any, shared_disk: bool) -> None:
     src = tmp_path / "src"
     api.convert(job["r8"], str(src), "safetensors", manifest=False)
     plan = api.transform(str(src), str(tmp_path / "out"), job["s8"], job["s4"], dry_run=True).plan
@@ -93,9 +93,22 @@ def test_cli_executor_ray(cluster: None, job: dict[str, str], tmp_path: Any, cap
 def test_cli_joins_cluster_by_address(cluster: None, job: dict[str, str], tmp_path: Any) -> None:
     """A separate process joins the running cluster with --ray-address (as on a multi-node job)."""
     address = ray.get_runtime_context().gcs_address
-    proc = run_cli("transform", "--src", job["r8"], "--src-strategy", job["s8"], "--dst-strategy", job["s4"],
-                   "--dst", str(tmp_path / "ray"), "--executor", "ray", "--ray-address", address,
-                   "--no-shared-disk")
+    proc = run_cli(
+        "transform",
+        "--src",
+        job["r8"],
+        "--src-strategy",
+        job["s8"],
+        "--dst-strategy",
+        job["s4"],
+        "--dst",
+        str(tmp_path / "ray"),
+        "--executor",
+        "ray",
+        "--ray-address",
+        address,
+        "--no-shared-disk",
+    )
     assert proc.returncode == 0, proc.stderr
     api.transform(job["r8"], str(tmp_path / "local"), job["s8"], job["s4"])
     assert _tensor_files(str(tmp_path / "ray")) == _tensor_files(str(tmp_path / "local"))

@@ -70,8 +70,10 @@ def three_nodes(job: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -
     for _ in range(2):
         cluster.add_node(num_cpus=1)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    runtime_env = {"env_vars": {FORBIDDEN_ENV: os.pathsep.join([job["root"], outputs])},
-                   "worker_process_setup_hook": _forbid_job_paths}
+    runtime_env = {
+        "env_vars": {FORBIDDEN_ENV: os.pathsep.join([job["root"], outputs])},
+        "worker_process_setup_hook": _forbid_job_paths,
+    }
     ray.init(address=cluster.address, runtime_env=runtime_env, log_to_driver=False, logging_level="ERROR")
     try:
         yield outputs
@@ -100,8 +102,7 @@ def test_workers_really_cannot_see_the_job(three_nodes: str, job: dict[str, str]
 
 
 @pytest.mark.parametrize("target", ["s4", None], ids=["8to4", "8tofull"])
-def test_no_shared_disk_matches_local(three_nodes: str, job: dict[str, str], tmp_path: Any,
-                                      target: str | None) -> None:
+def test_no_shared_disk_matches_local(three_nodes: str, job: dict[str, str], tmp_path: Any, target: str | None) -> None:
     dst_strategy = job[target] if target else None
     api.transform(job["r8"], str(tmp_path / "local"), job["s8"], dst_strategy)
     out = os.path.join(three_nodes, f"ray-{target}")

@@ -42,8 +42,17 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     job = make_job(root, BIG)
     write_stage_strategies(f"{root}/s16", stage_strategies(BIG, 2, 4, 2, False), 8)
     merge_pipeline_strategies(f"{root}/s16", f"{root}/merged/s16.ckpt")
-    job["args"] = ["transform", "--src", job["r8"], "--src-strategy", job["s8"], "--dst-strategy",
-                   f"{root}/merged/s16.ckpt", "--workers", "1"]
+    job["args"] = [
+        "transform",
+        "--src",
+        job["r8"],
+        "--src-strategy",
+        job["s8"],
+        "--dst-strategy",
+        f"{root}/merged/s16.ckpt",
+        "--workers",
+        "1",
+    ]
     ref = f"{root}/reference"
     proc = run_cli(*job["args"], "--dst", ref)
     assert proc.returncode == 0, proc.stderr
@@ -66,8 +75,9 @@ def _journal_lines(dst: str) -> int:
 
 def _kill_when(args: list[str], ready: Callable[[float], bool]) -> bool:
     """Start the CLI, SIGKILL it as soon as ``ready(elapsed)``; True if it was still running."""
-    proc = subprocess.Popen([sys.executable, "-m", "reshard.cli", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reshard.cli", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     start = time.monotonic()
     try:
         while proc.poll() is None and not ready(time.monotonic() - start):
@@ -140,8 +150,9 @@ def test_repeated_kills_at_random_moments_then_resume(big: dict[str, Any], tmp_p
         flags = ["--resume"] if attempt else []
         seen: dict[str, float] = {}
 
-        def ready(t: float, wanted: int = wanted, extra: float = extra, since: int = since,
-                  seen: dict[str, float] = seen) -> bool:
+        def ready(
+            t: float, wanted: int = wanted, extra: float = extra, since: int = since, seen: dict[str, float] = seen
+        ) -> bool:
             if "at" not in seen and _new_outputs(dst, since) >= wanted:
                 seen["at"] = t
             return "at" in seen and t >= seen["at"] + extra

@@ -142,7 +142,8 @@ def _operations(job: dict[str, str], out: str) -> dict[str, Callable[[str], Any]
 
 @pytest.mark.parametrize("operation", ["inspect", "verify", "transform", "unify", "split", "convert"])
 def test_what_is_this_errors_of_every_operation_come_from_the_registry(
-        job: dict[str, str], tmp_path: Path, operation: str) -> None:
+    job: dict[str, str], tmp_path: Path, operation: str
+) -> None:
     call = _operations(job, str(tmp_path / "out"))[operation]
     missing = str(tmp_path / "missing")
     assert str(_error(lambda: call(missing))) == f"{missing}: no such file or folder"
@@ -175,20 +176,29 @@ def detections(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str]
     """Every ``detect(path)`` asked of the registry's kinds, as (kind name, path)."""
     calls: list[tuple[str, str]] = []
     for kind in registry.KINDS:
+
         def recording(path: str, kind: sources.Kind = kind, detect: Callable[[str], bool] = kind.detect) -> bool:
             calls.append((kind.name, path))
             return detect(path)
+
         monkeypatch.setattr(kind, "detect", recording)
     yield calls
 
 
-SOURCE_OF = {"inspect": "r8", "verify": "unified", "transform": "full", "unify": "r8st", "split": "hf",
-             "convert": "full"}
+SOURCE_OF = {
+    "inspect": "r8",
+    "verify": "unified",
+    "transform": "full",
+    "unify": "r8st",
+    "split": "hf",
+    "convert": "full",
+}
 
 
 @pytest.mark.parametrize("operation", sorted(SOURCE_OF))
-def test_every_operation_asks_the_registry(job: dict[str, str], tmp_path: Path, operation: str,
-                                           detections: list[tuple[str, str]]) -> None:
+def test_every_operation_asks_the_registry(
+    job: dict[str, str], tmp_path: Path, operation: str, detections: list[tuple[str, str]]
+) -> None:
     path = job[SOURCE_OF[operation]]
     _operations(job, str(tmp_path / "out"))[operation](path)
     assert any(p == path for _, p in detections), detections
@@ -216,8 +226,16 @@ def test_a_new_kind_is_one_module_and_one_registry_line(tmp_path: Path, monkeypa
 
 
 def test_readme_names_stay_importable_from_api() -> None:
-    for name in ("ReadOptions", "open_checkpoint", "unified_index", "source_file", "rank_sources", "hf_model",
-                 "is_hf_model", "model_folder"):
+    for name in (
+        "ReadOptions",
+        "open_checkpoint",
+        "unified_index",
+        "source_file",
+        "rank_sources",
+        "hf_model",
+        "is_hf_model",
+        "model_folder",
+    ):
         assert getattr(api, name) is getattr(sources, name)
         assert name in api.__all__
     assert "verify_crc" in {f.name for f in __import__("dataclasses").fields(api.ReadOptions)}

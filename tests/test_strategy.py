@@ -400,8 +400,10 @@ def test_merge_never_merges_its_own_output(tmp_path: Path) -> None:
     (src / "old_merged.ckpt").write_bytes(first)
     notes: list[str] = []
     assert Path(merge_pipeline_strategies(src, tmp_path / "m.ckpt", notes)).read_bytes() == first
-    assert notes == ["ignored merged.ckpt: the per-stage files were used",
-                     "ignored old_merged.ckpt: the per-stage files were used"]
+    assert notes == [
+        "ignored merged.ckpt: the per-stage files were used",
+        "ignored old_merged.ckpt: the per-stage files were used",
+    ]
     # merged files alone are refused clearly rather than merged
     alone = write_stages(tmp_path / "alone", {})
     (alone / "old_merged.ckpt").write_bytes(first)

@@ -30,8 +30,18 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 def _transform(job: dict[str, str], out: Path, *extra: str, src: str | None = None) -> list[str]:
-    return ["transform", "--src", src or job["r8"], "--dst", str(out), "--src-strategy", job["s8"],
-            "--dst-strategy", job["s4"], *extra]
+    return [
+        "transform",
+        "--src",
+        src or job["r8"],
+        "--dst",
+        str(out),
+        "--src-strategy",
+        job["s8"],
+        "--dst-strategy",
+        job["s4"],
+        *extra,
+    ]
 
 
 def _two_per_rank(tmp: Path, tree: str, fmt: str = "ckpt") -> str:
@@ -58,8 +68,9 @@ def test_help_documents_exit_codes() -> None:
         assert "2 bad input or usage, 3 internal error" in " ".join(proc.stdout.split()), proc.stdout
 
 
-def test_internal_error_is_exit_3(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-                                  tmp_path: Path) -> None:
+def test_internal_error_is_exit_3(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("a bug")
 
@@ -90,10 +101,14 @@ def test_output_into_head_ends_quietly(tmp_path: Path, command: str) -> None:
     big = _many_tensors(tmp_path)
     strategy = tmp_path / "s2.ckpt"
     write_strategy(strategy, make_strategy({f"layer.{i}.weight": ParamLayout((2,), (-1,)) for i in range(3000)}))
-    args = ["inspect", "--json", big] if command == "inspect" else ["plan", "--json", "--src", big, "--dst-strategy",
-                                                                     str(strategy), "--dst", str(tmp_path / "out")]
-    writer = subprocess.Popen([sys.executable, "-m", "reshard.cli", *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE)
+    args = (
+        ["inspect", "--json", big]
+        if command == "inspect"
+        else ["plan", "--json", "--src", big, "--dst-strategy", str(strategy), "--dst", str(tmp_path / "out")]
+    )
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "reshard.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     head = subprocess.run(["head", "-c", "10"], stdin=writer.stdout, capture_output=True, timeout=120)
     assert writer.stdout is not None and writer.stderr is not None
     writer.stdout.close()
@@ -106,29 +121,41 @@ def test_output_into_head_ends_quietly(tmp_path: Path, command: str) -> None:
 
 def test_rich_output_into_head_ends_quietly(tmp_path: Path) -> None:
     big = _many_tensors(tmp_path)
-    proc = subprocess.run(f"{sys.executable} -m reshard.cli inspect {big} | head -c 10; exit ${{PIPESTATUS[0]}}",
-                          shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        f"{sys.executable} -m reshard.cli inspect {big} | head -c 10; exit ${{PIPESTATUS[0]}}",
+        shell=True,
+        executable="/bin/bash",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == cli.EXIT_BROKEN_PIPE and proc.stderr == "", proc.stderr
 
 
 # ------------------------------------------------------------------------------------ progress, quiet, summary
 
-LINE = re.compile(r"^reshard: [\d.]+ (B|KiB|MiB|GiB) / [\d.]+ (B|KiB|MiB|GiB) \(100%\), [\d.]+ (B|KiB|MiB|GiB)/s, "
-                  r"ETA 0:00$")
+LINE = re.compile(
+    r"^reshard: [\d.]+ (B|KiB|MiB|GiB) / [\d.]+ (B|KiB|MiB|GiB) \(100%\), [\d.]+ (B|KiB|MiB|GiB)/s, "
+    r"ETA 0:00$"
+)
 
 
 def test_progress_in_a_log_prints_plain_lines(job: dict[str, str], tmp_path: Path) -> None:
     log = tmp_path / "log.txt"
     with open(log, "w") as fh:
-        proc = subprocess.run([sys.executable, "-m", "reshard.cli", *_transform(job, tmp_path / "out", "--progress")],
-                              stdout=subprocess.PIPE, stderr=fh, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-m", "reshard.cli", *_transform(job, tmp_path / "out", "--progress")],
+            stdout=subprocess.PIPE,
+            stderr=fh,
+            text=True,
+            timeout=300,
+        )
     assert proc.returncode == 0
     lines = log.read_text().splitlines()
     assert len(lines) == 1 and LINE.match(lines[0]), lines
 
 
-def test_progress_lines_every_few_seconds(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-                                          ) -> None:
+def test_progress_lines_every_few_seconds(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     clock = iter([0.0, 1.0, 6.0, 7.0, 12.5, 13.0])
     monkeypatch.setattr(cli.time, "monotonic", lambda: next(clock))
     lines = cli._ProgressLines(every=5.0)
@@ -156,8 +183,9 @@ def test_quiet_silences_notes_and_progress(job: dict[str, str], tmp_path: Path) 
 def test_summary_says_files_bytes_destination_time_and_rate(job: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = run_cli(*_transform(job, out))
-    assert re.fullmatch(rf"wrote 4 files \([\d.]+ KiB\) to {re.escape(str(out))}/ in [\d.]+ s, [\d.]+ [KMG]iB/s\n",
-                        proc.stdout), proc.stdout
+    assert re.fullmatch(
+        rf"wrote 4 files \([\d.]+ KiB\) to {re.escape(str(out))}/ in [\d.]+ s, [\d.]+ [KMG]iB/s\n", proc.stdout
+    ), proc.stdout
     proc = run_cli("convert", job["full"], str(tmp_path / "one"), "--to", "safetensors")
     assert proc.stdout.startswith("wrote 1 file ("), proc.stdout
 
@@ -183,8 +211,10 @@ def test_file_suffix_with_a_leading_dash(job: dict[str, str], tmp_path: Path) ->
         out = tmp_path / ("out" + str(len(os.listdir(tmp_path))))
         proc = run_cli(*_transform(job, out, *spelling, src=src))
         assert proc.returncode == 0, proc.stderr
-        assert "rank 0: using checkpoint_0-1_4.ckpt (the one ending in -1_4), ignoring checkpoint_0-2_8.ckpt" \
+        assert (
+            "rank 0: using checkpoint_0-1_4.ckpt (the one ending in -1_4), ignoring checkpoint_0-2_8.ckpt"
             in proc.stderr
+        )
         for rank in range(4):
             name = f"rank_{rank}/checkpoint_{rank}.ckpt"
             assert (out / name).read_bytes() == (reference / name).read_bytes()
@@ -250,8 +280,17 @@ def test_key_format_hex(tmp_path: Path) -> None:
     path = tmp_path / "enc.ckpt"
     save_ckpt(path, {"w": np.arange(4, dtype=np.float32)}, enc_key=key)
     (tmp_path / "key.hex").write_text(key.hex() + "\n")
-    proc = run_cli("convert", str(path), str(tmp_path / "out"), "--to", "safetensors", "--dec-key-file",
-                   str(tmp_path / "key.hex"), "--key-format", "hex")
+    proc = run_cli(
+        "convert",
+        str(path),
+        str(tmp_path / "out"),
+        "--to",
+        "safetensors",
+        "--dec-key-file",
+        str(tmp_path / "key.hex"),
+        "--key-format",
+        "hex",
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -277,4 +316,3 @@ def test_dropin_hint_names_its_parameter(job: dict[str, str], tmp_path: Path) ->
     with pytest.raises(UsageError, match="src_strategy_file is None"):
         mindspore.transform_checkpoints(job["r8"], str(tmp_path / "out"), "checkpoint_", None, job["s4"])
     assert not (tmp_path / "out").exists()
-

@@ -58,25 +58,52 @@ def _cases() -> list[Case]:
     }
     return [
         Case("llama dp2mp2pp2+opt -> dp1mp2pp2", llama, _stages(shape, 2, 2, 2, True), _stages(shape, 1, 2, 2, False)),
-        Case("llama bf16 dp1mp2pp2 -> dp2mp2pp2+opt", llama_bf16, _stages(shape, 1, 2, 2, False),
-             _stages(shape, 2, 2, 2, True)),
-        Case("llama 4 stages -> 1 stage mp2", llama4, _stages(shape4, 1, 2, 4, False),
-             _stages(shape4, 2, 2, 1, True)),
-        Case("dtypes 4 -> 2 (redundant copies)", mixed,
-             [{"w": L((2, 2), (1, -1)), "h": L((2, 2), (-1, 0)), "i": L((2, 2), (0, 1)), "v": L((2, 2), (-1,))}],
-             [{"w": L((2,), (-1, 0)), "h": L((2,), (0, -1)), "i": L((2,), (-1, -1)), "v": L((2,), (0,))}]),
-        Case("2 -> 8 with opt shards (simple and helper paths)", mixed,
-             [{"w": L((2,), (0, -1)), "h": L((2,), (-1, 0)), "i": L((2,), (-1, 0)), "v": L((2,), (-1,))}],
-             [{"w": L((2, 2, 2), (1, -1), 2, 2), "h": L((2, 2, 2), (-1, 0), 2, 2), "i": L((2, 2, 2), (0, 1), 4, 2),
-               "v": L((2, 2, 2), (-1,), 1, 2)}]),
-        Case("list tensor maps 8 -> 4", mixed,
-             [{"w": L((2, 2, 2), ((2, 1), -1)), "h": L((2, 2, 2), (-1, (1, 0))), "i": L((2, 2, 2), (0, 2)),
-               "v": L((2, 2, 2), ((2, 0),))}],
-             [{"w": L((4,), (0, -1)), "h": L((2, 2), ((1, 0), -1)), "i": L((4,), (-1, -1)), "v": L((4,), (0,))}]),
-        Case("json strategies 4 -> 2", mixed,
-             [{"w": L((2, 2), (1, 0)), "h": L((2, 2), (-1, 1)), "i": L((4,), (0, -1)), "v": L((2, 2), (0,))}],
-             [{"w": L((2,), (0, -1)), "h": L((2,), (-1, 0)), "i": L((2,), (-1, -1)), "v": L((2,), (-1,))}],
-             strategy_format="json"),
+        Case(
+            "llama bf16 dp1mp2pp2 -> dp2mp2pp2+opt",
+            llama_bf16,
+            _stages(shape, 1, 2, 2, False),
+            _stages(shape, 2, 2, 2, True),
+        ),
+        Case("llama 4 stages -> 1 stage mp2", llama4, _stages(shape4, 1, 2, 4, False), _stages(shape4, 2, 2, 1, True)),
+        Case(
+            "dtypes 4 -> 2 (redundant copies)",
+            mixed,
+            [{"w": L((2, 2), (1, -1)), "h": L((2, 2), (-1, 0)), "i": L((2, 2), (0, 1)), "v": L((2, 2), (-1,))}],
+            [{"w": L((2,), (-1, 0)), "h": L((2,), (0, -1)), "i": L((2,), (-1, -1)), "v": L((2,), (0,))}],
+        ),
+        Case(
+            "2 -> 8 with opt shards (simple and helper paths)",
+            mixed,
+            [{"w": L((2,), (0, -1)), "h": L((2,), (-1, 0)), "i": L((2,), (-1, 0)), "v": L((2,), (-1,))}],
+            [
+                {
+                    "w": L((2, 2, 2), (1, -1), 2, 2),
+                    "h": L((2, 2, 2), (-1, 0), 2, 2),
+                    "i": L((2, 2, 2), (0, 1), 4, 2),
+                    "v": L((2, 2, 2), (-1,), 1, 2),
+                }
+            ],
+        ),
+        Case(
+            "list tensor maps 8 -> 4",
+            mixed,
+            [
+                {
+                    "w": L((2, 2, 2), ((2, 1), -1)),
+                    "h": L((2, 2, 2), (-1, (1, 0))),
+                    "i": L((2, 2, 2), (0, 2)),
+                    "v": L((2, 2, 2), ((2, 0),)),
+                }
+            ],
+            [{"w": L((4,), (0, -1)), "h": L((2, 2), ((1, 0), -1)), "i": L((4,), (-1, -1)), "v": L((4,), (0,))}],
+        ),
+        Case(
+            "json strategies 4 -> 2",
+            mixed,
+            [{"w": L((2, 2), (1, 0)), "h": L((2, 2), (-1, 1)), "i": L((4,), (0, -1)), "v": L((2, 2), (0,))}],
+            [{"w": L((2,), (0, -1)), "h": L((2,), (-1, 0)), "i": L((2,), (-1, -1)), "v": L((2,), (-1,))}],
+            strategy_format="json",
+        ),
     ]
 
 
@@ -116,9 +143,17 @@ def test_transform_chain_matches_mindspore(oracle, tmp_path, case: Case) -> None
     jobs = []
     for _, src, dst, s, d, fmt in steps:
         src_dir = p["full"] if src is None else os.path.join(p["ms"], src)
-        jobs.append({"op": "transform", "src_checkpoints_dir": src_dir,
-                     "dst_checkpoints_dir": os.path.join(p["ms"], dst), "ckpt_prefix": "checkpoint_",
-                     "src_strategy_file": s, "dst_strategy_file": d, "output_format": fmt})
+        jobs.append(
+            {
+                "op": "transform",
+                "src_checkpoints_dir": src_dir,
+                "dst_checkpoints_dir": os.path.join(p["ms"], dst),
+                "ckpt_prefix": "checkpoint_",
+                "src_strategy_file": s,
+                "dst_strategy_file": d,
+                "output_format": fmt,
+            }
+        )
     run_ms_jobs(oracle, jobs)
     for _, src, dst, s, d, fmt in steps:
         src_dir = p["full"] if src is None else os.path.join(p["rs"], src)
@@ -132,17 +167,40 @@ def test_safetensors_flows_match_mindspore(oracle, tmp_path, case: Case) -> None
     p = _prepare(str(tmp_path), case)
     ms_root, rs_root = p["ms"], p["rs"]
     jobs = [
-        {"op": "transform", "src_checkpoints_dir": p["full"], "dst_checkpoints_dir": f"{ms_root}/a_ckpt",
-         "ckpt_prefix": "checkpoint_", "src_strategy_file": None, "dst_strategy_file": p["a"]},
+        {
+            "op": "transform",
+            "src_checkpoints_dir": p["full"],
+            "dst_checkpoints_dir": f"{ms_root}/a_ckpt",
+            "ckpt_prefix": "checkpoint_",
+            "src_strategy_file": None,
+            "dst_strategy_file": p["a"],
+        },
         {"op": "ckpt_to_safetensors", "file_path": f"{ms_root}/a_ckpt", "save_path": f"{ms_root}/a_st"},
-        {"op": "transform", "src_checkpoints_dir": f"{ms_root}/a_st", "dst_checkpoints_dir": f"{ms_root}/b_st",
-         "ckpt_prefix": "net_", "src_strategy_file": p["a"], "dst_strategy_file": p["b"],
-         "output_format": "safetensors"},
-        {"op": "transform", "src_checkpoints_dir": f"{ms_root}/a_st", "dst_checkpoints_dir": f"{ms_root}/b_ck",
-         "ckpt_prefix": "net_", "src_strategy_file": p["a"], "dst_strategy_file": p["b"], "output_format": "ckpt"},
+        {
+            "op": "transform",
+            "src_checkpoints_dir": f"{ms_root}/a_st",
+            "dst_checkpoints_dir": f"{ms_root}/b_st",
+            "ckpt_prefix": "net_",
+            "src_strategy_file": p["a"],
+            "dst_strategy_file": p["b"],
+            "output_format": "safetensors",
+        },
+        {
+            "op": "transform",
+            "src_checkpoints_dir": f"{ms_root}/a_st",
+            "dst_checkpoints_dir": f"{ms_root}/b_ck",
+            "ckpt_prefix": "net_",
+            "src_strategy_file": p["a"],
+            "dst_strategy_file": p["b"],
+            "output_format": "ckpt",
+        },
         {"op": "unify", "src_dir": f"{ms_root}/a_st", "src_strategy_file": p["a"], "dst_dir": f"{ms_root}/unified"},
-        {"op": "split", "predict_strategy": p["b"], "unified_safetensors_dir": f"{ms_root}/unified",
-         "dst_safetensors_dir": f"{ms_root}/split"},
+        {
+            "op": "split",
+            "predict_strategy": p["b"],
+            "unified_safetensors_dir": f"{ms_root}/unified",
+            "dst_safetensors_dir": f"{ms_root}/split",
+        },
     ]
     run_ms_jobs(oracle, jobs)
     api.transform(p["full"], f"{rs_root}/a_ckpt", None, p["a"])
@@ -173,8 +231,11 @@ def test_unify_sources_saved_without_redundancy(oracle, tmp_path) -> None:
     from reshard.formats.strategy import make_strategy as mk
 
     rng = np.random.default_rng(3)
-    full = {"w": rng.standard_normal((8, 4)).astype(np.float32), "b": rng.standard_normal(4).astype(np.float16),
-            "e": rng.standard_normal((4, 8)).astype(np.float32)}
+    full = {
+        "w": rng.standard_normal((8, 4)).astype(np.float32),
+        "b": rng.standard_normal(4).astype(np.float16),
+        "e": rng.standard_normal((4, 8)).astype(np.float32),
+    }
     layouts = {"w": L((2, 2), (1, -1)), "b": L((2, 2), (-1,)), "e": L((2, 2), (-1, 0))}
     strategy = str(tmp_path / "s.ckpt")
     write_strategy(strategy, mk(layouts))
@@ -188,10 +249,23 @@ def test_unify_sources_saved_without_redundancy(oracle, tmp_path) -> None:
             if box not in seen[name]:  # keep only the first rank of each redundancy group
                 seen[name].add(box)
                 tensors[name] = np.ascontiguousarray(arr[tuple(slice(a, b) for a, b in box)])
-        save_safetensors(str(src / f"rank_{rank}" / f"net_{rank}.safetensors"), tensors,
-                         {"format": "ms", "remove_redundancy": "True"})
-    run_ms_jobs(oracle, [{"op": "unify", "src_dir": str(src), "src_strategy_file": strategy,
-                          "dst_dir": str(tmp_path / "ms"), "merge_with_redundancy": False}])
+        save_safetensors(
+            str(src / f"rank_{rank}" / f"net_{rank}.safetensors"),
+            tensors,
+            {"format": "ms", "remove_redundancy": "True"},
+        )
+    run_ms_jobs(
+        oracle,
+        [
+            {
+                "op": "unify",
+                "src_dir": str(src),
+                "src_strategy_file": strategy,
+                "dst_dir": str(tmp_path / "ms"),
+                "merge_with_redundancy": False,
+            }
+        ],
+    )
     api.unify(str(src), strategy, str(tmp_path / "rs"), mindspore_order=True)
     assert_same_tree(str(tmp_path / "rs"), str(tmp_path / "ms"))
     with api.open_checkpoint(str(tmp_path / "rs" / "part0.safetensors")) as index:

@@ -115,8 +115,9 @@ def test_tiny_blocks_and_bounded_memory(tmp_path) -> None:
         _save(tmp_path / "ranks" / f"rank_{r}" / "c.ckpt", {"w": shard})
     tracemalloc.start()
     try:
-        report = verify.verify(path, str(tmp_path / "ranks"), b_strategy=str(tmp_path / "s.ckpt"),
-                               max_memory=512 * 1024)
+        report = verify.verify(
+            path, str(tmp_path / "ranks"), b_strategy=str(tmp_path / "s.ckpt"), max_memory=512 * 1024
+        )
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -142,8 +143,7 @@ def test_crc_trailers_checked_by_default(tmp_path) -> None:
 
 def test_encrypted_side(job, tmp_path) -> None:
     enc = _save(tmp_path / "enc.ckpt", _model(), enc_key=KEY, enc_mode="SM4-CBC")
-    report = verify.verify(enc, job["r8"], b_strategy=job["s8"],
-                           read=api.ReadOptions(dec_key=KEY, dec_mode="SM4-CBC"))
+    report = verify.verify(enc, job["r8"], b_strategy=job["s8"], read=api.ReadOptions(dec_key=KEY, dec_mode="SM4-CBC"))
     assert report.ok
     read_ckpt(enc, dec_key=KEY, dec_mode="SM4-CBC").close()
 
@@ -180,11 +180,20 @@ def test_cli_exit_codes_table_and_json(job, tmp_path) -> None:
 
 def test_cli_encrypted_side_with_key_from_env(job, tmp_path) -> None:
     enc = _save(tmp_path / "enc.ckpt", _model(), enc_key=KEY)
-    proc = run_cli("verify", enc, job["r8"], "--b-strategy", job["s8"], "--dec-key-env", "RESHARD_TEST_KEY",
-                   env={"RESHARD_TEST_KEY": KEY.hex()})
+    proc = run_cli(
+        "verify",
+        enc,
+        job["r8"],
+        "--b-strategy",
+        job["s8"],
+        "--dec-key-env",
+        "RESHARD_TEST_KEY",
+        env={"RESHARD_TEST_KEY": KEY.hex()},
+    )
     assert proc.returncode == 0, proc.stderr
-    proc = run_cli("verify", enc, job["full"], "--dec-key-env", "RESHARD_TEST_KEY",
-                   env={"RESHARD_TEST_KEY": bytes(16).hex()})
+    proc = run_cli(
+        "verify", enc, job["full"], "--dec-key-env", "RESHARD_TEST_KEY", env={"RESHARD_TEST_KEY": bytes(16).hex()}
+    )
     assert proc.returncode == 2 and "wrong key" in proc.stderr, proc.stderr
     assert KEY.hex() not in proc.stderr and bytes(16).hex() not in proc.stderr
     assert os.path.exists(enc)

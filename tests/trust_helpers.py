@@ -18,11 +18,18 @@ SMALL = ModelShape(vocab=32, hidden=8, ffn=16, layers=2)
 CLI_TIMEOUT = 300  # seconds; a hang fails the test instead of the whole run
 
 
-def run_cli(*args: str, env: Mapping[str, str] | None = None, cwd: str | None = None
-            ) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, env: Mapping[str, str] | None = None, cwd: str | None = None
+) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "reshard.cli", *args], capture_output=True, text=True,
-                          env=full_env, cwd=cwd, timeout=CLI_TIMEOUT)
+    return subprocess.run(
+        [sys.executable, "-m", "reshard.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=CLI_TIMEOUT,
+    )
 
 
 def make_job(root: str, shape: ModelShape = SMALL) -> dict[str, str]:
@@ -37,8 +44,16 @@ def make_job(root: str, shape: ModelShape = SMALL) -> dict[str, str]:
     merge_pipeline_strategies(f"{root}/s4", f"{root}/merged/s4.ckpt")
     api.transform(full, f"{root}/r8", None, f"{root}/merged/s8.ckpt", manifest=False)
     api.convert(f"{root}/r8", f"{root}/r8st", "safetensors", manifest=False)
-    return {"root": root, "full": full, "r8": f"{root}/r8", "r8st": f"{root}/r8st", "s8": f"{root}/merged/s8.ckpt",
-            "s4": f"{root}/merged/s4.ckpt", "s8dir": f"{root}/s8", "s4dir": f"{root}/s4"}
+    return {
+        "root": root,
+        "full": full,
+        "r8": f"{root}/r8",
+        "r8st": f"{root}/r8st",
+        "s8": f"{root}/merged/s8.ckpt",
+        "s4": f"{root}/merged/s4.ckpt",
+        "s8dir": f"{root}/s8",
+        "s4dir": f"{root}/s4",
+    }
 
 
 def sha256(path: str) -> str:

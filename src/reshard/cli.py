@@ -41,9 +41,11 @@ from reshard.text import format_size, one_line, parse_size
 EXIT_USAGE = 2
 EXIT_BUG = 3
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what the shell reports for `cat big | head`
-EXIT_CODES = ("exit codes: 0 done, 1 verify found a difference, 2 bad input or usage, 3 internal error, "
-              "128+signal interrupted (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), 141 output closed by its reader "
-              "(e.g. | head)")
+EXIT_CODES = (
+    "exit codes: 0 done, 1 verify found a difference, 2 bad input or usage, 3 internal error, "
+    "128+signal interrupted (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), 141 output closed by its reader "
+    "(e.g. | head)"
+)
 
 
 def _memory_size(text: str) -> int:
@@ -159,9 +161,15 @@ class _ProgressBar:
         from rich.console import Console
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
-        self.progress = Progress("[progress.description]{task.description}", BarColumn(),
-                                 DownloadColumn(binary_units=True), _speed_column(), TimeRemainingColumn(),
-                                 console=Console(stderr=True), transient=True)
+        self.progress = Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            _speed_column(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
         self.task: Any = None
 
     def start(self, total: int) -> None:
@@ -218,8 +226,12 @@ class _ProgressLines:
         rate = self.done / elapsed
         percent = 100 * self.done // self.total if self.total else 100
         left = (self.total - self.done) / rate if rate > 0 else 0.0
-        print(f"reshard: {format_size(self.done)} / {format_size(self.total)} ({percent}%), "
-              f"{format_size(int(rate))}/s, ETA {_clock(left)}", file=sys.stderr, flush=True)
+        print(
+            f"reshard: {format_size(self.done)} / {format_size(self.total)} ({percent}%), "
+            f"{format_size(int(rate))}/s, ETA {_clock(left)}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _clock(seconds: float) -> str:
@@ -247,9 +259,12 @@ def _progress_hooks(args: argparse.Namespace) -> dict[str, Any]:
 
 def _write_options(args: argparse.Namespace) -> WriteOptions:
     """``--crc``, ``--enc-key-file``/``--enc-key-env``, ``--enc-mode``, ``--checksum``: what outputs hold."""
-    return WriteOptions(write_crc=getattr(args, "crc", False), enc_key=_key(args, "enc"),
-                        enc_mode=getattr(args, "enc_mode", None) or "AES-GCM",
-                        checksum=getattr(args, "checksum", DEFAULT_ALGORITHM))
+    return WriteOptions(
+        write_crc=getattr(args, "crc", False),
+        enc_key=_key(args, "enc"),
+        enc_mode=getattr(args, "enc_mode", None) or "AES-GCM",
+        checksum=getattr(args, "checksum", DEFAULT_ALGORITHM),
+    )
 
 
 def _run_options(args: argparse.Namespace) -> RunOptions:
@@ -258,8 +273,13 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
     if getattr(args, "executor", "local") == "ray":  # Ray imported only when the run starts
         from reshard.execute.ray import RayOptions
 
-        return RayOptions(workers=args.workers, max_memory=args.max_memory, address=args.ray_address,
-                          shared_disk=args.shared_disk, **hooks)
+        return RayOptions(
+            workers=args.workers,
+            max_memory=args.max_memory,
+            address=args.ray_address,
+            shared_disk=args.shared_disk,
+            **hooks,
+        )
     if getattr(args, "ray_address", None) is not None or getattr(args, "shared_disk", True) is False:
         flag = "--ray-address" if getattr(args, "ray_address", None) is not None else "--no-shared-disk"
         raise UsageError(f"{flag} applies to --executor ray only")
@@ -267,9 +287,14 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
 
 
 def _read_options(args: argparse.Namespace) -> api.ReadOptions:
-    return api.ReadOptions(dec_key=_key(args, "dec"), dec_mode=getattr(args, "dec_mode", None) or "AES-GCM",
-                           verify_crc=getattr(args, "check_crc", True), file_suffix=getattr(args, "file_suffix", None),
-                           pick=getattr(args, "pick", None), src_format=getattr(args, "src_format", None))
+    return api.ReadOptions(
+        dec_key=_key(args, "dec"),
+        dec_mode=getattr(args, "dec_mode", None) or "AES-GCM",
+        verify_crc=getattr(args, "check_crc", True),
+        file_suffix=getattr(args, "file_suffix", None),
+        pick=getattr(args, "pick", None),
+        src_format=getattr(args, "src_format", None),
+    )
 
 
 _ASSUMED_KEYS: list[str] = []  # "--dec-key-file k.txt read as hex (...)": said again when decryption fails
@@ -286,8 +311,10 @@ def _key(args: argparse.Namespace, side: str) -> bytes | None:
             raise UsageError(f"--{side}-mode needs a key: give --{side}-key-file or --{side}-key-env")
         return None
     if key_file is not None and key_format is None and crypto.ambiguous_key_file(key_file):
-        _ASSUMED_KEYS.append(f"--{side}-key-file {key_file} was read as hex (32 hex digits: a 16-byte key); "
-                             "if it is a 32-byte raw key, pass --key-format raw")
+        _ASSUMED_KEYS.append(
+            f"--{side}-key-file {key_file} was read as hex (32 hex digits: a 16-byte key); "
+            "if it is a 32-byte raw key, pass --key-format raw"
+        )
     return crypto.load_key(key_file, env, key_format or "auto")
 
 
@@ -301,11 +328,17 @@ def _hf(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _add_hf_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--hf", action="store_true",
-                   help="write the full model as Hugging Face shards + model.safetensors.index.json")
-    p.add_argument("--max-shard-size", "--max_shard_size", dest="max_shard_size", metavar="SIZE",
-                   help="with --hf: largest shard, e.g. 5GB (the default), 500MB, 2GiB or bytes (KB/MB/GB are "
-                        "decimal as on the Hub, K/M/G and KiB/MiB/GiB binary)")
+    p.add_argument(
+        "--hf", action="store_true", help="write the full model as Hugging Face shards + model.safetensors.index.json"
+    )
+    p.add_argument(
+        "--max-shard-size",
+        "--max_shard_size",
+        dest="max_shard_size",
+        metavar="SIZE",
+        help="with --hf: largest shard, e.g. 5GB (the default), 500MB, 2GiB or bytes (KB/MB/GB are "
+        "decimal as on the Hub, K/M/G and KiB/MiB/GiB binary)",
+    )
 
 
 def _notes(notes: Sequence[str], args: argparse.Namespace) -> None:
@@ -350,10 +383,18 @@ def cmd_transform(args: argparse.Namespace) -> None:
     if not args.dst:
         raise UsageError("give the destination with --dst_ckpt_dir")
     report = api.transform(
-        args.src, args.dst, _none(args.src_strategy), _none(args.dst_strategy), prefix=args.prefix,
-        output_format=args.output_format, ranks=args.ranks, read=_read_options(args),
+        args.src,
+        args.dst,
+        _none(args.src_strategy),
+        _none(args.dst_strategy),
+        prefix=args.prefix,
+        output_format=args.output_format,
+        ranks=args.ranks,
+        read=_read_options(args),
         write=None if args.command == "plan" else _write_options(args),
-        run=None if args.command == "plan" else _run_options(args), dry_run=args.dry_run, **_kwargs(args),
+        run=None if args.command == "plan" else _run_options(args),
+        dry_run=args.dry_run,
+        **_kwargs(args),
         **_hf(args),
     )
     _finish(report, args, args.dst)
@@ -369,18 +410,39 @@ def cmd_unify(args: argparse.Namespace) -> None:
     if split and not args.dry_run:  # an empty part group is refused before anything is written
         groups = api.unify(args.src, args.strategy, args.dst, split_dst_file=split, read=read, dry_run=True).plan
         if not groups.files:
-            raise UsageError(f"--split {split[0]}/{split[1]}: that part group is empty (this model fills fewer "
-                             f"than {split[1]} part files; use a smaller n)")
-    report = api.unify(args.src, args.strategy, args.dst, split_dst_file=split, read=read, write=write, run=run,
-                       dry_run=args.dry_run, **_kwargs(args), **_hf(args))
+            raise UsageError(
+                f"--split {split[0]}/{split[1]}: that part group is empty (this model fills fewer "
+                f"than {split[1]} part files; use a smaller n)"
+            )
+    report = api.unify(
+        args.src,
+        args.strategy,
+        args.dst,
+        split_dst_file=split,
+        read=read,
+        write=write,
+        run=run,
+        dry_run=args.dry_run,
+        **_kwargs(args),
+        **_hf(args),
+    )
     _finish(report, args, args.dst)
 
 
 def cmd_split(args: argparse.Namespace) -> None:
     name_map = _load_json(args.name_map) if args.name_map else None
-    report = api.split(args.src, args.strategy, args.dst, ranks=args.ranks, output_format=args.output_format,
-                       name_map=name_map, write=_write_options(args), run=_run_options(args), dry_run=args.dry_run,
-                       **_kwargs(args))
+    report = api.split(
+        args.src,
+        args.strategy,
+        args.dst,
+        ranks=args.ranks,
+        output_format=args.output_format,
+        name_map=name_map,
+        write=_write_options(args),
+        run=_run_options(args),
+        dry_run=args.dry_run,
+        **_kwargs(args),
+    )
     _finish(report, args, args.dst)
 
 
@@ -395,8 +457,11 @@ def cmd_rank_list(args: argparse.Namespace) -> None:
         notes.extend(dst_sf.notes)
     total = device_num(dst_sf) * stage_count(dst_sf) if dst_sf is not None else 1
     if args.rank >= total:
-        where = f"the destination strategy has {total} ranks (0..{total - 1})" if dst_sf is not None else \
-            "without a destination strategy the destination is one full model, rank 0"
+        where = (
+            f"the destination strategy has {total} ranks (0..{total - 1})"
+            if dst_sf is not None
+            else "without a destination strategy the destination is one full model, rank 0"
+        )
         raise UsageError(f"destination rank {args.rank} out of range: {where}", dst)
     ranks = api.needed_ranks(args.rank, _none(args.src_strategy), dst_sf, notes)
     _notes(notes, args)
@@ -417,18 +482,35 @@ def _load_json(path: str) -> dict[str, str]:
 
 def cmd_convert(args: argparse.Namespace) -> None:
     name_map = _load_json(args.name_map) if args.name_map else None
-    report = api.convert(args.src, args.dst, args.to, name_map=name_map, file_regex=args.file_regex,
-                         read=_read_options(args), write=_write_options(args), run=_run_options(args),
-                         dry_run=args.dry_run, **_kwargs(args), **_hf(args))
+    report = api.convert(
+        args.src,
+        args.dst,
+        args.to,
+        name_map=name_map,
+        file_regex=args.file_regex,
+        read=_read_options(args),
+        write=_write_options(args),
+        run=_run_options(args),
+        dry_run=args.dry_run,
+        **_kwargs(args),
+        **_hf(args),
+    )
     _finish(report, args, args.dst)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from reshard import verify
 
-    report = verify.verify(args.a, args.b, a_strategy=_none(args.a_strategy), b_strategy=_none(args.b_strategy),
-                           read=_read_options(args), verify_crc=not args.no_crc_check, atol=args.atol,
-                           max_memory=args.max_memory)
+    report = verify.verify(
+        args.a,
+        args.b,
+        a_strategy=_none(args.a_strategy),
+        b_strategy=_none(args.b_strategy),
+        read=_read_options(args),
+        verify_crc=not args.no_crc_check,
+        atol=args.atol,
+        max_memory=args.max_memory,
+    )
     _notes(report.notes, args)
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
@@ -470,30 +552,60 @@ def _add_write_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workers", type=_positive_int, default=default_workers(),
-                   help="worker threads: parallel output files, or tensors of a one-file output "
-                        "(default: one per core, at least 4, at most 8)")
-    p.add_argument("--max-memory", "--max_memory", type=_memory_size, default=DEFAULT_MAX_MEMORY,
-                   help="bound on staging bytes in flight, e.g. 512M or 2G (K/M/G and KiB/MiB/GiB are binary, "
-                        "KB/MB/GB decimal: 2GB = 2*10^9)")
+    p.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=default_workers(),
+        help="worker threads: parallel output files, or tensors of a one-file output "
+        "(default: one per core, at least 4, at most 8)",
+    )
+    p.add_argument(
+        "--max-memory",
+        "--max_memory",
+        type=_memory_size,
+        default=DEFAULT_MAX_MEMORY,
+        help="bound on staging bytes in flight, e.g. 512M or 2G (K/M/G and KiB/MiB/GiB are binary, "
+        "KB/MB/GB decimal: 2GB = 2*10^9)",
+    )
     p.add_argument("--dry-run", "--dry_run", action="store_true", help="print the plan, write nothing")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress on stderr: a bar on a terminal, a plain line every 5 s in a log or pipe "
-                        "(default: the bar, on a terminal only)")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress on stderr: a bar on a terminal, a plain line every 5 s in a log or pipe "
+        "(default: the bar, on a terminal only)",
+    )
     _add_quiet_flag(p)
-    p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted run: keep its verified files, redo the rest")
-    p.add_argument("--no-manifest", action="store_true",
-                   help="skip reshard-manifest.json and the journal (saves hashing the outputs; no --resume)")
-    p.add_argument("--checksum", choices=ALGORITHMS, default=DEFAULT_ALGORITHM,
-                   help="checksum of each output in the manifest: blake3 (default, b3sum; 4x faster here) or "
-                        "sha256 (sha256sum)")
-    p.add_argument("--executor", choices=("local", "ray"), default="local",
-                   help="run output files on this machine's threads or as Ray tasks (pip install reshard[ray])")
-    p.add_argument("--ray-address", help="with --executor ray: the cluster to join, HOST:PORT (default: RAY_ADDRESS "
-                                         "or a new local cluster)")
-    p.add_argument("--shared-disk", action=argparse.BooleanOptionalAction, default=True,
-                   help="with --executor ray: nodes see the same paths (else sources/outputs travel through Ray)")
+    p.add_argument(
+        "--resume", action="store_true", help="continue an interrupted run: keep its verified files, redo the rest"
+    )
+    p.add_argument(
+        "--no-manifest",
+        action="store_true",
+        help="skip reshard-manifest.json and the journal (saves hashing the outputs; no --resume)",
+    )
+    p.add_argument(
+        "--checksum",
+        choices=ALGORITHMS,
+        default=DEFAULT_ALGORITHM,
+        help="checksum of each output in the manifest: blake3 (default, b3sum; 4x faster here) or sha256 (sha256sum)",
+    )
+    p.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="run output files on this machine's threads or as Ray tasks (pip install reshard[ray])",
+    )
+    p.add_argument(
+        "--ray-address",
+        help="with --executor ray: the cluster to join, HOST:PORT (default: RAY_ADDRESS or a new local cluster)",
+    )
+    p.add_argument(
+        "--shared-disk",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --executor ray: nodes see the same paths (else sources/outputs travel through Ray)",
+    )
 
 
 def _add_quiet_flag(p: argparse.ArgumentParser) -> None:
@@ -502,23 +614,43 @@ def _add_quiet_flag(p: argparse.ArgumentParser) -> None:
 
 def _add_source_flags(p: argparse.ArgumentParser, src_format: bool = True) -> None:
     """Which file of a rank folder holding several checkpoints is the source."""
-    p.add_argument("--file-suffix", "--file_suffix", dest="file_suffix", metavar="SUFFIX",
-                   help="the file of each rank folder whose name ends in SUFFIX, e.g. -1_4 (MindFormers' "
-                        "-{epoch}_{step}) or 1_4")
-    p.add_argument("--pick", choices=tuple(PICKS), help="when a rank folder holds several checkpoints: the last name "
-                   "(MindSpore) or the newest file (MindFormers by rank); default: MindSpore's rule, said in a note")
+    p.add_argument(
+        "--file-suffix",
+        "--file_suffix",
+        dest="file_suffix",
+        metavar="SUFFIX",
+        help="the file of each rank folder whose name ends in SUFFIX, e.g. -1_4 (MindFormers' -{epoch}_{step}) or 1_4",
+    )
+    p.add_argument(
+        "--pick",
+        choices=tuple(PICKS),
+        help="when a rank folder holds several checkpoints: the last name "
+        "(MindSpore) or the newest file (MindFormers by rank); default: MindSpore's rule, said in a note",
+    )
     if src_format:
-        p.add_argument("--src-format", "--src_format", dest="src_format", choices=("ckpt", "safetensors"),
-                       help="read these files when the rank folders hold both .ckpt and .safetensors")
+        p.add_argument(
+            "--src-format",
+            "--src_format",
+            dest="src_format",
+            choices=("ckpt", "safetensors"),
+            help="read these files when the rank folders hold both .ckpt and .safetensors",
+        )
 
 
 def _add_check_crc_flag(p: argparse.ArgumentParser) -> None:
     """The crc trailer of every .ckpt source is checked by default; ``--no-check-crc`` skips it."""
-    p.add_argument("--no-check-crc", "--no_check_crc", dest="check_crc", action="store_false", default=True,
-                   help="skip verifying the crc trailer of .ckpt sources that have one (checked by default: "
-                        "one extra read of each)")
-    p.add_argument("--check-crc", "--check_crc", dest="check_crc", action="store_true",
-                   help=argparse.SUPPRESS)  # the old opt-in flag: now the default, still accepted
+    p.add_argument(
+        "--no-check-crc",
+        "--no_check_crc",
+        dest="check_crc",
+        action="store_false",
+        default=True,
+        help="skip verifying the crc trailer of .ckpt sources that have one (checked by default: "
+        "one extra read of each)",
+    )
+    p.add_argument(
+        "--check-crc", "--check_crc", dest="check_crc", action="store_true", help=argparse.SUPPRESS
+    )  # the old opt-in flag: now the default, still accepted
 
 
 def _add_crypto_flags(p: argparse.ArgumentParser, read: bool = True, write: bool = True) -> None:
@@ -528,15 +660,22 @@ def _add_crypto_flags(p: argparse.ArgumentParser, read: bool = True, write: bool
         p.add_argument("--dec-key-file", "--dec_key_file", help="key of encrypted .ckpt sources (raw bytes or hex)")
         p.add_argument("--dec-key-env", "--dec_key_env", metavar="VAR", help="environment variable holding it in hex")
         p.add_argument("--dec-mode", "--dec_mode", choices=MODES, help="cipher of the sources (default AES-GCM)")
-        p.add_argument("--key-format", choices=("raw", "hex"),
-                       help="how to read a key file: raw bytes, or hex digits (default: hex when the file holds "
-                            "exactly 32, 48 or 64 hex digits, raw otherwise; 32 hex characters are also a valid "
-                            "raw AES-256 key, so name the format for those)")
+        p.add_argument(
+            "--key-format",
+            choices=("raw", "hex"),
+            help="how to read a key file: raw bytes, or hex digits (default: hex when the file holds "
+            "exactly 32, 48 or 64 hex digits, raw otherwise; 32 hex characters are also a valid "
+            "raw AES-256 key, so name the format for those)",
+        )
     if write:
         p.add_argument("--enc-key-file", "--enc_key_file", help="encrypt .ckpt outputs with this key file")
         if not read:
-            p.add_argument("--key-format", choices=("raw", "hex"), help="how to read a key file (default: as for "
-                           "transform: hex when it holds exactly 32, 48 or 64 hex digits, raw otherwise)")
+            p.add_argument(
+                "--key-format",
+                choices=("raw", "hex"),
+                help="how to read a key file (default: as for "
+                "transform: hex when it holds exactly 32, 48 or 64 hex digits, raw otherwise)",
+            )
         p.add_argument("--enc-key-env", "--enc_key_env", metavar="VAR", help="... or the key in this variable (hex)")
         p.add_argument("--enc-mode", "--enc_mode", choices=MODES, help="cipher of the outputs (default AES-GCM)")
         p.add_argument("--crc", action="store_true", help="append a crc trailer to .ckpt outputs (MindSpore crc_check)")
@@ -545,10 +684,20 @@ def _add_crypto_flags(p: argparse.ArgumentParser, read: bool = True, write: bool
 def _add_transform_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--src_ckpt_dir", "--src-ckpt-dir", "--src", dest="src", help="rank_<r> folders or a full file")
     p.add_argument("--dst_ckpt_dir", "--dst-ckpt-dir", "--dst", dest="dst", help="output folder")
-    p.add_argument("--src_ckpt_strategy", "--src-ckpt-strategy", "--src-strategy", dest="src_strategy",
-                   help="source strategy file or folder of per-stage files (None: full weights)")
-    p.add_argument("--dst_ckpt_strategy", "--dst-ckpt-strategy", "--dst-strategy", dest="dst_strategy",
-                   help="destination strategy file or folder (None: full weights)")
+    p.add_argument(
+        "--src_ckpt_strategy",
+        "--src-ckpt-strategy",
+        "--src-strategy",
+        dest="src_strategy",
+        help="source strategy file or folder of per-stage files (None: full weights)",
+    )
+    p.add_argument(
+        "--dst_ckpt_strategy",
+        "--dst-ckpt-strategy",
+        "--dst-strategy",
+        dest="dst_strategy",
+        help="destination strategy file or folder (None: full weights)",
+    )
     p.add_argument("--prefix", default="checkpoint_", help="output name prefix (default checkpoint_)")
     p.add_argument("--output_format", "--output-format", dest="output_format", choices=("ckpt", "safetensors"))
     p.add_argument("--ranks", type=_parse_ranks, help="only these destination ranks, e.g. 0,1,4-7")
@@ -565,8 +714,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="reshard", description="Convert, merge, split and reshard MindSpore checkpoints.",
-                     epilog=EXIT_CODES)
+    parser = _Parser(
+        prog="reshard", description="Convert, merge, split and reshard MindSpore checkpoints.", epilog=EXIT_CODES
+    )
     parser.add_argument("--version", action="version", version=f"reshard {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
@@ -581,8 +731,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_crypto_flags(p, write=False)
     p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("convert", help="convert .ckpt <-> .safetensors, or re-encrypt / decrypt .ckpt "
-                       "(a file or rank* folders)")
+    p = sub.add_parser(
+        "convert", help="convert .ckpt <-> .safetensors, or re-encrypt / decrypt .ckpt (a file or rank* folders)"
+    )
     p.add_argument("src")
     p.add_argument("dst", nargs="?", help="output folder (default: next to the input)")
     p.add_argument("--to", required=True, choices=("safetensors", "ckpt"))
@@ -630,8 +781,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dst", help="output folder")
     p.add_argument("--strategy", "--dst-strategy", required=True, help="destination strategy file or folder")
     p.add_argument("--ranks", type=_parse_ranks)
-    p.add_argument("--output-format", "--output_format", dest="output_format", default="safetensors",
-                   choices=("ckpt", "safetensors"))
+    p.add_argument(
+        "--output-format",
+        "--output_format",
+        dest="output_format",
+        default="safetensors",
+        choices=("ckpt", "safetensors"),
+    )
     p.add_argument("--name-map", "--name_map", help="JSON file: strategy name -> unified name")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--json", action="store_true")
@@ -646,9 +802,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--b-strategy", "--b_strategy", help="strategy file or folder of side B's rank folders")
     p.add_argument("--atol", type=float, default=0.0, help="count values within this absolute difference as equal")
     p.add_argument("--no-crc-check", action="store_true", help="skip checking .ckpt crc trailers")
-    p.add_argument("--max-memory", "--max_memory", type=_memory_size, default=256 * 1024**2,
-                   help="bound on the tensor blocks compared at once, e.g. 256M (K/M/G and KiB/MiB/GiB are "
-                        "binary, KB/MB/GB decimal)")
+    p.add_argument(
+        "--max-memory",
+        "--max_memory",
+        type=_memory_size,
+        default=256 * 1024**2,
+        help="bound on the tensor blocks compared at once, e.g. 256M (K/M/G and KiB/MiB/GiB are "
+        "binary, KB/MB/GB decimal)",
+    )
     p.add_argument("--json", action="store_true")
     _add_quiet_flag(p)
     _add_source_flags(p)
@@ -714,11 +875,14 @@ def interrupted(exc: KeyboardInterrupt) -> int:
     if progress is None:
         detail = "no output file was written"
     elif progress.resumable:
-        detail = (f"{progress.completed} of {progress.total} files completed; run the same command with --resume "
-                  "to continue")
+        detail = (
+            f"{progress.completed} of {progress.total} files completed; run the same command with --resume to continue"
+        )
     else:
-        detail = (f"{progress.completed} of {progress.total} files completed; without a manifest (--no-manifest) "
-                  "--resume cannot tell them apart: run the command again")
+        detail = (
+            f"{progress.completed} of {progress.total} files completed; without a manifest (--no-manifest) "
+            "--resume cannot tell them apart: run the command again"
+        )
     print(f"reshard: interrupted ({signal.Signals(signum).name}): {detail}", file=sys.stderr)
     return 128 + int(signum)
 
@@ -797,16 +961,36 @@ def _main(argv: Sequence[str] | None) -> int:
     except Exception as exc:  # a bug: still one line, unless debugging
         if os.environ.get("RESHARD_DEBUG"):
             raise
-        print(f"reshard: internal error: {type(exc).__name__}: {one_line(str(exc))} "
-              "(RESHARD_DEBUG=1 shows the traceback)", file=sys.stderr)
+        print(
+            f"reshard: internal error: {type(exc).__name__}: {one_line(str(exc))} "
+            "(RESHARD_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
         return EXIT_BUG
     return status if isinstance(status, int) else 0
 
 
 __all__ = [
-    "EXIT_BROKEN_PIPE", "EXIT_BUG", "EXIT_CODES", "EXIT_USAGE", "Signalled", "build_parser", "cmd_convert", "cmd_demo",
-    "cmd_inspect", "cmd_merge_strategies", "cmd_rank_list", "cmd_split", "cmd_transform", "cmd_unify", "cmd_verify",
-    "install_signal_handlers", "interrupted", "main", "print_plan", "summary",
+    "EXIT_BROKEN_PIPE",
+    "EXIT_BUG",
+    "EXIT_CODES",
+    "EXIT_USAGE",
+    "Signalled",
+    "build_parser",
+    "cmd_convert",
+    "cmd_demo",
+    "cmd_inspect",
+    "cmd_merge_strategies",
+    "cmd_rank_list",
+    "cmd_split",
+    "cmd_transform",
+    "cmd_unify",
+    "cmd_verify",
+    "install_signal_handlers",
+    "interrupted",
+    "main",
+    "print_plan",
+    "summary",
 ]
 
 

@@ -26,9 +26,15 @@ from reshard.synthetic import ModelShape, full_model, stage_strategies, write_st
 
 def _check_full(path_or_dir: str, expected: dict[str, np.ndarray]) -> int:
     """Compare every tensor of a full checkpoint (file, or unified folder) with the original."""
-    files = [path_or_dir] if os.path.isfile(path_or_dir) else [
-        os.path.join(path_or_dir, n) for n in sorted(os.listdir(path_or_dir)) if n.endswith((".ckpt", ".safetensors"))
-    ]
+    files = (
+        [path_or_dir]
+        if os.path.isfile(path_or_dir)
+        else [
+            os.path.join(path_or_dir, n)
+            for n in sorted(os.listdir(path_or_dir))
+            if n.endswith((".ckpt", ".safetensors"))
+        ]
+    )
     checked = 0
     for path in files:
         with api.open_checkpoint(path) as index:
@@ -76,25 +82,38 @@ def main(work_dir: str | None = None) -> None:
     step("build full model", build_full_model)
     write_stage_strategies(src_strategy_dir, stage_strategies(shape, dp=2, mp=2, pp=2, opt_shard=True), 4)
     write_stage_strategies(dst_strategy_dir, stage_strategies(shape, dp=1, mp=2, pp=2, opt_shard=False), 2)
-    step("merge-strategies (8 and 4 ranks)", lambda: (merge_pipeline_strategies(src_strategy_dir, src_merged),
-                                                     merge_pipeline_strategies(dst_strategy_dir, dst_merged),
-                                                     "2 stages each")[2])
+    step(
+        "merge-strategies (8 and 4 ranks)",
+        lambda: (
+            merge_pipeline_strategies(src_strategy_dir, src_merged),
+            merge_pipeline_strategies(dst_strategy_dir, dst_merged),
+            "2 stages each",
+        )[2],
+    )
     step("transform full -> 8 ranks (ckpt)", lambda: _files(api.transform(full_path, ranks8, None, src_merged)))
-    step("convert 8 ranks -> safetensors",
-         lambda: _files(api.convert(ranks8, os.path.join(root, "st_8ranks"), "safetensors")))
-    step("transform 8 -> 4 ranks (dp1 mp2 pp2)",
-         lambda: _files(api.transform(ranks8, os.path.join(root, "ckpt_4ranks"), src_merged, dst_merged)))
+    step(
+        "convert 8 ranks -> safetensors",
+        lambda: _files(api.convert(ranks8, os.path.join(root, "st_8ranks"), "safetensors")),
+    )
+    step(
+        "transform 8 -> 4 ranks (dp1 mp2 pp2)",
+        lambda: _files(api.transform(ranks8, os.path.join(root, "ckpt_4ranks"), src_merged, dst_merged)),
+    )
     full_back = os.path.join(root, "full_back")
     step("transform 8 ranks -> full, check", lambda: _to_full_and_check(ranks8, full_back, src_merged, model))
     four = os.path.join(root, "ckpt_4ranks")
-    step("transform 4 ranks -> full, check",
-         lambda: _to_full_and_check(four, os.path.join(root, "full_from_4"), dst_merged, model))
+    step(
+        "transform 4 ranks -> full, check",
+        lambda: _to_full_and_check(four, os.path.join(root, "full_from_4"), dst_merged, model),
+    )
     console.print(table)
     if own_dir and os.environ.get("RESHARD_DEMO_KEEP") is None:
         shutil.rmtree(root, ignore_errors=True)
-        console.print("(temporary demo folder removed; `reshard demo --dir DIR` keeps the files, then: "
-                      "reshard inspect DIR/ckpt_8ranks/rank_0/checkpoint_0.ckpt --strategy "
-                      "DIR/merged/src_strategy.ckpt)")
+        console.print(
+            "(temporary demo folder removed; `reshard demo --dir DIR` keeps the files, then: "
+            "reshard inspect DIR/ckpt_8ranks/rank_0/checkpoint_0.ckpt --strategy "
+            "DIR/merged/src_strategy.ckpt)"
+        )
     else:
         rank0 = layout_dir.rank_output(ranks8, 0, "checkpoint_", "ckpt")
         console.print(f"next: reshard inspect {rank0} --strategy {src_merged}")
@@ -105,8 +124,7 @@ def _check_work_dir(work_dir: str) -> None:
     if os.path.exists(work_dir) and not os.path.isdir(work_dir):
         raise UsageError("--dir is a file; give a new or empty folder", work_dir)
     if os.path.isdir(work_dir) and os.listdir(work_dir):
-        raise UsageError("--dir is not empty; give a new or empty folder (the demo never writes over files)",
-                         work_dir)
+        raise UsageError("--dir is not empty; give a new or empty folder (the demo never writes over files)", work_dir)
     try:
         os.makedirs(work_dir, exist_ok=True)
     except OSError as exc:

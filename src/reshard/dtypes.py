@@ -60,8 +60,25 @@ COMPLEX128 = _d("Complex128", None, np.complex128)
 STR = _d("str", None, np.dtype("<U1"))
 
 ALL: tuple[DType, ...] = (
-    BOOL, INT8, UINT8, INT16, UINT16, INT32, UINT32, INT64, UINT64,
-    FLOAT16, FLOAT32, FLOAT64, BFLOAT16, INT4, FLOAT8_E4M3, FLOAT8_E5M2, COMPLEX64, COMPLEX128, STR,
+    BOOL,
+    INT8,
+    UINT8,
+    INT16,
+    UINT16,
+    INT32,
+    UINT32,
+    INT64,
+    UINT64,
+    FLOAT16,
+    FLOAT32,
+    FLOAT64,
+    BFLOAT16,
+    INT4,
+    FLOAT8_E4M3,
+    FLOAT8_E5M2,
+    COMPLEX64,
+    COMPLEX128,
+    STR,
 )
 
 _BY_MS = {d.ms_name: d for d in ALL}
@@ -99,7 +116,28 @@ def from_numpy(dtype: np.dtype | type, path: str | None = None) -> DType:
 
 
 __all__ = [
-    "ALL", "BFLOAT16", "BOOL", "COMPLEX64", "COMPLEX128", "FLOAT8_E4M3", "FLOAT8_E5M2", "FLOAT16", "FLOAT32", "FLOAT64",
-    "INT4", "INT8", "INT16", "INT32", "INT64", "STR", "UINT8", "UINT16", "UINT32", "UINT64", "DType", "from_ms_name",
-    "from_numpy", "from_st_code",
+    "ALL",
+    "BFLOAT16",
+    "BOOL",
+    "COMPLEX64",
+    "COMPLEX128",
+    "FLOAT8_E4M3",
+    "FLOAT8_E5M2",
+    "FLOAT16",
+    "FLOAT32",
+    "FLOAT64",
+    "INT4",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "STR",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "DType",
+    "from_ms_name",
+    "from_numpy",
+    "from_st_code",
 ]

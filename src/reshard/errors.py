@@ -46,5 +46,11 @@ class CryptoError(ReshardError):
 
 
 __all__ = [
-    "CryptoError", "FormatError", "IntegrityError", "LayoutError", "ReshardError", "UnsupportedError", "UsageError",
+    "CryptoError",
+    "FormatError",
+    "IntegrityError",
+    "LayoutError",
+    "ReshardError",
+    "UnsupportedError",
+    "UsageError",
 ]

@@ -77,8 +77,11 @@ def param_layouts(sf: StrategyFile, rank: int | None = None) -> Layouts:
 def stage_layouts(sf: StrategyFile, name: str) -> dict[int, ParamLayout]:
     """Every stage's layout of one parameter of a merged strategy."""
     prefix = f"{STAGE_SEPARATOR}{name}"
-    return {int(key[: -len(prefix)]): p for key, p in sf.layouts.items()
-            if key.endswith(prefix) and key[: -len(prefix)].isdigit()}
+    return {
+        int(key[: -len(prefix)]): p
+        for key, p in sf.layouts.items()
+        if key.endswith(prefix) and key[: -len(prefix)].isdigit()
+    }
 
 
 def _read_for(path: str, read: Any) -> Any:
@@ -88,8 +91,9 @@ def _read_for(path: str, read: Any) -> Any:
     return read if is_encrypted(path) else replace(read, dec_key=None)
 
 
-def checkpoint_rows(path: str, strategy: StrategyFile | None = None, rank: int | None = None,
-                    read: Any = None) -> list[dict[str, Any]]:
+def checkpoint_rows(
+    path: str, strategy: StrategyFile | None = None, rank: int | None = None, read: Any = None
+) -> list[dict[str, Any]]:
     src = source_file(path, rank or 0, _read_for(path, read))
     lmap = param_layouts(strategy, rank) if strategy is not None else {}
     rows = []
@@ -110,8 +114,7 @@ def strategy_rows(sf: StrategyFile) -> list[dict[str, Any]]:
     rows = []
     merged = _is_merged(sf)
     for name, (p, stages) in param_layouts(sf).items():
-        row: dict[str, Any] = {"name": name, "stages": stages, "layout": describe_layout(p),
-                               "devices": p.device_num}
+        row: dict[str, Any] = {"name": name, "stages": stages, "layout": describe_layout(p), "devices": p.device_num}
         per_stage = stage_layouts(sf, name) if merged else {}
         if len({describe_layout(q) for q in per_stage.values()}) > 1:
             row["stage_layouts"] = {str(s): describe_layout(q) for s, q in sorted(per_stage.items())}
@@ -123,10 +126,17 @@ def full_model_info(path: str, strategy: StrategyFile | None = None) -> dict[str
     """A Hugging Face sharded model or a unified folder as one checkpoint; rows name their file."""
     files, _, hyper = unified_index(path)
     parts = [*files.values(), *([hyper] if hyper is not None else [])]
-    rows = [{**row, "file": os.path.basename(part.path)}
-            for part in parts for row in checkpoint_rows(part.path, strategy)]
-    return {"kind": "checkpoint", "format": "safetensors", "path": path, "files": [p.path for p in parts],
-            "tensors": rows, "bytes": sum(r["bytes"] for r in rows)}
+    rows = [
+        {**row, "file": os.path.basename(part.path)} for part in parts for row in checkpoint_rows(part.path, strategy)
+    ]
+    return {
+        "kind": "checkpoint",
+        "format": "safetensors",
+        "path": path,
+        "files": [p.path for p in parts],
+        "tensors": rows,
+        "bytes": sum(r["bytes"] for r in rows),
+    }
 
 
 def _file_info(path: str, sf: StrategyFile | None, read: Any, ignored: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -134,8 +144,13 @@ def _file_info(path: str, sf: StrategyFile | None, read: Any, ignored: tuple[str
     match = _RANK_FOLDER.fullmatch(os.path.basename(os.path.dirname(os.path.abspath(path))))
     rank = int(match.group(1)) if match else None
     rows = checkpoint_rows(path, sf, rank, read)
-    info = {"kind": "checkpoint", "format": layout_dir.detect_format(path), "path": path, "tensors": rows,
-            "bytes": sum(r["bytes"] for r in rows)}
+    info = {
+        "kind": "checkpoint",
+        "format": layout_dir.detect_format(path),
+        "path": path,
+        "tensors": rows,
+        "bytes": sum(r["bytes"] for r in rows),
+    }
     if rank is not None:
         info["rank"] = rank
     if ignored:
@@ -148,10 +163,19 @@ def _distributed_info(path: str, sf: StrategyFile | None, read: Any) -> dict[str
     ranks = {}
     for rank, picked in chosen.items():
         rows = checkpoint_rows(picked.path, sf, rank, read)
-        ranks[rank] = {"file": picked.path, "ignored": list(picked.ignored), "tensors": rows,
-                       "bytes": sum(r["bytes"] for r in rows)}
-    return {"kind": "distributed", "format": fmt, "path": path, "ranks": ranks,
-            "bytes": sum(r["bytes"] for r in ranks.values())}
+        ranks[rank] = {
+            "file": picked.path,
+            "ignored": list(picked.ignored),
+            "tensors": rows,
+            "bytes": sum(r["bytes"] for r in rows),
+        }
+    return {
+        "kind": "distributed",
+        "format": fmt,
+        "path": path,
+        "ranks": ranks,
+        "bytes": sum(r["bytes"] for r in ranks.values()),
+    }
 
 
 def _rank_folder_info(path: str, sf: StrategyFile | None, read: Any) -> dict[str, Any]:
@@ -172,8 +196,7 @@ def _strategy_info(path: str, notes: list[str]) -> dict[str, Any]:
     return {"kind": "strategy", "path": path, "params": strategy_rows(opened.strategy)}
 
 
-def gather(path: str, strategy: str | None = None, read: Any = None,
-           notes: list[str] | None = None) -> dict[str, Any]:
+def gather(path: str, strategy: str | None = None, read: Any = None, notes: list[str] | None = None) -> dict[str, Any]:
     """What ``path`` holds, as plain data (the ``--json`` output); loading notes go to ``notes``.
 
     What ``path`` is comes from the source registry (``reshard.sources.registry``), which also
@@ -230,8 +253,14 @@ def main(path: str, as_json: bool = False, strategy: str | None = None, read: An
             table.add_column(col, justify="right" if col == "size" else "left")
         for row in part["tensors"]:
             shape = repr(row["value"]) if "value" in row else str(row["shape"])
-            table.add_row(row["name"], row["dtype"], shape, format_size(row["bytes"]),
-                          str(row.get("full_shape", "")), row.get("layout", ""))
+            table.add_row(
+                row["name"],
+                row["dtype"],
+                shape,
+                format_size(row["bytes"]),
+                str(row.get("full_shape", "")),
+                row.get("layout", ""),
+            )
         console.print(table)
         if part.get("ignored"):
             console.print(f"ignored: {', '.join(part['ignored'])}")
@@ -240,6 +269,13 @@ def main(path: str, as_json: bool = False, strategy: str | None = None, read: An
 
 
 __all__ = [
-    "Layouts", "checkpoint_rows", "describe_layout", "full_model_info", "gather", "main", "param_layouts",
-    "stage_layouts", "strategy_rows",
+    "Layouts",
+    "checkpoint_rows",
+    "describe_layout",
+    "full_model_info",
+    "gather",
+    "main",
+    "param_layouts",
+    "stage_layouts",
+    "strategy_rows",
 ]

@@ -59,8 +59,10 @@ def read_holder(path: str) -> dict[str, Any] | None:
 def describe(holder: dict[str, Any] | None) -> str:
     if not holder:
         return "another reshard run (it has not recorded itself yet)"
-    return (f"another reshard run (pid {holder.get('pid', '?')} on host {holder.get('host', '?')}, "
-            f"started {holder.get('started', '?')})")
+    return (
+        f"another reshard run (pid {holder.get('pid', '?')} on host {holder.get('host', '?')}, "
+        f"started {holder.get('started', '?')})"
+    )
 
 
 def _pid_alive(pid: Any) -> bool:
@@ -154,15 +156,19 @@ class DestinationLock:
                 with contextlib.suppress(OSError):
                     os.unlink(self.path)
                 return False
-            raise UsageError(f"{describe(holder)} is writing into this destination; wait for it to finish "
-                             "or stop it", self.root) from None
+            raise UsageError(
+                f"{describe(holder)} is writing into this destination; wait for it to finish or stop it", self.root
+            ) from None
         except OSError as exc:
             if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
                 raise
             holder = read_holder(self.path)  # no flock on this filesystem: trust the recorded pid
             if holder and not _dead_here(holder) and holder.get("pid") != os.getpid():
-                raise UsageError(f"{describe(holder)} holds {LOCK_NAME} here (this filesystem has no flock; "
-                                 "remove the file if that run is gone)", self.root) from None
+                raise UsageError(
+                    f"{describe(holder)} holds {LOCK_NAME} here (this filesystem has no flock; "
+                    "remove the file if that run is gone)",
+                    self.root,
+                ) from None
             return True
 
     def _still_the_file(self, fd: int) -> bool:

@@ -107,8 +107,9 @@ class OutputRecord:
         algorithm = next((a for a in ALGORITHMS if a in item), None)
         if algorithm is None:
             raise KeyError("no checksum")
-        return cls(str(item["path"]), int(item["bytes"]), str(item[algorithm]), str(item.get("fingerprint", "")),
-                   algorithm)
+        return cls(
+            str(item["path"]), int(item["bytes"]), str(item[algorithm]), str(item.get("fingerprint", "")), algorithm
+        )
 
 
 def key_id(key: bytes) -> str:
@@ -267,12 +268,18 @@ def superseded_outputs(root: str, plan: Plan, rank_total: int) -> list[str]:
             if os.path.isfile(path) and (path in listed or (rank >= rank_total and name.endswith(TEMP_SUFFIX))):
                 doomed.append(path)
             elif name.endswith((".ckpt", ".safetensors")):
-                raise UsageError("reshard did not write this checkpoint, and the next read would take it for part "
-                                 "of this output; move it away or choose another destination", path)
+                raise UsageError(
+                    "reshard did not write this checkpoint, and the next read would take it for part "
+                    "of this output; move it away or choose another destination",
+                    path,
+                )
             elif rank >= rank_total:
-                raise UsageError(f"reshard did not write this, so rank_{rank}/ would stay beside a {rank_total}-rank "
-                                 "output and the next read would take it for a rank folder; move it away or choose "
-                                 "another destination", path)
+                raise UsageError(
+                    f"reshard did not write this, so rank_{rank}/ would stay beside a {rank_total}-rank "
+                    "output and the next read would take it for a rank folder; move it away or choose "
+                    "another destination",
+                    path,
+                )
     return doomed
 
 
@@ -291,8 +298,9 @@ def check_write_options(plan: Plan, write: WriteOptions) -> None:
 class RunRecorder:
     """Journal, manifest and roll-back around one execution of a plan into ``root``."""
 
-    def __init__(self, plan: Plan, root: str, write: WriteOptions, *, resume: bool, manifest: bool,
-                 remove: Sequence[str] = ()) -> None:
+    def __init__(
+        self, plan: Plan, root: str, write: WriteOptions, *, resume: bool, manifest: bool, remove: Sequence[str] = ()
+    ) -> None:
         if resume and not manifest:
             raise UsageError("resume needs the journal, which is only kept with manifest=True")
         self.plan = plan
@@ -389,7 +397,8 @@ class RunRecorder:
                 continue
             try:
                 if os.path.getsize(f.path) != entry.size or (
-                        file_digest(f.path, entry.algorithm) != (entry.size, entry.checksum)):
+                    file_digest(f.path, entry.algorithm) != (entry.size, entry.checksum)
+                ):
                     continue
             except OSError:
                 continue
@@ -443,8 +452,9 @@ class RunRecorder:
                 self._journal.write(self._line(record))
                 self._journal.flush()
             except OSError as exc:
-                raise ReshardError(f"cannot write the journal: {exc.strerror or exc}",
-                                   journal_path(self.root)) from None
+                raise ReshardError(
+                    f"cannot write the journal: {exc.strerror or exc}", journal_path(self.root)
+                ) from None
 
     def _raise_hash_errors(self, wait: bool) -> None:
         with self._pending_lock:

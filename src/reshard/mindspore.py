@@ -910,8 +910,11 @@ def transform_checkpoints(
     src = _optional_strategy(src_strategy_file, "src_strategy_file")
     dst = _optional_strategy(dst_strategy_file, "dst_strategy_file")
     if src is None and len(layout_dir.rank_dirs(src_dir)) > 1:
-        raise UsageError("src_strategy_file is None but src_checkpoints_dir holds several rank folders: pass their "
-                         "strategy as src_strategy_file", src_dir)
+        raise UsageError(
+            "src_strategy_file is None but src_checkpoints_dir holds several rank folders: pass their "
+            "strategy as src_strategy_file",
+            src_dir,
+        )
     if fmt == "ckpt" and _is_by_stage(src, dst):
         assert src is not None and dst is not None
         plans = _plan_by_stage(src_dir, dst_dir, prefix, src, dst)  # every plan before any write
@@ -994,8 +997,9 @@ def transform_checkpoint_by_rank(
 def _refuse_no_strategy(src: StrategyFile | None, dst: StrategyFile | None) -> None:
     """MindSpore refuses a transform without any strategy (reshard's own transform copies the model)."""
     if src is None and dst is None:
-        raise LayoutError("none of the checkpoint's parameters is in the source or destination strategy "
-                          "(both strategies are None)")
+        raise LayoutError(
+            "none of the checkpoint's parameters is in the source or destination strategy (both strategies are None)"
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -1094,6 +1098,7 @@ _UNUSED_DST = "__reshard_not_written__"  # plan paths of return_param_dict: neve
 def _materialize(plan: Plan, file: FilePlan) -> dict[str, LoadedValue]:
     """The tensors of one planned file as owned numpy arrays (no file written)."""
     opened: dict[int, TensorIndex] = {}
+
     def source_array(source: int, tensor: str) -> np.ndarray:
         return _index(opened, plan, source).array(tensor)
 

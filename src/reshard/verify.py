@@ -76,9 +76,14 @@ class TensorResult:
 
     def to_json(self) -> dict[str, Any]:
         diff = self.max_abs_diff
-        return {"name": self.name, "status": self.status, "dtype": self.dtype, "shape": list(self.shape),
-                "max_abs_diff": None if diff is None else (diff if np.isfinite(diff) else str(diff)),
-                "detail": self.detail}
+        return {
+            "name": self.name,
+            "status": self.status,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "max_abs_diff": None if diff is None else (diff if np.isfinite(diff) else str(diff)),
+            "detail": self.detail,
+        }
 
 
 class _Names:
@@ -114,8 +119,14 @@ class VerifyReport:
         return {s: len(self.names(s)) for s in (MATCH, DIFFER, MISSING, UNEXPECTED)}
 
     def to_json(self) -> dict[str, Any]:
-        return {"a": self.a, "b": self.b, "ok": self.ok, "summary": self.summary(), "notes": self.notes,
-                "tensors": [r.to_json() for r in self.results]}
+        return {
+            "a": self.a,
+            "b": self.b,
+            "ok": self.ok,
+            "summary": self.summary(),
+            "notes": self.notes,
+            "tensors": [r.to_json() for r in self.results],
+        }
 
 
 @dataclass
@@ -232,8 +243,9 @@ def _block_rows(t: TensorPlan, max_memory: int) -> int:
     return max(1, max_memory // _BYTES_PER_COMPARED_ELEMENT // max(1, row_elems))
 
 
-def _compare(name: str, a: _Side, ta: TensorPlan, b: _Side, tb: TensorPlan, atol: float,
-             max_memory: int) -> TensorResult:
+def _compare(
+    name: str, a: _Side, ta: TensorPlan, b: _Side, tb: TensorPlan, atol: float, max_memory: int
+) -> TensorResult:
     dtype = ta.dtype.ms_name if ta.dtype is tb.dtype else f"{ta.dtype.ms_name} / {tb.dtype.ms_name}"
     if ta.dtype is dtypes.STR or tb.dtype is dtypes.STR:
         if ta.dtype is not tb.dtype:
@@ -265,8 +277,9 @@ def _compare(name: str, a: _Side, ta: TensorPlan, b: _Side, tb: TensorPlan, atol
 def _need_strategy(path: str, strategy: str | StrategyFile | None, side: str) -> None:
     """Several rank folders need their strategy; the hint names this command's flag for that side."""
     if strategy is None and os.path.isdir(path) and len(layout_dir.rank_dirs(path)) > 1:
-        raise UsageError(f"several rank folders but no strategy for them: give --{side}-strategy "
-                         f"({side}_strategy in Python)", path)
+        raise UsageError(
+            f"several rank folders but no strategy for them: give --{side}-strategy ({side}_strategy in Python)", path
+        )
 
 
 def verify(
@@ -320,13 +333,16 @@ def print_report(report: VerifyReport, console: Any) -> None:
     style = {MATCH: "green", DIFFER: "red", MISSING: "yellow", UNEXPECTED: "yellow"}
     for r in report.results:
         diff = "" if r.max_abs_diff is None else f"{r.max_abs_diff:.6g}"
-        table.add_row(escape(r.name), f"[{style[r.status]}]{r.status}[/]", r.dtype, str(list(r.shape)), diff,
-                      escape(r.detail))
+        table.add_row(
+            escape(r.name), f"[{style[r.status]}]{r.status}[/]", r.dtype, str(list(r.shape)), diff, escape(r.detail)
+        )
     console.print(table)
     s = report.summary()
     verdict = "SAME" if report.ok else "DIFFERENT"
-    console.print(f"{verdict}: {s[MATCH]} match, {s[DIFFER]} differ, {s[MISSING]} missing (only in A), "
-                  f"{s[UNEXPECTED]} unexpected (only in B)")
+    console.print(
+        f"{verdict}: {s[MATCH]} match, {s[DIFFER]} differ, {s[MISSING]} missing (only in A), "
+        f"{s[UNEXPECTED]} unexpected (only in B)"
+    )
 
 
 __all__ = ["EXIT_DIFFER", "TensorResult", "VerifyReport", "print_report", "side_plan", "verify"]

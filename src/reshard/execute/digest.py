@@ -195,5 +195,12 @@ class StreamingDigest:
             self._unmap()
 
 
-__all__ = ["ALGORITHMS", "DEFAULT_ALGORITHM", "HASH_BLOCK_BYTES", "StreamingDigest", "file_digest", "hash_pool",
-           "new_hash"]
+__all__ = [
+    "ALGORITHMS",
+    "DEFAULT_ALGORITHM",
+    "HASH_BLOCK_BYTES",
+    "StreamingDigest",
+    "file_digest",
+    "hash_pool",
+    "new_hash",
+]

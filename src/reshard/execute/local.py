@@ -131,8 +131,16 @@ def _write_at(fd: int, segments: tuple[base.Segment, ...], start: int, data: mem
         pos += length
 
 
-def _copy_bytes(out: _Output, dst_segments: tuple[base.Segment, ...], dst_start: int, sources: SourceCache,
-                path: str, tensor: str, src_start: int, length: int) -> None:
+def _copy_bytes(
+    out: _Output,
+    dst_segments: tuple[base.Segment, ...],
+    dst_start: int,
+    sources: SourceCache,
+    path: str,
+    tensor: str,
+    src_start: int,
+    length: int,
+) -> None:
     """Copy ``length`` tensor bytes from a source tensor into the output, kernel-side when possible.
 
     ``copy_file_range`` moves page-cache pages without mapping them into this process (no page
@@ -205,8 +213,9 @@ def _flat_offset(start: tuple[int, ...], shape: tuple[int, ...]) -> int:
     return offset
 
 
-def _byte_runs(out: _Output, t: TensorPlan, segments: tuple[base.Segment, ...], sources: SourceCache,
-               plan: Plan) -> bool:
+def _byte_runs(
+    out: _Output, t: TensorPlan, segments: tuple[base.Segment, ...], sources: SourceCache, plan: Plan
+) -> bool:
     """Copy every box as one byte range, if every box is a byte run in its source and in ``t``.
 
     Row splits and optimizer-shard splits are contiguous on both sides, so most tensors of a
@@ -220,13 +229,22 @@ def _byte_runs(out: _Output, t: TensorPlan, segments: tuple[base.Segment, ...], 
         runs.append((c, src_shape))
     item = t.dtype.itemsize
     for c, src_shape in runs:
-        _copy_bytes(out, segments, _flat_offset(c.dst_start, t.shape) * item, sources, plan.sources[c.source],
-                    c.tensor, _flat_offset(c.src_start, src_shape) * item, math.prod(c.lengths) * item)
+        _copy_bytes(
+            out,
+            segments,
+            _flat_offset(c.dst_start, t.shape) * item,
+            sources,
+            plan.sources[c.source],
+            c.tensor,
+            _flat_offset(c.src_start, src_shape) * item,
+            math.prod(c.lengths) * item,
+        )
     return True
 
 
-def _fill_tensor(out: _Output, t: TensorPlan, segments: tuple[base.Segment, ...], sources: SourceCache,
-                 plan: Plan, budget: int) -> None:
+def _fill_tensor(
+    out: _Output, t: TensorPlan, segments: tuple[base.Segment, ...], sources: SourceCache, plan: Plan, budget: int
+) -> None:
     if t.literal is not None:
         _write_at(out.fd, segments, 0, memoryview(t.literal))
         return
@@ -274,9 +292,17 @@ class Cancelled(Exception):
     """
 
 
-def run_file(file: FilePlan, plan: Plan, sources: SourceCache, write: WriteOptions, run: RunOptions, budget: int,
-             tensor_workers: int = 1, hasher_pool: ThreadPoolExecutor | None = None,
-             cancel: threading.Event | None = None) -> str | None:
+def run_file(
+    file: FilePlan,
+    plan: Plan,
+    sources: SourceCache,
+    write: WriteOptions,
+    run: RunOptions,
+    budget: int,
+    tensor_workers: int = 1,
+    hasher_pool: ThreadPoolExecutor | None = None,
+    cancel: threading.Event | None = None,
+) -> str | None:
     """Write one output file of the plan atomically (its tensors on ``tensor_workers`` threads).
 
     Returns the file's checksum (``write.checksum``), hashed while it was written, when
@@ -355,8 +381,9 @@ def run_file(file: FilePlan, plan: Plan, sources: SourceCache, write: WriteOptio
     return checksum
 
 
-def _run_files_fail_fast(files: Sequence[FilePlan], workers: int,
-                         write: Callable[[FilePlan, threading.Event], object]) -> None:
+def _run_files_fail_fast(
+    files: Sequence[FilePlan], workers: int, write: Callable[[FilePlan, threading.Event], object]
+) -> None:
     """Write ``files`` on ``workers`` threads, starting each only while no output has failed.
 
     At most ``workers`` outputs are in flight: an output starts when another finishes. After the
@@ -419,8 +446,11 @@ def run_plan(plan: Plan, opener: Opener, write: WriteOptions | None = None, run:
             for f in plan.files:
                 run_file(f, plan, sources, write, run, budget, tensor_workers, hashers)
         else:
-            _run_files_fail_fast(plan.files, workers,
-                                 lambda f, cancel: run_file(f, plan, sources, write, run, budget, 1, hashers, cancel))
+            _run_files_fail_fast(
+                plan.files,
+                workers,
+                lambda f, cancel: run_file(f, plan, sources, write, run, budget, 1, hashers, cancel),
+            )
     write_texts(plan)
 
 

@@ -144,8 +144,16 @@ def _open(read: ReadOptions | None) -> local.Opener:
 TaskResult = tuple[list[str | None], list[np.ndarray] | None]  # checksum per file, file bytes (no shared disk)
 
 
-def _task(sources: tuple[str, ...], files: list[FilePlan], read: ReadOptions | None, write: WriteOptions,
-          run: RunOptions, budget: int, needed: list[int], *blobs: np.ndarray) -> TaskResult:
+def _task(
+    sources: tuple[str, ...],
+    files: list[FilePlan],
+    read: ReadOptions | None,
+    write: WriteOptions,
+    run: RunOptions,
+    budget: int,
+    needed: list[int],
+    *blobs: np.ndarray,
+) -> TaskResult:
     """One Ray task: write ``files``; with ``blobs`` (no shared disk) work in a node-local folder.
 
     Each file is hashed on the node while it is written (``run.hash_outputs``), so the driver does
@@ -159,14 +167,17 @@ def _task(sources: tuple[str, ...], files: list[FilePlan], read: ReadOptions | N
             remapped[i] = os.path.join(tmp, f"src{i}-{os.path.basename(sources[i])}")
             with open(remapped[i], "wb") as fh:
                 fh.write(blob.data)
-        outs = [replace(f, path=os.path.join(tmp, f"out{k}-{os.path.basename(f.path)}"), tensors=tuple(f.tensors))
-                for k, f in enumerate(files)]
+        outs = [
+            replace(f, path=os.path.join(tmp, f"out{k}-{os.path.basename(f.path)}"), tensors=tuple(f.tensors))
+            for k, f in enumerate(files)
+        ]
         digests = _run_files(Plan("ray", tuple(remapped), tuple(outs)), read, write, run, budget)
         return digests, [np.fromfile(f.path, dtype=np.uint8) for f in outs]
 
 
-def _run_files(plan: Plan, read: ReadOptions | None, write: WriteOptions, run: RunOptions,
-               budget: int) -> list[str | None]:
+def _run_files(
+    plan: Plan, read: ReadOptions | None, write: WriteOptions, run: RunOptions, budget: int
+) -> list[str | None]:
     cache = local.SourceCache(_open(read))
     try:
         validate_plan(plan, lambda i, name: cache.shape(plan.sources[i], name))  # source bounds, on the node
@@ -237,14 +248,25 @@ def run_plan_ray(
     with _cluster(address) as ray:
         remote = ray.remote(num_cpus=1, max_retries=0)(_task)
         window = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        _drive(ray, remote, plan, _groups(plan.files, max_tasks), read, write, shipped, run, budget,
-               shared_disk, window)
+        _drive(
+            ray, remote, plan, _groups(plan.files, max_tasks), read, write, shipped, run, budget, shared_disk, window
+        )
     local.write_texts(plan)
 
 
-def _drive(ray: Any, remote: Any, plan: Plan, groups: list[list[FilePlan]], read: ReadOptions | None,
-           write: WriteOptions, shipped: RunOptions, run: RunOptions, budget: int, shared_disk: bool,
-           window: int) -> None:
+def _drive(
+    ray: Any,
+    remote: Any,
+    plan: Plan,
+    groups: list[list[FilePlan]],
+    read: ReadOptions | None,
+    write: WriteOptions,
+    shipped: RunOptions,
+    run: RunOptions,
+    budget: int,
+    shared_disk: bool,
+    window: int,
+) -> None:
     """Submit groups (at most ``window`` in flight), collect results, keep sources only while needed."""
     needs = [[] if shared_disk else _needed(plan, g) for g in groups]
     users: dict[int, int] = {}
@@ -313,8 +335,9 @@ def runner(read: ReadOptions | None, run: RunOptions) -> Callable[[Plan, WriteOp
     outputs still to write as Ray tasks (journal, manifest and roll-back stay on the driver, with
     the caller). ``run`` says where and how (a ``RayOptions``; plain ``RunOptions`` runs on a
     local Ray with a shared disk)."""
-    address, shared, tasks = (run.address, run.shared_disk, run.max_tasks) if isinstance(run, RayOptions) else (
-        None, True, None)
+    address, shared, tasks = (
+        (run.address, run.shared_disk, run.max_tasks) if isinstance(run, RayOptions) else (None, True, None)
+    )
 
     def run_on_ray(todo: Plan, todo_write: WriteOptions, todo_run: RunOptions) -> None:
         run_plan_ray(todo, read, todo_write, todo_run, address=address, shared_disk=shared, max_tasks=tasks)

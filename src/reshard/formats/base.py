@@ -335,7 +335,22 @@ def map_file(path: str | os.PathLike[str]) -> tuple[Any, Callable[[], None], int
 
 
 __all__ = [
-    "TEMP_SUFFIX", "FileLayout", "Segment", "TensorEntry", "TensorIndex", "TensorSpec", "atomic_path", "decode_string",
-    "drop_resident", "encode_string", "fill_from_values", "map_file", "preallocate", "pwrite_all", "segment_pieces",
-    "value_bytes", "write_file", "write_whole",
+    "TEMP_SUFFIX",
+    "FileLayout",
+    "Segment",
+    "TensorEntry",
+    "TensorIndex",
+    "TensorSpec",
+    "atomic_path",
+    "decode_string",
+    "drop_resident",
+    "encode_string",
+    "fill_from_values",
+    "map_file",
+    "preallocate",
+    "pwrite_all",
+    "segment_pieces",
+    "value_bytes",
+    "write_file",
+    "write_whole",
 ]

@@ -150,8 +150,11 @@ class _Scanner:
         length, start = self.varint(pos, end)
         if length > end - start:
             if start + length > len(self.buf):
-                raise self.error(f"truncated (or damaged): a field of {length} bytes runs past the end of the file "
-                                 f"({len(self.buf)} bytes)", pos)
+                raise self.error(
+                    f"truncated (or damaged): a field of {length} bytes runs past the end of the file "
+                    f"({len(self.buf)} bytes)",
+                    pos,
+                )
             raise self.error(f"length {length} runs past the end of its message", pos)
         return start, start + length
 
@@ -596,5 +599,15 @@ def write_encrypted(
             raise ReshardError(f"write failed: {exc.strerror or exc}", path) from None
 
 
-__all__ = ["CRC_TRAILER_BYTES", "SLICE_BYTES", "CkptProbe", "ckpt_layout", "crc_finish", "ends_with_crc_trailer",
-           "probe_ckpt", "read_ckpt", "save_ckpt", "write_encrypted"]
+__all__ = [
+    "CRC_TRAILER_BYTES",
+    "SLICE_BYTES",
+    "CkptProbe",
+    "ckpt_layout",
+    "crc_finish",
+    "ends_with_crc_trailer",
+    "probe_ckpt",
+    "read_ckpt",
+    "save_ckpt",
+    "write_encrypted",
+]

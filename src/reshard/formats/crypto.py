@@ -92,8 +92,14 @@ def _lib() -> SimpleNamespace:
     from cryptography.hazmat.primitives import padding
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-    return SimpleNamespace(InvalidTag=InvalidTag, UnsupportedAlgorithm=UnsupportedAlgorithm, padding=padding,
-                           Cipher=Cipher, algorithms=algorithms, modes=modes)
+    return SimpleNamespace(
+        InvalidTag=InvalidTag,
+        UnsupportedAlgorithm=UnsupportedAlgorithm,
+        padding=padding,
+        Cipher=Cipher,
+        algorithms=algorithms,
+        modes=modes,
+    )
 
 
 def encrypted_mode(head: bytes) -> str | None:
@@ -377,8 +383,9 @@ def _key_from_file(key_file: str, key_format: str = "auto") -> bytes:
     if digits is not None:
         return bytes.fromhex(digits)
     if key_format == "hex":
-        raise UsageError("--key-format hex: the key file must hold 32, 48 or 64 hex digits (a 16, 24 or 32-byte "
-                         "key)", key_file)
+        raise UsageError(
+            "--key-format hex: the key file must hold 32, 48 or 64 hex digits (a 16, 24 or 32-byte key)", key_file
+        )
     return data
 
 
@@ -396,7 +403,22 @@ def _key_from_env(env_var: str) -> bytes:
 
 
 __all__ = [
-    "AES_KEY_BYTES", "BLOCK_BYTES", "CIPHER_BLOCK_BYTES", "GCM_NONCE_BYTES", "IV_BYTES", "KEY_FORMATS", "MAGIC_AES_CBC",
-    "MAGIC_AES_GCM", "MAGIC_SM4_CBC", "MODES", "SM4_KEY_BYTES", "TAG_BYTES", "ambiguous_key_file", "check_key",
-    "decrypt_stream", "encrypt_stream", "encrypted_mode", "load_key",
+    "AES_KEY_BYTES",
+    "BLOCK_BYTES",
+    "CIPHER_BLOCK_BYTES",
+    "GCM_NONCE_BYTES",
+    "IV_BYTES",
+    "KEY_FORMATS",
+    "MAGIC_AES_CBC",
+    "MAGIC_AES_GCM",
+    "MAGIC_SM4_CBC",
+    "MODES",
+    "SM4_KEY_BYTES",
+    "TAG_BYTES",
+    "ambiguous_key_file",
+    "check_key",
+    "decrypt_stream",
+    "encrypt_stream",
+    "encrypted_mode",
+    "load_key",
 ]

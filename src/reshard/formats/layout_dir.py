@@ -174,8 +174,10 @@ def check_prefix(prefix: str) -> str:
     for part in UNSAFE_PREFIX_PARTS:
         if part in prefix or (part == "/" and os.sep in prefix):
             shown = {"\x00": "a NUL byte", "/": "a path separator", "\\": "a path separator"}.get(part, repr(part))
-            raise UsageError(f"output prefix {prefix!r} contains {shown}: a prefix names files inside each rank_<r> "
-                             "folder and may not lead out of it")
+            raise UsageError(
+                f"output prefix {prefix!r} contains {shown}: a prefix names files inside each rank_<r> "
+                "folder and may not lead out of it"
+            )
     return prefix
 
 
@@ -187,6 +189,19 @@ def rank_output(dst_dir: str, rank: int, prefix: str, fmt: str, part: int | None
 
 
 __all__ = [
-    "FORMATS", "PICKS", "PICK_RULES", "RULE_TEXT", "UNSAFE_PREFIX_PARTS", "RankFile", "check_prefix", "choose_file",
-    "collect_rank_files", "detect_format", "files_in", "pick_file", "rank_dir", "rank_dirs", "rank_output",
+    "FORMATS",
+    "PICKS",
+    "PICK_RULES",
+    "RULE_TEXT",
+    "UNSAFE_PREFIX_PARTS",
+    "RankFile",
+    "check_prefix",
+    "choose_file",
+    "collect_rank_files",
+    "detect_format",
+    "files_in",
+    "pick_file",
+    "rank_dir",
+    "rank_dirs",
+    "rank_output",
 ]

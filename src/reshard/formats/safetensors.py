@@ -355,6 +355,11 @@ def _little_endian(value: Any) -> Any:
 
 
 __all__ = [
-    "FORMAT", "INT4_MARKER", "METADATA_KEY", "int4_metadata", "read_safetensors", "safetensors_layout",
+    "FORMAT",
+    "INT4_MARKER",
+    "METADATA_KEY",
+    "int4_metadata",
+    "read_safetensors",
+    "safetensors_layout",
     "save_safetensors",
 ]

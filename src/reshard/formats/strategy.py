@@ -522,8 +522,9 @@ def merge_strategy_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[str, 
     return fmt, json.dumps(_merge_json(files)).encode("ascii")
 
 
-def merge_pipeline_strategies(src_dir: str | os.PathLike[str], dst_file: str | os.PathLike[str],
-                              notes: list[str] | None = None) -> str:
+def merge_pipeline_strategies(
+    src_dir: str | os.PathLike[str], dst_file: str | os.PathLike[str], notes: list[str] | None = None
+) -> str:
     """``merge_pipeline_strategys`` (docs/formats.md §2.5): merge every per-stage file of ``src_dir`` into ``dst_file``.
 
     Same output as MindSpore for the same candidate order: per file, byte-identical copies are
@@ -668,8 +669,26 @@ def _check_unprefixed(name: str, path: str) -> None:
 
 
 __all__ = [
-    "DEFAULT_OP_NAME", "DEFAULT_OP_STRATEGY", "FORMATS", "FRESH_CURRENT_STAGE", "JSON", "JSON_SUFFIX",
-    "MERGED_CURRENT_STAGE", "PROTOBUF", "PROTOBUF_SUFFIX", "StrategyFile", "StrategyItem", "encode_strategy",
-    "find_strategy_files", "format_of", "is_merged_file", "load_strategy", "make_strategy", "merge_pipeline_strategies",
-    "merge_strategy_files", "message_classes", "read_strategy", "write_strategy",
+    "DEFAULT_OP_NAME",
+    "DEFAULT_OP_STRATEGY",
+    "FORMATS",
+    "FRESH_CURRENT_STAGE",
+    "JSON",
+    "JSON_SUFFIX",
+    "MERGED_CURRENT_STAGE",
+    "PROTOBUF",
+    "PROTOBUF_SUFFIX",
+    "StrategyFile",
+    "StrategyItem",
+    "encode_strategy",
+    "find_strategy_files",
+    "format_of",
+    "is_merged_file",
+    "load_strategy",
+    "make_strategy",
+    "merge_pipeline_strategies",
+    "merge_strategy_files",
+    "message_classes",
+    "read_strategy",
+    "write_strategy",
 ]

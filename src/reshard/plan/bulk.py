@@ -99,17 +99,20 @@ class LayoutClass:
             held = self.src_boxes[key]
             lengths = tuple(b - a for a, b in piece)
             start = box_start(piece)
-            copies.append((
-                key,
-                tuple(a - o for a, o in zip(start, box_start(held), strict=True)),
-                tuple(a - o for a, o in zip(start, dst_origin, strict=True)),
-                lengths,
-                lengths == tuple(b - a for a, b in held),
-            ))
+            copies.append(
+                (
+                    key,
+                    tuple(a - o for a, o in zip(start, box_start(held), strict=True)),
+                    tuple(a - o for a, o in zip(start, dst_origin, strict=True)),
+                    lengths,
+                    lengths == tuple(b - a for a, b in held),
+                )
+            )
         shape = tuple(b - a for a, b in self.dst_boxes[rank])
         keys = tuple(c[0] for c in copies)
-        return RankShare(shape, tuple(copies), keys, frozenset(keys), math.prod(shape),
-                         sum(math.prod(c[3]) for c in copies))
+        return RankShare(
+            shape, tuple(copies), keys, frozenset(keys), math.prod(shape), sum(math.prod(c[3]) for c in copies)
+        )
 
 
 class Transformed:
@@ -262,8 +265,15 @@ class RankTensors(LazyTensors):
     Pickling (Ray) and equality see a plain tuple of ``TensorPlan``.
     """
 
-    def __init__(self, template: Template, shares: tuple[RankShare, ...], wholes: tuple[SourceFile, ...],
-                 whole_stats: FileStats, ids: Mapping[str, int], built: BuiltFiles) -> None:
+    def __init__(
+        self,
+        template: Template,
+        shares: tuple[RankShare, ...],
+        wholes: tuple[SourceFile, ...],
+        whole_stats: FileStats,
+        ids: Mapping[str, int],
+        built: BuiltFiles,
+    ) -> None:
         self.template = template
         self.shares = shares  # per class of the template
         self._wholes = wholes
@@ -312,8 +322,13 @@ class RankTensors(LazyTensors):
                 written += count * nbytes
                 largest = max(largest, nbytes)
             w = self._whole_stats
-            self._stats = FileStats(len(self), copies + w.copies, read + w.bytes_read, written + w.bytes_written,
-                                    max(largest, w.largest_tensor))
+            self._stats = FileStats(
+                len(self),
+                copies + w.copies,
+                read + w.bytes_read,
+                written + w.bytes_written,
+                max(largest, w.largest_tensor),
+            )
         return self._stats
 
     def materialise(self) -> tuple[TensorPlan, ...]:
@@ -348,8 +363,9 @@ class Tables:
 
     def __init__(self) -> None:
         self._classes: dict[tuple[ParamLayout | None, ParamLayout | None, tuple[int, ...]], LayoutClass] = {}
-        self._by_id: dict[tuple[int, int, tuple[int, ...]],
-                          tuple[ParamLayout | None, ParamLayout | None, LayoutClass]] = {}
+        self._by_id: dict[
+            tuple[int, int, tuple[int, ...]], tuple[ParamLayout | None, ParamLayout | None, LayoutClass]
+        ] = {}
         self._fulls: dict[tuple[int, tuple[int, ...]], tuple[ParamLayout, tuple[int, ...]]] = {}
 
     def full(self, src_p: ParamLayout | None, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -371,8 +387,7 @@ class Tables:
         return hit[2]
 
 
-def rank_tensors(template: Template, local: int, beyond: bool, sources: SourcePaths,
-                 built: BuiltFiles) -> RankTensors:
+def rank_tensors(template: Template, local: int, beyond: bool, sources: SourcePaths, built: BuiltFiles) -> RankTensors:
     """One destination rank's lazy tensors: its share of every class, its files checked, its sources interned."""
     shares = tuple(cls.share(local) for cls in template.classes)
     for index, share in enumerate(shares):
@@ -425,8 +440,10 @@ class _BulkPlanner:
         order = p.needed(rank)
         missing = [r for r in order if r not in p.files]
         if missing:
-            raise UsageError(f"destination rank {rank} needs the checkpoint of source rank(s) "
-                             f"{', '.join(map(str, sorted(missing)))}, which is missing")
+            raise UsageError(
+                f"destination rank {rank} needs the checkpoint of source rank(s) "
+                f"{', '.join(map(str, sorted(missing)))}, which is missing"
+            )
         beyond = rank in p.beyond
         try:
             template = self._template(tuple(order), rank // p.n_dst, beyond)

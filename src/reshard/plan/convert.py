@@ -69,7 +69,7 @@ def plan_convert(pairs: Sequence[tuple[SourceFile, str, str]], name_map: Mapping
 
 
 def _metadata_strings(src: SourceFile) -> dict[str, str]:
-    return {k[len(STRING_META_PREFIX):]: v for k, v in src.metadata.items() if k.startswith(STRING_META_PREFIX)}
+    return {k[len(STRING_META_PREFIX) :]: v for k, v in src.metadata.items() if k.startswith(STRING_META_PREFIX)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -98,8 +98,7 @@ def plan_hf_shards(
     files = []
     for j, (group, file_name) in enumerate(zip(groups, names, strict=True)):
         meta = (*hf_index.SHARD_METADATA, *(metadata if j == 0 else ()))
-        files.append(FilePlan(os.path.join(dst_dir, file_name), "safetensors",
-                              tuple(by_name[n] for n in group), meta))
+        files.append(FilePlan(os.path.join(dst_dir, file_name), "safetensors", tuple(by_name[n] for n in group), meta))
     if len(groups) == 1:
         return tuple(files), ()
     weight_map = {n: file_name for group, file_name in zip(groups, names, strict=True) for n in group}
@@ -114,8 +113,9 @@ def hf_sharded(plan: Plan, dst_dir: str, max_shard_size: int = hf_index.DEFAULT_
     first shard's metadata; other metadata (``format: ms``) is replaced by ``format: pt``.
     """
     if len(plan.files) != 1:
-        raise UsageError(f"Hugging Face output needs one full-model file, but this {plan.operation} writes "
-                         f"{len(plan.files)}")
+        raise UsageError(
+            f"Hugging Face output needs one full-model file, but this {plan.operation} writes {len(plan.files)}"
+        )
     (full,) = plan.files
     strings = tuple((k, v) for k, v in full.metadata if k.startswith(STRING_META_PREFIX))
     files, texts = plan_hf_shards(tuple(full.tensors), dst_dir, max_shard_size, strings)
@@ -176,8 +176,13 @@ def plan_transform_full(
 
 
 def _plan_transform_full_reference(
-    planner: TransformPlanner, unified: Mapping[str, SourceFile], name_to_file: Mapping[str, str], dst_dir: str,
-    prefix: str, output_format: str, wanted: Sequence[int],
+    planner: TransformPlanner,
+    unified: Mapping[str, SourceFile],
+    name_to_file: Mapping[str, str],
+    dst_dir: str,
+    prefix: str,
+    output_format: str,
+    wanted: Sequence[int],
 ) -> Plan:
     """``plan_transform_full`` one parameter and rank at a time (``TransformPlanner.plan_rank``'s loop)."""
     interned = SourcePaths()
@@ -189,8 +194,12 @@ def _plan_transform_full_reference(
         else:
             cut = stage_cut(None, dst_map, rank // planner.n_dst)
             to_transform, deferred = cut.sort(name_to_file)
-            transformed = [planner.transform_one(name, None, dst_map[name].layout, {0: unified[name_to_file[name]]},
-                                                 rank % planner.n_dst, interned) for name in to_transform]
+            transformed = [
+                planner.transform_one(
+                    name, None, dst_map[name].layout, {0: unified[name_to_file[name]]}, rank % planner.n_dst, interned
+                )
+                for name in to_transform
+            ]
             if not transformed:
                 raise LayoutError("none of the checkpoint's parameters is in the source or destination strategy")
             tensors = (*transformed, *(whole_tensor(interned, unified[name_to_file[n]], n) for n in deferred))
@@ -200,8 +209,13 @@ def _plan_transform_full_reference(
 
 
 def _plan_transform_full_bulk(
-    planner: TransformPlanner, unified: Mapping[str, SourceFile], name_to_file: Mapping[str, str], dst_dir: str,
-    prefix: str, output_format: str, wanted: Sequence[int],
+    planner: TransformPlanner,
+    unified: Mapping[str, SourceFile],
+    name_to_file: Mapping[str, str],
+    dst_dir: str,
+    prefix: str,
+    output_format: str,
+    wanted: Sequence[int],
 ) -> Plan | None:
     """``plan_transform_full`` from shared tables (one template per destination stage), or None."""
     tables, interned, built = Tables(), SourcePaths(), BuiltFiles()
@@ -217,14 +231,24 @@ def _plan_transform_full_bulk(
         if template is None:
             return None
         path = layout_dir.rank_output(dst_dir, rank, prefix, output_format)
-        files.append(FilePlan(path, output_format, rank_tensors(template, rank % planner.n_dst, False, interned, built),
-                              output_metadata(output_format), rank))
+        files.append(
+            FilePlan(
+                path,
+                output_format,
+                rank_tensors(template, rank % planner.n_dst, False, interned, built),
+                output_metadata(output_format),
+                rank,
+            )
+        )
     return Plan("transform", tuple(interned.paths), tuple(files))
 
 
 def _full_template(
-    tables: Tables, unified: Mapping[str, SourceFile], name_to_file: Mapping[str, str],
-    dst_map: Mapping[str, StagedLayout], stage: int,
+    tables: Tables,
+    unified: Mapping[str, SourceFile],
+    name_to_file: Mapping[str, str],
+    dst_map: Mapping[str, StagedLayout],
+    stage: int,
 ) -> Template | None:
     """The tensors of one destination stage; None where the reference loop must decide (empty
     tensors, or nothing to transform: it raises the error)."""

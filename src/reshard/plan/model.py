@@ -180,8 +180,13 @@ class Plan:
                             "dtype": t.dtype.ms_name,
                             "shape": list(t.shape),
                             "copies": [
-                                [self.sources[c.source], c.tensor, list(c.src_start), list(c.dst_start),
-                                 list(c.lengths)]
+                                [
+                                    self.sources[c.source],
+                                    c.tensor,
+                                    list(c.src_start),
+                                    list(c.dst_start),
+                                    list(c.lengths),
+                                ]
                                 for c in t.copies
                             ],
                         }

@@ -71,8 +71,9 @@ class StageCut:
         return transform, whole
 
 
-def stage_cut(src_map: Mapping[str, StagedLayout] | None, dst_map: Mapping[str, StagedLayout] | None,
-              stage: int) -> StageCut:
+def stage_cut(
+    src_map: Mapping[str, StagedLayout] | None, dst_map: Mapping[str, StagedLayout] | None, stage: int
+) -> StageCut:
     dropped = frozenset(n for n, s in (dst_map or {}).items() if stage not in s.stages)
     return StageCut(src_map, dst_map, dropped)
 
@@ -103,10 +104,14 @@ class TransformPlanner:
                 folder = os.path.dirname(os.path.dirname(self.files[found[0]].path))
                 raise UsageError(
                     f"no folder for rank(s) {rank_ranges(missing)}: the source strategy describes {expected} ranks "
-                    f"(0..{expected - 1}), the checkpoint has rank folders {rank_ranges(found)}", folder)
+                    f"(0..{expected - 1}), the checkpoint has rank folders {rank_ranges(found)}",
+                    folder,
+                )
             raise LayoutError(
                 f"the source strategy describes {expected} rank(s) (0..{expected - 1}) but the checkpoint has "
-                f"{len(found)} rank folder(s) ({rank_ranges(found)})", where)
+                f"{len(found)} rank folder(s) ({rank_ranges(found)})",
+                where,
+            )
 
     def check_needed_present(self, wanted: Sequence[int]) -> None:
         """With chosen destination ranks (a node without a shared disk), only the source ranks they
@@ -117,15 +122,19 @@ class TransformPlanner:
             where = self.src.path if self.src is not None else None
             raise LayoutError(
                 f"the source strategy describes {expected} rank(s) (0..{expected - 1}) but the checkpoint has "
-                f"rank folder(s) {rank_ranges(extra)}", where)
+                f"rank folder(s) {rank_ranges(extra)}",
+                where,
+            )
         base = os.path.dirname(os.path.dirname(next(iter(self.files.values())).path)) if self.files else ""
         for rank in wanted:
             missing = [r for r in sorted(self.needed(rank)) if r not in self.files]
             if missing:
                 r = missing[0]
                 others = f" (also missing: {rank_ranges(missing[1:])})" if len(missing) > 1 else ""
-                raise UsageError(f"rank {r} is needed by destination rank {rank} but "
-                                 f"{os.path.join(base, f'rank_{r}')} is missing{others}")
+                raise UsageError(
+                    f"rank {r} is needed by destination rank {rank} but "
+                    f"{os.path.join(base, f'rank_{r}')} is missing{others}"
+                )
 
     def dst_map(self, rank: int) -> dict[str, StagedLayout] | None:
         if self.dst is None:
@@ -220,15 +229,17 @@ class TransformPlanner:
                     return self.files[r]
         return None
 
-    def layouts(self, name: str, dst_map: Mapping[str, StagedLayout] | None) -> tuple[
-            ParamLayout | None, ParamLayout | None]:
+    def layouts(
+        self, name: str, dst_map: Mapping[str, StagedLayout] | None
+    ) -> tuple[ParamLayout | None, ParamLayout | None]:
         """The source and destination layouts of a parameter to transform (None: a full tensor)."""
         src_p = self.src_map[name].layout if self.src_map is not None else None
         dst_p = dst_map[name].layout if dst_map is not None else None
         return src_p, dst_p
 
-    def plan_rank(self, rank: int, sources: SourcePaths, load_order: Sequence[int] | None = None
-                  ) -> tuple[TensorPlan, ...]:
+    def plan_rank(
+        self, rank: int, sources: SourcePaths, load_order: Sequence[int] | None = None
+    ) -> tuple[TensorPlan, ...]:
         """The tensors of destination ``rank``'s file.
 
         Source files are "loaded" in ``load_order`` (default: the needed ranks, descending, as
@@ -239,8 +250,10 @@ class TransformPlanner:
             load_order = self.needed(rank)
             missing = [r for r in load_order if r not in self.files]
             if missing:
-                raise UsageError(f"destination rank {rank} needs the checkpoint of source rank(s) "
-                                 f"{', '.join(map(str, sorted(missing)))}, which is missing")
+                raise UsageError(
+                    f"destination rank {rank} needs the checkpoint of source rank(s) "
+                    f"{', '.join(map(str, sorted(missing)))}, which is missing"
+                )
         holders = self.holders(load_order, rank in self.beyond)
         dst_map = self.dst_map(rank)
         cut = self.stage_cut(rank)
@@ -263,8 +276,15 @@ class TransformPlanner:
             transformed.append(whole_tensor(sources, holders[name][key], name))
         return tuple(transformed)
 
-    def transform_one(self, name: str, src_p: ParamLayout | None, dst_p: ParamLayout | None,
-                      by_key: Mapping[int, SourceFile], local: int, sources: SourcePaths) -> TensorPlan:
+    def transform_one(
+        self,
+        name: str,
+        src_p: ParamLayout | None,
+        dst_p: ParamLayout | None,
+        by_key: Mapping[int, SourceFile],
+        local: int,
+        sources: SourcePaths,
+    ) -> TensorPlan:
         """Parameter ``name`` of destination local rank ``local``, assembled from the files ``by_key``
         (source local rank -> file); a layout of None is the full tensor."""
         first = next(iter(by_key.values())).tensors[name]
@@ -275,9 +295,18 @@ class TransformPlanner:
         with blame(name, self.src, f"full shape {list(full)}"):
             return self._pieces(name, src_p, dst_p, by_key, local, sources, full, dst_box, first.dtype)
 
-    def _pieces(self, name: str, src_p: ParamLayout | None, dst_p: ParamLayout | None,
-                by_key: Mapping[int, SourceFile], local: int, sources: SourcePaths, full: tuple[int, ...],
-                dst_box: Box, dtype: DType) -> TensorPlan:
+    def _pieces(
+        self,
+        name: str,
+        src_p: ParamLayout | None,
+        dst_p: ParamLayout | None,
+        by_key: Mapping[int, SourceFile],
+        local: int,
+        sources: SourcePaths,
+        full: tuple[int, ...],
+        dst_box: Box,
+        dtype: DType,
+    ) -> TensorPlan:
         triples = []
         for key, piece in layout.transfer_pieces(src_p, dst_p, full, local, any_device_num=True):
             held = layout.rank_box(src_p, full, key) if src_p is not None else tuple((0, d) for d in full)
@@ -287,7 +316,9 @@ class TransformPlanner:
             if src.tensors[name].shape != tuple(b - a for a, b in held):
                 raise LayoutError(
                     f"{name!r} has shape {list(src.tensors[name].shape)}, but the strategy gives this rank "
-                    f"a slice of {[b - a for a, b in held]}", src.path)
+                    f"a slice of {[b - a for a, b in held]}",
+                    src.path,
+                )
             triples.append((src, held, piece))
         return assembled(sources, name, name, triples, dst_box, dtype)
 
@@ -304,8 +335,9 @@ def blame(name: str, strategy: LayoutTable | None, what: str) -> Iterator[None]:
         raise LayoutError(f"parameter {name!r} ({what}): {exc.detail}", where) from None
 
 
-def redundant_copy(src_p: ParamLayout | None, full: tuple[int, ...], held: Box,
-                   by_key: Mapping[int, SourceFile]) -> SourceFile | None:
+def redundant_copy(
+    src_p: ParamLayout | None, full: tuple[int, ...], held: Box, by_key: Mapping[int, SourceFile]
+) -> SourceFile | None:
     """Another rank's identical copy of a slice, for checkpoints saved with ``remove_redundancy=True``
     (each slice is stored by only one rank of its redundancy group)."""
     if src_p is None:

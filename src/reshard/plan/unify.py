@@ -116,8 +116,7 @@ def plan_unify(
     read_ranks = list(dict.fromkeys(needed))  # each source file's metadata once, in load order
     for j in selected:
         tensors = [
-            planner.transform_one(name, src_map[name].layout, None, holders[name], 0, interned)
-            for name in groups[j]
+            planner.transform_one(name, src_map[name].layout, None, holders[name], 0, interned) for name in groups[j]
         ]
         tensors = [TensorPlan(renamed.get(t.name, t.name), t.dtype, t.shape, t.copies, t.nbytes) for t in tensors]
         meta: dict[str, str] = {"format": "ms"}
@@ -125,15 +124,19 @@ def plan_unify(
             meta.update(planner.files[r].metadata)
         if "remove_redundancy" in meta:
             meta["remove_redundancy"] = "False"
-        files.append(FilePlan(os.path.join(dst_dir, f"part{j}.safetensors"), "safetensors", tuple(tensors),
-                              tuple(meta.items())))
+        files.append(
+            FilePlan(os.path.join(dst_dir, f"part{j}.safetensors"), "safetensors", tuple(tensors), tuple(meta.items()))
+        )
     if not split_dst_file or split_dst_file[0] == 1:
         rank0 = planner.files.get(0)
         if rank0 is not None:
             hyper = tuple(whole_tensor(interned, rank0, n) for n in rank0.tensors if n not in name_set)
             if hyper:
-                files.append(FilePlan(os.path.join(dst_dir, "hyper_param.safetensors"), "safetensors", hyper,
-                                      (("format", "ms"),)))
+                files.append(
+                    FilePlan(
+                        os.path.join(dst_dir, "hyper_param.safetensors"), "safetensors", hyper, (("format", "ms"),)
+                    )
+                )
         weight_map = {renamed.get(n, n): f"part{j}.safetensors" for j, g in enumerate(groups) for n in g}
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         texts.append(TextOutput(os.path.join(dst_dir, "param_name_map.json"), json.dumps(index, indent=4)))
@@ -184,8 +187,11 @@ def _split_path(dst_dir: str, rank: int, file_name: str, output_format: str) -> 
 
 
 def _split_params(
-    unified: Mapping[str, SourceFile], name_to_file: Mapping[str, str], dst_map: Mapping[str, StagedLayout],
-    stage: int, name_map: Mapping[str, str],
+    unified: Mapping[str, SourceFile],
+    name_to_file: Mapping[str, str],
+    dst_map: Mapping[str, StagedLayout],
+    stage: int,
+    name_map: Mapping[str, str],
 ) -> Iterator[tuple[str, StagedLayout, str, SourceFile]]:
     """(strategy name, layout, file key, source) of every parameter a split writes for ``stage``:
     in the strategy's order, present in its unified file under ``name_map``'s key."""
@@ -200,8 +206,14 @@ def _split_params(
 
 
 def _plan_split_reference(
-    unified: Mapping[str, SourceFile], name_to_file: Mapping[str, str], hyper: SourceFile | None,
-    dst: LayoutTable, dst_dir: str, output_format: str, wanted: Sequence[int], name_map: Mapping[str, str],
+    unified: Mapping[str, SourceFile],
+    name_to_file: Mapping[str, str],
+    hyper: SourceFile | None,
+    dst: LayoutTable,
+    dst_dir: str,
+    output_format: str,
+    wanted: Sequence[int],
+    name_map: Mapping[str, str],
     file_name: str,
 ) -> Plan:
     """``plan_split``, one parameter and rank at a time (the definition; raises the user's errors)."""
@@ -226,8 +238,14 @@ def _plan_split_reference(
 
 
 def _plan_split_bulk(
-    unified: Mapping[str, SourceFile], name_to_file: Mapping[str, str], hyper: SourceFile | None,
-    dst: LayoutTable, dst_dir: str, output_format: str, wanted: Sequence[int], name_map: Mapping[str, str],
+    unified: Mapping[str, SourceFile],
+    name_to_file: Mapping[str, str],
+    hyper: SourceFile | None,
+    dst: LayoutTable,
+    dst_dir: str,
+    output_format: str,
+    wanted: Sequence[int],
+    name_map: Mapping[str, str],
     file_name: str,
 ) -> Plan | None:
     """``plan_split`` from shared tables, or None where the reference loop must decide.
@@ -245,19 +263,32 @@ def _plan_split_bulk(
         key = (rank // n_dst, tuple(rank < n for n in counts))
         template = templates.get(key)
         if template is None:
-            template = _split_template(tables, unified, name_to_file, hyper, layout_map(dst, rank), rank // n_dst,
-                                       name_map)
+            template = _split_template(
+                tables, unified, name_to_file, hyper, layout_map(dst, rank), rank // n_dst, name_map
+            )
             if template is None:
                 return None
             templates[key] = template
-        files.append(FilePlan(_split_path(dst_dir, rank, file_name, output_format), output_format,
-                              rank_tensors(template, rank % n_dst, False, interned, built), meta, rank))
+        files.append(
+            FilePlan(
+                _split_path(dst_dir, rank, file_name, output_format),
+                output_format,
+                rank_tensors(template, rank % n_dst, False, interned, built),
+                meta,
+                rank,
+            )
+        )
     return Plan("split", tuple(interned.paths), tuple(files))
 
 
 def _split_template(
-    tables: Tables, unified: Mapping[str, SourceFile], name_to_file: Mapping[str, str], hyper: SourceFile | None,
-    dst_map: Mapping[str, StagedLayout], stage: int, name_map: Mapping[str, str],
+    tables: Tables,
+    unified: Mapping[str, SourceFile],
+    name_to_file: Mapping[str, str],
+    hyper: SourceFile | None,
+    dst_map: Mapping[str, StagedLayout],
+    stage: int,
+    name_map: Mapping[str, str],
 ) -> Template | None:
     """The tensors of a split output for one stage; None for what only the reference loop gets right
     (empty tensors: one empty copy there, none in the tables; a hyper parameter replacing a sliced one)."""

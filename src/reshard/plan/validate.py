@@ -87,18 +87,28 @@ def _check_tensor(path: str, t: TensorPlan, n_sources: int, source_shape: Source
     _check_cover(where, t.shape, boxes)
 
 
-def _check_bounds(where: str, k: int, src_start: Sequence[int], dst_start: Sequence[int], lengths: Sequence[int],
-                  shape: Sequence[int], src_shape: Sequence[int] | None) -> None:
+def _check_bounds(
+    where: str,
+    k: int,
+    src_start: Sequence[int],
+    dst_start: Sequence[int],
+    lengths: Sequence[int],
+    shape: Sequence[int],
+    src_shape: Sequence[int] | None,
+) -> None:
     if not len(src_start) == len(dst_start) == len(lengths) == len(shape):
         raise PlanError(f"{where}: copy {k} has {len(lengths)} dimensions, the tensor {len(shape)}")
     if any(n < 0 for n in lengths):
         raise PlanError(f"{where}: copy {k} has negative lengths {list(lengths)}")
     if not _inside(dst_start, lengths, shape):
-        raise PlanError(f"{where}: copy {k} writes {_box_text(dst_start, lengths)}, outside the tensor's shape "
-                        f"{list(shape)}")
+        raise PlanError(
+            f"{where}: copy {k} writes {_box_text(dst_start, lengths)}, outside the tensor's shape {list(shape)}"
+        )
     if src_shape is not None and (len(src_shape) != len(lengths) or not _inside(src_start, lengths, src_shape)):
-        raise PlanError(f"{where}: copy {k} reads {_box_text(src_start, lengths)}, outside its source tensor's "
-                        f"shape {list(src_shape)}")
+        raise PlanError(
+            f"{where}: copy {k} reads {_box_text(src_start, lengths)}, outside its source tensor's "
+            f"shape {list(src_shape)}"
+        )
     if any(s < 0 for s in src_start):
         raise PlanError(f"{where}: copy {k} reads from a negative start {list(src_start)}")
 
@@ -131,17 +141,19 @@ def _first_overlap(boxes: list[Box]) -> tuple[Box, Box] | None:
     ordered = sorted(boxes, key=lambda b: b[0][0])
     for i, (a_start, a_len) in enumerate(ordered):
         a_end0 = a_start[0] + a_len[0]
-        for b_start, b_len in ordered[i + 1:]:
+        for b_start, b_len in ordered[i + 1 :]:
             if b_start[0] >= a_end0:
                 break
-            if all(bs < as_ + an and as_ < bs + bn for as_, an, bs, bn in zip(a_start, a_len, b_start, b_len,
-                                                                             strict=True)):
+            if all(
+                bs < as_ + an and as_ < bs + bn for as_, an, bs, bn in zip(a_start, a_len, b_start, b_len, strict=True)
+            ):
                 return (a_start, a_len), (b_start, b_len)
     return None
 
 
-def _check_bulk(path: str, tensors: RankTensors, checked: set[int], held_shapes: dict[int, list[tuple[int, ...]]]
-                ) -> None:
+def _check_bulk(
+    path: str, tensors: RankTensors, checked: set[int], held_shapes: dict[int, list[tuple[int, ...]]]
+) -> None:
     """One lazy transform output: each (class, rank) table once; names once per template."""
     template = tensors.template
     if id(template) not in checked:
@@ -177,8 +189,9 @@ def _table_ok(shape: tuple[int, ...], copies: Sequence[tuple], held: Sequence[tu
     return len(copies) < 2 or not ndim or _first_overlap([(c[2], c[3]) for c in copies if all(c[3])]) is None
 
 
-def _explain_table(where: str, shape: tuple[int, ...], copies: Sequence[tuple],
-                   held: Sequence[tuple[int, ...]]) -> None:
+def _explain_table(
+    where: str, shape: tuple[int, ...], copies: Sequence[tuple], held: Sequence[tuple[int, ...]]
+) -> None:
     boxes: list[Box] = []
     for k, (key, src_start, dst_start, lengths, _) in enumerate(copies):
         if not 0 <= key < len(held):

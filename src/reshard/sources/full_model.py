@@ -59,8 +59,15 @@ def _single(path: str, options: ReadOptions | None, name: str) -> Opened:
         raise UsageError(f"not {name}", path)
     facts = source_file(single, 0, options)
     file = os.path.basename(single)
-    return Opened(name, path, layout_dir.detect_format(single), ranks={0: facts}, files={file: facts},
-                  weight_map=dict.fromkeys(facts.tensors, file), keyed=True)
+    return Opened(
+        name,
+        path,
+        layout_dir.detect_format(single),
+        ranks={0: facts},
+        files={file: facts},
+        weight_map=dict.fromkeys(facts.tensors, file),
+        keyed=True,
+    )
 
 
 class FullFile:
@@ -115,8 +122,14 @@ class Unified:
             return _with_hyper(folder, models[0], options, self.name)
         files = {n: source_file(os.path.join(folder, n), 0, options) for n in names}
         hyper = files.pop(HYPER_NAME, None)
-        return Opened(self.name, path, "safetensors", files=files,
-                      weight_map=hf_index.read_weight_map(index_path, strict=False), hyper=hyper)
+        return Opened(
+            self.name,
+            path,
+            "safetensors",
+            files=files,
+            weight_map=hf_index.read_weight_map(index_path, strict=False),
+            hyper=hyper,
+        )
 
 
 class HuggingFace:
@@ -129,8 +142,11 @@ class HuggingFace:
     def detect(self, path: str) -> bool:
         if hf_index.find_index(path) is not None:
             return True
-        return (os.path.isdir(path) and os.path.isfile(os.path.join(path, hf_index.SINGLE_NAME))
-                and not rank_subfolders(path))
+        return (
+            os.path.isdir(path)
+            and os.path.isfile(os.path.join(path, hf_index.SINGLE_NAME))
+            and not rank_subfolders(path)
+        )
 
     def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> Opened:
         index = hf_index.find_index(path)
@@ -149,8 +165,15 @@ def _with_hyper(folder: str, only: str, options: ReadOptions | None, kind: str) 
     facts = source_file(os.path.join(folder, only), 0, options)
     hyper_path = os.path.join(folder, HYPER_NAME)
     hyper = source_file(hyper_path, 0, options) if only != HYPER_NAME and os.path.isfile(hyper_path) else None
-    return Opened(kind, folder, "safetensors", files={only: facts}, weight_map=dict.fromkeys(facts.tensors, only),
-                  hyper=hyper, keyed=True)
+    return Opened(
+        kind,
+        folder,
+        "safetensors",
+        files={only: facts},
+        weight_map=dict.fromkeys(facts.tensors, only),
+        hyper=hyper,
+        keyed=True,
+    )
 
 
 def hf_model(index_path: str, options: ReadOptions | None = None) -> FullModel:
@@ -190,5 +213,15 @@ ENCRYPTED_CKPT = EncryptedCkpt()
 UNIFIED = Unified()
 HUGGING_FACE = HuggingFace()
 
-__all__ = ["ENCRYPTED_CKPT", "FULL_FILE", "HUGGING_FACE", "HYPER_NAME", "UNIFIED", "FullModel", "full_model_file",
-           "hf_model", "is_encrypted", "model_folder"]
+__all__ = [
+    "ENCRYPTED_CKPT",
+    "FULL_FILE",
+    "HUGGING_FACE",
+    "HYPER_NAME",
+    "UNIFIED",
+    "FullModel",
+    "full_model_file",
+    "hf_model",
+    "is_encrypted",
+    "model_folder",
+]

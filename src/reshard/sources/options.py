@@ -44,12 +44,16 @@ def source_choice(
         if options.src_format not in layout_dir.FORMATS:
             raise UsageError(f"unknown source format {options.src_format!r} (choose ckpt or safetensors)")
         if fmt is not None and fmt != options.src_format:
-            raise UsageError(f"this operation reads .{fmt} files; the source format {options.src_format} "
-                             "does not apply")
+            raise UsageError(
+                f"this operation reads .{fmt} files; the source format {options.src_format} does not apply"
+            )
     if options.pick is not None and options.pick not in layout_dir.PICKS:
         raise UsageError(f"unknown pick rule {options.pick!r} (choose {' or '.join(layout_dir.PICKS)})")
-    return (fmt or options.src_format, rule or layout_dir.PICKS.get(options.pick or ""),
-            file_suffix or options.file_suffix)
+    return (
+        fmt or options.src_format,
+        rule or layout_dir.PICKS.get(options.pick or ""),
+        file_suffix or options.file_suffix,
+    )
 
 
 __all__ = ["ReadOptions", "source_choice"]

@@ -73,8 +73,9 @@ def chosen_names(folder: str, fmt: str, choose: ReadOptions, notes: list[str] | 
     ignored = [os.path.basename(p) for p in files if p != chosen]
     if ignored and notes is not None:
         why = f"the one ending in {suffix}" if suffix else layout_dir.RULE_TEXT[rule or "name"]
-        notes.append(f"{os.path.basename(folder)}: using {os.path.basename(chosen)} ({why}), ignoring "
-                     f"{', '.join(ignored)}")
+        notes.append(
+            f"{os.path.basename(folder)}: using {os.path.basename(chosen)} ({why}), ignoring {', '.join(ignored)}"
+        )
     return [os.path.basename(chosen)]
 
 
@@ -105,8 +106,12 @@ class OneRankFolder:
 
     def detect(self, path: str) -> bool:
         name = os.path.basename(os.path.normpath(path))
-        return (os.path.isdir(path) and _ONE_RANK.fullmatch(name) is not None and not rank_subfolders(path)
-                and bool(checkpoints_in(path)))
+        return (
+            os.path.isdir(path)
+            and _ONE_RANK.fullmatch(name) is not None
+            and not rank_subfolders(path)
+            and bool(checkpoints_in(path))
+        )
 
     def single(self, path: str) -> str | None:
         """The folder's checkpoint when it holds exactly one."""
@@ -129,5 +134,12 @@ class OneRankFolder:
 RANK_FOLDERS = RankFolders()
 ONE_RANK_FOLDER = OneRankFolder()
 
-__all__ = ["ONE_RANK_FOLDER", "RANK_FOLDERS", "check_rank_folders", "checkpoints_in", "chosen_names",
-           "rank_sources", "rank_subfolders"]
+__all__ = [
+    "ONE_RANK_FOLDER",
+    "RANK_FOLDERS",
+    "check_rank_folders",
+    "checkpoints_in",
+    "chosen_names",
+    "rank_sources",
+    "rank_subfolders",
+]

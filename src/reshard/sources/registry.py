@@ -43,8 +43,7 @@ KINDS: tuple[Kind, ...] = (
 CHECKPOINTS: tuple[Kind, ...] = (RANK_FOLDERS, ENCRYPTED_CKPT, FULL_FILE)  # what the rank-reading operations take
 FULL_MODELS: tuple[Kind, ...] = (UNIFIED, HUGGING_FACE, ENCRYPTED_CKPT, FULL_FILE)  # what split and verify take
 
-_UNIFY_FIRST = ("unify them first (reshard unify SRC UNIFIED --strategy S), or reshard them directly "
-                "(reshard transform)")
+_UNIFY_FIRST = "unify them first (reshard unify SRC UNIFIED --strategy S), or reshard them directly (reshard transform)"
 
 
 def identify(path: str, accept: Sequence[Kind] = KINDS) -> Kind:
@@ -61,8 +60,9 @@ def identify(path: str, accept: Sequence[Kind] = KINDS) -> Kind:
     raise UsageError(_unknown(path, accept), path)
 
 
-def open_source(path: str, accept: Sequence[Kind] = KINDS, options: ReadOptions | None = None,
-                notes: list[str] | None = None) -> Opened:
+def open_source(
+    path: str, accept: Sequence[Kind] = KINDS, options: ReadOptions | None = None, notes: list[str] | None = None
+) -> Opened:
     """``identify`` then ``open``: the planning facts of ``path``."""
     return identify(path, accept).open(path, options, notes if notes is not None else [])
 
@@ -74,8 +74,9 @@ def kind_of(path: str) -> Kind | None:
     return next((kind for kind in KINDS if kind.detect(path)), None)
 
 
-def unified_index(path: str, name_map: Mapping[str, str] | None = None,
-                  options: ReadOptions | None = None) -> FullModel:
+def unified_index(
+    path: str, name_map: Mapping[str, str] | None = None, options: ReadOptions | None = None
+) -> FullModel:
     """The files of a full model, the name -> file map, and ``hyper_param.safetensors``.
 
     ``path`` is a unified folder (``part<j>.safetensors`` + ``param_name_map.json``), a Hugging
@@ -166,10 +167,21 @@ def _unknown(path: str, accept: Sequence[Kind]) -> str:
         return f"not a file reshard reads (looked for {looked_for})"
     found = checkpoints_in(path)
     if len(found) > 1:
-        return (f"the folder holds {len(found)} checkpoint files and no rank_<r> folders, param_name_map.json or "
-                "Hugging Face index; give one of them")
+        return (
+            f"the folder holds {len(found)} checkpoint files and no rank_<r> folders, param_name_map.json or "
+            "Hugging Face index; give one of them"
+        )
     return f"the folder holds no checkpoint or strategy files (looked for {looked_for})"
 
 
-__all__ = ["CHECKPOINTS", "FULL_MODELS", "KINDS", "identify", "is_hf_model", "kind_of", "open_source", "strategy",
-           "unified_index"]
+__all__ = [
+    "CHECKPOINTS",
+    "FULL_MODELS",
+    "KINDS",
+    "identify",
+    "is_hf_model",
+    "kind_of",
+    "open_source",
+    "strategy",
+    "unified_index",
+]
