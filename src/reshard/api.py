@@ -335,6 +335,7 @@ def transform(
             "Hugging Face output is a full safetensors model: give no destination strategy and no ckpt output format"
         )
     kind = identify(src, _transform_kinds(src, src_strategy))
+    dst_sf = _strategy(dst_strategy, notes)
     if kind is HUGGING_FACE:
         if src_strategy is not None:
             raise UsageError("a Hugging Face model is a full model: give no source strategy", src)
@@ -342,13 +343,11 @@ def transform(
         if hyper is not None:  # unify --hf keeps them beside the shards; a full model holds them
             files[HYPER_NAME] = hyper
             mapping = {**mapping, **{n: HYPER_NAME for n in hyper.tensors if n not in mapping}}
-        plan = plan_transform_full(
-            files, mapping, _strategy(dst_strategy, notes), dst_dir, prefix, output_format or "safetensors", ranks
-        )
+        plan = plan_transform_full(files, mapping, dst_sf, dst_dir, prefix, output_format or "safetensors", ranks)
     else:
         opened = kind.open(src, read, notes)
         fmt, sources = opened.fmt or "ckpt", opened.ranks
-        src_sf, dst_sf = _strategy(src_strategy, notes), _strategy(dst_strategy, notes)
+        src_sf = _strategy(src_strategy, notes)
         if src_sf is None and len(sources) > 1:
             raise UsageError(
                 "several rank folders but no source strategy (--src-strategy, src_strategy in Python)", src
@@ -359,7 +358,7 @@ def transform(
     kept: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [model_folder(src)], overwrite, resume)
-        remove = superseded(dst_dir, plan, _strategy(dst_strategy), overwrite, manifest)
+        remove = superseded(dst_dir, plan, dst_sf, overwrite, manifest)
         kept = _kept_note(
             execute(
                 plan, read=read, write=write, run=run, root=dst_dir, resume=resume, manifest=manifest, remove=remove
