@@ -67,3 +67,26 @@ def test_the_api_checks_by_default(files: dict[str, str], tmp_path) -> None:
     with pytest.raises(IntegrityError):
         api.transform(files["bad"], str(tmp_path / "b"), None, files["job_s4"])
     api.convert(files["bad"], str(tmp_path / "c"), "safetensors", read=api.ReadOptions(verify_crc=False))
+
+
+def test_checking_a_trailer_keeps_rss_flat(tmp_path: Path) -> None:
+    """The check reads the whole file, but its pages leave the process's RSS block by block: with
+    every source checked by default, 8 indexing threads must not hold 8 whole files (they did: 1 GiB)."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    big = tmp_path / "big.ckpt"
+    save_ckpt(str(big), {f"w{i}": np.full((16, 1024, 1024), i, dtype=np.float32) for i in range(4)}, write_crc=True)
+    code = (
+        "import mmap, os, sys; from reshard.formats import ckpt\n"
+        "def rss(): return int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')\n"
+        "with open(sys.argv[1], 'rb') as fh:\n"
+        "    buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)\n"
+        "before = rss(); ckpt._crc_of_buffer(buf, len(buf) - ckpt.CRC_TRAILER_BYTES)\n"
+        "print((rss() - before) // 2**20)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(big)], capture_output=True, text=True, check=True)
+    assert os.path.getsize(big) > 256 * 2**20
+    assert int(proc.stdout) < 64, f"checking a 256 MiB file left {proc.stdout.strip()} MiB resident"

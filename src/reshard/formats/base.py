@@ -291,15 +291,19 @@ def _write_with_errors(
         raise ReshardError(f"write failed: {exc.strerror or exc}", path) from None
 
 
-def drop_resident(buffer: Any) -> None:
-    """Unmap the pages a header scan touched (they stay in the page cache): keeps RSS flat.
+def drop_resident(buffer: Any, start: int = 0, length: int | None = None) -> None:
+    """Unmap the pages a scan touched (they stay in the page cache): keeps RSS flat.
 
     Scanning a ``.ckpt`` index faults in pages all over the file (fault-around maps 64 KiB per
     fault); with hundreds of source files open at once that would add up to gigabytes of RSS.
+    ``start`` (page-aligned) and ``length`` limit it to a part of the map, e.g. a checksummed block.
     """
     if isinstance(buffer, mmap.mmap):
         with contextlib.suppress(OSError, ValueError):
-            buffer.madvise(mmap.MADV_DONTNEED)
+            if length is None:
+                buffer.madvise(mmap.MADV_DONTNEED)
+            else:
+                buffer.madvise(mmap.MADV_DONTNEED, start, length)
 
 
 def preallocate(fd: int, size: int) -> None:
