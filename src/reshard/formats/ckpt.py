@@ -72,7 +72,7 @@ SLICE_BYTES = 512 * 1024 * 1024  # MindSpore SLICE_SIZE (512 * 1024 KiB): tensor
 CRC_MARK = b"crc_num"  # trailer = mark + crc32 as a 10-byte big-endian integer (docs/formats.md §1.6)
 CRC_DIGITS = 10
 CRC_TRAILER_BYTES = len(CRC_MARK) + CRC_DIGITS
-CRC_BLOCK_BYTES = 16 * 1024 * 1024  # read-back block for the crc: bounded memory, large reads
+CRC_BLOCK_BYTES = 4 * 1024 * 1024  # crc block: read back, or checked and unmapped; bounded memory, large reads
 
 # Protobuf wire types and the field numbers of checkpoint.proto (docs/formats.md §1.1).
 VARINT, FIXED64, LEN, FIXED32 = 0, 1, 2, 5
