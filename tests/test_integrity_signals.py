@@ -15,11 +15,8 @@ from typing import Any
 import pytest
 
 from reshard import cli, manifest
-from reshard.formats.strategy import merge_pipeline_strategies
-from reshard.synthetic import ModelShape, stage_strategies, write_stage_strategies
-from tests.trust_helpers import CLI_TIMEOUT, make_job, run_cli, temp_files, tree
+from tests.trust_helpers import CLI_TIMEOUT, make_big_job, run_cli, temp_files, tree
 
-BIG = ModelShape.for_bytes(40_000_000)  # ~57 MB full checkpoint with Adam moments
 POLL_SECONDS = 0.001
 LINE = re.compile(
     r"^reshard: interrupted \((SIG[A-Z]+)\): (\d+) of (\d+) files completed; "
@@ -29,25 +26,7 @@ LINE = re.compile(
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    root = str(tmp_path_factory.mktemp("sig"))
-    job = make_job(root, BIG)
-    write_stage_strategies(f"{root}/s16", stage_strategies(BIG, 2, 4, 2, False), 8)
-    merge_pipeline_strategies(f"{root}/s16", f"{root}/merged/s16.ckpt")
-    job["args"] = [
-        "transform",
-        "--src",
-        job["r8"],
-        "--src-strategy",
-        job["s8"],
-        "--dst-strategy",
-        f"{root}/merged/s16.ckpt",
-        "--workers",
-        "2",
-    ]
-    ref = f"{root}/reference"
-    proc = run_cli(*job["args"], "--dst", ref)
-    assert proc.returncode == 0, proc.stderr
-    job["reference"] = tree(ref)
+    job = make_big_job(str(tmp_path_factory.mktemp("sig")), workers=2)
     return job
 
 

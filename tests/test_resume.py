@@ -24,12 +24,9 @@ from reshard.execute import local
 from reshard.execute.digest import file_digest
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats.ckpt import read_ckpt
-from reshard.formats.strategy import merge_pipeline_strategies
-from reshard.synthetic import ModelShape, stage_strategies, write_stage_strategies
-from tests.trust_helpers import make_job, run_cli, snapshot, temp_files, tree
+from tests.trust_helpers import make_big_job, make_job, run_cli, snapshot, temp_files, tree
 
 KILL_POLL_SECONDS = 0.002
-BIG = ModelShape.for_bytes(40_000_000)  # ~57 MB full checkpoint with Adam moments
 
 
 # ------------------------------------------------------------------------------------ kill -9
@@ -38,25 +35,7 @@ BIG = ModelShape.for_bytes(40_000_000)  # ~57 MB full checkpoint with Adam momen
 @pytest.fixture(scope="module")
 def big(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """An 8-rank job of ~57 MB, a 16-rank target strategy, and the uninterrupted result."""
-    root = str(tmp_path_factory.mktemp("big"))
-    job = make_job(root, BIG)
-    write_stage_strategies(f"{root}/s16", stage_strategies(BIG, 2, 4, 2, False), 8)
-    merge_pipeline_strategies(f"{root}/s16", f"{root}/merged/s16.ckpt")
-    job["args"] = [
-        "transform",
-        "--src",
-        job["r8"],
-        "--src-strategy",
-        job["s8"],
-        "--dst-strategy",
-        f"{root}/merged/s16.ckpt",
-        "--workers",
-        "1",
-    ]
-    ref = f"{root}/reference"
-    proc = run_cli(*job["args"], "--dst", ref)
-    assert proc.returncode == 0, proc.stderr
-    job["reference"] = tree(ref)
+    job = make_big_job(str(tmp_path_factory.mktemp("big")), workers=1)
     assert len([p for p in job["reference"] if p.endswith(".ckpt")]) == 16
     return job
 

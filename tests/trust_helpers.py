@@ -88,3 +88,32 @@ def snapshot(root: str) -> dict[str, tuple[str, int, int]]:
 def temp_files(root: str) -> list[str]:
     """Leftover temporary files of reshard below root."""
     return [os.path.join(f, n) for f, _, names in os.walk(root) for n in names if n.endswith(".reshard-tmp")]
+
+
+BIG = ModelShape.for_bytes(40_000_000)  # ~57 MB full checkpoint with Adam moments
+
+
+def make_big_job(root: str, workers: int) -> dict:
+    """An 8-rank job of ~57 MB, a merged 16-rank target strategy (``s16``), the CLI arguments of the
+    8 -> 16 transform (``args``, without ``--dst``) and the tree of its uninterrupted result
+    (``reference``): what the interrupt, resume and lock tests cut short and compare against."""
+    job = make_job(root, BIG)
+    write_stage_strategies(f"{root}/s16", stage_strategies(BIG, 2, 4, 2, False), 8)
+    merge_pipeline_strategies(f"{root}/s16", f"{root}/merged/s16.ckpt")
+    job["s16"] = f"{root}/merged/s16.ckpt"
+    job["args"] = [
+        "transform",
+        "--src",
+        job["r8"],
+        "--src-strategy",
+        job["s8"],
+        "--dst-strategy",
+        job["s16"],
+        "--workers",
+        str(workers),
+    ]
+    ref = f"{root}/reference"
+    proc = run_cli(*job["args"], "--dst", ref)
+    assert proc.returncode == 0, proc.stderr
+    job["reference"] = tree(ref)
+    return job
