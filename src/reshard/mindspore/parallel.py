@@ -41,8 +41,7 @@ import numpy as np
 
 from reshard.errors import FormatError, LayoutError, UnsupportedError, UsageError
 from reshard.formats.strategy import message_classes
-from reshard.layout import ParamLayout
-from reshard.layout.algebra import tensor_strategy
+from reshard.layout import ParamLayout, tensor_strategy
 from reshard.mindspore.dropin import (
     DEFAULT_ENC_MODE,
     LoadedValue,
@@ -289,12 +288,6 @@ def _widened(array: np.ndarray) -> np.ndarray:
     return array.astype(np.float32) if array.dtype == ml_dtypes.bfloat16 else array
 
 
-def _concatenated(arrays: list[np.ndarray]) -> np.ndarray:
-    if arrays[0].ndim == 0:
-        raise UsageError("scalar slices cannot be merged (MindSpore fails to concatenate them too)")
-    return np.concatenate(arrays)
-
-
 def _strategy_fields(layout: Any, name: str) -> tuple[list[int], list[int], list[int], int]:
     """``(dev_matrix, tensor_map, param_split_shape, field)``: the first entry of each, as MindSpore reads them."""
     try:
@@ -406,9 +399,11 @@ def merge_sliced_parameter(sliced_parameters: list[Any], strategy: Mapping[str, 
         raise UsageError(f"strategy must be a dict, got {type(strategy).__name__}")
     _check_alike(slices)
     name, first_array, first = slices[0]
+    if first_array.ndim == 0:
+        raise UsageError(f"{name}: scalar slices cannot be merged (MindSpore fails to concatenate them too)")
     arrays = [_widened(array) for _, array, _ in slices]
     if not strategy:
-        merged = _concatenated(arrays)
+        merged = np.concatenate(arrays)
     else:
         if name not in strategy:
             raise UsageError(f"the parameter name {name!r} is not a key of strategy")
@@ -433,11 +428,11 @@ def restore_group_info_list(group_info_file_name: str) -> list[int]:
         group_info_file_name: The group information file.
 
     Returns:
-        The rank list, in the file's order.
+        The rank list, in the file's order (``[]`` for a file without one, as MindSpore returns).
 
     Raises:
         UsageError: ``group_info_file_name`` is not a str, or names no file or an empty one.
-        FormatError: The file is not a ``ParallelGroupMap`` message, or its rank list is empty.
+        FormatError: The file is not a ``ParallelGroupMap`` message.
 
     Example:
         from reshard.formats.strategy import message_classes
@@ -462,10 +457,9 @@ def restore_group_info_list(group_info_file_name: str) -> list[int]:
         message.ParseFromString(data)
     except Exception:  # protobuf's DecodeError, or an error of the C runtime
         raise FormatError("not a group information file (ParallelGroupMap)", path) from None
-    ranks = [int(r) for r in message.ckpt_restore_rank_list.dim]
-    if not ranks:
-        raise FormatError("the group information file has no restore rank list", path)
-    return ranks
+    # MindSpore's "has no restore rank list" check tests the message, which is always truthy: a file
+    # without ranks gives [] there, and so here.
+    return [int(r) for r in message.ckpt_restore_rank_list.dim]
 
 
 # --------------------------------------------------------------------------------------------
