@@ -86,14 +86,15 @@ give MindSpore's names and bytes):
 * ``load_distributed_checkpoint`` with a network, with the legacy ``.ckpt`` path or without
   ``predict_strategy`` raises ``UnsupportedError`` (there are no networks without MindSpore).
 * ``merge_sliced_parameter`` takes and returns ``reshard.mindspore.Parameter`` (a name and a numpy
-  array as ``data``; any object with ``.name`` and ``.data`` is accepted), ``load_segmented_checkpoints``
+  array as ``data``, built by ``Parameter(default_input, name=None, requires_grad=True,
+  layerwise_parallel=False)``; any object with ``.name`` and ``.data`` is accepted), ``load_segmented_checkpoints``
   returns ``load_checkpoint``'s ``{name: numpy array | str}``, ``sync_pipeline_shared_parameters`` and
   ``set_op_strategy_config`` raise ``UnsupportedError``, and ``mindspore.parallel``'s ``shard``,
   ``Layout``, ``parameter_broadcast`` and ``set_algo_parameters`` / ``get_algo_parameters`` /
   ``reset_algo_parameters`` are not provided (they configure a running job, with no file to work on).
 """
 
-from reshard.mindspore import parallel
+from reshard.mindspore import parallel as parallel  # ms.parallel, as after `import mindspore as ms`
 from reshard.mindspore.dropin import (
     build_searched_strategy,
     ckpt_to_safetensors,

@@ -105,9 +105,7 @@ class Parameter:
             kind = dtypes.from_numpy(self._data.dtype).ms_name
         except FormatError:
             kind = str(self._data.dtype)
-        return (
-            f"Parameter (name={self.name}, shape={self.shape}, dtype={kind}, requires_grad={self.requires_grad})"
-        )
+        return f"Parameter (name={self.name}, shape={self.shape}, dtype={kind}, requires_grad={self.requires_grad})"
 
     __str__ = __repr__
 
