@@ -191,10 +191,18 @@ def test_merge_sliced_parameter_keeps_dtypes_but_bf16() -> None:
     assert rmp.merge_sliced_parameter(bf).dtype == np.float32  # as MindSpore
 
 
+class Named:
+    """A slice whose ``data`` is neither a numpy array nor has ``asnumpy()``."""
+
+    def __init__(self, name: str, data: object) -> None:
+        self.name, self.data = name, data
+
+
 @pytest.mark.parametrize(
     ("call", "error", "words"),
     [
         (lambda: rmp.merge_sliced_parameter([np.ones(2), np.ones(2)]), UsageError, "wrap arrays"),
+        (lambda: rmp.merge_sliced_parameter([Named("w", [1.0, 2.0])]), UsageError, "must be a Parameter"),
         (lambda: rmp.merge_sliced_parameter((ms.Parameter(np.ones(2), "w"),)), UsageError, "must be a list"),
         (lambda: rmp.merge_sliced_parameter([]), UsageError, "not be empty"),
         (lambda: rmp.merge_sliced_parameter([ms.Parameter(np.ones(2), "w")], ["w"]), UsageError, "must be a dict"),

@@ -5,7 +5,7 @@
 2.10's name, parameters, defaults, output names and bytes (checked against MindSpore by
 ``tests/test_ms_parallel_oracle.py``). What is mirrored is everything MindSpore 2.10 defines in its
 checkpoint modules (``mindspore.parallel.checkpoint_transform``, ``checkpoint_convert``,
-``transform_safetensors``):
+``transform_safetensors``; docs/formats.md §9 lists them and what each needs):
 
 * the functions ``mindspore.parallel`` shares with ``mindspore`` are the same objects as
   ``reshard.mindspore``'s, as in MindSpore (``transform_checkpoints``, ``load_distributed_checkpoint``,
@@ -16,11 +16,12 @@ checkpoint modules (``mindspore.parallel.checkpoint_transform``, ``checkpoint_co
 * ``merge_sliced_parameter`` takes and returns ``reshard.mindspore.Parameter`` objects (a name and
   a numpy array; any object with ``.name`` and ``.data`` is accepted, a MindSpore ``Parameter``
   too) and reads the ``ParallelLayouts`` messages ``build_searched_strategy`` returns; bf16 slices
-  merge to float32, as in MindSpore (docs/formats.md §3.4, §3.10);
+  merge to float32, as in MindSpore (docs/formats.md §3.4, §3.10, §9.3);
 * ``load_segmented_checkpoints`` returns what ``load_checkpoint`` returns, ``{name: numpy array |
-  str}``, merged over the folder's ``*.ckpt`` files in the order MindSpore's ``glob`` lists them;
+  str}``, merged over the folder's ``*.ckpt`` files in the order MindSpore's ``glob`` lists them
+  (docs/formats.md §9.2);
 * ``restore_group_info_list`` reads a group information file (``ParallelGroupMap``, docs/formats.md
-  §2.1);
+  §2.1, §9.4);
 * ``sync_pipeline_shared_parameters`` (a compiled network exchanging tensors between devices) and
   ``set_op_strategy_config`` (the auto-parallel context of a running job) raise ``UnsupportedError``.
 
@@ -248,7 +249,7 @@ def load_segmented_checkpoints(
 
 
 # --------------------------------------------------------------------------------------------
-# merge_sliced_parameter (docs/formats.md §3.1, §3.4, §3.10)
+# merge_sliced_parameter (docs/formats.md §3.1, §3.4, §3.10, §9.3)
 
 
 def _slices(sliced_parameters: Any) -> list[tuple[str, np.ndarray, Any]]:
@@ -260,15 +261,23 @@ def _slices(sliced_parameters: Any) -> list[tuple[str, np.ndarray, Any]]:
     slices = []
     for index, parameter in enumerate(sliced_parameters):
         name = getattr(parameter, "name", None)
-        data = getattr(parameter, "data", None)
-        if not isinstance(name, str) or data is None:
+        array = _slice_array(getattr(parameter, "data", None))
+        if not isinstance(name, str) or array is None:
             raise UsageError(
                 f"sliced_parameters[{index}] must be a Parameter (a name and a numpy array), got "
                 f"{type(parameter).__name__}; wrap arrays as reshard.mindspore.Parameter(array, name)"
             )
-        array = data if isinstance(data, np.ndarray) else np.asarray(data.asnumpy())
         slices.append((name, array, parameter))
     return slices
+
+
+def _slice_array(data: Any) -> np.ndarray | None:
+    """A slice's ``data`` as a numpy array: the array itself, or ``data.asnumpy()`` (a MindSpore Tensor)."""
+    if isinstance(data, np.ndarray):
+        return data
+    asnumpy = getattr(data, "asnumpy", None)
+    result = asnumpy() if callable(asnumpy) else None
+    return result if isinstance(result, np.ndarray) else None
 
 
 def _check_alike(slices: list[tuple[str, np.ndarray, Any]]) -> None:
