@@ -21,7 +21,7 @@ import pytest
 
 import reshard.mindspore
 import reshard.mindspore.parallel as rmp
-from reshard import api, dtypes
+from reshard import api, demo, dtypes
 from reshard.errors import ReshardError
 from reshard.formats.ckpt import save_ckpt
 from reshard.formats.strategy import make_strategy, message_classes, write_strategy
@@ -562,3 +562,52 @@ def test_restore_group_info_list_is_mindspores(world: dict[str, Any]) -> None:
         _assert_same_outcome(ours, theirs, os.path.basename(path))
         assert ours.get("ok") == theirs.get("ok"), os.path.basename(path)
     assert world["results"][f"group:{world['root']}/group_ms.pb"] == {"ok": [0, 2, 4, 6]}
+
+
+# --------------------------------------------------------------------------------------------
+# the switch with one import: one script, run by MindSpore and by reshard on the demo's files
+
+SWITCH_SCRIPT = """
+import os
+import numpy as np
+from mindspore.parallel import (build_searched_strategy, convert_checkpoint_by_rank, convert_checkpoints,
+                                load_segmented_checkpoints, merge_sliced_parameter, rank_list_for_convert)
+from mindspore import Parameter, load_checkpoint
+
+src, dst = "demo/merged/src_strategy.ckpt", "demo/merged/dst_strategy.ckpt"
+convert_checkpoints("demo/ckpt_8ranks", "out/converted", "checkpoint_", src, dst)
+lists = []
+for rank in range(4):
+    ranks = rank_list_for_convert(rank, src, dst)
+    lists.append([int(r) for r in ranks])
+    os.makedirs(f"out/by_rank/rank_{rank}", exist_ok=True)
+    files = {r: f"demo/ckpt_8ranks/rank_{r}/checkpoint_{r}.ckpt" for r in ranks}
+    convert_checkpoint_by_rank(rank, files, f"out/by_rank/rank_{rank}/checkpoint_{rank}.ckpt", src, dst)
+stage0 = build_searched_strategy("demo/strategy_8/ckpt_strategy_rank_0.ckpt")
+for name in ("model.layers.0.attention_norm.weight", "model.layers.0.attention.wq.weight"):
+    slices = [Parameter(load_checkpoint(f"demo/ckpt_8ranks/rank_{r}/checkpoint_{r}.ckpt")[name], name)
+              for r in range(4)]
+    np.save(f"out/{name}.npy", merge_sliced_parameter(slices, stage0).asnumpy())
+loaded = load_segmented_checkpoints("out/converted/rank_0")
+with open("out/summary.txt", "w") as f:
+    f.write(repr(lists) + "\\n" + repr(sorted(loaded)) + "\\n")
+"""
+
+
+def test_one_script_switches_with_one_import(
+    oracle: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script using mindspore.parallel (and mindspore's Parameter / load_checkpoint) writes the same
+    files when its imports name reshard.mindspore instead: converted folders, by-rank files, merged
+    parameters and the loaded names, byte for byte."""
+    root = tmp_path_factory.mktemp("switch")
+    demo.main(str(root / "demo"))
+    for side in ("ms", "rs"):
+        os.makedirs(root / side / "out")
+        os.symlink(root / "demo", root / side / "demo")
+    oracle(f"os.chdir({str(root / 'ms')!r})\n" + SWITCH_SCRIPT)
+    ours = SWITCH_SCRIPT.replace("from mindspore", "from reshard.mindspore")  # the only change
+    assert ours.count("reshard.mindspore") == 2
+    monkeypatch.chdir(root / "rs")
+    exec(compile(ours, "<switched script>", "exec"), {})
+    assert_same_tree(str(root / "rs" / "out"), str(root / "ms" / "out"))
