@@ -699,5 +699,8 @@ def test_public_names_match_mindspore() -> None:
             "build_searched_strategy", "ckpt_to_safetensors", "load_checkpoint", "load_distributed_checkpoint",
             "merge_pipeline_strategys", "rank_list_for_transform", "safetensors_to_ckpt", "save_checkpoint",
             "transform_checkpoint_by_rank", "transform_checkpoints", "unified_safetensors",
+            # shared with mindspore.parallel (reshard.mindspore.parallel), and the Parameter they take
+            "Parameter", "load_segmented_checkpoints", "merge_sliced_parameter", "restore_group_info_list",
+            "sync_pipeline_shared_parameters",
         ]
     )  # fmt: skip
