@@ -376,6 +376,8 @@ def summary(report: api.Report, dst: str | None, seconds: float) -> str:
 
 
 def cmd_transform(args: argparse.Namespace) -> None:
+    if _tool_mode(args):  # MindFormers' transform_checkpoint.py flags
+        return cmd_transform_ckpt(args)
     if args.command == "plan":
         args.dry_run = True
     if not args.src:
@@ -398,6 +400,67 @@ def cmd_transform(args: argparse.Namespace) -> None:
         **_hf(args),
     )
     _finish(report, args, args.dst)
+
+
+# Flags of reshard's own transform that MindFormers' tool has no counterpart for: refused beside its flags.
+_NOT_WITH_TOOL = {
+    "src": "--src_ckpt_dir/--src",
+    "dst": "--dst_ckpt_dir/--dst",
+    "ranks": "--ranks",
+    "hf": "--hf",
+    "resume": "--resume",
+    "dry_run": "--dry-run",
+    "src_format": "--src-format",
+    "file_suffix": "--file-suffix",
+    "pick": "--pick",
+    "crc": "--crc",
+    "dec_key_file": "--dec-key-file",
+    "dec_key_env": "--dec-key-env",
+    "enc_key_file": "--enc-key-file",
+    "enc_key_env": "--enc-key-env",
+    "json": "--json",
+}
+_TOOL_FLAGS = ("tool_src", "tool_dst", "rank_id", "world_size", "transform_process_num", "transform_by_rank")
+
+
+def _tool_mode(args: argparse.Namespace) -> bool:
+    return any(getattr(args, name, None) is not None for name in _TOOL_FLAGS)
+
+
+def cmd_transform_ckpt(args: argparse.Namespace) -> None:
+    """``reshard transform --src_checkpoint ...``: MindFormers' TransformCkpt tool (reshard.transform_ckpt)."""
+    from reshard import transform_ckpt as tool
+
+    if args.tool_src is None:
+        raise UsageError("give the source with --src_checkpoint (MindFormers' transform_checkpoint.py flags)")
+    for name, flag in _NOT_WITH_TOOL.items():
+        if getattr(args, name, None) not in (None, False):
+            raise UsageError(f"{flag} does not combine with MindFormers' --src_checkpoint flags")
+    if args.output_format not in (None, "ckpt") or args.executor != "local":
+        raise UsageError("MindFormers' --src_checkpoint flags write .ckpt on this machine only")
+    say = (lambda _: None) if args.quiet else (lambda note: _notes([note], args))
+    note = tool.bool_note(args.transform_by_rank)
+    if note:
+        say(note)
+    defaults = tool.ToolArgs()
+    result = tool.run(
+        tool.ToolArgs(
+            src_checkpoint=args.tool_src,
+            dst_checkpoint_dir=args.tool_dst if args.tool_dst is not None else defaults.dst_checkpoint_dir,
+            src_strategy=args.src_strategy,
+            dst_strategy=args.dst_strategy,
+            prefix=args.prefix,
+            rank_id=defaults.rank_id if args.rank_id is None else args.rank_id,
+            world_size=defaults.world_size if args.world_size is None else args.world_size,
+            transform_process_num=args.transform_process_num or defaults.transform_process_num,
+            transform_by_rank=args.transform_by_rank is not None and tool.parse_bool(args.transform_by_rank),
+        ),
+        say,
+    )
+    seconds = time.monotonic() - args.started
+    where = ", ".join(d.rstrip(os.sep) + os.sep for d in result.model_dirs)
+    files = _count(len(result.written), "file")
+    print(f"wrote {files} ({format_size(tool.written_bytes(result.written))}) to {where} in {seconds:.1f} s")
 
 
 def _none(value: str | None) -> str | None:
@@ -705,6 +768,33 @@ def _add_transform_flags(p: argparse.ArgumentParser) -> None:
     _add_source_flags(p)
 
 
+def _add_transform_ckpt_flags(p: argparse.ArgumentParser) -> None:
+    """MindFormers 2.1.0's ``tools/ckpt_transform/transform_checkpoint.py`` flags (``reshard.transform_ckpt``)."""
+    g = p.add_argument_group("MindFormers' transform_checkpoint.py flags (its output layout and marker files)")
+    g.add_argument(
+        "--src_checkpoint", dest="tool_src", help="a .ckpt file, or a folder of rank_<r> folders or of .ckpt files"
+    )
+    g.add_argument("--dst_checkpoint_dir", dest="tool_dst", help="writes DST/<source name>/rank_<r>/<prefix><r>.ckpt "
+                   "(default: ./transformed_checkpoint)")  # fmt: skip
+    g.add_argument("--src_strategy", dest="src_strategy", help="as --src-strategy (None: full weights)")
+    g.add_argument("--dst_strategy", dest="dst_strategy", help="as --dst-strategy (None: full weights)")
+    g.add_argument("--rank_id", type=int, help="this invocation's rank (default 0: the RANK_ID variable, else 0)")
+    g.add_argument("--world_size", type=int, help="ranks of the job (default 1; 0: the RANK_SIZE variable)")
+    g.add_argument(
+        "--transform_process_num",
+        type=int,
+        help="invocations that convert (default 1): ranks 0, W/P, 2W/P, ... each convert W/P destination ranks",
+    )
+    g.add_argument(
+        "--transform_by_rank",
+        nargs="?",
+        const="True",
+        metavar="BOOL",
+        help="convert rank by rank (any non-empty value is true, as in the tool; forced by "
+        "--transform_process_num > 1, off for --world_size 1)",
+    )
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (``reshard: error: ...``) and exit code 2."""
 
@@ -752,6 +842,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("transform", help="move a checkpoint to another parallel layout", epilog=EXIT_CODES)
     _add_transform_flags(p)
+    _add_transform_ckpt_flags(p)
     p.add_argument("--overwrite", action="store_true", help="replace files in a non-empty destination")
     _add_write_flags(p)
     p.set_defaults(func=cmd_transform)
