@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,8 @@ def start_tool(flags: list[str], cwd: Path, rank_env: str | None = None) -> subp
     )
 
 
-def start_reshard(flags: list[str], cwd: Path) -> subprocess.Popen[str]:
+def start_reshard(flags: list[str], cwd: Path, rank_env: str | None = None) -> subprocess.Popen[str]:
+    """reshard's invocation; ``rank_env`` is ignored (reshard takes the rank from --rank_id)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK_", "MA_"))}
     return subprocess.Popen(
         [sys.executable, "-m", "reshard.cli", "transform", *flags],
@@ -184,14 +186,18 @@ def test_to_full_weights_and_default_destination(job: Path, tmp_path: Path) -> N
     assert_same_output(theirs, ours, "transformed_checkpoint")
 
 
-def _split(job_side: Path, flags: list[str], start: object, rank_env: bool) -> list[tuple[int, str, str]]:
-    """Rank 0's invocation first (it clears the output folder), rank 1's once that folder exists."""
-    first = start(flags + ["--rank_id", "0"], job_side, **({"rank_env": "0"} if rank_env else {}))  # type: ignore[operator]
+Starter = Callable[[list[str], Path, "str | None"], "subprocess.Popen[str]"]
+
+
+def _split(job_side: Path, flags: list[str], start: Starter) -> list[tuple[int, str, str]]:
+    """Rank 0's invocation first (it clears the output folder), rank 1's once that folder exists.
+    MindFormers' tool also gets RANK_ID: it decides which rank clears the folder by it."""
+    first = start([*flags, "--rank_id", "0"], job_side, "0")
     model_dir = job_side / "out" / "ckpt_8ranks"
     deadline = time.monotonic() + 300
     while not model_dir.is_dir() and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
-    second = start(flags + ["--rank_id", "1"], job_side, **({"rank_env": "1"} if rank_env else {}))  # type: ignore[operator]
+    second = start([*flags, "--rank_id", "1"], job_side, "1")
     return [finish(second), finish(first)]
 
 
@@ -201,9 +207,9 @@ def test_two_invocations_split_the_ranks(job: Path, tmp_path: Path) -> None:
     flags = [*FLAGS_8_TO_4, "--src_strategy", "merged/s8.ckpt", "--dst_strategy", "merged/s4.ckpt",
              "--world_size", "2", "--transform_process_num", "2"]  # fmt: skip
     theirs, ours = sides(job, tmp_path)
-    for code, out, _ in _split(theirs, flags, start_tool, rank_env=True):
+    for code, out, _ in _split(theirs, flags, start_tool):
         assert code == 0, out[-3000:]
-    for code, _, err in _split(ours, flags, start_reshard, rank_env=False):
+    for code, _, err in _split(ours, flags, start_reshard):
         assert code == 0, err
     assert_same_output(theirs, ours)
     assert sorted(tree(ours / "out")) == [

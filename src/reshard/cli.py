@@ -452,7 +452,9 @@ def cmd_transform_ckpt(args: argparse.Namespace) -> None:
             prefix=args.prefix,
             rank_id=defaults.rank_id if args.rank_id is None else args.rank_id,
             world_size=defaults.world_size if args.world_size is None else args.world_size,
-            transform_process_num=args.transform_process_num or defaults.transform_process_num,
+            transform_process_num=(
+                defaults.transform_process_num if args.transform_process_num is None else args.transform_process_num
+            ),
             transform_by_rank=args.transform_by_rank is not None and tool.parse_bool(args.transform_by_rank),
         ),
         say,
