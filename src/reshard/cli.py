@@ -387,7 +387,7 @@ def cmd_transform(args: argparse.Namespace) -> None:
     report = api.transform(
         args.src,
         args.dst,
-        _none(args.src_strategy),
+        _mindformers_strategy(args.src, args.src_strategy, "--src-strategy", args),
         _none(args.dst_strategy),
         prefix=args.prefix,
         output_format=args.output_format,
@@ -465,15 +465,33 @@ def cmd_transform_ckpt(args: argparse.Namespace) -> None:
     print(f"wrote {files} ({format_size(tool.written_bytes(result.written))}) to {where} in {seconds:.1f} s")
 
 
+def _mindformers_strategy(checkpoint: str | None, given: str | None, flag: str, args: argparse.Namespace) -> str | None:
+    """The source strategy given, else for several rank folders (or, without a checkpoint, always) the
+    folder where MindFormers keeps it (``reshard.sources.conventions``), said in a note."""
+    from reshard.sources.conventions import find_source_strategy, needs_strategy
+
+    if given is not None:
+        return _none(given)
+    if checkpoint is not None and not needs_strategy(checkpoint):
+        return None
+    notes: list[str] = []
+    found = find_source_strategy(checkpoint, flag, notes)
+    _notes(notes, args)
+    return found
+
+
 def _none(value: str | None) -> str | None:
     return None if value in (None, "", "None", "none") else value
 
 
 def cmd_unify(args: argparse.Namespace) -> None:
     split = args.split or ()
+    strategy = _mindformers_strategy(args.src, args.strategy, "--strategy", args)
+    if strategy is None:
+        raise UsageError("unify needs the strategy of the rank folders: give --strategy", args.src)
     read, write, run = _read_options(args), _write_options(args), _run_options(args)
     if split and not args.dry_run:  # an empty part group is refused before anything is written
-        groups = api.unify(args.src, args.strategy, args.dst, split_dst_file=split, read=read, dry_run=True).plan
+        groups = api.unify(args.src, strategy, args.dst, split_dst_file=split, read=read, dry_run=True).plan
         if not groups.files:
             raise UsageError(
                 f"--split {split[0]}/{split[1]}: that part group is empty (this model fills fewer "
@@ -481,7 +499,7 @@ def cmd_unify(args: argparse.Namespace) -> None:
             )
     report = api.unify(
         args.src,
-        args.strategy,
+        strategy,
         args.dst,
         split_dst_file=split,
         read=read,
@@ -528,7 +546,8 @@ def cmd_rank_list(args: argparse.Namespace) -> None:
             else "without a destination strategy the destination is one full model, rank 0"
         )
         raise UsageError(f"destination rank {args.rank} out of range: {where}", dst)
-    ranks = api.needed_ranks(args.rank, _none(args.src_strategy), dst_sf, notes)
+    src = _mindformers_strategy(None, args.src_strategy, "--src-strategy", args)
+    ranks = api.needed_ranks(args.rank, src, dst_sf, notes)
     _notes(notes, args)
     ranks = sorted(int(r) for r in ranks)  # MindSpore's list order carries no meaning; a person reads 0 1 2
     print(json.dumps(ranks) if args.json else " ".join(str(r) for r in ranks))
@@ -569,8 +588,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     report = verify.verify(
         args.a,
         args.b,
-        a_strategy=_none(args.a_strategy),
-        b_strategy=_none(args.b_strategy),
+        a_strategy=_mindformers_strategy(args.a, args.a_strategy, "--a-strategy", args),
+        b_strategy=_mindformers_strategy(args.b, args.b_strategy, "--b-strategy", args),
         read=_read_options(args),
         verify_crc=not args.no_crc_check,
         atol=args.atol,
@@ -859,7 +878,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("unify", help="merge rank shards into full safetensors parts + param_name_map.json")
     p.add_argument("src", help="folder of rank_<r> folders (safetensors)")
     p.add_argument("dst", help="output folder")
-    p.add_argument("--strategy", "--src-strategy", required=True, help="source strategy file or folder")
+    p.add_argument(
+        "--strategy", "--src-strategy", help="source strategy file or folder (default: where MindFormers keeps it)"
+    )
     _add_source_flags(p, src_format=False)
     p.add_argument("--split", type=_parse_split, help="produce only part group i of n, as i/n (1 <= i <= n)")
     p.add_argument("--overwrite", action="store_true")
@@ -911,7 +932,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("rank-list", help="source ranks a destination rank needs")
     p.add_argument("rank", type=_rank_number, help="a destination rank")
-    p.add_argument("--src-strategy", "--src_ckpt_strategy", dest="src_strategy", required=True)
+    p.add_argument(
+        "--src-strategy",
+        "--src_ckpt_strategy",
+        dest="src_strategy",
+        help="source strategy (default: MindFormers' output/strategy folder; None: full weights)",
+    )
     p.add_argument("--dst-strategy", "--dst_ckpt_strategy", dest="dst_strategy")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_rank_list)
