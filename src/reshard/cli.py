@@ -1103,6 +1103,7 @@ __all__ = [
     "cmd_rank_list",
     "cmd_split",
     "cmd_transform",
+    "cmd_transform_ckpt",
     "cmd_unify",
     "cmd_verify",
     "install_signal_handlers",
