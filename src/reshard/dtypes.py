@@ -13,7 +13,8 @@ of FP8 / MXFP4 checkpoints) and the ``FNUZ`` float8 variants. They are read, wri
 and resharded byte for byte like the rest (``ml_dtypes`` gives them a numpy type), are shown under
 their safetensors code, and cannot go into a ``.ckpt`` (``in_ckpt`` is False: the ``.ckpt`` writer
 refuses them with one line naming the tensor). The sub-byte codes ``F4``, ``F6_E2M3`` and
-``F6_E3M2`` pack several values per byte, which no numpy view can slice: reading them is refused.
+``F6_E3M2`` pack several values per byte, which no numpy view can slice: reading them is refused
+(docs/formats.md §11.4).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A training script that calls ``python transform_checkpoint.py --src_checkpoint ... --dst_checkpoint_dir
 ...`` can call ``reshard transform`` with the same flags and get the same tree, byte for byte
-(docs/formats.md §12): for each source model ``DST/<stem>/rank_<r>/<prefix><r>.ckpt`` and the marker
+(docs/formats.md §11): for each source model ``DST/<stem>/rank_<r>/<prefix><r>.ckpt`` and the marker
 files ``transform_succeed_rank_<r>.txt`` (empty) or ``transform_failed_rank_<r>.txt`` (the error)
 that MindFormers' ranks poll. The conversions themselves are the MindSpore drop-in's
 ``transform_checkpoints`` / ``transform_checkpoint_by_rank`` (byte-identical to MindSpore), so
@@ -11,7 +11,7 @@ which invocation converts which destination ranks (``--rank_id``, ``--world_size
 ``--transform_process_num``, ``--transform_by_rank``), which file of a rank folder a by-rank
 conversion reads, and the marker protocol.
 
-Where it deliberately differs (docs/formats.md §12.3): strategy folders are merged in a temporary
+Where it deliberately differs (docs/formats.md §11.3): strategy folders are merged in a temporary
 file, never into the user's folder (MindFormers writes ``merged_ckpt_strategy.ckpt`` there); the
 output folder of a model is cleared only of what this tool writes (MindFormers deletes the whole
 folder), and a folder holding anything else is refused; every check MindFormers makes before its

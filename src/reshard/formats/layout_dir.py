@@ -160,7 +160,7 @@ def collect_rank_files(
     return fmt, chosen
 
 
-# ``--file-suffix auto`` (docs/formats.md §12.2): MindFormers names checkpoints
+# ``--file-suffix auto`` (docs/formats.md §11.2): MindFormers names checkpoints
 # ``{prefix}_rank_{r}[_{task}]-{epoch}_{step}``; MindSpore's ModelCheckpoint ``{prefix}-{epoch}_{step}``.
 AUTO_SUFFIX = "auto"
 _MINDFORMERS_NAME = re.compile(r".+_rank_\d+(?:_(\d+))?-(\d+)_(\d+)")

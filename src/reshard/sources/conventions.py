@@ -4,7 +4,7 @@ A MindFormers training job writes its checkpoints to ``<output>/checkpoint/rank_
 strategy files of its ranks to ``<output>/strategy/``, where ``<output>`` is ``./output`` under the
 working directory (or the ``LOCAL_DEFAULT_PATH`` variable). Its loader, asked to reshard rank folders
 without ``src_strategy_path_or_dir``, takes the ``strategy`` folder beside the checkpoint folder
-(docs/formats.md §12.1). reshard looks in the same places, in this order, and says which it used:
+(docs/formats.md §11.1). reshard looks in the same places, in this order, and says which it used:
 
 1. ``strategy/`` beside the checkpoint folder (the loader's rule);
 2. ``<output>/strategy``: ``$LOCAL_DEFAULT_PATH/strategy``, else ``./output/strategy`` (where a job run
