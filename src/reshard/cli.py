@@ -703,7 +703,8 @@ def _add_source_flags(p: argparse.ArgumentParser, src_format: bool = True) -> No
         "--file_suffix",
         dest="file_suffix",
         metavar="SUFFIX",
-        help="the file of each rank folder whose name ends in SUFFIX, e.g. -1_4 (MindFormers' -{epoch}_{step}) or 1_4",
+        help="the file of each rank folder whose name ends in SUFFIX, e.g. -1_4 (MindFormers' -{epoch}_{step}) or 1_4; "
+        "auto: the newest -{epoch}_{step} every rank folder holds",
     )
     p.add_argument(
         "--pick",

@@ -34,9 +34,11 @@ def rank_sources(
     ``fmt``, ``rule`` and ``file_suffix`` default to ``options``' ``src_format``, ``pick`` and
     ``file_suffix``; a note names the file used, the rule that chose it and the files passed over.
     """
+    # ``auto`` is a ReadOptions (CLI) choice; an explicit file_suffix argument is MindSpore's literal suffix
+    auto = file_suffix is None and options is not None and options.file_suffix == layout_dir.AUTO_SUFFIX
     fmt, rule, file_suffix = source_choice(fmt, rule, file_suffix, options)
     check_rank_folders(model_dir)
-    if file_suffix == layout_dir.AUTO_SUFFIX:
+    if auto:
         file_suffix = _auto_suffix(model_dir, notes)
     fmt, chosen = layout_dir.collect_rank_files(model_dir, fmt, rule, file_suffix, listing_order)
     rule = rule or ("name" if fmt == "ckpt" else "numbers")
