@@ -171,11 +171,20 @@ def test_transform_by_rank_takes_any_value_as_true(job: Path) -> None:
         ([*BASE, "--ranks", "0"], "does not combine"),
         ([*BASE, "--output-format", "safetensors"], ".ckpt"),
         (["--dst_checkpoint_dir", "out", "--world_size", "2"], "--src_checkpoint"),
+        # DST/<name> would be the source itself (the tool deletes it): refused
+        (["--src_checkpoint", "ranks4", "--dst_checkpoint_dir", ".", "--src_strategy", "strategy_4",
+          "--dst_strategy", "strategy_2"], "overlap"),
+        (["--src_checkpoint", "ranks4", "--dst_checkpoint_dir", "ranks4/..", "--src_strategy", "strategy_4",
+          "--dst_strategy", "strategy_2"], "overlap"),
+        # DST/strategy_2 would be the destination strategy folder
+        (["--src_checkpoint", "full/strategy_2.ckpt", "--dst_checkpoint_dir", ".", "--dst_strategy",
+          "strategy_2"], "overlap"),
     ],
 )  # fmt: skip
 def test_bad_input(job: Path, flags: list[str], fragment: str) -> None:
     (job / "empty").mkdir(exist_ok=True)
     (job / "full" / "notes.txt").write_text("x")
+    (job / "full" / "strategy_2.ckpt").write_bytes((job / "full" / "m.ckpt").read_bytes())
     for rank in (0, 2):
         (job / "gap" / f"rank_{rank}").mkdir(parents=True, exist_ok=True)
     before = tree(job)

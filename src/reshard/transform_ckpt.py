@@ -226,6 +226,18 @@ def clear_earlier_output(model_dir: str) -> None:
         shutil.rmtree(path) if is_folder else os.remove(path)
 
 
+def check_apart(model_dir: str, inputs: Sequence[str]) -> None:
+    """Refuse an output folder that is, holds or lies inside an input: the tool would delete or
+    overwrite the user's checkpoint (``--dst_checkpoint_dir`` naming the source's parent, say)."""
+    out = os.path.realpath(model_dir)
+    for path in inputs:
+        if os.path.commonpath([out, path]) in (out, path):
+            raise UsageError(
+                f"the output folder of this model and the input {path} overlap: choose another --dst_checkpoint_dir",
+                model_dir,
+            )
+
+
 def write_marker(model_dir: str, template: str, rank: int, text: str = "") -> str:
     path = os.path.join(model_dir, template.format(rank=rank))
     with open(path, "w", encoding="utf-8") as fh:
@@ -333,6 +345,10 @@ def run(args: ToolArgs, say: Callable[[str], None] = lambda _: None) -> ToolResu
             raise UsageError("--src_strategy and --dst_strategy cannot both be None")
         for note in notes:
             say(note)
+        inputs = [real for entries in models.values() for _, real in entries]
+        inputs += [os.path.realpath(p) for p in (args.src_strategy, args.dst_strategy) if p and os.path.exists(p)]
+        for stem in folders:
+            check_apart(os.path.join(dst_dir, stem), inputs)
         for stem, folder in sorted(folders.items()):
             model_dir = os.path.join(dst_dir, stem)
             result.model_dirs.append(model_dir)
@@ -392,6 +408,7 @@ __all__ = [
     "ToolArgs",
     "ToolResult",
     "bool_note",
+    "check_apart",
     "check_model",
     "clear_earlier_output",
     "convert_all",
