@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("reshard.lock", "reshard.manifest", "reshard.api"),
     (
         "reshard.mindspore",
+        "reshard.transform_ckpt",
         "reshard.cli",
         "reshard.inspect",
         "reshard.verify",

@@ -376,6 +376,8 @@ def summary(report: api.Report, dst: str | None, seconds: float) -> str:
 
 
 def cmd_transform(args: argparse.Namespace) -> None:
+    if _tool_mode(args):  # MindFormers' transform_checkpoint.py flags
+        return cmd_transform_ckpt(args)
     if args.command == "plan":
         args.dry_run = True
     if not args.src:
@@ -385,7 +387,7 @@ def cmd_transform(args: argparse.Namespace) -> None:
     report = api.transform(
         args.src,
         args.dst,
-        _none(args.src_strategy),
+        _mindformers_strategy(args.src, args.src_strategy, "--src-strategy", args),
         _none(args.dst_strategy),
         prefix=args.prefix,
         output_format=args.output_format,
@@ -400,15 +402,96 @@ def cmd_transform(args: argparse.Namespace) -> None:
     _finish(report, args, args.dst)
 
 
+# Flags of reshard's own transform that MindFormers' tool has no counterpart for: refused beside its flags.
+_NOT_WITH_TOOL = {
+    "src": "--src_ckpt_dir/--src",
+    "dst": "--dst_ckpt_dir/--dst",
+    "ranks": "--ranks",
+    "hf": "--hf",
+    "resume": "--resume",
+    "dry_run": "--dry-run",
+    "src_format": "--src-format",
+    "file_suffix": "--file-suffix",
+    "pick": "--pick",
+    "crc": "--crc",
+    "dec_key_file": "--dec-key-file",
+    "dec_key_env": "--dec-key-env",
+    "enc_key_file": "--enc-key-file",
+    "enc_key_env": "--enc-key-env",
+    "json": "--json",
+}
+_TOOL_FLAGS = ("tool_src", "tool_dst", "rank_id", "world_size", "transform_process_num", "transform_by_rank")
+
+
+def _tool_mode(args: argparse.Namespace) -> bool:
+    return any(getattr(args, name, None) is not None for name in _TOOL_FLAGS)
+
+
+def cmd_transform_ckpt(args: argparse.Namespace) -> None:
+    """``reshard transform --src_checkpoint ...``: MindFormers' TransformCkpt tool (reshard.transform_ckpt)."""
+    from reshard import transform_ckpt as tool
+
+    if args.tool_src is None:
+        raise UsageError("give the source with --src_checkpoint (MindFormers' transform_checkpoint.py flags)")
+    for name, flag in _NOT_WITH_TOOL.items():
+        if getattr(args, name, None) not in (None, False):
+            raise UsageError(f"{flag} does not combine with MindFormers' --src_checkpoint flags")
+    if args.output_format not in (None, "ckpt") or args.executor != "local":
+        raise UsageError("MindFormers' --src_checkpoint flags write .ckpt on this machine only")
+    say = (lambda _: None) if args.quiet else (lambda note: _notes([note], args))
+    note = tool.bool_note(args.transform_by_rank)
+    if note:
+        say(note)
+    defaults = tool.ToolArgs()
+    result = tool.run(
+        tool.ToolArgs(
+            src_checkpoint=args.tool_src,
+            dst_checkpoint_dir=args.tool_dst if args.tool_dst is not None else defaults.dst_checkpoint_dir,
+            src_strategy=args.src_strategy,
+            dst_strategy=args.dst_strategy,
+            prefix=args.prefix,
+            rank_id=defaults.rank_id if args.rank_id is None else args.rank_id,
+            world_size=defaults.world_size if args.world_size is None else args.world_size,
+            transform_process_num=(
+                defaults.transform_process_num if args.transform_process_num is None else args.transform_process_num
+            ),
+            transform_by_rank=args.transform_by_rank is not None and tool.parse_bool(args.transform_by_rank),
+        ),
+        say,
+    )
+    seconds = time.monotonic() - args.started
+    where = ", ".join(d.rstrip(os.sep) + os.sep for d in result.model_dirs)
+    files = _count(len(result.written), "file")
+    print(f"wrote {files} ({format_size(tool.written_bytes(result.written))}) to {where} in {seconds:.1f} s")
+
+
+def _mindformers_strategy(checkpoint: str | None, given: str | None, flag: str, args: argparse.Namespace) -> str | None:
+    """The source strategy given, else for several rank folders (or, without a checkpoint, always) the
+    folder where MindFormers keeps it (``reshard.sources.conventions``), said in a note."""
+    from reshard.sources.conventions import find_source_strategy, needs_strategy
+
+    if given is not None:
+        return _none(given)
+    if checkpoint is not None and not needs_strategy(checkpoint):
+        return None
+    notes: list[str] = []
+    found = find_source_strategy(checkpoint, flag, notes)
+    _notes(notes, args)
+    return found
+
+
 def _none(value: str | None) -> str | None:
     return None if value in (None, "", "None", "none") else value
 
 
 def cmd_unify(args: argparse.Namespace) -> None:
     split = args.split or ()
+    strategy = _mindformers_strategy(args.src, args.strategy, "--strategy", args)
+    if strategy is None:
+        raise UsageError("unify needs the strategy of the rank folders: give --strategy", args.src)
     read, write, run = _read_options(args), _write_options(args), _run_options(args)
     if split and not args.dry_run:  # an empty part group is refused before anything is written
-        groups = api.unify(args.src, args.strategy, args.dst, split_dst_file=split, read=read, dry_run=True).plan
+        groups = api.unify(args.src, strategy, args.dst, split_dst_file=split, read=read, dry_run=True).plan
         if not groups.files:
             raise UsageError(
                 f"--split {split[0]}/{split[1]}: that part group is empty (this model fills fewer "
@@ -416,7 +499,7 @@ def cmd_unify(args: argparse.Namespace) -> None:
             )
     report = api.unify(
         args.src,
-        args.strategy,
+        strategy,
         args.dst,
         split_dst_file=split,
         read=read,
@@ -463,7 +546,8 @@ def cmd_rank_list(args: argparse.Namespace) -> None:
             else "without a destination strategy the destination is one full model, rank 0"
         )
         raise UsageError(f"destination rank {args.rank} out of range: {where}", dst)
-    ranks = api.needed_ranks(args.rank, _none(args.src_strategy), dst_sf, notes)
+    src = _mindformers_strategy(None, args.src_strategy, "--src-strategy", args)
+    ranks = api.needed_ranks(args.rank, src, dst_sf, notes)
     _notes(notes, args)
     ranks = sorted(int(r) for r in ranks)  # MindSpore's list order carries no meaning; a person reads 0 1 2
     print(json.dumps(ranks) if args.json else " ".join(str(r) for r in ranks))
@@ -504,8 +588,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     report = verify.verify(
         args.a,
         args.b,
-        a_strategy=_none(args.a_strategy),
-        b_strategy=_none(args.b_strategy),
+        a_strategy=_mindformers_strategy(args.a, args.a_strategy, "--a-strategy", args),
+        b_strategy=_mindformers_strategy(args.b, args.b_strategy, "--b-strategy", args),
         read=_read_options(args),
         verify_crc=not args.no_crc_check,
         atol=args.atol,
@@ -619,7 +703,8 @@ def _add_source_flags(p: argparse.ArgumentParser, src_format: bool = True) -> No
         "--file_suffix",
         dest="file_suffix",
         metavar="SUFFIX",
-        help="the file of each rank folder whose name ends in SUFFIX, e.g. -1_4 (MindFormers' -{epoch}_{step}) or 1_4",
+        help="the file of each rank folder whose name ends in SUFFIX, e.g. -1_4 (MindFormers' -{epoch}_{step}) or 1_4; "
+        "auto: the newest -{epoch}_{step} every rank folder holds",
     )
     p.add_argument(
         "--pick",
@@ -705,6 +790,33 @@ def _add_transform_flags(p: argparse.ArgumentParser) -> None:
     _add_source_flags(p)
 
 
+def _add_transform_ckpt_flags(p: argparse.ArgumentParser) -> None:
+    """MindFormers 2.1.0's ``tools/ckpt_transform/transform_checkpoint.py`` flags (``reshard.transform_ckpt``)."""
+    g = p.add_argument_group("MindFormers' transform_checkpoint.py flags (its output layout and marker files)")
+    g.add_argument(
+        "--src_checkpoint", dest="tool_src", help="a .ckpt file, or a folder of rank_<r> folders or of .ckpt files"
+    )
+    g.add_argument("--dst_checkpoint_dir", dest="tool_dst", help="writes DST/<source name>/rank_<r>/<prefix><r>.ckpt "
+                   "(default: ./transformed_checkpoint)")  # fmt: skip
+    g.add_argument("--src_strategy", dest="src_strategy", help="as --src-strategy (None: full weights)")
+    g.add_argument("--dst_strategy", dest="dst_strategy", help="as --dst-strategy (None: full weights)")
+    g.add_argument("--rank_id", type=int, help="this invocation's rank (default 0: the RANK_ID variable, else 0)")
+    g.add_argument("--world_size", type=int, help="ranks of the job (default 1; 0: the RANK_SIZE variable)")
+    g.add_argument(
+        "--transform_process_num",
+        type=int,
+        help="invocations that convert (default 1): ranks 0, W/P, 2W/P, ... each convert W/P destination ranks",
+    )
+    g.add_argument(
+        "--transform_by_rank",
+        nargs="?",
+        const="True",
+        metavar="BOOL",
+        help="convert rank by rank (any non-empty value is true, as in the tool; forced by "
+        "--transform_process_num > 1, off for --world_size 1)",
+    )
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (``reshard: error: ...``) and exit code 2."""
 
@@ -752,6 +864,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("transform", help="move a checkpoint to another parallel layout", epilog=EXIT_CODES)
     _add_transform_flags(p)
+    _add_transform_ckpt_flags(p)
     p.add_argument("--overwrite", action="store_true", help="replace files in a non-empty destination")
     _add_write_flags(p)
     p.set_defaults(func=cmd_transform)
@@ -766,7 +879,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("unify", help="merge rank shards into full safetensors parts + param_name_map.json")
     p.add_argument("src", help="folder of rank_<r> folders (safetensors)")
     p.add_argument("dst", help="output folder")
-    p.add_argument("--strategy", "--src-strategy", required=True, help="source strategy file or folder")
+    p.add_argument(
+        "--strategy", "--src-strategy", help="source strategy file or folder (default: where MindFormers keeps it)"
+    )
     _add_source_flags(p, src_format=False)
     p.add_argument("--split", type=_parse_split, help="produce only part group i of n, as i/n (1 <= i <= n)")
     p.add_argument("--overwrite", action="store_true")
@@ -818,7 +933,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("rank-list", help="source ranks a destination rank needs")
     p.add_argument("rank", type=_rank_number, help="a destination rank")
-    p.add_argument("--src-strategy", "--src_ckpt_strategy", dest="src_strategy", required=True)
+    p.add_argument(
+        "--src-strategy",
+        "--src_ckpt_strategy",
+        dest="src_strategy",
+        help="source strategy (default: MindFormers' output/strategy folder; None: full weights)",
+    )
     p.add_argument("--dst-strategy", "--dst_ckpt_strategy", dest="dst_strategy")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_rank_list)
@@ -984,6 +1104,7 @@ __all__ = [
     "cmd_rank_list",
     "cmd_split",
     "cmd_transform",
+    "cmd_transform_ckpt",
     "cmd_unify",
     "cmd_verify",
     "install_signal_handlers",

@@ -7,6 +7,14 @@ bytes (int8); safetensors files mark it with a ``"<name>": "Int4"`` metadata ent
 
 Float8 and complex names are read and written like the rest, though MindSpore 2.10's
 ``load_checkpoint`` refuses them (docs/formats.md §1.3).
+
+Some safetensors dtypes have no MindSpore 2.10 ``tensor_type`` name: ``F8_E8M0`` (the block scales
+of FP8 / MXFP4 checkpoints) and the ``FNUZ`` float8 variants. They are read, written to safetensors
+and resharded byte for byte like the rest (``ml_dtypes`` gives them a numpy type), are shown under
+their safetensors code, and cannot go into a ``.ckpt`` (``in_ckpt`` is False: the ``.ckpt`` writer
+refuses them with one line naming the tensor). The sub-byte codes ``F4``, ``F6_E2M3`` and
+``F6_E3M2`` pack several values per byte, which no numpy view can slice: reading them is refused
+(docs/formats.md §11.4).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ class DType:
     ms_name: str  # tensor_type in .ckpt files
     st_code: str | None  # safetensors dtype code (None: not representable)
     numpy: np.dtype  # element type of numpy views
+    in_ckpt: bool = True  # MindSpore 2.10 has a tensor_type name for it (ms_name), so .ckpt can hold it
 
     @property
     def itemsize(self) -> int:
@@ -36,6 +45,11 @@ class DType:
 
 def _d(ms: str, st: str | None, np_type: Any) -> DType:
     return DType(ms, st, np.dtype(np_type))
+
+
+def _st_only(st: str, np_type: Any) -> DType:
+    """A safetensors dtype MindSpore 2.10 has no name for: shown under its safetensors code."""
+    return DType(st, st, np.dtype(np_type), in_ckpt=False)
 
 
 BOOL = _d("Bool", "BOOL", np.bool_)
@@ -54,7 +68,10 @@ BFLOAT16 = _d("BFloat16", "BF16", ml_dtypes.bfloat16)
 INT4 = _d("Int4", "I8", np.int8)  # qint4x2 bytes; see module docstring
 FLOAT8_E4M3 = _d("Float8E4M3FN", "F8_E4M3", ml_dtypes.float8_e4m3fn)
 FLOAT8_E5M2 = _d("Float8E5M2", "F8_E5M2", ml_dtypes.float8_e5m2)
-COMPLEX64 = _d("Complex64", None, np.complex64)
+FLOAT8_E8M0 = _st_only("F8_E8M0", ml_dtypes.float8_e8m0fnu)
+FLOAT8_E4M3FNUZ = _st_only("F8_E4M3FNUZ", ml_dtypes.float8_e4m3fnuz)
+FLOAT8_E5M2FNUZ = _st_only("F8_E5M2FNUZ", ml_dtypes.float8_e5m2fnuz)
+COMPLEX64 = _d("Complex64", "C64", np.complex64)
 COMPLEX128 = _d("Complex128", None, np.complex128)
 # A python string: .ckpt stores it with dims [0] and UTF-32-LE code points; never a numpy view.
 STR = _d("str", None, np.dtype("<U1"))
@@ -76,12 +93,15 @@ ALL: tuple[DType, ...] = (
     INT4,
     FLOAT8_E4M3,
     FLOAT8_E5M2,
+    FLOAT8_E8M0,
+    FLOAT8_E4M3FNUZ,
+    FLOAT8_E5M2FNUZ,
     COMPLEX64,
     COMPLEX128,
     STR,
 )
 
-_BY_MS = {d.ms_name: d for d in ALL}
+_BY_MS = {d.ms_name: d for d in ALL if d.in_ckpt}
 # INT4 shares I8 with INT8: the code maps back to INT8 (Int4 is restored from metadata).
 _BY_ST = {d.st_code: d for d in reversed(ALL) if d.st_code is not None}
 _BY_ST["I8"] = INT8
@@ -122,7 +142,10 @@ __all__ = [
     "COMPLEX64",
     "COMPLEX128",
     "FLOAT8_E4M3",
+    "FLOAT8_E4M3FNUZ",
     "FLOAT8_E5M2",
+    "FLOAT8_E5M2FNUZ",
+    "FLOAT8_E8M0",
     "FLOAT16",
     "FLOAT32",
     "FLOAT64",

@@ -471,6 +471,11 @@ def _chunk_lengths(spec: TensorSpec, chunk_bytes: int) -> list[int]:
 
 
 def _check_spec(spec: TensorSpec) -> None:
+    if not spec.dtype.in_ckpt:
+        raise UnsupportedError(
+            f"tensor {spec.name!r}: dtype {spec.dtype} has no MindSpore 2.10 tensor type, so a .ckpt "
+            "file cannot hold it (write .safetensors instead)"
+        )
     if spec.dtype is dtypes.STR:
         if spec.nbytes % 4:
             raise UsageError(f"string {spec.name!r}: {spec.nbytes} bytes is not UTF-32")

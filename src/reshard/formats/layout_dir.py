@@ -160,6 +160,72 @@ def collect_rank_files(
     return fmt, chosen
 
 
+# ``--file-suffix auto`` (docs/formats.md §11.2): MindFormers names checkpoints
+# ``{prefix}_rank_{r}[_{task}]-{epoch}_{step}``; MindSpore's ModelCheckpoint ``{prefix}-{epoch}_{step}``.
+AUTO_SUFFIX = "auto"
+_MINDFORMERS_NAME = re.compile(r".+_rank_\d+(?:_(\d+))?-(\d+)_(\d+)")
+_EPOCH_STEP_NAME = re.compile(r".+-(\d+)_(\d+)")
+
+
+def epoch_step_suffix(path: str) -> tuple[str, int, int] | None:
+    """``(suffix, epoch, step)`` of a checkpoint named ``...-{epoch}_{step}.<fmt>`` (None: another name).
+
+    The suffix is what ``--file-suffix`` matches: ``-{epoch}_{step}``, or ``_{task}-{epoch}_{step}`` for
+    MindFormers' names that carry a task id after the rank.
+    """
+    stem = os.path.splitext(os.path.basename(path))[0]
+    match = _MINDFORMERS_NAME.fullmatch(stem)
+    if match:
+        task, epoch, step = match.groups()
+        return (f"_{task}-{epoch}_{step}" if task else f"-{epoch}_{step}"), int(epoch), int(step)
+    match = _EPOCH_STEP_NAME.fullmatch(stem)
+    if match:
+        epoch, step = match.groups()
+        return f"-{epoch}_{step}", int(epoch), int(step)
+    return None
+
+
+def newest_common_suffix(model_dir: str, folders: dict[int, str] | None = None) -> tuple[str, str]:
+    """``--file-suffix auto``: the newest ``-{epoch}_{step}`` suffix every rank folder has a checkpoint of.
+
+    Newest means the largest (epoch, step); a tie between task ids goes to the newest file of the
+    first rank. A step saved by only some ranks (a save cut short) is passed over and named in the
+    returned description, which says what was chosen and why.
+    """
+    folders = folders if folders is not None else rank_dirs(model_dir)
+    if not folders:
+        raise UsageError("--file-suffix auto: no rank_<r> sub-folders", model_dir)
+    per_rank: dict[int, dict[str, tuple[int, int, float]]] = {}
+    for rank, folder in folders.items():
+        found: dict[str, tuple[int, int, float]] = {}
+        for path in (p for fmt in FORMATS for p in files_in(folder, fmt)):
+            parsed = epoch_step_suffix(path)
+            if parsed is not None:
+                suffix, epoch, step = parsed
+                found[suffix] = max(found.get(suffix, (epoch, step, 0.0)), (epoch, step, os.path.getmtime(path)))
+        per_rank[rank] = found
+    first = per_rank[min(per_rank)]
+    common = set(first).intersection(*per_rank.values())
+    if not common:
+        raise UsageError(
+            "--file-suffix auto: no -<epoch>_<step> checkpoint is present in every rank folder "
+            "(give --file-suffix SUFFIX)",
+            model_dir,
+        )
+    chosen = max(common, key=lambda s: first[s])
+    epoch, step, _ = first[chosen]
+    text = (
+        f"--file-suffix auto: using {chosen} (epoch {epoch}, step {step}: the newest present in all "
+        f"{len(folders)} rank folders)"
+    )
+    newer = {s: found[s][:2] for found in per_rank.values() for s in found if found[s][:2] > (epoch, step)}
+    if newer:
+        latest = max(newer, key=lambda s: newer[s])
+        missing = ", ".join(str(r) for r, found in per_rank.items() if latest not in found)
+        text += f"; {latest} is newer but missing in rank {missing}"
+    return chosen, text
+
+
 def rank_dir(dst_dir: str, rank: int) -> str:
     return os.path.join(dst_dir, f"rank_{rank}")
 
@@ -189,6 +255,7 @@ def rank_output(dst_dir: str, rank: int, prefix: str, fmt: str, part: int | None
 
 
 __all__ = [
+    "AUTO_SUFFIX",
     "FORMATS",
     "PICKS",
     "PICK_RULES",
@@ -199,7 +266,9 @@ __all__ = [
     "choose_file",
     "collect_rank_files",
     "detect_format",
+    "epoch_step_suffix",
     "files_in",
+    "newest_common_suffix",
     "pick_file",
     "rank_dir",
     "rank_dirs",

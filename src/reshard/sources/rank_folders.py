@@ -34,8 +34,12 @@ def rank_sources(
     ``fmt``, ``rule`` and ``file_suffix`` default to ``options``' ``src_format``, ``pick`` and
     ``file_suffix``; a note names the file used, the rule that chose it and the files passed over.
     """
+    # ``auto`` is a ReadOptions (CLI) choice; an explicit file_suffix argument is MindSpore's literal suffix
+    auto = file_suffix is None and options is not None and options.file_suffix == layout_dir.AUTO_SUFFIX
     fmt, rule, file_suffix = source_choice(fmt, rule, file_suffix, options)
     check_rank_folders(model_dir)
+    if auto:
+        file_suffix = _auto_suffix(model_dir, notes)
     fmt, chosen = layout_dir.collect_rank_files(model_dir, fmt, rule, file_suffix, listing_order)
     rule = rule or ("name" if fmt == "ckpt" else "numbers")
     if notes is not None:
@@ -45,6 +49,14 @@ def rank_sources(
                 why = f"the one ending in {file_suffix}" if file_suffix else layout_dir.RULE_TEXT[rule]
                 notes.append(f"rank {picked.rank}: using {os.path.basename(picked.path)} ({why}), ignoring {ignored}")
     return fmt, source_files({r: p.path for r, p in chosen.items()}, options)
+
+
+def _auto_suffix(model_dir: str, notes: list[str] | None) -> str:
+    """``--file-suffix auto``: the newest step every rank folder holds, said in a note."""
+    suffix, text = layout_dir.newest_common_suffix(model_dir)
+    if notes is not None:
+        notes.append(text)
+    return suffix
 
 
 def check_rank_folders(model_dir: str) -> None:
@@ -66,6 +78,12 @@ def chosen_names(folder: str, fmt: str, choose: ReadOptions, notes: list[str] | 
     if not (choose.file_suffix or choose.pick):
         return sorted(os.listdir(folder))
     _, rule, suffix = source_choice(None, None, None, choose)
+    if suffix == layout_dir.AUTO_SUFFIX:  # across the rank* folders beside this one (convert)
+        parent = os.path.dirname(os.path.abspath(folder))
+        siblings = {i: os.path.join(parent, name) for i, name in enumerate(rank_subfolders(parent))}
+        suffix, text = layout_dir.newest_common_suffix(parent, siblings)
+        if notes is not None and text not in notes:
+            notes.append(text)
     files = layout_dir.files_in(folder, fmt)
     if not files and not suffix:
         return []
