@@ -135,9 +135,11 @@ def layout_json(layout: ParamLayout, rank_list: Sequence[int]) -> dict[str, Any]
     """MindSpore's ``Layout.to_dict()`` of ``layout`` over ``rank_list``, keys in its order.
 
     The order matters: MindFormers' ``_deserialize_sharded_tensor_layout`` unpacks ``.values()``.
-    Alias names are ``alias_names``'s (a strategy file carries none).
+    Alias names are ``alias_names``'s (a strategy file carries none). A dimension split over several
+    axes is a list; a one-axis list (how a Layout-API strategy file stores every dimension) is
+    written as that one number, as ``Layout.to_dict()`` writes a plain alias.
     """
-    tensor_map = [list(e) if isinstance(e, tuple) else e for e in layout.tensor_map]
+    tensor_map = [(e[0] if len(e) == 1 else list(e)) if isinstance(e, tuple) else e for e in layout.tensor_map]
     return {
         "device_matrix": list(layout.dev_matrix),
         "tensor_map": tensor_map,
