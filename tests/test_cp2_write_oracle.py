@@ -25,7 +25,7 @@ from reshard import api
 from reshard.layout import ParamLayout
 from reshard.layout.slices import alias_names, model_parallel
 from reshard.statenames import DEFAULT
-from tests.cp2_write_helpers import EMB, FC1, NORM, POS, PROJ, block, full_tensors, layouts, with_states, write_job
+from tests.cp2_write_helpers import EMB, FC1, NORM, PROJ, block, full_tensors, layouts, with_states, write_job
 
 pytestmark = pytest.mark.oracle
 
