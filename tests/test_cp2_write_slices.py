@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import ClassVar
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -86,7 +87,7 @@ def test_optimizer_shard_is_ignored() -> None:
 
     class Table:
         path = "s.ckpt"
-        layouts = {"w": sharded}
+        layouts: ClassVar[dict[str, ParamLayout]] = {"w": sharded}
 
     table = ModelParallelTable(Table())
     assert table.layouts == {"w": ParamLayout((2, 4), (0, -1))} and table.path == "s.ckpt"

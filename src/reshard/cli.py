@@ -413,9 +413,9 @@ def _load_common(path: str) -> dict[str, object]:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
     except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read JSON: {exc}", path) from None
+        raise UsageError(f"--common-json: cannot read JSON: {exc}", path) from None
     if not isinstance(data, dict):
-        raise UsageError('expected a JSON object such as {"global_step": 100}', path)
+        raise UsageError('--common-json: expected a JSON object such as {"global_step": 100}', path)
     return data
 
 
