@@ -286,7 +286,7 @@ def transform(
     ``max_shard_size`` (default ``5GB``) plus ``model.safetensors.index.json`` into ``dst_dir``.
     ``output_format="checkpoint2"`` writes a MindFormers 2.x Checkpoint 2.0 into ``dst_dir``
     (``iteration_{n:08d}/`` with ``model-``/``opt-`` files per rank, ``metadata.json``,
-    ``common.json``, and ``latest_checkpointed_iteration.txt`` last; docs/formats.md §9).
+    ``common.json``, and ``latest_checkpointed_iteration.txt`` last; docs/formats.md §10).
 
     Args:
         src: The source checkpoint (rank folders, a full file, a Hugging Face model).
@@ -448,7 +448,7 @@ def _checkpoint2_destination(dst_sf: StrategyFile | None, notes: list[str]) -> L
         notes.append(
             f"the destination strategy shards {len(sharded)} parameter(s) for the optimizer (e.g. {sharded[0]!r}); "
             "a Checkpoint 2.0 layout cannot say so, so each rank holds its model-parallel slice, as "
-            "MindFormers' loader expects (docs/formats.md §9.3)"
+            "MindFormers' loader expects (docs/formats.md §10.3)"
         )
     return ModelParallelTable(dst_sf)
 

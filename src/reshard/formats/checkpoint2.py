@@ -1,6 +1,6 @@
 """MindFormers 2.x "Checkpoint 2.0": its file names and the text files that describe a save.
 
-A Checkpoint 2.0 (docs/formats.md §9) is ``ROOT/iteration_{n:08d}/`` holding per rank
+A Checkpoint 2.0 (docs/formats.md §10) is ``ROOT/iteration_{n:08d}/`` holding per rank
 ``[prefix-]model-{rank:07d}-{world:07d}.safetensors`` and ``[prefix-]opt-…`` (MindSpore
 safetensors), ``metadata.json`` (every tensor's layout and which file holds which block),
 ``common.json`` (training counters), and ``ROOT/latest_checkpointed_iteration.txt``, the tracker

@@ -1,6 +1,6 @@
 """Slice ids: how MindFormers' Checkpoint 2.0 numbers the distinct blocks of a sharded tensor.
 
-Checkpoint 2.0's ``metadata.json`` (docs/formats.md §9) does not store where a rank's block starts
+Checkpoint 2.0's ``metadata.json`` (docs/formats.md §10.2) does not store where a rank's block starts
 in elements. It stores a *slice id*: the row-major index of the block in the grid whose shape is
 the layout's ``axis_fragmentations`` (the number of blocks per tensor dimension), and a
 ``replica_id`` per rank (how many ranks before it in the layout's rank list hold the same block).

@@ -1,7 +1,7 @@
 """Checkpoint 2.0 outputs: a transform's per-rank files regrouped as MindFormers 2.x writes them.
 
 A transform already knows, per destination rank, every tensor and where its bytes come from. A
-Checkpoint 2.0 (docs/formats.md §9) holds the same tensors, regrouped and described:
+Checkpoint 2.0 (docs/formats.md §10) holds the same tensors, regrouped and described:
 
 * each rank's tensors split by name into ``model-{rank}-{world}`` and ``opt-{rank}-{world}`` files
   in ``iteration_{n:08d}/`` (``reshard.statenames`` decides which names are training state; the
