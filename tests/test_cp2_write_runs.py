@@ -312,3 +312,16 @@ def test_api_refuses_ckpt_only_write_options(job: dict[str, str], tmp_path: Any)
         with pytest.raises(UsageError, match=said):
             _cp2(job, dst, write=write)
     assert not os.path.exists(dst)
+
+
+def test_strings_are_refused_before_anything_is_written(tmp_path: Any) -> None:
+    from reshard.errors import UnsupportedError
+    from reshard.formats.ckpt import save_ckpt
+    from tests.cp2_write_helpers import full_tensors
+
+    src = str(tmp_path / "with_string.ckpt")
+    save_ckpt(src, {**full_tensors(False), "note": "a string"})
+    dst = str(tmp_path / "out")
+    with pytest.raises(UnsupportedError, match="'note' is a str"):
+        api.transform(src, dst, None, None, output_format="checkpoint2")
+    assert not os.path.exists(dst)
