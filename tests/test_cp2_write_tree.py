@@ -292,3 +292,23 @@ def test_from_hugging_face_folder(tmp_path: Any, hf_source: bool) -> None:
         for name, array in files[f"model-{rank:07d}-0000008.safetensors"].items():
             assert np.array_equal(array, block(full[name], lays.get(name), rank))
     assert metadata(os.path.join(out, IT))["state_dict_metadata"][EMB]["layout"]["rank_list"] == list(range(8))
+
+
+def test_from_a_unify_output(tmp_path: Any) -> None:
+    """``unify --hf`` output (the unify output transform reads) -> Checkpoint 2.0."""
+    job = write_job(str(tmp_path / "job"))
+    ranks8 = str(tmp_path / "ranks8")
+    api.transform(job["full"], ranks8, None, job["strategy"], output_format="safetensors")
+    unified = str(tmp_path / "unified")
+    api.unify(ranks8, job["strategy"], unified, hf=True, max_shard_size="2KB")
+    out = str(tmp_path / "out")
+    api.transform(unified, out, None, job["strategy"], output_format="checkpoint2", iteration=12)
+    files = read_dir(os.path.join(out, IT))
+    full, lays = full_tensors(), with_states(layouts())
+    seen = set()
+    for rank in range(8):
+        for kind in ("model", "opt"):
+            for name, array in files[f"{kind}-{rank:07d}-0000008.safetensors"].items():
+                assert np.array_equal(array, block(full[name], lays.get(name), rank)), (rank, name)
+                seen.add(name)
+    assert seen == set(full)
