@@ -12,6 +12,7 @@ values: what each rank holds is decided by ``reshard.plan.checkpoint2``; the sli
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -116,6 +117,10 @@ class TensorFacts:
     layout: ParamLayout | None
     rank_list: tuple[int, ...] = (0,)
 
+    @functools.cached_property
+    def _ids(self) -> tuple[int, ...]:
+        return slice_ids(self.layout) if self.layout is not None else ()
+
     def slice_of(self, rank: int) -> int:
         """The slice id of global ``rank``'s block (0 for a full tensor)."""
         if self.layout is None:
@@ -123,9 +128,11 @@ class TensorFacts:
         position = rank - self.rank_list[0]  # a layout's rank list is its stage's consecutive ranks
         if not 0 <= position < len(self.rank_list) or self.rank_list[position] != rank:
             position = self.rank_list.index(rank)
-        return slice_ids(self.layout)[position]
+        return self._ids[position]
 
+    @functools.cached_property
     def local_shape(self) -> tuple[int, ...]:
+        """The shape of one rank's block."""
         if self.layout is None:
             return self.global_shape
         return tuple(s // k for s, k in zip(self.global_shape, axis_fragmentations(self.layout), strict=True))
@@ -178,23 +185,23 @@ def metadata_text(
         text = metadata_text(facts, [(0, ["w"])], {(0, "w"): "model-0000000-0000001.safetensors"})
     """
     groups: dict[tuple[str, int], list[int]] = {}
-    for rank, names in holdings:
-        for name in names:
-            groups.setdefault((name, facts[name].slice_of(rank)), []).append(rank)
+    slices = [[facts[name].slice_of(rank) for name in names] for rank, names in holdings]
+    for (rank, names), ids in zip(holdings, slices, strict=True):
+        for name, slice_id in zip(names, ids, strict=True):
+            groups.setdefault((name, slice_id), []).append(rank)
     state: dict[str, Any] = {}
     chunks: dict[str, set[int]] = {}
     storage: dict[str, list[dict[str, Any]]] = {}
-    for rank, names in holdings:
-        for name in names:
+    for (rank, names), ids in zip(holdings, slices, strict=True):
+        for name, slice_id in zip(names, ids, strict=True):
             f = facts[name]
-            slice_id = f.slice_of(rank)
             entry = state.get(name)
             if entry is None:
                 entry = state[name] = _tensor_entry(f)
                 chunks[name] = set()
             if slice_id not in chunks[name]:
                 chunks[name].add(slice_id)
-                entry["chunk"].append({"global_offset": [slice_id], "local_shape": list(f.local_shape())})
+                entry["chunk"].append({"global_offset": [slice_id], "local_shape": list(f.local_shape)})
             record = {"file_name": file_of[(rank, name)], "storage_rank": rank, "rank_group": groups[(name, slice_id)]}
             storage.setdefault(shard_key(name, slice_id), []).append(record)
     return json.dumps(

@@ -148,25 +148,26 @@ def _facts(layouts: _Layouts, files: Sequence[FilePlan]) -> tuple[dict[str, Tens
             found = layouts.of(f.rank, name)
             if found is False:
                 continue
-            layout = found.layout if isinstance(found, TensorFacts) else None
-            ranks = found.rank_list if isinstance(found, TensorFacts) else (f.rank,)
-            fact = TensorFacts(dtype, cp2.global_shape(layout, shape), layout, ranks)
-            _check(name, fact, facts.get(name), f.path)
-            facts.setdefault(name, fact)
+            first = facts.get(name)
+            if first is None:
+                layout = found.layout if isinstance(found, TensorFacts) else None
+                ranks = found.rank_list if isinstance(found, TensorFacts) else (f.rank,)
+                first = facts[name] = TensorFacts(dtype, cp2.global_shape(layout, shape), layout, ranks)
+                _check_dtype(name, dtype)
+            elif dtype is not first.dtype or shape != first.local_shape:
+                raise LayoutError(
+                    f"{name!r} would be {first.dtype.ms_name}{list(first.local_shape)} on one rank and "
+                    f"{dtype.ms_name}{list(shape)} on another",
+                    f.path,
+                )
             kept[f.rank].append(i)
     return facts, kept
 
 
-def _check(name: str, fact: TensorFacts, first: TensorFacts | None, path: str) -> None:
-    if fact.dtype is dtypes.STR or fact.dtype.st_code is None:
+def _check_dtype(name: str, dtype: DType) -> None:
+    if dtype is dtypes.STR or dtype.st_code is None:
         raise UnsupportedError(
-            f"{name!r} is a {fact.dtype.ms_name}; Checkpoint 2.0 tensor files (safetensors) cannot hold it"
-        )
-    if first is not None and (first.dtype, first.global_shape) != (fact.dtype, fact.global_shape):
-        raise LayoutError(
-            f"{name!r} would be {first.dtype.ms_name}{list(first.global_shape)} on one rank and "
-            f"{fact.dtype.ms_name}{list(fact.global_shape)} on another",
-            path,
+            f"{name!r} is a {dtype.ms_name}; Checkpoint 2.0 tensor files (safetensors) cannot hold it"
         )
 
 
@@ -216,12 +217,13 @@ def plan_checkpoint2(
     layouts = _Layouts(src, dst)
     world = layouts.world
     facts, kept = _facts(layouts, plan.files)
+    is_state = {name: state_names.is_state(name) for name in facts}
     folder = cp2.iteration_dir(root, iteration)
     files: list[FilePlan] = []
     for f in plan.files:
         assert f.rank is not None
         names = entries(f.tensors)
-        for kind, indices in _sides(kept[f.rank], names, state_names):
+        for kind, indices in _sides(kept[f.rank], names, is_state):
             if kind == cp2.OPTIMIZER and not indices:
                 continue
             path = os.path.join(folder, cp2.file_name(kind, f.rank, world, prefix))
@@ -232,7 +234,8 @@ def plan_checkpoint2(
         if world > 1:
             all_facts, all_kept = _facts(layouts, everyone.files) if everyone is not None else (facts, kept)
             source = everyone.files if everyone is not None else plan.files
-            text = _metadata(source, all_facts, all_kept, world, prefix, state_names)
+            all_state = {name: state_names.is_state(name) for name in all_facts}
+            text = _metadata(source, all_facts, all_kept, world, prefix, all_state)
             texts.append(TextOutput(os.path.join(folder, cp2.METADATA_NAME), text))
         texts.append(TextOutput(os.path.join(folder, cp2.COMMON_NAME), cp2.common_text(common_values)))
     if written == set(range(world)):
@@ -241,10 +244,10 @@ def plan_checkpoint2(
 
 
 def _sides(
-    kept: Sequence[int], names: Sequence[Entry], state_names: StateNames
+    kept: Sequence[int], names: Sequence[Entry], is_state: Mapping[str, bool]
 ) -> tuple[tuple[str, tuple[int, ...]], tuple[str, tuple[int, ...]]]:
-    model = tuple(i for i in kept if not state_names.is_state(names[i][0]))
-    opt = tuple(i for i in kept if state_names.is_state(names[i][0]))
+    model = tuple(i for i in kept if not is_state[names[i][0]])
+    opt = tuple(i for i in kept if is_state[names[i][0]])
     return (cp2.MODEL, model), (cp2.OPTIMIZER, opt)
 
 
@@ -254,7 +257,7 @@ def _metadata(
     kept: Mapping[int, Sequence[int]],
     world: int,
     prefix: str,
-    state_names: StateNames,
+    is_state: Mapping[str, bool],
 ) -> str:
     holdings: list[tuple[int, list[str]]] = []
     file_of: dict[tuple[int, str], str] = {}
@@ -263,9 +266,9 @@ def _metadata(
         names = entries(f.tensors)
         held = [names[i][0] for i in kept[f.rank]]
         holdings.append((f.rank, held))
+        names_of = {kind: cp2.file_name(kind, f.rank, world, prefix) for kind in (cp2.MODEL, cp2.OPTIMIZER)}
         for name in held:
-            kind = cp2.OPTIMIZER if state_names.is_state(name) else cp2.MODEL
-            file_of[(f.rank, name)] = cp2.file_name(kind, f.rank, world, prefix)
+            file_of[(f.rank, name)] = names_of[cp2.OPTIMIZER if is_state[name] else cp2.MODEL]
     # a full tensor's rank list is every rank holding it
     holders: dict[str, list[int]] = {}
     for rank, held in holdings:
