@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from reshard.layout.algebra import NOT_SPLIT, tensor_strategy
+from reshard.layout.algebra import NOT_SPLIT, opt_shard_size, tensor_strategy
 from reshard.layout.types import LayoutTable, ParamLayout
 
 
@@ -44,8 +44,8 @@ def model_parallel(p: ParamLayout) -> ParamLayout:
 
 
 def has_optimizer_shard(p: ParamLayout) -> bool:
-    """Whether ``p`` carries an optimizer shard (what ``model_parallel`` drops)."""
-    return bool(p.opt_shard_step or p.opt_shard_size)
+    """Whether ``p`` shards data for the optimizer (what ``model_parallel`` drops; a group of one does not)."""
+    return opt_shard_size(p) != 0
 
 
 @dataclass(frozen=True)
