@@ -253,6 +253,7 @@ BAD = [
     (["--iteration", "x"], "iteration"),
     (["--hf"], "Hugging Face"),
     (["--crc"], "crc"),
+    (["--enc-key-file", "{key}"], "encrypted"),
     (["--common-json", "{bad}"], "common"),
     (["--common-json", "{unknown}"], "no key"),
     (["--common-json", "{string}"], "integer"),
@@ -268,6 +269,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(
         "{bad}": "not json",
         "{unknown}": json.dumps({"global_step": 1, "wall_clock": 3}),
         "{string}": json.dumps({"global_step": "ten"}),
+        "{key}": "00112233445566778899aabbccddeeff",
     }
     resolved = []
     for flag in flags:
@@ -324,4 +326,22 @@ def test_strings_are_refused_before_anything_is_written(tmp_path: Any) -> None:
     dst = str(tmp_path / "out")
     with pytest.raises(UnsupportedError, match="'note' is a str"):
         api.transform(src, dst, None, None, output_format="checkpoint2")
+    assert not os.path.exists(dst)
+
+
+def test_rank_0_run_needs_every_source_rank_for_metadata(job: dict[str, str], tmp_path: Any) -> None:
+    import shutil
+
+    ranks8 = str(tmp_path / "ranks8")
+    api.transform(job["full"], ranks8, None, job["strategy"], output_format="safetensors", manifest=False)
+    shutil.rmtree(os.path.join(ranks8, "rank_7"))
+    kw: dict[str, Any] = {"output_format": "checkpoint2", "iteration": 4}
+    api.transform(ranks8, str(tmp_path / "one"), job["strategy"], job["strategy"], ranks=[1], **kw)
+    assert sorted(os.listdir(tmp_path / "one" / IT)) == [
+        "model-0000001-0000008.safetensors",
+        "opt-0000001-0000008.safetensors",
+    ]
+    dst = str(tmp_path / "zero")
+    with pytest.raises(UsageError, match=r"metadata\.json"):
+        api.transform(ranks8, dst, job["strategy"], job["strategy"], ranks=[0], **kw)
     assert not os.path.exists(dst)
