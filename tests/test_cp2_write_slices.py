@@ -106,3 +106,20 @@ def test_state_names() -> None:
         assert not DEFAULT.is_state(name), name
     rule = StateNames().with_prefixes(["ema.", ""])
     assert rule.is_state("ema.w") and not rule.is_state("w") and not DEFAULT.is_state("ema.w")
+
+
+def test_completed_table_adds_states_in_every_stage() -> None:
+    from reshard.layout import layout_map
+    from reshard.layout.slices import CompletedTable, parameter_of
+
+    emb = ParamLayout((2,), (0, -1))
+
+    class Merged:
+        path = None
+        layouts: ClassVar[dict[str, ParamLayout]] = {"0-emb": emb, "1-emb": emb, "1-w": ParamLayout((2,), (-1, 0))}
+
+    table = CompletedTable(Merged(), ("adam_m.emb", "adam_v.w", "adam_m.nothing", "emb"))
+    assert list(table.layouts) == ["0-emb", "1-emb", "1-w", "0-adam_m.emb", "1-adam_m.emb", "1-adam_v.w"]
+    assert layout_map(table)["adam_m.emb"].stages == (0, 1)
+    assert parameter_of("adam_m.model.w", {"model.w": 1, "w": 2}) == "model.w"
+    assert parameter_of("w", {"w": 1}) is None

@@ -312,3 +312,35 @@ def test_from_a_unify_output(tmp_path: Any) -> None:
                 assert np.array_equal(array, block(full[name], lays.get(name), rank)), (rank, name)
                 seen.add(name)
     assert seen == set(full)
+
+
+def test_states_missing_from_the_destination_strategy_take_their_parameters_layout(tmp_path: Any) -> None:
+    """An inference strategy (no adam_m./adam_v. entries): the states are laid out like their parameter."""
+    job = write_job(str(tmp_path / "job"))  # the 8-rank strategy has the states
+    ranks8 = str(tmp_path / "ranks8")
+    api.transform(job["full"], ranks8, None, job["strategy"], output_format="safetensors")
+    bare = write_job(str(tmp_path / "bare"), stages=[layouts((2, 2))], optimizer=False)["strategy"]
+    out = str(tmp_path / "out")
+    report = api.transform(ranks8, out, job["strategy"], bare, output_format="checkpoint2", iteration=12)
+    assert any("training state" in n and "parameter's" in n for n in report.notes), report.notes
+    files = read_dir(os.path.join(out, IT))
+    full, lays = full_tensors(), with_states(layouts((2, 2)))
+    for rank in range(4):
+        for name, array in files[f"opt-{rank:07d}-0000004.safetensors"].items():
+            assert np.array_equal(array, block(full[name], lays.get(name), rank)), (rank, name)
+    sd = metadata(os.path.join(out, IT))["state_dict_metadata"]
+    assert sd[f"adam_m.{EMB}"]["layout"] == sd[EMB]["layout"] and sd["global_step"]["layout"] is None
+
+
+def test_a_split_weight_without_destination_layout_is_refused(tmp_path: Any) -> None:
+    from reshard.errors import UnsupportedError
+
+    job = write_job(str(tmp_path / "job"), optimizer=False)
+    ranks8 = str(tmp_path / "ranks8")
+    api.transform(job["full"], ranks8, None, job["strategy"], output_format="safetensors")
+    partial = {n: p for n, p in layouts().items() if n != PROJ}
+    other = write_job(str(tmp_path / "other"), stages=[partial], optimizer=False)["strategy"]
+    out = str(tmp_path / "out")
+    with pytest.raises(UnsupportedError, match="split by the source strategy"):
+        api.transform(ranks8, out, job["strategy"], other, output_format="checkpoint2")
+    assert not os.path.exists(out)

@@ -32,7 +32,7 @@ from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats import checkpoint2, hf_index, layout_dir
 from reshard.formats.strategy import StrategyFile
 from reshard.layout import LayoutTable
-from reshard.layout.slices import ModelParallelTable, has_optimizer_shard
+from reshard.layout.slices import CompletedTable, ModelParallelTable, has_optimizer_shard
 from reshard.plan import (
     ChoiceFunc,
     Plan,
@@ -359,9 +359,10 @@ def transform(
     kind = identify(src, _transform_kinds(src, src_strategy))
     dst_sf = _strategy(dst_strategy, notes)
     plan_dst: LayoutTable | None = dst_sf
+    rule = statenames.DEFAULT.with_prefixes(optimizer_prefixes)
     if cp2_out:
         _check_checkpoint2_write(write)
-        plan_dst, output_format = _checkpoint2_destination(dst_sf, notes), "safetensors"
+        output_format = "safetensors"
     src_sf: StrategyFile | None = None
     everyone: Plan | None = None
     if kind is HUGGING_FACE:
@@ -371,6 +372,8 @@ def transform(
         if hyper is not None:  # unify --hf keeps them beside the shards; a full model holds them
             files[HYPER_NAME] = hyper
             mapping = {**mapping, **{n: HYPER_NAME for n in hyper.tensors if n not in mapping}}
+        if cp2_out:
+            plan_dst = _checkpoint2_destination(dst_sf, list(mapping), rule, notes)
         plan = plan_transform_full(files, mapping, plan_dst, dst_dir, prefix, output_format or "safetensors", ranks)
         if cp2_out:
             everyone = _everyone(
@@ -384,11 +387,13 @@ def transform(
             raise UsageError(
                 "several rank folders but no source strategy (--src-strategy, src_strategy in Python)", src
             )
+        if cp2_out:
+            names = list(dict.fromkeys(n for f in sources.values() for n in f.tensors))
+            plan_dst = _checkpoint2_destination(dst_sf, names, rule, notes)
         plan = plan_transform(sources, src_sf, plan_dst, dst_dir, prefix, output_format or fmt, ranks)
         if cp2_out:
             everyone = _everyone(ranks, lambda: plan_transform(sources, src_sf, plan_dst, dst_dir, "", "safetensors"))
     if cp2_out:
-        rule = statenames.DEFAULT.with_prefixes(optimizer_prefixes)
         plan = _checkpoint2_plan(plan, src_sf, plan_dst, dst_dir, iteration, common, prefix, rule, everyone, notes)
     if shard_size is not None:
         plan = hf_sharded(plan, dst_dir, shard_size)
@@ -441,8 +446,11 @@ def _check_checkpoint2_write(write: WriteOptions | None) -> None:
         raise UsageError("only .ckpt outputs can be encrypted; Checkpoint 2.0 files are safetensors")
 
 
-def _checkpoint2_destination(dst_sf: StrategyFile | None, notes: list[str]) -> LayoutTable | None:
-    """The destination strategy a Checkpoint 2.0 is planned with: without optimizer shards."""
+def _checkpoint2_destination(
+    dst_sf: StrategyFile | None, names: Sequence[str], rule: statenames.StateNames, notes: list[str]
+) -> LayoutTable | None:
+    """The destination strategy a Checkpoint 2.0 is planned with: without optimizer shards, and
+    with a layout for each training state of ``names`` it lacks, taken from its parameter's."""
     if dst_sf is None:
         return None
     sharded = [name for name, p in dst_sf.layouts.items() if has_optimizer_shard(p)]
@@ -452,7 +460,14 @@ def _checkpoint2_destination(dst_sf: StrategyFile | None, notes: list[str]) -> L
             "a Checkpoint 2.0 layout cannot say so, so each rank holds its model-parallel slice, as "
             "MindFormers' loader expects (docs/formats.md §10.3)"
         )
-    return ModelParallelTable(dst_sf)
+    completed = CompletedTable(dst_sf, tuple(n for n in names if rule.is_state(n)))
+    added = [k for k in completed.layouts if k not in dst_sf.layouts]
+    if added:
+        notes.append(
+            f"the destination strategy has no layout for {len(added)} training state(s) (e.g. {added[0]!r}); "
+            "each takes its parameter's, as MindFormers does (docs/formats.md §10.3)"
+        )
+    return ModelParallelTable(completed)
 
 
 def _everyone(ranks: Sequence[int] | None, plan_all: Callable[[], Plan]) -> Plan | None:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from reshard.layout.algebra import NOT_SPLIT, opt_shard_size, tensor_strategy
+from reshard.layout.stages import STAGE_SEPARATOR, split_stage_name
 from reshard.layout.types import LayoutTable, ParamLayout
 
 
@@ -61,6 +62,55 @@ class ModelParallelTable:
     @property
     def path(self) -> str | None:
         return self.table.path
+
+
+@dataclass(frozen=True)
+class CompletedTable:
+    """A strategy plus layouts for training states it lacks, taken from their parameter's.
+
+    A strategy saved by a job without optimizer (inference) has no ``adam_m.<p>`` entries; a
+    transform would then copy each rank's *source* slice of them as if it were the whole tensor.
+    MindFormers rebuilds a missing state's layout from its parameter's
+    (``complete_optimizer_layout_index``); so does this table, for each name of ``names`` that it
+    lacks and that ends in ``.<parameter>`` of a parameter it has (in every stage that has it).
+    """
+
+    table: LayoutTable
+    names: tuple[str, ...]
+
+    @functools.cached_property
+    def layouts(self) -> Mapping[str, ParamLayout]:
+        stored: dict[str, list[tuple[str, ParamLayout]]] = {}
+        for key, p in self.table.layouts.items():
+            stage, origin = split_stage_name(key, self.table.path)
+            stored.setdefault(origin, []).append((str(stage) if STAGE_SEPARATOR in key else "", p))
+        out = dict(self.table.layouts)
+        for name in self.names:
+            if name in stored:
+                continue
+            base = parameter_of(name, stored)
+            for stage_prefix, p in stored.get(base, []) if base is not None else ():
+                out[f"{stage_prefix}{STAGE_SEPARATOR}{name}" if stage_prefix else name] = p
+        return out
+
+    @property
+    def path(self) -> str | None:
+        return self.table.path
+
+
+def parameter_of(name: str, parameters: Mapping[str, object]) -> str | None:
+    """The parameter a state ``<prefix>.<parameter>`` belongs to: the first dot-suffix in ``parameters``.
+
+    Example:
+        from reshard.layout.slices import parameter_of
+        assert parameter_of("adam_m.model.w", {"model.w": 1}) == "model.w"
+    """
+    dot = name.find(".")
+    while dot != -1:
+        if name[dot + 1 :] in parameters:
+            return name[dot + 1 :]
+        dot = name.find(".", dot + 1)
+    return None
 
 
 def axis_fragmentations(p: ParamLayout) -> tuple[int, ...]:
@@ -140,11 +190,13 @@ def alias_names(dev_matrix: tuple[int, ...]) -> tuple[str, ...]:
 
 
 __all__ = [
+    "CompletedTable",
     "ModelParallelTable",
     "alias_names",
     "axis_fragmentations",
     "has_optimizer_shard",
     "model_parallel",
+    "parameter_of",
     "replica_ids",
     "slice_ids",
 ]

@@ -23,6 +23,7 @@ writes every rank, since nothing here can wait for the other nodes.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import overload
@@ -32,7 +33,7 @@ from reshard.dtypes import DType
 from reshard.errors import LayoutError, UnsupportedError
 from reshard.formats import checkpoint2 as cp2
 from reshard.formats.checkpoint2 import TensorFacts
-from reshard.layout import LayoutTable
+from reshard.layout import LayoutTable, opt_shard_size, tensor_strategy
 from reshard.plan.bulk import RankTensors
 from reshard.plan.model import FilePlan, FileStats, LazyTensors, Plan, Role, TensorPlan, TextOutput
 from reshard.plan.transform import StageCut, TransformPlanner
@@ -122,7 +123,10 @@ class _Layouts:
         stage = rank // self.n
         if stage not in self._cuts:
             self._cuts[stage] = self.planner.stage_cut(rank)
-        if dst_map is None or name not in dst_map or self._cuts[stage].role(name) is not Role.TRANSFORM:
+        role = self._cuts[stage].role(name)
+        if role is Role.WHOLE:
+            self._check_whole(name)
+        if dst_map is None or name not in dst_map or role is not Role.TRANSFORM:
             return None
         staged = dst_map[name]
         if stage != min(staged.stages):
@@ -135,6 +139,20 @@ class _Layouts:
                 self.planner.dst.path if self.planner.dst is not None else None,
             )
         return TensorFacts(dtypes.FLOAT32, (), layout, tuple(range(stage * self.n, (stage + 1) * self.n)))
+
+    def _check_whole(self, name: str) -> None:
+        """A tensor copied whole must be whole: not a slice of a source strategy that splits it."""
+        staged = (self.planner.src_map or {}).get(name)
+        if staged is None:
+            return
+        p = staged.layout
+        if math.prod(tensor_strategy(p)) > 1 or opt_shard_size(p):
+            raise UnsupportedError(
+                f"parameter {name!r} is split by the source strategy but has no layout in the destination "
+                "strategy: its slices cannot be written as one Checkpoint 2.0 tensor; use a destination "
+                "strategy that lays it out",
+                self.planner.dst.path if self.planner.dst is not None else None,
+            )
 
 
 def _facts(layouts: _Layouts, files: Sequence[FilePlan]) -> tuple[dict[str, TensorFacts], dict[int, list[int]]]:
