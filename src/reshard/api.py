@@ -21,15 +21,18 @@ is asked of the source registry, ``reshard.sources``; its discovery functions (`
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from reshard import lock as _lock
 from reshard import manifest as _manifest
-from reshard.errors import LayoutError, UsageError
+from reshard import statenames
+from reshard.errors import LayoutError, ReshardError, UsageError
 from reshard.execute.options import RunOptions, WriteOptions
-from reshard.formats import hf_index, layout_dir
+from reshard.formats import checkpoint2, hf_index, layout_dir
 from reshard.formats.strategy import StrategyFile
+from reshard.layout import LayoutTable
+from reshard.layout.slices import CompletedTable, ModelParallelTable, has_optimizer_shard
 from reshard.plan import (
     ChoiceFunc,
     Plan,
@@ -43,6 +46,7 @@ from reshard.plan import (
     plan_unify,
     plan_unify_hf,
 )
+from reshard.plan.checkpoint2 import plan_checkpoint2
 from reshard.sources import (
     CHECKPOINTS,
     ENCRYPTED_CKPT,
@@ -256,7 +260,7 @@ def transform(
     src_strategy: str | StrategyFile | None = None,
     dst_strategy: str | StrategyFile | None = None,
     *,
-    prefix: str = "checkpoint_",
+    prefix: str | None = None,
     output_format: str | None = None,
     ranks: Sequence[int] | None = None,
     read: ReadOptions | None = None,
@@ -268,6 +272,9 @@ def transform(
     manifest: bool = True,
     hf: bool = False,
     max_shard_size: int | str | None = None,
+    iteration: int | None = None,
+    common: Mapping[str, object] | None = None,
+    optimizer_prefixes: Sequence[str] = (),
 ) -> Report:
     """Move a distributed (or full) checkpoint to another layout: full->N, N->M, N->full.
 
@@ -277,6 +284,9 @@ def transform(
     in memory). ``ranks`` restricts the output to some destination ranks (multi-node runs).
     ``hf=True`` writes the full model (no ``dst_strategy``) as Hugging Face shards of at most
     ``max_shard_size`` (default ``5GB``) plus ``model.safetensors.index.json`` into ``dst_dir``.
+    ``output_format="checkpoint2"`` writes a MindFormers 2.x Checkpoint 2.0 into ``dst_dir``
+    (``iteration_{n:08d}/`` with ``model-``/``opt-`` files per rank, ``metadata.json``,
+    ``common.json``, and ``latest_checkpointed_iteration.txt`` last; docs/formats.md §10).
 
     Args:
         src: The source checkpoint (rank folders, a full file, a Hugging Face model).
@@ -284,9 +294,10 @@ def transform(
         src_strategy: The source's strategy, a path or a loaded ``StrategyFile`` (None: ``src`` is a
             full model).
         dst_strategy: The destination strategy (None: one full model in ``rank_0``).
-        prefix: The output file name prefix (default ``"checkpoint_"``); it may not leave ``dst_dir``.
-        output_format: ``"ckpt"`` or ``"safetensors"`` (None: the source's format; safetensors from a
-            Hugging Face model).
+        prefix: The output file name prefix (None: ``"checkpoint_"``; for Checkpoint 2.0 none, else
+            MindFormers' ``<prefix>-model-…``); it may not leave ``dst_dir``.
+        output_format: ``"ckpt"``, ``"safetensors"`` or ``"checkpoint2"`` (None: the source's format;
+            safetensors from a Hugging Face model).
         ranks: Only these destination ranks (None: all).
         read: How sources are found and opened (decryption key, crc checking, which file of a rank
             folder). None: ``ReadOptions()``, crc trailers checked, no key.
@@ -304,6 +315,12 @@ def transform(
         hf: Write Hugging Face shards plus ``model.safetensors.index.json`` (False: not).
         max_shard_size: Largest Hugging Face shard, bytes or a size such as ``"2GB"``; only with
             ``hf`` (None: ``5GB``).
+        iteration: Checkpoint 2.0 only: the iteration number (None: 0).
+        common: Checkpoint 2.0 only: ``common.json``'s values (``epoch_num``, ``step_num``,
+            ``global_step``, ``loss_scale``, ``global_batch_size``, ``consumed_samples``,
+            ``ckpt_status``; None or a missing key: null).
+        optimizer_prefixes: Checkpoint 2.0 only: name prefixes that go to the ``opt-`` files besides
+            ``reshard.statenames``' defaults.
 
     Returns:
         A ``Report``: the plan, notes for the user (files passed over, merged strategy files ignored)
@@ -326,7 +343,12 @@ def transform(
         from reshard import api
         report = api.transform("demo/ckpt_8ranks", "ckpt_4ranks", "demo/strategy_8", "demo/strategy_4")
         full = api.transform("demo/ckpt_4ranks", "full", "demo/strategy_4", None, output_format="safetensors")
+        mf2 = api.transform("demo/ckpt_8ranks", "mf2", "demo/strategy_8", "demo/strategy_4",
+                            output_format="checkpoint2", iteration=100, common={"global_step": 100})
     """
+    cp2_out = output_format == checkpoint2.CHECKPOINT2
+    _check_checkpoint2_options(cp2_out, hf, max_shard_size, iteration, common, optimizer_prefixes)
+    prefix = prefix if prefix is not None else ("" if cp2_out else "checkpoint_")
     layout_dir.check_prefix(prefix)  # before anything is read: output names never leave the destination
     notes: list[str] = []
     shard_size = _shard_size(hf, max_shard_size)
@@ -336,6 +358,13 @@ def transform(
         )
     kind = identify(src, _transform_kinds(src, src_strategy))
     dst_sf = _strategy(dst_strategy, notes)
+    plan_dst: LayoutTable | None = dst_sf
+    rule = statenames.DEFAULT.with_prefixes(optimizer_prefixes)
+    if cp2_out:
+        _check_checkpoint2_write(write)
+        output_format = "safetensors"
+    src_sf: StrategyFile | None = None
+    everyone: Plan | None = None
     if kind is HUGGING_FACE:
         if src_strategy is not None:
             raise UsageError("a Hugging Face model is a full model: give no source strategy", src)
@@ -343,7 +372,13 @@ def transform(
         if hyper is not None:  # unify --hf keeps them beside the shards; a full model holds them
             files[HYPER_NAME] = hyper
             mapping = {**mapping, **{n: HYPER_NAME for n in hyper.tensors if n not in mapping}}
-        plan = plan_transform_full(files, mapping, dst_sf, dst_dir, prefix, output_format or "safetensors", ranks)
+        if cp2_out:
+            plan_dst = _checkpoint2_destination(dst_sf, list(mapping), rule, notes)
+        plan = plan_transform_full(files, mapping, plan_dst, dst_dir, prefix, output_format or "safetensors", ranks)
+        if cp2_out:
+            everyone = _everyone(
+                ranks, lambda: plan_transform_full(files, mapping, plan_dst, dst_dir, "", "safetensors")
+            )
     else:
         opened = kind.open(src, read, notes)
         fmt, sources = opened.fmt or "ckpt", opened.ranks
@@ -352,13 +387,23 @@ def transform(
             raise UsageError(
                 "several rank folders but no source strategy (--src-strategy, src_strategy in Python)", src
             )
-        plan = plan_transform(sources, src_sf, dst_sf, dst_dir, prefix, output_format or fmt, ranks)
+        if cp2_out:
+            names = list(dict.fromkeys(n for f in sources.values() for n in f.tensors))
+            plan_dst = _checkpoint2_destination(dst_sf, names, rule, notes)
+        plan = plan_transform(sources, src_sf, plan_dst, dst_dir, prefix, output_format or fmt, ranks)
+        if cp2_out:
+            everyone = _everyone(ranks, lambda: plan_transform(sources, src_sf, plan_dst, dst_dir, "", "safetensors"))
+    if cp2_out:
+        plan = _checkpoint2_plan(plan, src_sf, plan_dst, dst_dir, iteration, common, prefix, rule, everyone, notes)
     if shard_size is not None:
         plan = hf_sharded(plan, dst_dir, shard_size)
     kept: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [model_folder(src)], overwrite, resume)
-        remove = superseded(dst_dir, plan, dst_sf, overwrite, manifest)
+        if cp2_out:
+            remove = _checkpoint2_superseded(dst_dir, plan, overwrite, resume)
+        else:
+            remove = superseded(dst_dir, plan, dst_sf, overwrite, manifest)
         kept = _kept_note(
             execute(
                 plan, read=read, write=write, run=run, root=dst_dir, resume=resume, manifest=manifest, remove=remove
@@ -366,6 +411,136 @@ def transform(
             notes,
         )
     return Report(plan, notes, kept)
+
+
+def _check_checkpoint2_options(
+    cp2_out: bool,
+    hf: bool,
+    max_shard_size: int | str | None,
+    iteration: object,
+    common: Mapping[str, object] | None,
+    optimizer_prefixes: Sequence[str],
+) -> None:
+    """Checkpoint 2.0 options only with Checkpoint 2.0 output, and no Hugging Face output with it."""
+    if not cp2_out:
+        given = [n for n, v in (("iteration", iteration), ("common", common)) if v is not None]
+        given += ["optimizer prefixes"] if optimizer_prefixes else []
+        if given:
+            raise UsageError(f"{' and '.join(given)} only apply to --output-format checkpoint2")
+        return
+    if hf or max_shard_size is not None:
+        raise UsageError("a Checkpoint 2.0 is not a Hugging Face model: give --hf or --output-format checkpoint2")
+    if iteration is not None:
+        checkpoint2.check_iteration(iteration)
+    checkpoint2.check_common(common)
+    for p in optimizer_prefixes:
+        if not isinstance(p, str) or not p:
+            raise UsageError(f"an optimizer prefix must be a non-empty string, not {p!r}")
+
+
+def _check_checkpoint2_write(write: WriteOptions | None) -> None:
+    """Checkpoint 2.0 files are safetensors: no crc trailer, no encryption (both .ckpt features)."""
+    if write is not None and write.write_crc:
+        raise UsageError("a crc trailer is a .ckpt feature; Checkpoint 2.0 files are safetensors")
+    if write is not None and write.enc_key is not None:
+        raise UsageError("only .ckpt outputs can be encrypted; Checkpoint 2.0 files are safetensors")
+
+
+def _checkpoint2_destination(
+    dst_sf: StrategyFile | None, names: Sequence[str], rule: statenames.StateNames, notes: list[str]
+) -> LayoutTable | None:
+    """The destination strategy a Checkpoint 2.0 is planned with: without optimizer shards, and
+    with a layout for each training state of ``names`` it lacks, taken from its parameter's."""
+    if dst_sf is None:
+        return None
+    sharded = [name for name, p in dst_sf.layouts.items() if has_optimizer_shard(p)]
+    if sharded:
+        notes.append(
+            f"the destination strategy shards {len(sharded)} parameter(s) for the optimizer (e.g. {sharded[0]!r}); "
+            "a Checkpoint 2.0 layout cannot say so, so each rank holds its model-parallel slice, as "
+            "MindFormers' loader expects (docs/formats.md §10.3)"
+        )
+    completed = CompletedTable(dst_sf, tuple(n for n in names if rule.is_state(n)))
+    added = [k for k in completed.layouts if k not in dst_sf.layouts]
+    if added:
+        notes.append(
+            f"the destination strategy has no layout for {len(added)} training state(s) (e.g. {added[0]!r}); "
+            "each takes its parameter's, as MindFormers does (docs/formats.md §10.3)"
+        )
+    return ModelParallelTable(completed)
+
+
+def _everyone(ranks: Sequence[int] | None, plan_all: Callable[[], Plan]) -> Plan | None:
+    """With ``--ranks`` including rank 0: the plan of every rank, which ``metadata.json`` describes."""
+    if ranks is None or 0 not in ranks:
+        return None
+    try:
+        return plan_all()
+    except ReshardError as exc:
+        raise UsageError(
+            "the run that writes rank 0 of a Checkpoint 2.0 also writes metadata.json, which lists every "
+            f"rank's files, so it needs every source rank: {exc.detail}",
+            exc.path,
+        ) from None
+
+
+def _checkpoint2_plan(
+    plan: Plan,
+    src_sf: LayoutTable | None,
+    dst: LayoutTable | None,
+    dst_dir: str,
+    iteration: int | None,
+    common: Mapping[str, object] | None,
+    prefix: str,
+    rule: statenames.StateNames,
+    everyone: Plan | None,
+    notes: list[str],
+) -> Plan:
+    number = iteration if iteration is not None else checkpoint2.DEFAULT_ITERATION
+    out = plan_checkpoint2(
+        plan, src_sf, dst, dst_dir, iteration=number, common=common, prefix=prefix, state_names=rule, everyone=everyone
+    )
+    tracker = os.path.join(dst_dir, checkpoint2.TRACKER_NAME)
+    if tracker not in {t.path for t in out.texts}:
+        notes.append(
+            f"{checkpoint2.TRACKER_NAME} (MindFormers' completion marker) is written only by a run that writes "
+            f"every rank: once all ranks are written, put {number} in it, or load "
+            f"{checkpoint2.iteration_dir(dst_dir, number)} directly"
+        )
+    return out
+
+
+def _checkpoint2_superseded(dst: str, plan: Plan, overwrite: bool, resume: bool) -> list[str]:
+    """What a Checkpoint 2.0 run into ``dst`` removes once it holds the lock.
+
+    The tracker goes first (``overwrite`` or ``resume``): a checkpoint never looks complete while
+    its files are being replaced. With ``overwrite``, files an earlier reshard run wrote into the
+    iteration folder that this run does not write (another world size's) go too; a tensor file,
+    ``metadata.json`` or ``common.json`` reshard did not write is refused: MindFormers would read
+    it as part of this checkpoint.
+    """
+    if not os.path.isdir(dst) or not (overwrite or resume):
+        return []
+    tracker = os.path.join(dst, checkpoint2.TRACKER_NAME)
+    doomed = [tracker] if os.path.isfile(tracker) else []
+    if not overwrite:
+        return doomed
+    ours = {os.path.abspath(p) for p in [f.path for f in plan.files] + [t.path for t in plan.texts]}
+    listed = {os.path.normpath(os.path.join(os.path.abspath(dst), rel)) for rel in _manifest.previous_outputs(dst)}
+    for folder in sorted({os.path.dirname(os.path.abspath(f.path)) for f in plan.files}):
+        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+            path = os.path.join(folder, name)
+            if path in ours or not os.path.isfile(path):
+                continue
+            if path in listed:
+                doomed.append(path)
+            elif name.endswith(".safetensors") or name in (checkpoint2.METADATA_NAME, checkpoint2.COMMON_NAME):
+                raise UsageError(
+                    "reshard did not write this, and MindFormers would read it as part of this checkpoint; "
+                    "move it away, or choose another destination or --iteration",
+                    path,
+                )
+    return doomed
 
 
 def _transform_kinds(src: str, src_strategy: object) -> tuple[Kind, ...]:

@@ -398,6 +398,7 @@ def cmd_transform(args: argparse.Namespace) -> None:
         dry_run=args.dry_run,
         **_kwargs(args),
         **_hf(args),
+        **_checkpoint2(args),
     )
     _finish(report, args, args.dst)
 
@@ -478,6 +479,53 @@ def _mindformers_strategy(checkpoint: str | None, given: str | None, flag: str, 
     found = find_source_strategy(checkpoint, flag, notes)
     _notes(notes, args)
     return found
+
+
+def _checkpoint2(args: argparse.Namespace) -> dict[str, Any]:
+    """``--iteration`` / ``--common-json`` / ``--optimizer-prefix`` (Checkpoint 2.0 output only)."""
+    common = _load_common(args.common_json) if args.common_json else None
+    return {"iteration": args.iteration, "common": common, "optimizer_prefixes": tuple(args.optimizer_prefixes or ())}
+
+
+def _load_common(path: str) -> dict[str, object]:
+    """A JSON object of common.json values (a MindFormers common.json itself will do)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--common-json: cannot read JSON: {exc}", path) from None
+    if not isinstance(data, dict):
+        raise UsageError('--common-json: expected a JSON object such as {"global_step": 100}', path)
+    return data
+
+
+def _iteration(text: str) -> int:
+    return _whole_number(text, 0, "iteration", "iterations count from 0")
+
+
+def _add_checkpoint2_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--iteration",
+        type=_iteration,
+        help="with --output-format checkpoint2: the iteration number, iteration_<N 8 digits>/ (default 0)",
+    )
+    p.add_argument(
+        "--common-json",
+        "--common_json",
+        dest="common_json",
+        metavar="FILE",
+        help="with --output-format checkpoint2: a JSON object of common.json's values (epoch_num, step_num, "
+        "global_step, loss_scale, global_batch_size, consumed_samples, ckpt_status; the rest null)",
+    )
+    p.add_argument(
+        "--optimizer-prefix",
+        "--optimizer_prefix",
+        dest="optimizer_prefixes",
+        action="append",
+        metavar="PREFIX",
+        help="with --output-format checkpoint2: names starting with PREFIX go to the opt- files too "
+        "(repeatable; adam_m., adam_v., accu_grads., global_step, learning_rate ... always do)",
+    )
 
 
 def _none(value: str | None) -> str | None:
@@ -783,8 +831,19 @@ def _add_transform_flags(p: argparse.ArgumentParser) -> None:
         dest="dst_strategy",
         help="destination strategy file or folder (None: full weights)",
     )
-    p.add_argument("--prefix", default="checkpoint_", help="output name prefix (default checkpoint_)")
-    p.add_argument("--output_format", "--output-format", dest="output_format", choices=("ckpt", "safetensors"))
+    p.add_argument(
+        "--prefix",
+        help="output name prefix (default checkpoint_; with checkpoint2: none, else MindFormers' <prefix>-model-...)",
+    )
+    p.add_argument(
+        "--output_format",
+        "--output-format",
+        dest="output_format",
+        choices=("ckpt", "safetensors", "checkpoint2"),
+        help="ckpt or safetensors rank folders, or checkpoint2: a MindFormers 2.x Checkpoint 2.0 "
+        "(default: the source's format)",
+    )
+    _add_checkpoint2_flags(p)
     p.add_argument("--ranks", type=_parse_ranks, help="only these destination ranks, e.g. 0,1,4-7")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     _add_source_flags(p)

@@ -331,6 +331,36 @@ class RankTensors(LazyTensors):
             )
         return self._stats
 
+    def entries(self) -> tuple[tuple[str, DType, tuple[int, ...]], ...]:
+        """(name, dtype, shape) of every output tensor in file order, without building any ``TensorPlan``."""
+        shares = self.shares
+        out = [(t.name, t.dtype, shares[t.cls].shape) for t in self.template.transformed]
+        for (name, _), src in zip(self.template.deferred, self._wholes, strict=True):
+            t = src.tensors[name]
+            out.append((name, t.dtype, t.shape))
+        return tuple(out)
+
+    def stats_of(self, indices: Sequence[int]) -> FileStats:
+        """Totals of the tensors at ``indices`` (positions in file order), without building them."""
+        copies = read = written = largest = 0
+        transformed, shares = self.template.transformed, self.shares
+        for i in indices:
+            if i < len(transformed):
+                t = transformed[i]
+                share = shares[t.cls]
+                nbytes = share.elements * t.dtype.itemsize
+                copies += len(share.copies)
+                read += read_bytes(t.dtype, share.shape, share.read_elements, nbytes)
+            else:
+                name = self.template.deferred[i - len(transformed)][0]
+                src = self._wholes[i - len(transformed)].tensors[name]
+                nbytes = src.nbytes
+                copies += 1
+                read += read_bytes(src.dtype, src.shape, math.prod(src.shape), src.nbytes)
+            written += nbytes
+            largest = max(largest, nbytes)
+        return FileStats(len(indices), copies, read, written, largest)
+
     def materialise(self) -> tuple[TensorPlan, ...]:
         """The ``TensorPlan`` tuple (built, or taken from the cache of recently built files)."""
         hit = self.built.get(self._serial)
