@@ -22,10 +22,11 @@ Example (what tests/test_mf_oracle_harness.py does)::
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -204,22 +205,8 @@ def _from_wire(array: np.ndarray, dtype: str) -> np.ndarray:
     return array.view(ml_dtypes.bfloat16) if dtype == "bfloat16" else array.astype(_NP_DTYPES[dtype])
 
 
-@dataclass
-class SaveJob:
-    """Inputs of one MindFormers save, written beside the tree."""
-
-    dst: Path
-    specs: dict[str, ParamSpec]
-    world: int
-    optimizer: bool = True
-    seed: int = 0
-    iteration: int = 10
-    prefix: str | None = None
-    common: dict[str, Any] = field(default_factory=dict)
-    full: dict[str, np.ndarray] = field(default_factory=dict)
-
-
 def default_common(iteration: int) -> dict[str, Any]:
+    """The ``common_info`` every save passes (``CommonInfo`` fields, see docs/formats.md)."""
     return {
         "epoch_num": 1,
         "step_num": iteration,
@@ -231,44 +218,68 @@ def default_common(iteration: int) -> dict[str, Any]:
     }
 
 
-def _prepare_save(job: SaveJob, workdir: Path, pipeline: bool) -> dict[str, Any]:
-    rng = np.random.default_rng(job.seed)
-    opt = optimizer_specs(job.specs) if job.optimizer else {}
-    full = {name: sample(spec, rng) for name, spec in {**job.specs, **opt}.items()}
-    if job.optimizer:
-        full["global_step"] = np.array([job.iteration], np.int32)
+@dataclass(frozen=True)
+class SaveOptions:
+    """How MindFormers saves (see :func:`make_checkpoint2`)."""
+
+    ranks: int = 8
+    optimizer: bool = True
+    pipeline: bool = False
+    seed: int = 0
+    iteration: int = 10
+    prefix: str | None = None
+    remove_redundancy: bool = False
+    common: Mapping[str, Any] | None = None
+
+
+def full_tensors(layouts: Mapping[str, ParamSpec], how: SaveOptions) -> dict[str, np.ndarray]:
+    """The full tensors a save of ``layouts`` writes: parameters, then AdamW's states."""
+    rng = np.random.default_rng(how.seed)
+    every = {**layouts, **(optimizer_specs(layouts) if how.optimizer else {})}
+    full = {name: sample(spec, rng) for name, spec in every.items()}
+    if how.optimizer:
+        full["global_step"] = np.array([how.iteration], np.int32)
         full["learning_rate"] = np.array(1e-3, np.float32)  # AdamW(learning_rate=1e-3) keeps its own
-    job.full = full
-    slices = workdir / f"slices-{job.dst.name}"
-    slices.mkdir(parents=True)
-    every = {**job.specs, **opt}
-    for rank in range(job.world):
+    return full
+
+
+def plan_save(
+    dst: str | Path, layouts: Mapping[str, ParamSpec], workdir: Path, how: SaveOptions = SaveOptions()
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A save job for :func:`run_jobs` (every rank's slice written under ``workdir``) and its full tensors."""
+    full = full_tensors(layouts, how)
+    opt = optimizer_specs(layouts) if how.optimizer else {}
+    every = {**layouts, **opt}
+    slices = Path(tempfile.mkdtemp(prefix="slices-", dir=workdir))
+    for rank in range(how.ranks):
         local = {
-            name: _to_wire(np.ascontiguousarray(local_slice(full[name], spec, rank, job.world)))
+            name: _to_wire(np.ascontiguousarray(local_slice(full[name], spec, rank, how.ranks)))
             for name, spec in every.items()
-            if holds(spec, rank, job.world)
+            if holds(spec, rank, how.ranks)
         }
-        np.savez(slices / f"rank_{rank}.npz", **local)  # type: ignore[arg-type]
-    return {
+        np.savez(slices / f"rank_{rank}.npz", **local)
+    job = {
         "op": "save",
-        "dst": str(job.dst),
-        "world": job.world,
-        "specs": {n: s.to_json() for n, s in job.specs.items()},
+        "dst": str(dst),
+        "world": how.ranks,
+        "specs": {n: s.to_json() for n, s in layouts.items()},
         "optimizer_specs": {n: s.to_json() for n, s in opt.items()},
-        "optimizer": job.optimizer,
+        "optimizer": how.optimizer,
         "learning_rate": 1e-3,
-        "iteration": job.iteration,
-        "prefix": job.prefix,
-        "common": job.common or default_common(job.iteration),
+        "iteration": how.iteration,
+        "prefix": how.prefix,
+        "common": dict(how.common) if how.common is not None else default_common(how.iteration),
         "slices": str(slices),
-        "pipeline": pipeline,
+        "pipeline": how.pipeline,
+        "remove_redundancy": how.remove_redundancy,
     }
+    return job, full
 
 
-def run_jobs(jobs: list[dict[str, Any]], timeout: float = 900) -> list[Any]:
-    """Run MindFormers jobs (see the script) in one oracle subprocess, in a temporary cwd."""
+def run_jobs(jobs: Sequence[Mapping[str, Any]], timeout: float = 900) -> list[Any]:
+    """Run MindFormers jobs (see the script) in order in ONE oracle subprocess, in a temporary cwd."""
     with tempfile.TemporaryDirectory(prefix="mf-oracle-cwd-") as cwd:
-        result = run_oracle(SCRIPT.read_text() + DRIVER, {"jobs": jobs}, timeout=timeout, cwd=cwd)
+        result = run_oracle(SCRIPT.read_text() + DRIVER, {"jobs": list(jobs)}, timeout=timeout, cwd=cwd)
     assert isinstance(result, list)
     return result
 
@@ -292,21 +303,20 @@ def make_checkpoint2(
     with ``optimizer``, MindFormers AdamW's ``adam_m.*``/``adam_v.*``/``global_step``/
     ``learning_rate``) are returned and written beside the tree as ``<dst>.full.npz`` (bfloat16 as
     its uint16 bits, dtypes in ``<dst>.full.dtypes``). ``pipeline`` expects specs whose
-    ``rank_list`` name the stage of every tensor.
+    ``rank_list`` name the stage of every tensor; ``remove_redundancy`` is MindFormers' balanced save.
     """
     dst = Path(dst)
-    job = SaveJob(dst, dict(layouts), ranks, optimizer, seed, iteration, prefix)
+    how = SaveOptions(ranks, optimizer, pipeline, seed, iteration, prefix, remove_redundancy)
     with tempfile.TemporaryDirectory(prefix="mf-oracle-in-") as work:
-        spec = _prepare_save(job, Path(work), pipeline)
-        spec["remove_redundancy"] = remove_redundancy
-        run_jobs([spec])
-    write_full(dst.with_name(dst.name + ".full.npz"), job.full)
-    return job.full
+        job, full = plan_save(dst, layouts, Path(work), how)
+        run_jobs([job])
+    write_full(dst.with_name(dst.name + ".full.npz"), full)
+    return full
 
 
 def write_full(path: Path, full: Mapping[str, np.ndarray]) -> None:
     """Full tensors as .npz (bfloat16 as uint16 bits) plus a ``name dtype`` list beside it."""
-    np.savez(path, **{n: _to_wire(a) for n, a in full.items()})  # type: ignore[arg-type]
+    np.savez(path, **{n: _to_wire(a) for n, a in full.items()})
     dtypes = "".join(f"{n} {_dtype_name(a)}\n" for n, a in full.items())
     path.with_suffix(".dtypes").write_text(dtypes)
 
@@ -366,22 +376,61 @@ def mindformers_load(
     return mindformers_load_many(checkpoint_dir, dst_layouts, [rank], world)[rank]
 
 
-def strategy_layouts(strategy_path: str | Path, like: Mapping[str, np.ndarray]) -> dict[str, ParamSpec]:
-    """Destination layouts from a strategy file (via reshard's reader), as ParamSpecs.
+def checkpoint_tensors(checkpoint_dir: str | Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{name: (global shape, dtype name)}`` from a Checkpoint 2.0's metadata.json (root or iteration)."""
+    folder = Path(checkpoint_dir)
+    tracker = folder / "latest_checkpointed_iteration.txt"
+    if tracker.exists():
+        folder = folder / f"iteration_{int(tracker.read_text()):08d}"
+    metadata = json.loads((folder / "metadata.json").read_text())
+    return {
+        name: (tuple(entry["global_shape"]), entry["properties"]["dtype"].lower())
+        for name, entry in metadata["state_dict_metadata"].items()
+    }
 
-    A strategy file records neither global shapes nor dtypes: they come from ``like`` (full tensors
-    by name); names missing from ``like`` are left out. Optimizer-shard fields are ignored
-    (MindFormers' Layout has no equivalent).
+
+def strategy_layouts(
+    strategy_path: str | Path, tensors: Mapping[str, tuple[tuple[int, ...], str]], optimizer: bool = True
+) -> dict[str, ParamSpec]:
+    """Destination layouts from a strategy file (read by reshard), as ParamSpecs.
+
+    A strategy file records neither global shapes nor dtypes: they come from ``tensors``
+    (``{name: (shape, dtype)}``, e.g. :func:`checkpoint_tensors`); strategy names missing there are
+    left out. With ``optimizer``, every ``adam_m.``/``adam_v.`` state in ``tensors`` takes its
+    parameter's layout (as MindFormers' ``complete_optimizer_sharded_tensor`` does) and every other
+    name of ``tensors`` (``global_step``, ``learning_rate``, ...) is loaded full. Optimizer-shard fields of the
+    strategy are ignored: MindFormers' Layout has no equivalent.
     """
     from reshard.formats.strategy import read_strategy  # host side only
 
     strategy = read_strategy(strategy_path)
     specs: dict[str, ParamSpec] = {}
     for name, layout in strategy.layouts.items():
-        if name in like:
-            array = like[name]
-            specs[name] = spec_from_strategy(layout.dev_matrix, layout.tensor_map, array.shape, _dtype_name(array))
+        if name in tensors:
+            shape, dtype = tensors[name]
+            specs[name] = spec_from_strategy(layout.dev_matrix, layout.tensor_map, shape, dtype)
+    if optimizer:
+        for name, (shape, dtype) in tensors.items():
+            base = name.split(".", 1)[1] if name.startswith(("adam_m.", "adam_v.")) else ""
+            if name in specs:
+                continue
+            if base in specs:
+                specs[name] = replace(specs[base], dtype=dtype)
+            else:
+                specs[name] = ParamSpec(shape, dtype, None, trainable=False)
     return specs
+
+
+def mindformers_load_strategy(
+    checkpoint_dir: str | Path, strategy_path: str | Path, ranks: Sequence[int], optimizer: bool = True
+) -> dict[int, dict[str, np.ndarray]]:
+    """What MindFormers loads on ``ranks`` of a job laid out by a strategy file (world = its devices).
+
+    Shapes and dtypes come from the checkpoint's metadata.json; see :func:`strategy_layouts`.
+    """
+    specs = strategy_layouts(strategy_path, checkpoint_tensors(checkpoint_dir), optimizer)
+    world = max(math.prod(s.device_matrix) for s in specs.values() if s.tensor_map is not None)
+    return mindformers_load_many(checkpoint_dir, specs, ranks, world)
 
 
 def sparse_optimizer_layouts() -> dict[str, ParamSpec]:
