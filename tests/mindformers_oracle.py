@@ -14,10 +14,15 @@ over several axes). :func:`spec_from_strategy` converts a strategy file's ``Para
 (tensor map counted from the right, -1 = none) into one. Every tensor's expected slice on a rank is
 computed here with numpy (:func:`local_slice`), independently of MindFormers.
 
-Example (what tests/test_mf_oracle_harness.py does)::
+Example (one MindFormers subprocess per call; tests/test_mf_oracle_harness.py batches many saves
+and loads into one with :func:`plan_save`, :func:`load_job` and :func:`run_jobs`)::
 
     full = make_checkpoint2(tmp / "cp2", DEFAULT_LAYOUTS, ranks=8)
     got = mindformers_load(tmp / "cp2", dp_tp_layouts(2, 2), rank=1, world=4)
+    assert (got["decoder.layers.0.dp_split.weight"] == full["decoder.layers.0.dp_split.weight"][:2]).all()
+
+``python -m tests.mindformers_oracle DIR`` (with ``PYTHONPATH=src``) writes every tree of
+:data:`SAMPLES` under DIR with its full tensors.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from tests.oracle import run_oracle
 SCRIPT = Path(__file__).resolve().parent / "oracle_scripts" / "mf_checkpoint2.py"
 DRIVER = '\nout([run_job(job) for job in ARGS["jobs"]])\n'  # ARGS, out(): tests.oracle.PRELUDE
 NONE = "None"
+LEARNING_RATE = 1e-3  # MindFormers AdamW's learning_rate in every save (a 0-d float32 state)
 MapEntry = str | tuple[str, ...]
 
 _NP_DTYPES: dict[str, Any] = {
@@ -129,8 +135,11 @@ def spec_from_strategy(
 
     Strategy tensor maps count device axes from the right (0 = last axis of ``dev_matrix``) and use
     -1 for "not split"; a dimension split over several axes is a sequence of such numbers. Axis
-    ``i`` from the left gets the alias ``f"a{i}"``.
+    ``i`` from the left gets the alias ``f"a{i}"``. A 0-d tensor gets no layout (MindFormers cannot
+    slice a Layout with an empty tensor map).
     """
+    if not shape:
+        return ParamSpec((), dtype, None)
     aliases = tuple(f"a{i}" for i in range(len(dev_matrix)))
 
     def alias(axis: int) -> str:
@@ -154,7 +163,7 @@ def optimizer_specs(specs: Mapping[str, ParamSpec]) -> dict[str, ParamSpec]:
             for prefix in ("adam_m", "adam_v"):
                 states[f"{prefix}.{name}"] = replace(spec, dtype="float32", trainable=False)
     states["global_step"] = ParamSpec((1,), "int32", None, trainable=False)
-    # AdamW's learning_rate: a 0-d Parameter (the optimizer's own value is saved, see _prepare_save).
+    # AdamW's learning_rate: a 0-d Parameter (the optimizer's own value is saved, see full_tensors).
     states["learning_rate"] = ParamSpec((), "float32", None, trainable=False)
     return states
 
@@ -239,7 +248,7 @@ def full_tensors(layouts: Mapping[str, ParamSpec], how: SaveOptions) -> dict[str
     full = {name: sample(spec, rng) for name, spec in every.items()}
     if how.optimizer:
         full["global_step"] = np.array([how.iteration], np.int32)
-        full["learning_rate"] = np.array(1e-3, np.float32)  # AdamW(learning_rate=1e-3) keeps its own
+        full["learning_rate"] = np.array(LEARNING_RATE, np.float32)  # the optimizer keeps its own value
     return full
 
 
@@ -265,7 +274,7 @@ def plan_save(
         "specs": {n: s.to_json() for n, s in layouts.items()},
         "optimizer_specs": {n: s.to_json() for n, s in opt.items()},
         "optimizer": how.optimizer,
-        "learning_rate": 1e-3,
+        "learning_rate": LEARNING_RATE,
         "iteration": how.iteration,
         "prefix": how.prefix,
         "common": dict(how.common) if how.common is not None else default_common(how.iteration),

@@ -16,6 +16,13 @@
 #    (rank 0 rmtree()s the iteration folder before writing).
 #  * pipeline jobs only: MindSpore's save_checkpoint as MindFormers calls it is wrapped to skip
 #    the parameters of other stages, as a compiled pipeline job's save does.
+#  * balanced (remove_redundancy) saves only: fully_parallel's scatter_object_list /
+#    all_gather_object / synchronize are played in-process, and a MindFormers 2.1.0 bug on ranks
+#    that get no slice is worked around (both explained where they are patched below).
+#  * loads: checkpoint.get_cur_sharded_tensor (which asks the compiled graph for the running job's
+#    layouts) returns the destination ShardedTensors MindFormers builds from the job's Layouts for
+#    that rank (sharded_tensor.get_sharded_tensor_from_strategy_metadata). Everything else of
+#    load_checkpoint -> ReshardLoader -> load_param_into_net is MindFormers' own.
 
 import importlib
 import os
@@ -191,7 +198,7 @@ def save_job(job):
         net = build_network(held, specs, trainable)
         optimizer = None
         if job.get("optimizer"):
-            optimizer = AdamW(net.trainable_params(), learning_rate=float(job.get("learning_rate", 1e-3)))
+            optimizer = AdamW(net.trainable_params(), learning_rate=float(job["learning_rate"]))
             for param in optimizer.get_parameters():
                 if param.name in opt_specs and param.name in local and param.name != "learning_rate":
                     param.set_data(ms_tensor(local[param.name], opt_specs[param.name]["dtype"]))
