@@ -252,3 +252,4 @@ def test_strategy_layout_conversion_matches_reshards_boxes(layout: ParamLayout, 
 def test_spec_from_strategy_names_axes_from_the_left() -> None:
     spec = spec_from_strategy((2, 4), ((1, 0), -1), (16, 8), "float32")
     assert spec == ParamSpec((16, 8), "float32", (("a0", "a1"), NONE), (2, 4), ("a0", "a1"))
+    assert spec_from_strategy((2, 4), (), (), "float32").tensor_map is None  # MindFormers needs no layout for 0-d
