@@ -356,6 +356,10 @@ def load_job(
 
 
 def read_loaded(out: Path, result: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """A load job's tensors. Fails when MindFormers left a tensor unloaded, or resharded it to another
+    dtype or shape than the job holds (``load_param_into_net`` would cast it silently)."""
+    if result["problems"]:
+        raise AssertionError("MindFormers' load: " + "; ".join(result["problems"]))
     with np.load(out) as data:
         return {n: _from_wire(data[n], result["dtypes"][n]) for n in data.files}
 

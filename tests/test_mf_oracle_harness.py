@@ -42,6 +42,8 @@ from tests.mindformers_oracle import (
 )
 
 ITERATION = 10
+# A job whose layernorm is float32 while the checkpoint's is bfloat16 (MindSpore would cast it).
+WRONG_DTYPE = {"decoder.layers.0.input_layernorm.weight": ParamSpec((8,), "float32", (NONE,), (2, 2))}
 # The pipeline save's tensors (two stages of 4 ranks) loaded by a 4-rank job replicating them all.
 PIPE_DST = {
     n: ParamSpec(s.shape, s.dtype, (NONE,) * len(s.shape) if s.shape else None, (2, 2))
@@ -88,15 +90,15 @@ def mf(tmp_path_factory: pytest.TempPathFactory, oracle: Any) -> dict[str, Any]:
         ("8to1", 0): load_job(root / "cp2-8" / "iteration_00000010", full_layouts(DST4), 0, 1, work / "8to1.npz"),
         **{("bto4", r): load_job(root / "cp2-b", _only(DST4, full_b), r, 4, work / f"bto4_{r}.npz") for r in range(4)},
         **{("pto4", r): load_job(root / "cp2-p", PIPE_DST, r, 4, work / f"pto4_{r}.npz") for r in (0, 3)},
+        ("wrong", 0): load_job(root / "cp2-8", WRONG_DTYPE, 0, 4, work / "wrong.npz"),
     }
     saves = [save8, save1, balanced, pipeline]
     results = run_jobs([*saves, *loads.values()])
-    loaded = {
-        key: read_loaded(Path(job["out"]), res)
-        for (key, job), res in zip(loads.items(), results[len(saves) :], strict=True)
-    }
+    outcome = dict(zip(loads, results[len(saves) :], strict=True))
+    wrong = outcome.pop(("wrong", 0))
+    loaded = {key: read_loaded(Path(loads[key]["out"]), res) for key, res in outcome.items()}
     fulls = {"8": full8, "1": full1, "b": full_b, "p": full_p}
-    return {"root": root, "full8": full8, "full1": full1, "fulls": fulls, "loaded": loaded}
+    return {"root": root, "full8": full8, "full1": full1, "fulls": fulls, "loaded": loaded, "wrong": wrong}
 
 
 def _only(specs: dict[str, ParamSpec], full: dict[str, np.ndarray]) -> dict[str, ParamSpec]:
@@ -166,6 +168,11 @@ def test_pipeline_save_loads_back(mf: dict[str, Any]) -> None:
     meta = json.loads((mf["root"] / "cp2-p" / "iteration_00000010" / "metadata.json").read_text())
     layout = meta["state_dict_metadata"]["decoder.final_layernorm.weight"]["layout"]
     assert layout["rank_list"] == [4, 5, 6, 7]
+
+
+def test_a_load_that_mindformers_would_cast_fails(mf: dict[str, Any], tmp_path: Path) -> None:
+    with pytest.raises(AssertionError, match=r"input_layernorm\.weight: MindFormers resharded"):
+        read_loaded(tmp_path / "unused.npz", mf["wrong"])
 
 
 def test_8_rank_tree_as_mindformers_writes_it(mf: dict[str, Any]) -> None:

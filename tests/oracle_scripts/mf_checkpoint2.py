@@ -241,19 +241,31 @@ def load_job(job):
         local_shape = shape if dst_metas is None else dst_metas[name].local_shape
         local[name] = zeros(local_shape, specs[name]["dtype"])
     net = build_network(local, specs, {name: False for name in specs})
-    original = mf_ckpt.get_cur_sharded_tensor
+    original = mf_ckpt.get_cur_sharded_tensor, mf_ckpt.load_parameters
+    resharded = {}  # what ReshardLoader produced, before load_param_into_net could cast it
+
+    def record_then_load(network, state_dict, *args, **kwargs):
+        resharded.update({n: (str(p.dtype), list(p.shape)) for n, p in state_dict.items()})
+        return original[1](network, state_dict, *args, **kwargs)
+
     mf_ckpt.get_cur_sharded_tensor = lambda network, filter_func=None: {
         name: meta for name, meta in dst_metas.items() if filter_func is None or filter_func(name)
     }
+    mf_ckpt.load_parameters = record_then_load
     try:
         mf_ckpt.load_checkpoint(job["src"], net)
     finally:
-        mf_ckpt.get_cur_sharded_tensor = original
-    arrays, dtypes = {}, {}
+        mf_ckpt.get_cur_sharded_tensor, mf_ckpt.load_parameters = original
+    arrays, dtypes, problems = {}, {}, []
     for name, param in net.parameters_dict().items():
         arrays[name], dtypes[name] = np_value(param)
+        want = (str(param.dtype), list(param.shape))
+        if name not in resharded:
+            problems.append(f"{name}: not loaded")
+        elif resharded[name] != want:
+            problems.append(f"{name}: MindFormers resharded {resharded[name]}, the job holds {want}")
     np.savez(job["out"], **arrays)
-    return {"dtypes": dtypes}
+    return {"dtypes": dtypes, "problems": problems}
 
 
 def run_job(job):
