@@ -2,7 +2,8 @@
 
 (a) A tree MindFormers itself wrote (8 ranks, dp2 x tp4, AdamW states) -> reshard to 4 ranks, to a
     full model and to Hugging Face; every tensor must equal the full tensor's slice and, per rank,
-    what MindFormers' own loader gives that rank of the same 4-rank strategy.
+    what MindFormers' own loader gives that rank of the same 4-rank strategy. Its balanced
+    (redundancy-removed) and two-stage pipeline trees -> a full model.
 (b) A Checkpoint 2.0 that reshard writes (from rank folders + strategy, and from a full model)
     loaded by MindFormers' own loader into another layout equals the source tensors.
 
@@ -35,9 +36,11 @@ from tests.mindformers_oracle import (
     local_slice,
     mindformers_load_many,
     optimizer_specs,
+    pipeline_layouts,
     plan_save,
     read_loaded,
     run_jobs,
+    sparse_optimizer_layouts,
     strategy_layouts,
 )
 
@@ -124,9 +127,17 @@ def mf(tmp_path_factory: pytest.TempPathFactory, oracle: Any) -> dict[str, Any]:
     tensors = {n: (a.shape, dtype_name(a)) for n, a in full.items()}
     dst = strategy_layouts(s4, tensors)
     loads = [load_job(root / "cp2", dst, r, 4, work / f"mf4_{r}.npz") for r in range(4)]
-    results = run_jobs([save, *loads])
-    mf4 = {r: read_loaded(Path(job["out"]), res) for r, (job, res) in enumerate(zip(loads, results[1:], strict=True))}
-    return {"root": root, "cp2": root / "cp2", "full": full, "s4": s4, "s8": s8, "mf4": mf4}
+    how_b = SaveOptions(seed=1, remove_redundancy=True)
+    balanced, full_b = plan_save(root / "balanced", sparse_optimizer_layouts(), work, how_b)
+    pipeline, full_p = plan_save(root / "pipeline", pipeline_layouts(), work, SaveOptions(seed=2, pipeline=True))
+    saves = [save, balanced, pipeline]
+    results = run_jobs([*saves, *loads])
+    mf4 = {
+        r: read_loaded(Path(job["out"]), res)
+        for r, (job, res) in enumerate(zip(loads, results[len(saves) :], strict=True))
+    }
+    others = {"balanced": full_b, "pipeline": full_p}
+    return {"root": root, "cp2": root / "cp2", "full": full, "s4": s4, "s8": s8, "mf4": mf4, "others": others}
 
 
 def test_mindformers_8_ranks_to_4_ranks(mf: dict[str, Any], tmp_path: Path) -> None:
@@ -149,6 +160,17 @@ def test_mindformers_8_ranks_to_full(mf: dict[str, Any], tmp_path: Path) -> None
         assert same(ours[name], full), name
 
 
+@pytest.mark.parametrize("tree", ["balanced", "pipeline"])
+def test_mindformers_balanced_and_pipeline_trees_to_full(mf: dict[str, Any], tmp_path: Path, tree: str) -> None:
+    """Balanced: file numbers do not follow ranks, storage_data finds the slices. Pipeline: two stages."""
+    out = tmp_path / "full"
+    reshard("unify", mf["root"] / tree, out)
+    ours = read_tensors(out)
+    assert set(ours) == set(mf["others"][tree])
+    for name, full in mf["others"][tree].items():
+        assert same(ours[name], full), name
+
+
 def test_mindformers_8_ranks_iteration_folder_to_full(mf: dict[str, Any], tmp_path: Path) -> None:
     out = tmp_path / "full"
     reshard("transform", "--src", mf["cp2"] / "iteration_00000010", "--dst", out, "--output-format", "safetensors")
@@ -166,15 +188,18 @@ def test_mindformers_8_ranks_to_hugging_face(mf: dict[str, Any], tmp_path: Path)
         assert same(tensor, mf["full"][name]), name
 
 
-def _mindformers_loads_equal_source(cp2: Path, full: dict[str, np.ndarray]) -> None:
-    """MindFormers loads ``cp2`` into a 4-rank dp2 x tp2 job; every rank's tensors equal the source's."""
-    dst = {**dp_tp_layouts(2, 2), **optimizer_specs(dp_tp_layouts(2, 2))}
+def _mindformers_loads_equal_source(
+    cp2: Path, full: dict[str, np.ndarray], dp_tp: tuple[int, int], ranks: tuple[int, ...]
+) -> None:
+    """MindFormers loads ``cp2`` into a dp x tp job; the given ranks' tensors equal the source's slices."""
+    world = dp_tp[0] * dp_tp[1]
+    dst = {**dp_tp_layouts(*dp_tp), **optimizer_specs(dp_tp_layouts(*dp_tp))}
     dst = {name: spec for name, spec in dst.items() if name in full}
-    loaded = mindformers_load_many(cp2, dst, range(4), 4)
-    for rank in range(4):
+    loaded = mindformers_load_many(cp2, dst, ranks, world)
+    for rank in ranks:
         assert set(loaded[rank]) == set(dst)
         for name, spec in dst.items():
-            assert same(loaded[rank][name], local_slice(full[name], spec, rank, 4)), (rank, name)
+            assert same(loaded[rank][name], local_slice(full[name], spec, rank, world)), (rank, name)
 
 
 def test_reshard_writes_checkpoint2_from_rank_folders(mf: dict[str, Any], tmp_path: Path) -> None:
@@ -184,21 +209,21 @@ def test_reshard_writes_checkpoint2_from_rank_folders(mf: dict[str, Any], tmp_pa
     reshard("transform", "--src", source, "--dst", ranks, "--dst-strategy", mf["s8"], "--output-format", "safetensors")
     cp2 = tmp_path / "cp2"
     reshard("transform", "--src", ranks, "--src-strategy", mf["s8"], "--dst", cp2,
-            "--dst-strategy", mf["s8"], "--output-format", "checkpoint2")  # fmt: skip
+            "--dst-strategy", mf["s4"], "--output-format", "checkpoint2")  # fmt: skip
     assert (cp2 / "latest_checkpointed_iteration.txt").exists()
-    _mindformers_loads_equal_source(cp2, mf["full"])
+    _mindformers_loads_equal_source(cp2, mf["full"], (2, 4), (0, 3, 5, 6))  # written for 4 ranks, loaded by 8
 
 
 def test_reshard_writes_checkpoint2_from_a_full_model(mf: dict[str, Any], tmp_path: Path) -> None:
     source = tmp_path / "full.safetensors"
     save_safetensors(source, mf["full"])
     cp2 = tmp_path / "cp2"
-    reshard("transform", "--src", source, "--dst", cp2, "--dst-strategy", mf["s4"], "--output-format", "checkpoint2")
-    _mindformers_loads_equal_source(cp2, mf["full"])
+    reshard("transform", "--src", source, "--dst", cp2, "--dst-strategy", mf["s8"], "--output-format", "checkpoint2")
+    _mindformers_loads_equal_source(cp2, mf["full"], (2, 2), (0, 1, 2, 3))  # written for 8 ranks, loaded by 4
 
 
 def test_reshard_checkpoint2_to_checkpoint2_8_to_4(mf: dict[str, Any], tmp_path: Path) -> None:
     """MindFormers' tree -> reshard's 4-rank Checkpoint 2.0 -> MindFormers loads it: the full tensors."""
     cp2 = tmp_path / "cp2_4"
     reshard("transform", "--src", mf["cp2"], "--dst", cp2, "--dst-strategy", mf["s4"], "--output-format", "checkpoint2")
-    _mindformers_loads_equal_source(cp2, mf["full"])
+    _mindformers_loads_equal_source(cp2, mf["full"], (2, 4), (1, 2, 4, 7))  # 8 -> 4 -> loaded by 8
