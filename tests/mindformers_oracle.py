@@ -21,8 +21,8 @@ and loads into one with :func:`plan_save`, :func:`load_job` and :func:`run_jobs`
     got = mindformers_load(tmp / "cp2", dp_tp_layouts(2, 2), rank=1, world=4)
     assert (got["decoder.layers.0.dp_split.weight"] == full["decoder.layers.0.dp_split.weight"][:2]).all()
 
-``python -m tests.mindformers_oracle DIR`` (with ``PYTHONPATH=src``) writes every tree of
-:data:`SAMPLES` under DIR with its full tensors.
+``python -m tests.mindformers_oracle DIR [NAME ...]`` (with ``PYTHONPATH=src``) writes the trees
+of :data:`SAMPLES` under DIR with their full tensors.
 """
 
 from __future__ import annotations
@@ -452,29 +452,49 @@ def sparse_optimizer_layouts() -> dict[str, ParamSpec]:
     return {n: replace(s, trainable=n.endswith("input_layernorm.weight")) for n, s in DEFAULT_LAYOUTS.items()}
 
 
-SAMPLES: dict[str, dict[str, Any]] = {
-    "cp2-8rank": {"layouts": DEFAULT_LAYOUTS, "ranks": 8},
-    "cp2-1card": {"layouts": full_layouts(DEFAULT_LAYOUTS), "ranks": 1},
-    "cp2-8rank-balanced": {"layouts": DEFAULT_LAYOUTS, "ranks": 8, "remove_redundancy": True},
-    "cp2-8rank-balanced-sparse": {"layouts": sparse_optimizer_layouts(), "ranks": 8, "remove_redundancy": True},
-    "cp2-8rank-pipeline": {"layouts": pipeline_layouts(), "ranks": 8, "pipeline": True},
-    "cp2-8rank-prefix": {"layouts": DEFAULT_LAYOUTS, "ranks": 8, "prefix": "llama", "optimizer": False},
+def pipeline_sparse_layouts() -> dict[str, ParamSpec]:
+    """The two-stage network with only the last stage's layernorm trainable: a balanced save then
+    writes the optimizer files 2 and 3 (of 4) from ranks 4 and 5, so file numbers are not ranks."""
+    return {n: replace(s, trainable=n == "decoder.final_layernorm.weight") for n, s in pipeline_layouts().items()}
+
+
+SAMPLES: dict[str, dict[str, Any]] = {  # explicit seeds: a sample's tensors never change when one is added
+    "cp2-8rank": {"layouts": DEFAULT_LAYOUTS, "ranks": 8, "seed": 0},
+    "cp2-1card": {"layouts": full_layouts(DEFAULT_LAYOUTS), "ranks": 1, "seed": 1},
+    "cp2-8rank-balanced": {"layouts": DEFAULT_LAYOUTS, "ranks": 8, "remove_redundancy": True, "seed": 2},
+    "cp2-8rank-balanced-sparse": {
+        "layouts": sparse_optimizer_layouts(),
+        "ranks": 8,
+        "remove_redundancy": True,
+        "seed": 3,
+    },
+    "cp2-8rank-pipeline": {"layouts": pipeline_layouts(), "ranks": 8, "pipeline": True, "seed": 4},
+    "cp2-8rank-prefix": {"layouts": DEFAULT_LAYOUTS, "ranks": 8, "prefix": "llama", "optimizer": False, "seed": 5},
+    "cp2-8rank-pipeline-balanced": {
+        "layouts": pipeline_sparse_layouts(),
+        "ranks": 8,
+        "pipeline": True,
+        "remove_redundancy": True,
+        "seed": 6,
+    },
 }
 
 
-def make_samples(root: Path) -> None:
-    """Every sample tree of :data:`SAMPLES` under ``root`` with its full tensors beside it
-    (``<name>.full.npz`` + ``.dtypes``, and ``<name>.full.safetensors`` written by reshard)."""
+def make_samples(root: Path, names: Sequence[str] = ()) -> None:
+    """The sample trees of :data:`SAMPLES` (all, or ``names``) under ``root`` with their full tensors
+    beside them (``<name>.full.npz`` + ``.dtypes``, and ``<name>.full.safetensors`` written by reshard)."""
     from reshard.formats.safetensors import save_safetensors  # host side only
 
     root.mkdir(parents=True, exist_ok=True)
-    for seed, (name, how) in enumerate(SAMPLES.items()):
+    for name, how in SAMPLES.items():
+        if names and name not in names:
+            continue
         how = dict(how)
-        full = make_checkpoint2(root / name, how.pop("layouts"), seed=seed, **how)
+        full = make_checkpoint2(root / name, how.pop("layouts"), **how)
         save_safetensors(root / f"{name}.full.safetensors", full)
 
 
-if __name__ == "__main__":  # python -m tests.mindformers_oracle DIR (PYTHONPATH=src)
+if __name__ == "__main__":  # python -m tests.mindformers_oracle DIR [NAME ...]  (PYTHONPATH=src)
     import sys
 
-    make_samples(Path(sys.argv[1]))
+    make_samples(Path(sys.argv[1]), sys.argv[2:])

@@ -3,7 +3,7 @@
 (a) A tree MindFormers itself wrote (8 ranks, dp2 x tp4, AdamW states) -> reshard to 4 ranks, to a
     full model and to Hugging Face; every tensor must equal the full tensor's slice and, per rank,
     what MindFormers' own loader gives that rank of the same 4-rank strategy. Its balanced
-    (redundancy-removed) and two-stage pipeline trees -> a full model.
+    (redundancy-removed, file numbers not ranks) and two-stage pipeline trees -> a full model.
 (b) A Checkpoint 2.0 that reshard writes (from rank folders + strategy, and from a full model)
     loaded by MindFormers' own loader into another layout equals the source tensors.
 
@@ -37,10 +37,10 @@ from tests.mindformers_oracle import (
     mindformers_load_many,
     optimizer_specs,
     pipeline_layouts,
+    pipeline_sparse_layouts,
     plan_save,
     read_loaded,
     run_jobs,
-    sparse_optimizer_layouts,
     strategy_layouts,
 )
 
@@ -127,8 +127,8 @@ def mf(tmp_path_factory: pytest.TempPathFactory, oracle: Any) -> dict[str, Any]:
     tensors = {n: (a.shape, dtype_name(a)) for n, a in full.items()}
     dst = strategy_layouts(s4, tensors)
     loads = [load_job(root / "cp2", dst, r, 4, work / f"mf4_{r}.npz") for r in range(4)]
-    how_b = SaveOptions(seed=1, remove_redundancy=True)
-    balanced, full_b = plan_save(root / "balanced", sparse_optimizer_layouts(), work, how_b)
+    how_b = SaveOptions(seed=1, pipeline=True, remove_redundancy=True)
+    balanced, full_b = plan_save(root / "balanced", pipeline_sparse_layouts(), work, how_b)
     pipeline, full_p = plan_save(root / "pipeline", pipeline_layouts(), work, SaveOptions(seed=2, pipeline=True))
     saves = [save, balanced, pipeline]
     results = run_jobs([*saves, *loads])
@@ -162,7 +162,7 @@ def test_mindformers_8_ranks_to_full(mf: dict[str, Any], tmp_path: Path) -> None
 
 @pytest.mark.parametrize("tree", ["balanced", "pipeline"])
 def test_mindformers_balanced_and_pipeline_trees_to_full(mf: dict[str, Any], tmp_path: Path, tree: str) -> None:
-    """Balanced: file numbers do not follow ranks, storage_data finds the slices. Pipeline: two stages."""
+    """Balanced (two stages): opt-0000002-0000004 is rank 4's file, only storage_data says so."""
     out = tmp_path / "full"
     reshard("unify", mf["root"] / tree, out)
     ours = read_tensors(out)
