@@ -40,8 +40,11 @@ def oracle_python() -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
-def run_oracle(code: str, args: Any = None, timeout: float = 900) -> Any:
-    """Run ``code`` (with PRELUDE: ms, np, ARGS, out()) in the oracle venv; return what it out()s."""
+def run_oracle(code: str, args: Any = None, timeout: float = 900, cwd: str | None = None) -> Any:
+    """Run ``code`` (with PRELUDE: ms, np, ARGS, out()) in the oracle venv; return what it out()s.
+
+    ``cwd`` is the subprocess's working directory (MindFormers writes ./output/log there).
+    """
     script = PRELUDE + textwrap.dedent(code)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env["GLOG_v"] = "3"
@@ -51,6 +54,7 @@ def run_oracle(code: str, args: Any = None, timeout: float = 900) -> Any:
         text=True,
         timeout=timeout,
         env=env,
+        cwd=cwd,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"oracle script failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
