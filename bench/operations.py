@@ -8,7 +8,9 @@ makes after swapping its import, against MindSpore running that very call. Other
 parallelism set to the machine's core count (``ms_procs``): ``process_num`` /
 ``processes_num`` / ``max_process_num`` default to 1 or 64 there, and neither is a better
 choice on a 2-core box (64 would fork one loader per file). Each operation names the MindSpore
-path it is compared with, because the targets differ: >= 10x against the ``.ckpt`` path,
+path it is compared with, because the targets differ (the Checkpoint 2.0 rows have no
+MindSpore contestant: neither MindSpore nor MindFormers converts that format offline, so they are
+held to the ``cp`` and memory targets only): >= 10x against the ``.ckpt`` path,
 >= 4x against the safetensors path.
 
 Which path is which: the ``.ckpt`` path is MindSpore's checkpoint transform machinery on ``.ckpt``
@@ -41,11 +43,12 @@ class Operation:
     inputs: tuple[str, ...]  # every file or folder the operation reads (cache state is set on these)
     # output folder -> reshard CLI arguments, or a drop-in call {"dropin": name, "kwargs": {...}} (rs_child.py)
     reshard: Callable[[str], list[str] | dict[str, Any]]
-    mindspore: Callable[[str, int], dict[str, Any]]  # output folder, processes -> ms_child job
+    # output folder, processes -> ms_child job; None: MindSpore has no such operation (Checkpoint 2.0)
+    mindspore: Callable[[str, int], dict[str, Any]] | None
     ms_call: str  # what MindSpore runs, for the report
     ms_target: float  # required MindSpore / reshard time ratio
     reference: Callable[[], str]  # what the output must equal (verification)
-    per_rank: bool  # output compared rank folder by rank folder (else as one model)
+    grouping: str  # how the output is compared with the reference: workload.GROUPINGS
 
 
 def operations(w: Workload) -> list[Operation]:
@@ -86,7 +89,7 @@ def operations(w: Workload) -> list[Operation]:
             "transform_checkpoints (.ckpt)",
             CKPT_PATH_TARGET,
             lambda: w.ranks4_ckpt,
-            True,
+            "rank",
         ),
         Operation(
             "transform_st",
@@ -97,7 +100,7 @@ def operations(w: Workload) -> list[Operation]:
             "transform_checkpoints (safetensors)",
             SAFETENSORS_PATH_TARGET,
             lambda: w.ranks4_st,
-            True,
+            "rank",
         ),
         Operation(
             "merge_ckpt",
@@ -108,7 +111,7 @@ def operations(w: Workload) -> list[Operation]:
             "transform_checkpoints (.ckpt, dst None)",
             CKPT_PATH_TARGET,
             lambda: w.full_ckpt,
-            False,
+            "model",
         ),
         Operation(
             "unify",
@@ -122,7 +125,7 @@ def operations(w: Workload) -> list[Operation]:
             "unified_safetensors",
             SAFETENSORS_PATH_TARGET,
             lambda: w.full_ckpt,
-            False,
+            "model",
         ),
         Operation(
             "split",
@@ -143,7 +146,7 @@ def operations(w: Workload) -> list[Operation]:
             "load_distributed_checkpoint (save mode)",
             SAFETENSORS_PATH_TARGET,
             lambda: w.ranks8_st,
-            True,
+            "rank",
         ),
         Operation(
             "dropin_transform",
@@ -154,7 +157,7 @@ def operations(w: Workload) -> list[Operation]:
             "transform_checkpoints (.ckpt, same call)",
             CKPT_PATH_TARGET,
             lambda: w.ranks4_ckpt,
-            True,
+            "rank",
         ),
         Operation(
             "convert",
@@ -168,9 +171,75 @@ def operations(w: Workload) -> list[Operation]:
             "ckpt_to_safetensors",
             SAFETENSORS_PATH_TARGET,
             lambda: w.ranks8_ckpt,
-            True,
+            "rank",
+        ),
+        Operation(
+            "cp2_to_full",
+            "Checkpoint 2.0 8 ranks→full (.safetensors)",
+            (w.cp2_8,),
+            lambda out: ["transform", "--src", w.cp2_8, "--dst", out],
+            None,
+            "— (MindFormers reshards only inside a running job)",
+            0.0,
+            lambda: w.full_ckpt,
+            "model",
+        ),
+        Operation(
+            "ranks_to_cp2",
+            "rank folders 8 ranks→Checkpoint 2.0 8 ranks",
+            (w.ranks8_st, s8),
+            lambda out: [
+                "transform",
+                "--src",
+                w.ranks8_st,
+                "--src-strategy",
+                s8,
+                "--dst",
+                out,
+                "--dst-strategy",
+                s8,
+                "--output-format",
+                "checkpoint2",
+            ],
+            None,
+            "— (no MindSpore or MindFormers converter)",
+            0.0,
+            lambda: w.cp2_8,
+            "file",
+        ),
+        Operation(
+            "cp2_8to4",
+            "Checkpoint 2.0 8→4 ranks",
+            (w.cp2_8, s4),
+            lambda out: [
+                "transform",
+                "--src",
+                w.cp2_8,
+                "--dst",
+                out,
+                "--dst-strategy",
+                s4,
+                "--output-format",
+                "checkpoint2",
+            ],
+            None,
+            "— (MindFormers reshards only inside a running job)",
+            0.0,
+            lambda: w.cp2_4,
+            "file",
         ),
     ]
 
 
-OPERATION_KEYS = ("transform_ckpt", "transform_st", "merge_ckpt", "unify", "split", "dropin_transform", "convert")
+OPERATION_KEYS = (
+    "transform_ckpt",
+    "transform_st",
+    "merge_ckpt",
+    "unify",
+    "split",
+    "dropin_transform",
+    "convert",
+    "cp2_to_full",
+    "ranks_to_cp2",
+    "cp2_8to4",
+)

@@ -166,7 +166,7 @@ class Runner:
         return [sys.executable, os.path.join(BENCH_DIR, "rs_child.py"), json.dumps(self.reshard_args(op, out))]
 
     def ms_argv(self, op: Operation, out: str) -> list[str]:
-        assert self.ms_python is not None
+        assert self.ms_python is not None and op.mindspore is not None
         job = op.mindspore(out, self.args.ms_procs)
         return [self.ms_python, os.path.join(BENCH_DIR, "ms_child.py"), json.dumps(job)]
 
@@ -194,10 +194,10 @@ class Runner:
             measure.prepare_cache(self.args.cache, [out], self.args.settle)
             runs["cp"].append(self._run(measure.cp_argv(out, copy), f"{logs}/{op.key}-cp-{rep}"))
             if rep == 0 and self.args.verify:
-                result["verified_tensors"] = verify_output(out, op.reference(), op.per_rank)
+                result["verified_tensors"] = verify_output(out, op.reference(), op.grouping)
             measure.remove(copy)
             measure.remove(out)
-            if with_ms and ms_error is None:
+            if with_ms and op.mindspore is not None and ms_error is None:
                 measure.prepare_cache(self.args.cache, op.inputs, self.args.settle)
                 try:
                     runs["mindspore"].append(self._run(self.ms_argv(op, ms_out), f"{logs}/{op.key}-ms-{rep}"))

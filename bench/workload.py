@@ -41,9 +41,9 @@ ADAM_BYTES_PER_PARAM = 8  # adam_m + adam_v, always float32 in the synthetic mod
 DTYPES = {"fp32": ("float32", 4), "bf16": ("bfloat16", 2)}
 MARKER = "workload.json"
 # Disk needed, in model sizes: inputs (full .ckpt, 8-rank .ckpt and .safetensors, 4-rank .ckpt and
-# .safetensors, unified folder; the tied embedding lives in both pipeline stages) ~ 6.3, plus one
-# operation's output and its cp copy ~ 2.2 at a time; rounded up.
-DISK_FACTOR_INPUTS = 6.5
+# .safetensors, unified folder, two Checkpoint 2.0 trees; the tied embedding lives in both pipeline
+# stages) ~ 8.3, plus one operation's output and its cp copy ~ 2.2 at a time; rounded up.
+DISK_FACTOR_INPUTS = 8.5
 DISK_FACTOR_OUTPUTS = 2.5
 DISK_HEADROOM = 1024**3
 
@@ -104,6 +104,8 @@ class Workload:
     ranks4_ckpt: str
     ranks4_st: str
     unified: str
+    cp2_8: str  # Checkpoint 2.0 (MindFormers 2.x) of the 8-rank layout, written from the full model
+    cp2_4: str  # the same for the 4-rank layout: the reference of the Checkpoint 2.0 8 -> 4 row
     crc: bool = False  # the .ckpt rank shards carry crc trailers (checked on every read by default)
 
     @classmethod
@@ -126,6 +128,8 @@ class Workload:
             j("ranks4_ckpt"),
             j("ranks4_st"),
             j("unified"),
+            j("cp2_8"),
+            j("cp2_4"),
             crc,
         )
 
@@ -155,7 +159,17 @@ def generate(w: Workload) -> dict[str, float]:
     from reshard.formats.strategy import merge_pipeline_strategies
     from reshard.synthetic import full_model, stage_strategies, write_stage_strategies
 
-    for path in (w.full_ckpt, w.strategy8, w.ranks8_ckpt, w.ranks8_st, w.ranks4_ckpt, w.ranks4_st, w.unified):
+    for path in (
+        w.full_ckpt,
+        w.strategy8,
+        w.ranks8_ckpt,
+        w.ranks8_st,
+        w.ranks4_ckpt,
+        w.ranks4_st,
+        w.unified,
+        w.cp2_8,
+        w.cp2_4,
+    ):
         measure.remove(path)
     steps: dict[str, float] = {}
 
@@ -180,6 +194,14 @@ def generate(w: Workload) -> dict[str, float]:
         ("4 ranks .ckpt", lambda: api.transform(w.full_ckpt, w.ranks4_ckpt, None, w.strategy4, write=crc)),
         ("4 ranks .safetensors", lambda: api.convert(w.ranks4_ckpt, w.ranks4_st, "safetensors")),
         ("unified .safetensors", lambda: api.unify(w.ranks8_st, w.strategy8, w.unified)),
+        (
+            "Checkpoint 2.0 8 ranks",
+            lambda: api.transform(w.full_ckpt, w.cp2_8, None, w.strategy8, output_format="checkpoint2"),
+        ),
+        (
+            "Checkpoint 2.0 4 ranks",
+            lambda: api.transform(w.full_ckpt, w.cp2_4, None, w.strategy4, output_format="checkpoint2"),
+        ),
     ):
         t = time.perf_counter()
         func()
@@ -207,6 +229,15 @@ def _rank_of(path: str, root: str) -> str:
     return rel.split(os.sep)[0] if os.sep in rel else ""
 
 
+GROUPINGS = ("rank", "model", "file")  # compare rank folder by rank folder, as one model, file by file
+
+
+def _group_of(path: str, root: str, grouping: str) -> str:
+    if grouping == "rank":
+        return _rank_of(path, root)
+    return os.path.relpath(path, root) if grouping == "file" else ""
+
+
 def _same(a: object, b: object) -> bool:
     if isinstance(a, str) or isinstance(b, str):
         return a == b
@@ -218,12 +249,14 @@ def _same(a: object, b: object) -> bool:
     )
 
 
-def verify_output(output: str, reference: str, per_rank: bool) -> int:
+def verify_output(output: str, reference: str, grouping: str) -> int:
     """Check ``output`` against ``reference``; return the number of tensors compared.
 
-    ``per_rank``: the files of ``output/rank_<r>`` must hold exactly the tensors of
-    ``reference/rank_<r>`` (any format, any order). Otherwise the output's files together must
-    hold exactly the reference's tensors (a merged or unified model against the full one).
+    ``grouping`` ``"rank"``: the files of ``output/rank_<r>`` must hold exactly the tensors of
+    ``reference/rank_<r>`` (any format, any order). ``"file"``: each file must hold exactly the
+    tensors of the reference's file at the same relative path (Checkpoint 2.0 trees). ``"model"``:
+    the output's files together must hold exactly the reference's tensors (a merged or unified
+    model against the full one).
     Raises ``AssertionError`` naming the first difference.
     """
     from reshard.api import open_checkpoint
@@ -231,12 +264,12 @@ def verify_output(output: str, reference: str, per_rank: bool) -> int:
     def groups(root: str) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
         for path in _checkpoint_files(root):  # a unified folder's hyper_param.safetensors counts too
-            out.setdefault(_rank_of(path, root) if per_rank else "", []).append(path)
+            out.setdefault(_group_of(path, root, grouping), []).append(path)
         return out
 
     got, want = groups(output), groups(reference)
     if sorted(got) != sorted(want):
-        raise AssertionError(f"{output}: rank folders {sorted(got)} differ from the reference's {sorted(want)}")
+        raise AssertionError(f"{output}: {grouping}s {sorted(got)} differ from the reference's {sorted(want)}")
     compared = 0
     for key, want_files in want.items():
         ref = {}

@@ -16,7 +16,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-OPERATIONS = {"transform_ckpt", "transform_st", "merge_ckpt", "unify", "split", "dropin_transform", "convert"}
+OPERATIONS = {
+    "transform_ckpt",
+    "transform_st",
+    "merge_ckpt",
+    "unify",
+    "split",
+    "dropin_transform",
+    "convert",
+    "cp2_to_full",
+    "ranks_to_cp2",
+    "cp2_8to4",
+}
 
 pytest.importorskip("psutil")  # in the [test] extra; matplotlib ([bench]) is optional: no charts without it
 try:
