@@ -44,6 +44,7 @@ from reshard.plan import (
     plan_unify_hf,
 )
 from reshard.sources import (
+    CHECKPOINT2,
     CHECKPOINTS,
     ENCRYPTED_CKPT,
     FULL_FILE,
@@ -52,6 +53,7 @@ from reshard.sources import (
     ONE_RANK_FOLDER,
     RANK_FOLDERS,
     Kind,
+    Opened,
     ReadOptions,
     chosen_names,
     full_model_file,
@@ -347,7 +349,9 @@ def transform(
     else:
         opened = kind.open(src, read, notes)
         fmt, sources = opened.fmt or "ckpt", opened.ranks
-        src_sf = _strategy(src_strategy, notes)
+        src_sf = (
+            _checkpoint2_strategy(src, src_strategy, opened) if kind is CHECKPOINT2 else _strategy(src_strategy, notes)
+        )
         if src_sf is None and len(sources) > 1:
             raise UsageError(
                 "several rank folders but no source strategy (--src-strategy, src_strategy in Python)", src
@@ -371,10 +375,19 @@ def transform(
 def _transform_kinds(src: str, src_strategy: object) -> tuple[Kind, ...]:
     """What transform reads: rank folders, a full checkpoint, a Hugging Face model; one rank's
     folder only as the full checkpoint it holds, and never with a source strategy (its parent was meant)."""
-    kinds: tuple[Kind, ...] = (HUGGING_FACE, RANK_FOLDERS, ENCRYPTED_CKPT, FULL_FILE)
+    kinds: tuple[Kind, ...] = (HUGGING_FACE, RANK_FOLDERS, CHECKPOINT2, ENCRYPTED_CKPT, FULL_FILE)
     if src_strategy is None and full_model_file(src) is not None:
         kinds += (ONE_RANK_FOLDER,)
     return kinds
+
+
+def _checkpoint2_strategy(src: str, src_strategy: object, opened: Opened) -> StrategyFile | None:
+    """A Checkpoint 2.0's layouts come from its metadata.json (docs/formats.md §9): no strategy is taken."""
+    if src_strategy is not None:
+        raise UsageError(
+            "a MindFormers Checkpoint 2.0 carries its layouts in metadata.json: give no source strategy", src
+        )
+    return opened.strategy
 
 
 def _shard_size(hf: bool, max_shard_size: int | str | None) -> int | None:
@@ -494,7 +507,7 @@ def needed_ranks(
 
 def unify(
     src_dir: str,
-    src_strategy: str | StrategyFile,
+    src_strategy: str | StrategyFile | None,
     dst_dir: str,
     *,
     file_suffix: str | None = None,
@@ -520,8 +533,10 @@ def unify(
     ``model.safetensors`` when everything fits); ``hyper_param.safetensors`` is written as usual.
 
     Args:
-        src_dir: The folder of ``rank_<r>`` folders holding ``.safetensors`` files.
-        src_strategy: Their strategy, a path (file or folder of per-stage files) or a ``StrategyFile``.
+        src_dir: The folder of ``rank_<r>`` folders holding ``.safetensors`` files, or a MindFormers
+            Checkpoint 2.0 (its root or an ``iteration_*`` folder; ``read.iteration`` picks one).
+        src_strategy: Their strategy, a path (file or folder of per-stage files) or a ``StrategyFile``
+            (None for a Checkpoint 2.0: its layouts are in its ``metadata.json``).
         dst_dir: The output folder.
         file_suffix: Read the file of each rank folder whose name ends with this (None: MindSpore's
             rule for choosing one).
@@ -568,10 +583,13 @@ def unify(
     shard_size = _shard_size(hf, max_shard_size)
     if shard_size is not None and split_dst_file:
         raise UsageError("split_dst_file (--split) does not apply to Hugging Face output")
-    identify(src_dir, (RANK_FOLDERS,))
-    _refuse_ckpt_ranks(src_dir)
-    _, sources = rank_sources(src_dir, "safetensors", None, file_suffix, read, notes, mindspore_order)
-    sf = _strategy(src_strategy, notes)
+    sf: StrategyFile | None
+    if identify(src_dir, (RANK_FOLDERS, CHECKPOINT2)) is CHECKPOINT2:
+        sources, sf = _checkpoint2_ranks(src_dir, src_strategy, read, notes)
+    else:
+        _refuse_ckpt_ranks(src_dir)
+        _, sources = rank_sources(src_dir, "safetensors", None, file_suffix, read, notes, mindspore_order)
+        sf = _strategy(src_strategy, notes)
     if sf is None:
         raise UsageError("unify needs the source strategy")
     _check_unify_ranks(src_dir, sources, sf)
@@ -586,6 +604,21 @@ def unify(
             execute(plan, read=read, write=write, run=run, root=dst_dir, resume=resume, manifest=manifest), notes
         )
     return Report(plan, notes, kept)
+
+
+def _checkpoint2_ranks(
+    src: str, src_strategy: object, read: ReadOptions | None, notes: list[str]
+) -> tuple[dict[int, SourceFile], StrategyFile]:
+    """A Checkpoint 2.0's virtual ranks and the strategy its metadata.json gives (a single card: one device)."""
+    from reshard.formats.strategy import make_strategy
+    from reshard.layout import ParamLayout
+
+    opened = CHECKPOINT2.open(src, read, notes)
+    sf = _checkpoint2_strategy(src, src_strategy, opened)
+    if sf is None:  # a single card: every tensor whole on one device
+        tensors = opened.ranks[0].tensors
+        sf = make_strategy({n: ParamLayout((1,), (-1,) * len(t.shape)) for n, t in tensors.items() if t.shape})
+    return opened.ranks, sf
 
 
 def _refuse_ckpt_ranks(src_dir: str) -> None:

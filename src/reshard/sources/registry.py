@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 
 from reshard.errors import UsageError
 from reshard.formats.strategy import StrategyFile
+from reshard.sources.checkpoint2 import CHECKPOINT2
 from reshard.sources.full_model import ENCRYPTED_CKPT, FULL_FILE, HUGGING_FACE, UNIFIED, FullModel
 from reshard.sources.kind import Kind, Opened
 from reshard.sources.options import ReadOptions
@@ -31,6 +32,7 @@ from reshard.sources.strategy import STRATEGY
 # Detection order: the first kind whose detect() is true names the path. An index or a unify
 # output wins over the files beside it; a strategy .ckpt and an encrypted .ckpt before a plain file.
 KINDS: tuple[Kind, ...] = (
+    CHECKPOINT2,  # before the kinds that would take an iteration folder's files for a full model
     HUGGING_FACE,
     UNIFIED,
     RANK_FOLDERS,
