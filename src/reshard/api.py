@@ -61,6 +61,7 @@ from reshard.sources import (
     hf_model,
     identify,
     is_hf_model,
+    kind_of,
     model_folder,
     open_checkpoint,
     rank_sources,
@@ -337,6 +338,8 @@ def transform(
             "Hugging Face output is a full safetensors model: give no destination strategy and no ckpt output format"
         )
     kind = identify(src, _transform_kinds(src, src_strategy))
+    if kind is CHECKPOINT2:
+        _checkpoint2_strategy(src, src_strategy, None)  # refused before any file is read
     dst_sf = _strategy(dst_strategy, notes)
     if kind is HUGGING_FACE:
         if src_strategy is not None:
@@ -381,13 +384,13 @@ def _transform_kinds(src: str, src_strategy: object) -> tuple[Kind, ...]:
     return kinds
 
 
-def _checkpoint2_strategy(src: str, src_strategy: object, opened: Opened) -> StrategyFile | None:
+def _checkpoint2_strategy(src: str, src_strategy: object, opened: Opened | None) -> StrategyFile | None:
     """A Checkpoint 2.0's layouts come from its metadata.json (docs/formats.md §9): no strategy is taken."""
     if src_strategy is not None:
         raise UsageError(
             "a MindFormers Checkpoint 2.0 carries its layouts in metadata.json: give no source strategy", src
         )
-    return opened.strategy
+    return opened.strategy if opened is not None else None
 
 
 def _shard_size(hf: bool, max_shard_size: int | str | None) -> int | None:
@@ -891,6 +894,12 @@ def convert(
 def _convert_source(src: str) -> str:
     """What convert reads: ``rank*`` folders as they are, or the one checkpoint file ``src`` stands
     for (a file, or a folder holding just one: a ``rank_<r>`` folder, ``model.safetensors``'s folder)."""
+    if os.path.exists(src) and kind_of(src) is CHECKPOINT2:
+        raise UsageError(
+            "this is a MindFormers Checkpoint 2.0 (safetensors, resharded by its metadata.json): get .ckpt or "
+            "rank folders with reshard transform --src SRC --dst OUT --output-format ckpt [--dst-strategy S]",
+            src,
+        )
     single = full_model_file(src)
     kinds: tuple[Kind, ...] = (RANK_FOLDERS, ENCRYPTED_CKPT, FULL_FILE)
     if single is not None and os.path.isdir(src):

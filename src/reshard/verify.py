@@ -41,6 +41,7 @@ from reshard.formats.base import decode_string
 from reshard.formats.strategy import StrategyFile
 from reshard.plan import Plan, TensorPlan, plan_convert
 from reshard.sources import (
+    CHECKPOINT2,
     FULL_MODELS,
     HUGGING_FACE,
     ONE_RANK_FOLDER,
@@ -169,14 +170,16 @@ def _side_read(path: str, read: ReadOptions) -> ReadOptions:
 
 def _side_kinds(path: str) -> tuple[Kind, ...]:
     """What a side may be: rank folders, or a full model (one rank's folder only as the file it holds)."""
-    kinds: tuple[Kind, ...] = (RANK_FOLDERS, *FULL_MODELS)
+    kinds: tuple[Kind, ...] = (RANK_FOLDERS, CHECKPOINT2, *FULL_MODELS)
     return (*kinds, ONE_RANK_FOLDER) if full_model_file(path) is not None else kinds
 
 
 def side_plan(path: str, strategy: str | StrategyFile | None, read: ReadOptions, notes: list[str]) -> Plan:
     """A plan whose tensors are the full tensors of one side (never executed)."""
     kind = identify(path, _side_kinds(path))
-    if kind is RANK_FOLDERS:
+    if kind is CHECKPOINT2 and strategy is not None:
+        raise UsageError("a MindFormers Checkpoint 2.0 carries its layouts in metadata.json: give no strategy", path)
+    if kind in (RANK_FOLDERS, CHECKPOINT2):
         report = api.transform(path, _VIRTUAL_OUT, strategy, None, output_format="ckpt", read=read, dry_run=True)
         notes.extend(f"{path}: {note}" for note in report.notes)
         return report.plan

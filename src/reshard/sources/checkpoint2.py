@@ -49,9 +49,16 @@ class Iteration:
 
 def iteration_folder(path: str, options: ReadOptions | None, notes: list[str] | None = None) -> str:
     """The iteration folder ``path`` stands for (``ReadOptions.iteration`` picks another than the tracker's)."""
-    folder = cp2.resolve_iteration(path, options.iteration if options is not None else None)
+    iteration = options.iteration if options is not None else None
+    folder = cp2.resolve_iteration(path, iteration)
     if notes is not None and os.path.normpath(folder) != os.path.normpath(path):
-        notes.append(f"{path}: using {os.path.basename(folder)}")
+        if iteration is not None:
+            why = "the iteration asked for"
+        elif os.path.isfile(os.path.join(path, cp2.TRACKER)):
+            why = f"{cp2.TRACKER} names it"
+        else:
+            why = "the only iteration"
+        notes.append(f"using {os.path.basename(folder)} ({why})")
     return folder
 
 
