@@ -15,6 +15,7 @@ with ``ast.literal_eval`` (literals only, never code).
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import math
 import os
@@ -188,7 +189,12 @@ class TensorMeta:
     chunks: tuple[Chunk, ...]
 
     def chunk(self, slice_id: int) -> Chunk | None:
-        return next((c for c in self.chunks if c.slice_id == slice_id), None)
+        """The chunk of ``slice_id`` (None: the tensor has none)."""
+        return self._by_slice.get(slice_id)
+
+    @functools.cached_property
+    def _by_slice(self) -> dict[int, Chunk]:
+        return {c.slice_id: c for c in self.chunks}
 
 
 @dataclass(frozen=True)
