@@ -370,6 +370,7 @@ def main(path: str, as_json: bool = False, strategy: str | None = None, read: An
 
 __all__ = [
     "Layouts",
+    "checkpoint2_info",
     "checkpoint_rows",
     "describe_layout",
     "full_model_info",
