@@ -28,6 +28,7 @@ MS_NAMES = {
     np.dtype(ml_dtypes.bfloat16): "BFloat16",
     np.dtype(np.int32): "Int32",
     np.dtype(np.int64): "Int64",
+    np.dtype(np.bool_): "Bool",
 }
 
 
@@ -191,6 +192,7 @@ def write_checkpoint2(
                 continue
             fname = file_name(prefix, kind, number, total)
             save_safetensors(os.path.join(folder, fname), tensors, {"format": "ms"})
+            os.chmod(os.path.join(folder, fname), 0o400)
             for n, (s, _) in held[r].items():
                 if n in tensors:
                     records.append((fname, r, groups[(n, s)], (n, s)))
@@ -201,6 +203,10 @@ def write_checkpoint2(
     if tracker:
         with open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w", encoding="utf-8") as fh:
             fh.write(str(iteration))
+    for name in ("common.json", "metadata.json"):
+        if os.path.exists(os.path.join(folder, name)):
+            os.chmod(os.path.join(folder, name), 0o640)
+    os.chmod(folder, 0o750)
     return full
 
 
@@ -291,3 +297,29 @@ def single_card_params() -> list[Param]:
         Param("decoder.layers.0.mlp.linear_fc1.weight", (8, 12), ml_dtypes.bfloat16),
         Param("adam_m.embedding.word_embeddings.weight", (16, 8), np.float32, optimizer=True),
     ]
+
+
+def mindformers_sample_params() -> list[Param]:
+    """The network of a real MindFormers 2.1.0 save (8 ranks, Layout((2, 4), ("dp", "tp")), AdamW):
+    for it this writer's metadata.json is byte-identical to the one MindFormers wrote."""
+    f32 = np.float32
+    trainable = [
+        Param("embedding.word_embeddings.weight", (16, 8), f32, lay([0, -1])),
+        Param("decoder.layers.0.linear_proj.weight", (8, 16), f32, lay([-1, 0])),
+        Param("decoder.layers.0.linear_fc1.weight", (16, 8), f32, lay([[1, 0], -1])),
+        Param("decoder.layers.0.dp_split.weight", (4, 6), f32, lay([1, -1])),
+        Param("decoder.layers.0.input_layernorm.weight", (8,), ml_dtypes.bfloat16, lay([-1])),
+    ]
+    params = [
+        *trainable,
+        Param("decoder.layers.0.mask", (4, 4), np.bool_, lay([-1, 0])),
+        Param("decoder.layers.0.position_ids", (8,), np.int32, lay([0])),
+    ]
+    for p in trainable:
+        for state in ("adam_m", "adam_v"):
+            params.append(Param(f"{state}.{p.name}", p.shape, f32, p.layout, optimizer=True))
+    params += [
+        Param("global_step", (1,), np.int32, None, optimizer=True),
+        Param("learning_rate", (), f32, None, optimizer=True),
+    ]
+    return params

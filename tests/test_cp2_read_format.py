@@ -117,6 +117,7 @@ def _put_meta(folder: Path, meta: object) -> None:
 
 
 def _not_json(f: Path) -> None:
+    _put_meta(f, {})
     (f / cp2.METADATA).write_text("{not json")
 
 
@@ -254,3 +255,19 @@ def test_refusals_raise_the_house_errors(tmp_path: Path) -> None:
     _interleaved(tmp_path / ITER)
     with pytest.raises(UnsupportedError):
         cp2.read_metadata(str(tmp_path / ITER / cp2.METADATA))
+
+
+# sha256 of the metadata.json MindFormers 2.1.0 wrote for fx.mindformers_sample_params() (8 ranks,
+# save_checkpoint once per rank with its own _build_all_sharded_tensor_from_global_layout metadata)
+MINDFORMERS_METADATA_SHA256 = "be1c096b7eac7ee6beb9fdcd38c755cb46e7e58319aacf7b5e17d3882c96112b"
+
+
+def test_fixture_metadata_is_what_mindformers_writes(tmp_path: Path) -> None:
+    import hashlib
+
+    full = fx.write_checkpoint2(str(tmp_path), fx.mindformers_sample_params(), 8)
+    data = (tmp_path / ITER / cp2.METADATA).read_bytes()
+    assert hashlib.sha256(data).hexdigest() == MINDFORMERS_METADATA_SHA256
+    assert full["learning_rate"].shape == ()
+    assert (tmp_path / cp2.TRACKER).read_bytes() == b"10"
+    assert oct(os.stat(tmp_path / ITER / "model-0000000-0000008.safetensors").st_mode & 0o777) == "0o400"
