@@ -253,3 +253,30 @@ def test_plain_rank_folders_plan_unchanged(tmp_path: Path) -> None:
     job = make_job(str(tmp_path / "job"))
     report = api.transform(job["r8"], str(tmp_path / "o"), job["s8"], job["s4"], dry_run=True)
     assert all(p.startswith(job["r8"]) and os.path.isfile(p) for p in report.plan.sources)
+
+
+def test_split_and_hugging_face_export(dp2tp4: tuple[Path, dict], tmp_path: Path) -> None:
+    root, full = dp2tp4
+    proc = run_cli("transform", "--src", str(root), "--dst", str(tmp_path / "hf"), "--hf")
+    assert proc.returncode == 0, proc.stderr
+    with read_safetensors(str(tmp_path / "hf" / "model.safetensors")) as index:
+        assert all(np.array_equal(index.array(n), a) for n, a in full.items())
+    # split takes a single card as a full model; several ranks are refused with the way forward
+    one = tmp_path / "one"
+    single = fx.write_checkpoint2(str(one), fx.single_card_params(), 1)
+    sf, _ = _row_split_strategy(single, 2)
+    write_strategy(str(tmp_path / "s2.ckpt"), sf)  # type: ignore[arg-type]
+    proc = run_cli("split", str(one), str(tmp_path / "split"), "--strategy", str(tmp_path / "s2.ckpt"))
+    assert proc.returncode == 0, proc.stderr
+    for k in range(2):
+        got = _rank_file_named(tmp_path / "split" / f"rank_{k}")
+        assert all(np.array_equal(got[n], _expected_rows(a, k, 2)) for n, a in single.items())
+    proc = run_cli("split", str(root), str(tmp_path / "split8"), "--strategy", str(tmp_path / "s2.ckpt"))
+    assert proc.returncode == 2 and "not a full model: unify it first" in proc.stderr
+    assert not (tmp_path / "split8").exists()
+
+
+def _rank_file_named(folder: Path) -> dict[str, np.ndarray]:
+    (name,) = [n for n in os.listdir(folder) if n.endswith(".safetensors")]
+    with read_safetensors(str(folder / name)) as index:
+        return {n: index.array(n).copy() for n in index.entries}

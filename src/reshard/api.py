@@ -274,9 +274,11 @@ def transform(
 ) -> Report:
     """Move a distributed (or full) checkpoint to another layout: full->N, N->M, N->full.
 
-    ``src`` is a folder of ``rank_<r>`` folders, one full checkpoint file, or a Hugging Face
-    sharded model (its folder or its ``model.safetensors.index.json``); for a full model
-    ``src_strategy`` must be None. Strategies may be files or folders of per-stage files (merged
+    ``src`` is a folder of ``rank_<r>`` folders, one full checkpoint file, a Hugging Face
+    sharded model (its folder or its ``model.safetensors.index.json``), or a MindFormers
+    Checkpoint 2.0 (its root or an ``iteration_*`` folder; ``read.iteration`` picks another than
+    the tracker's); for a full model and a Checkpoint 2.0 (whose layouts are in its
+    ``metadata.json``) ``src_strategy`` must be None. Strategies may be files or folders of per-stage files (merged
     in memory). ``ranks`` restricts the output to some destination ranks (multi-node runs).
     ``hf=True`` writes the full model (no ``dst_strategy``) as Hugging Face shards of at most
     ``max_shard_size`` (default ``5GB``) plus ``model.safetensors.index.json`` into ``dst_dir``.

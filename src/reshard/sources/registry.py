@@ -82,8 +82,9 @@ def unified_index(
     """The files of a full model, the name -> file map, and ``hyper_param.safetensors``.
 
     ``path`` is a unified folder (``part<j>.safetensors`` + ``param_name_map.json``), a Hugging
-    Face folder or index file (checked against its shards), or one full checkpoint (a file, or a
-    folder holding one): its keys, translated back through the inverted ``name_map``, are the names.
+    Face folder or index file (checked against its shards), one full checkpoint (a file, or a
+    folder holding one), or a single-card MindFormers Checkpoint 2.0: its keys, translated back
+    through the inverted ``name_map``, are the names.
 
     Args:
         path: The full model.
@@ -108,7 +109,10 @@ def unified_index(
         api.unify("demo/st_8ranks", "demo/strategy_8", "unified")
         files, mapping, hyper = api.unified_index("unified")
     """
-    opened = open_source(path, FULL_MODELS, options)
+    opened = open_source(path, (*FULL_MODELS, CHECKPOINT2), options)
+    if not opened.files:  # a Checkpoint 2.0 of several ranks (one card is a full model)
+        way = "unify it first (reshard unify SRC UNIFIED), or reshard it directly (reshard transform)"
+        raise UsageError(f"this is {opened.kind} of {len(opened.ranks)} ranks, not a full model: {way}", path)
     mapping = opened.weight_map
     if opened.keyed:
         inverse = {v: k for k, v in (name_map or {}).items()}
