@@ -271,3 +271,27 @@ def test_fixture_metadata_is_what_mindformers_writes(tmp_path: Path) -> None:
     assert full["learning_rate"].shape == ()
     assert (tmp_path / cp2.TRACKER).read_bytes() == b"10"
     assert oct(os.stat(tmp_path / ITER / "model-0000000-0000008.safetensors").st_mode & 0o777) == "0o400"
+
+
+def test_an_iteration_for_another_kind_is_refused(tmp_path: Path) -> None:
+    from tests.trust_helpers import make_job
+
+    job = make_job(str(tmp_path / "job"))
+    root = tmp_path / "ck"
+    fx.write_checkpoint2(str(root), fx.single_card_params(), 1)
+    for argv in (
+        ["transform", "--src", job["r8"], "--src-strategy", job["s8"], "--dst", str(tmp_path / "o"),
+         "--src-iteration", "3"],
+        ["unify", job["r8st"], str(tmp_path / "o"), "--strategy", job["s8"], "--iteration", "3"],
+        ["inspect", job["r8"], "--iteration", "3"],
+        ["verify", job["r8"], job["r8"], "--a-strategy", job["s8"], "--b-strategy", job["s8"], "--iteration", "3"],
+        ["rank-list", "0", "--src-strategy", job["s8"], "--iteration", "3"],
+    ):  # fmt: skip
+        proc = run_cli(*argv)
+        assert proc.returncode == 2, (argv, proc.stderr)
+        assert "applies to a MindFormers Checkpoint 2.0" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+    # verify: the iteration applies to the Checkpoint 2.0 side, the other side is read as usual
+    assert run_cli("transform", "--src", str(root), "--dst", str(tmp_path / "full")).returncode == 0
+    proc = run_cli("verify", str(root), str(tmp_path / "full"), "--iteration", "10")
+    assert proc.returncode == 0, proc.stdout + proc.stderr

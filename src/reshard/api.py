@@ -70,6 +70,7 @@ from reshard.sources import (
     unified_index,
 )
 from reshard.sources import strategy as _strategy
+from reshard.sources.checkpoint2 import check_iteration
 from reshard.text import parse_size
 
 
@@ -340,6 +341,7 @@ def transform(
             "Hugging Face output is a full safetensors model: give no destination strategy and no ckpt output format"
         )
     kind = identify(src, _transform_kinds(src, src_strategy))
+    check_iteration(src, kind, read)
     if kind is CHECKPOINT2:
         _checkpoint2_strategy(src, src_strategy, None)  # refused before any file is read
     dst_sf = _strategy(dst_strategy, notes)
@@ -589,7 +591,9 @@ def unify(
     if shard_size is not None and split_dst_file:
         raise UsageError("split_dst_file (--split) does not apply to Hugging Face output")
     sf: StrategyFile | None
-    if identify(src_dir, (RANK_FOLDERS, CHECKPOINT2)) is CHECKPOINT2:
+    kind = identify(src_dir, (RANK_FOLDERS, CHECKPOINT2))
+    check_iteration(src_dir, kind, read)
+    if kind is CHECKPOINT2:
         sources, sf = _checkpoint2_ranks(src_dir, src_strategy, read, notes)
     else:
         _refuse_ckpt_ranks(src_dir)

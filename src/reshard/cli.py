@@ -477,12 +477,17 @@ def _rank_list_source(args: argparse.Namespace, notes: list[str]) -> Any:
     """The source layouts: ``--src-strategy``, or a MindFormers Checkpoint 2.0's metadata.json (``--src``)."""
     src_strategy = _none(args.src_strategy)
     if args.src is None:
+        if args.read_iteration is not None:
+            raise UsageError("--iteration applies to a MindFormers Checkpoint 2.0 given with --src")
         if args.src_strategy is None:
             raise UsageError("give the source strategy (--src-strategy) or a MindFormers Checkpoint 2.0 (--src)")
         return src_strategy
     from reshard.sources import CHECKPOINT2, identify
+    from reshard.sources.checkpoint2 import check_iteration
 
-    if identify(args.src) is not CHECKPOINT2:
+    kind = identify(args.src)
+    check_iteration(args.src, kind, _read_options(args))
+    if kind is not CHECKPOINT2:
         if args.src_strategy is None:
             raise UsageError("give the source strategy (--src-strategy) for this source", args.src)
         return src_strategy
@@ -740,13 +745,15 @@ def _add_transform_flags(p: argparse.ArgumentParser) -> None:
     _add_iteration_flag(p, "--src-iteration", "--src_iteration")
 
 
-def _add_iteration_flag(p: argparse.ArgumentParser, *names: str) -> None:
+def _add_iteration_flag(p: argparse.ArgumentParser, *names: str, both: bool = False) -> None:
     """Which ``iteration_*`` folder of a MindFormers Checkpoint 2.0 root is read (docs/formats.md §9)."""
+    sides = " (on either side)" if both else ""
     p.add_argument(
         *(names or ("--iteration",)),
         dest="read_iteration",
+        metavar="N",
         type=_iteration_number,
-        help="the iteration of a MindFormers Checkpoint 2.0 to read (default: the tracker's)",
+        help=f"the iteration of a MindFormers Checkpoint 2.0 to read{sides} (default: the tracker's)",
     )
 
 
@@ -867,7 +874,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_quiet_flag(p)
     _add_source_flags(p)
     _add_crypto_flags(p, write=False)
-    _add_iteration_flag(p)
+    _add_iteration_flag(p, both=True)
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("rank-list", help="source ranks a destination rank needs")

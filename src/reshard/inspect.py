@@ -39,6 +39,7 @@ from reshard.sources import (
     source_file,
     unified_index,
 )
+from reshard.sources.checkpoint2 import check_iteration
 from reshard.text import format_size, one_line
 
 _RANK_FOLDER = re.compile(r"rank_(\d+)")
@@ -206,6 +207,7 @@ def gather(path: str, strategy: str | None = None, read: Any = None, notes: list
     """
     notes = notes if notes is not None else []
     kind = identify(path)
+    check_iteration(path, kind, read)
     if kind is CHECKPOINT2:
         if strategy:
             raise UsageError(

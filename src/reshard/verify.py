@@ -53,8 +53,10 @@ from reshard.sources import (
     has_crc_trailer,
     identify,
     is_encrypted,
+    kind_of,
     open_checkpoint,
 )
+from reshard.sources.checkpoint2 import check_iteration
 
 EXIT_DIFFER = 1  # the CLI's exit code when the checkpoints differ (2 stays "bad input")
 DEFAULT_MAX_MEMORY = 256 * 1024**2
@@ -162,6 +164,8 @@ def _first_ckpt(path: str) -> str | None:
 
 def _side_read(path: str, read: ReadOptions) -> ReadOptions:
     """The key is used only for a side whose checkpoints are encrypted (the other may be plain)."""
+    if read.iteration is not None and kind_of(path) is not CHECKPOINT2:  # the other side's iteration
+        read = replace(read, iteration=None)
     first = _first_ckpt(path)
     if read.dec_key is None or first is None:
         return replace(read, dec_key=None)
@@ -304,6 +308,7 @@ def verify(
         raise UsageError(f"atol must be a finite number >= 0, got {atol}")
     read = replace(read or ReadOptions(), verify_crc=verify_crc)
     notes: list[str] = []
+    check_iteration(a, [k for k in (kind_of(a), kind_of(b)) if k is not None] or [identify(a)], read)
     _need_strategy(a, a_strategy, "a")
     _need_strategy(b, b_strategy, "b")
     side_a = _open_side(a, a_strategy, read, notes)

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reshard.errors import FormatError, ReshardError, UnsupportedError
+from reshard.errors import FormatError, ReshardError, UnsupportedError, UsageError
 from reshard.formats import checkpoint2 as cp2
 from reshard.formats.strategy import StrategyFile, make_strategy
 from reshard.layout import ParamLayout
@@ -302,6 +302,20 @@ def open_checkpoint2(path: str, options: ReadOptions | None, notes: list[str], k
     return Opened(kind, path, FMT, ranks=ranks, strategy=_strategy(placed, stages, md.path))
 
 
+def check_iteration(src: str, kind: Any, read: ReadOptions | None) -> None:
+    """An iteration (``ReadOptions.iteration``) is asked only of a MindFormers Checkpoint 2.0.
+
+    ``kind`` is the source's kind, or a sequence of the kinds of every source read with ``read``
+    (``verify`` reads two); a ``UsageError`` naming ``src`` when none is a Checkpoint 2.0.
+    """
+    kinds = list(kind) if isinstance(kind, (list, tuple)) else [kind]
+    if read is not None and read.iteration is not None and CHECKPOINT2 not in kinds:
+        what = getattr(kinds[0], "name", "another kind of checkpoint") if kinds else "another kind of checkpoint"
+        raise UsageError(
+            f"an iteration ({read.iteration}) applies to a MindFormers Checkpoint 2.0 only; this is {what}", src
+        )
+
+
 class Checkpoint2:
     """A MindFormers Checkpoint 2.0: a root holding ``latest_checkpointed_iteration.txt`` and
     ``iteration_*`` folders, or one ``iteration_*`` folder."""
@@ -318,4 +332,12 @@ class Checkpoint2:
 
 CHECKPOINT2 = Checkpoint2()
 
-__all__ = ["CHECKPOINT2", "Iteration", "iteration_folder", "open_checkpoint2", "read_iteration", "tensor_files"]
+__all__ = [
+    "CHECKPOINT2",
+    "Iteration",
+    "check_iteration",
+    "iteration_folder",
+    "open_checkpoint2",
+    "read_iteration",
+    "tensor_files",
+]
