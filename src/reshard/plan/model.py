@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -224,7 +224,7 @@ class SourceFile:
     tensors: dict[str, SourceTensor]
     metadata: dict[str, str] = field(default_factory=dict)
     strings: dict[str, str] = field(default_factory=dict)  # values of string entries (small)
-    homes: dict[str, str] = field(default_factory=dict)  # tensor name -> the file holding it (virtual files)
+    homes: Mapping[str, str] = field(default_factory=dict)  # tensor name -> the file holding it (virtual files)
 
     def path_of(self, name: str) -> str:
         """The file holding tensor ``name``."""

@@ -19,8 +19,9 @@ loader does (``complete_optimizer_sharded_tensor``), when its shape is the param
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,6 +116,8 @@ def _cross_check(md: cp2.Metadata, headers: Mapping[str, SourceFile], folder: st
         assert chunk is not None
         for record in records:
             t = headers[record.file_name].tensors.get(name)
+            if t is not None and t.shape == chunk.local_shape and t.dtype is meta.dtype:
+                continue
             path = os.path.join(folder, record.file_name)
             if t is None:
                 raise FormatError(f"holds no {name!r}, which metadata.json stores in it (slice {slice_id})", path)
@@ -139,12 +142,13 @@ class _Placed:
     meta: cp2.TensorMeta
     layout: ParamLayout
     stage: int
-    inner: dict[int, int]  # world rank -> index in rank_list
+    inner: Mapping[int, int]  # world rank -> index in rank_list (one dict per distinct rank_list)
 
 
 def _place(md: cp2.Metadata) -> tuple[dict[str, _Placed], int]:
     """Each laid-out tensor's stage (the block of world ranks its ``rank_list`` covers) and the ranks per stage."""
     placed: dict[str, _Placed] = {}
+    inners: dict[tuple[int, ...], dict[int, int]] = {}
     per_stage: int | None = None
     for name, meta in md.tensors.items():
         if meta.layout is None:
@@ -163,7 +167,10 @@ def _place(md: cp2.Metadata) -> tuple[dict[str, _Placed], int]:
                 md.path,
             )
         per_stage = n
-        placed[name] = _Placed(meta, meta.layout.param_layout(), first // n, {r: i for i, r in enumerate(ranks)})
+        inner = inners.get(ranks)
+        if inner is None:
+            inner = inners[ranks] = {r: i for i, r in enumerate(ranks)}
+        placed[name] = _Placed(meta, meta.layout.param_layout(), first // n, inner)
     return placed, per_stage or 1
 
 
@@ -185,35 +192,93 @@ def _pick(records: Sequence[cp2.StorageRecord], rank: int) -> cp2.StorageRecord:
 def _virtual_ranks(
     it: Iteration, md: cp2.Metadata, placed: Mapping[str, _Placed], world: int, folder: str
 ) -> dict[int, SourceFile]:
+    """Each rank's slice of every tensor, and (lazily) the file holding it.
+
+    A rank's tensors (dtype, local shape: metadata.json's, equal to the headers' after
+    ``_cross_check``) are shared by every rank holding the same names, in metadata.json's order;
+    which file holds a slice is worked out when a plan asks (``_Homes``), so opening a job of
+    1 000 tensors × 1 024 ranks does not resolve a million storage records up front.
+    """
+    classes: dict[tuple[object, ...], tuple[int, ...]] = {}
+    slices: dict[str, tuple[Mapping[int, int] | None, Sequence[int]]] = {}
+    members: dict[int, list[str]] = {r: [] for r in range(world)}
+    held: dict[str, SourceTensor] = {}
+    for name, meta in md.tensors.items():
+        p = placed.get(name)
+        if p is None:  # whole on every rank
+            slices[name] = (None, (meta.chunks[0].slice_id,))
+            holders: Sequence[int] = range(world)
+        else:
+            key = (p.layout, meta.global_shape, meta.axis_fragmentations)
+            if key not in classes:
+                classes[key] = _slice_ids(meta, p.layout, md.path)
+            slices[name] = (p.inner, classes[key])
+            holders = list(p.inner)
+        local = meta.chunks[0].local_shape
+        held[name] = SourceTensor(meta.dtype, local, math.prod(local) * meta.dtype.itemsize)
+        for r in holders:
+            members[r].append(name)
+    shared: dict[tuple[str, ...], dict[str, SourceTensor]] = {}
     ranks: dict[int, SourceFile] = {}
-    boxes = {name: rank_boxes(p.layout, p.meta.global_shape) for name, p in placed.items()}
-    for rank in range(world):
-        tensors: dict[str, SourceTensor] = {}
-        homes: dict[str, str] = {}
-        for name, meta in md.tensors.items():
-            p = placed.get(name)
-            slice_id: int | None
-            if p is None:
-                slice_id = meta.chunks[0].slice_id
-            elif rank not in p.inner:
-                continue
-            else:
-                box = boxes[name][p.inner[rank]]
-                found = cp2.slice_id_of_box(box, meta.axis_fragmentations)
-                chunk = meta.chunk(found) if found is not None else None
-                if chunk is None or cp2.chunk_box(chunk, meta.axis_fragmentations) != box:
-                    raise FormatError(
-                        f"tensor {name!r}: its layout gives rank {rank} the box {[list(b) for b in box]}, "
-                        "which is none of its chunks",
-                        md.path,
-                    )
-                slice_id = found
-            assert slice_id is not None
-            record = _pick(md.storage[(name, slice_id)], rank)
-            tensors[name] = it.headers[record.file_name].tensors[name]
-            homes[name] = os.path.join(folder, record.file_name)
-        ranks[rank] = SourceFile(os.path.join(folder, f"rank {rank}"), rank, tensors, {"format": "ms"}, homes=homes)
+    for r in range(world):
+        names = tuple(members[r])
+        tensors = shared.get(names)
+        if tensors is None:
+            tensors = shared[names] = {n: held[n] for n in names}
+        homes = _Homes(r, tensors, slices, md, folder)
+        ranks[r] = SourceFile(os.path.join(folder, f"rank {r}"), r, tensors, {"format": "ms"}, homes=homes)
     return ranks
+
+
+class _Homes(Mapping[str, str]):
+    """Tensor name -> the file holding one rank's slice, resolved through ``storage_data`` on access."""
+
+    def __init__(
+        self,
+        rank: int,
+        names: Mapping[str, object],
+        slices: Mapping[str, tuple[Mapping[int, int] | None, Sequence[int]]],
+        md: cp2.Metadata,
+        folder: str,
+    ) -> None:
+        self.rank, self.names, self.slices, self.md, self.folder = rank, names, slices, md, folder
+        self.extra: dict[str, str] = {}  # tensors of the rank's own files that metadata.json does not list
+        self.resolved: dict[str, str] = {}
+
+    def __getitem__(self, name: str) -> str:
+        hit = self.resolved.get(name) or self.extra.get(name)
+        if hit is not None:
+            return hit
+        if name not in self.names:
+            raise KeyError(name)
+        inner, sids = self.slices[name]
+        sid = sids[inner[self.rank]] if inner is not None else sids[0]
+        record = _pick(self.md.storage[(name, sid)], self.rank)
+        path = self.resolved[name] = os.path.join(self.folder, record.file_name)
+        return path
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({**dict.fromkeys(self.names), **dict.fromkeys(self.extra)})
+
+    def __len__(self) -> int:
+        return len(self.names) + sum(1 for n in self.extra if n not in self.names)
+
+
+def _slice_ids(meta: cp2.TensorMeta, layout: ParamLayout, where: str) -> tuple[int, ...]:
+    """The slice id of each rank of the layout (index in ``rank_list``): its box under the layout is that chunk."""
+    out = []
+    for inner, box in enumerate(rank_boxes(layout, meta.global_shape)):
+        found = cp2.slice_id_of_box(box, meta.axis_fragmentations)
+        chunk = meta.chunk(found) if found is not None else None
+        if found is None or chunk is None or cp2.chunk_box(chunk, meta.axis_fragmentations) != box:
+            rank = meta.layout.rank_list[inner] if meta.layout is not None else inner
+            raise FormatError(
+                f"tensor {meta.name!r}: its layout gives rank {rank} the box {[list(b) for b in box]}, "
+                "which is none of its chunks",
+                where,
+            )
+        out.append(found)
+    return tuple(out)
 
 
 def _own_extras(
@@ -239,8 +304,11 @@ def _own_extras(
             if same_slice and name not in placed and base in placed:
                 b = placed[base]
                 placed[name] = dataclasses.replace(b, meta=dataclasses.replace(b.meta, name=name))
-            vrank.tensors[name] = t
-            vrank.homes[name] = os.path.join(it.folder, file_name)
+            if name not in vrank.tensors:
+                vrank.tensors = {**vrank.tensors, name: t}  # the dict is shared with other ranks
+            homes = vrank.homes
+            assert isinstance(homes, _Homes)
+            homes.extra[name] = os.path.join(it.folder, file_name)
             if name not in extras:
                 extras.append(name)
     return extras
