@@ -237,7 +237,7 @@ def checkpoint2_info(path: str, read: Any = None, notes: list[str] | None = None
 
     notes = notes if notes is not None else []
     it = read_iteration(path, read, notes)
-    opened = open_checkpoint2(path, read, [], CHECKPOINT2.name)  # the same checks a transform makes
+    opened = open_checkpoint2(path, read, [], CHECKPOINT2.name, it)  # the same checks a transform makes
     tensors: list[dict[str, Any]] = []
     if it.metadata is None:
         for file_name, facts in it.headers.items():

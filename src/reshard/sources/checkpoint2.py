@@ -343,9 +343,12 @@ def _single_card(it: Iteration, path: str, kind: str) -> Opened:
     return Opened(kind, path, FMT, ranks={0: rank0}, files=dict(it.headers), weight_map=weight_map, keyed=True)
 
 
-def open_checkpoint2(path: str, options: ReadOptions | None, notes: list[str], kind: str) -> Opened:
-    """The planning facts of a Checkpoint 2.0 root or iteration folder (module docstring)."""
-    it = read_iteration(path, options, notes)
+def open_checkpoint2(
+    path: str, options: ReadOptions | None, notes: list[str], kind: str, it: Iteration | None = None
+) -> Opened:
+    """The planning facts of a Checkpoint 2.0 root or iteration folder (module docstring); ``it``:
+    what ``read_iteration`` already read of it (None: read now)."""
+    it = it if it is not None else read_iteration(path, options, notes)
     md = it.metadata
     if md is None:
         return _single_card(it, path, kind)
