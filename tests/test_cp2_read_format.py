@@ -295,3 +295,12 @@ def test_an_iteration_for_another_kind_is_refused(tmp_path: Path) -> None:
     assert run_cli("transform", "--src", str(root), "--dst", str(tmp_path / "full")).returncode == 0
     proc = run_cli("verify", str(root), str(tmp_path / "full"), "--iteration", "10")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_notes_for_a_missing_tracker_and_an_unhealthy_status(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    fx.write_checkpoint2(str(root), fx.single_card_params(), 1, tracker=False, common={**fx.COMMON, "ckpt_status": 1})
+    proc = run_cli("inspect", str(root))
+    assert proc.returncode == 0, proc.stderr
+    assert "the save may be unfinished" in proc.stderr
+    assert "ckpt_status is 1 (0 is a healthy checkpoint)" in proc.stderr

@@ -58,7 +58,7 @@ def iteration_folder(path: str, options: ReadOptions | None, notes: list[str] | 
         elif os.path.isfile(os.path.join(path, cp2.TRACKER)):
             why = f"{cp2.TRACKER} names it"
         else:
-            why = "the only iteration"
+            why = f"the only iteration; no {cp2.TRACKER}, which MindFormers writes last: the save may be unfinished"
         notes.append(f"using {os.path.basename(folder)} ({why})")
     return folder
 
@@ -90,6 +90,9 @@ def read_iteration(path: str, options: ReadOptions | None, notes: list[str] | No
     meta_path = os.path.join(folder, cp2.METADATA)
     md = cp2.read_metadata(meta_path) if os.path.isfile(meta_path) else None
     common = cp2.read_common(folder)
+    status = common.get("ckpt_status") if common is not None else None
+    if notes is not None and status not in (None, 0):
+        notes.append(f"{os.path.join(folder, cp2.COMMON)}: ckpt_status is {status!r} (0 is a healthy checkpoint)")
     if md is None:
         if not names:
             raise FormatError("no metadata.json and no model-/opt- .safetensors files", folder)
