@@ -74,20 +74,20 @@ def test_resolve_iteration(tmp_path: Path) -> None:
         cp2.resolve_iteration(str(root / ITER), 20)
     with pytest.raises(UsageError, match="no iteration 7"):
         cp2.resolve_iteration(str(root), 7)
-    (root / cp2.TRACKER).write_text("30")
+    (root / cp2.TRACKER_NAME).write_text("30")
     with pytest.raises(UsageError, match="names iteration 30 but iteration_00000030 is missing"):
         cp2.resolve_iteration(str(root))
-    (root / cp2.TRACKER).write_text("ten")
+    (root / cp2.TRACKER_NAME).write_text("ten")
     with pytest.raises(FormatError, match="not an iteration number"):
         cp2.resolve_iteration(str(root))
-    os.remove(root / cp2.TRACKER)
+    os.remove(root / cp2.TRACKER_NAME)
     with pytest.raises(UsageError, match="choose one with --iteration"):
         cp2.resolve_iteration(str(root))
 
 
 def test_metadata_is_parsed_into_frozen_values(tmp_path: Path) -> None:
     fx.write_checkpoint2(str(tmp_path), fx.dp2_tp4_params(), 8)
-    md = cp2.read_metadata(str(tmp_path / ITER / cp2.METADATA))
+    md = cp2.read_metadata(str(tmp_path / ITER / cp2.METADATA_NAME))
     fc1 = md.tensors["decoder.layers.0.mlp.linear_fc1.weight"]
     assert fc1.layout is not None and fc1.layout.tensor_map == ((1, 0), -1)
     assert fc1.layout.param_layout().tensor_map == ((1, 0), (-1,))
@@ -107,18 +107,18 @@ def test_metadata_is_parsed_into_frozen_values(tmp_path: Path) -> None:
 
 
 def _meta(folder: Path) -> dict:
-    return json.loads((folder / cp2.METADATA).read_text())
+    return json.loads((folder / cp2.METADATA_NAME).read_text())
 
 
 def _put_meta(folder: Path, meta: object) -> None:
-    path = folder / cp2.METADATA
+    path = folder / cp2.METADATA_NAME
     os.chmod(path, 0o644)
     path.write_text(json.dumps(meta))
 
 
 def _not_json(f: Path) -> None:
     _put_meta(f, {})
-    (f / cp2.METADATA).write_text("{not json")
+    (f / cp2.METADATA_NAME).write_text("{not json")
 
 
 def _missing_key(f: Path) -> None:
@@ -225,11 +225,11 @@ def test_bad_checkpoint2_is_one_line_and_nothing_written(tmp_path: Path, case: s
 def test_tracker_naming_a_missing_iteration(tmp_path: Path) -> None:
     root = tmp_path / "ck"
     fx.write_checkpoint2(str(root), fx.single_card_params(), 1)
-    (root / cp2.TRACKER).write_text("12")
+    (root / cp2.TRACKER_NAME).write_text("12")
     proc = run_cli("transform", "--src", str(root), "--dst", str(tmp_path / "o"))
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
-        f"reshard: error: {root / cp2.TRACKER}: names iteration 12 but iteration_00000012 is missing"
+        f"reshard: error: {root / cp2.TRACKER_NAME}: names iteration 12 but iteration_00000012 is missing"
     )
     assert not (tmp_path / "o").exists()
 
@@ -254,7 +254,7 @@ def test_refusals_raise_the_house_errors(tmp_path: Path) -> None:
     fx.write_checkpoint2(str(tmp_path), fx.dp2_tp4_params(), 8)
     _interleaved(tmp_path / ITER)
     with pytest.raises(UnsupportedError):
-        cp2.read_metadata(str(tmp_path / ITER / cp2.METADATA))
+        cp2.read_metadata(str(tmp_path / ITER / cp2.METADATA_NAME))
 
 
 # sha256 of the metadata.json MindFormers 2.1.0 wrote for fx.mindformers_sample_params() (8 ranks,
@@ -266,10 +266,10 @@ def test_fixture_metadata_is_what_mindformers_writes(tmp_path: Path) -> None:
     import hashlib
 
     full = fx.write_checkpoint2(str(tmp_path), fx.mindformers_sample_params(), 8)
-    data = (tmp_path / ITER / cp2.METADATA).read_bytes()
+    data = (tmp_path / ITER / cp2.METADATA_NAME).read_bytes()
     assert hashlib.sha256(data).hexdigest() == MINDFORMERS_METADATA_SHA256
     assert full["learning_rate"].shape == ()
-    assert (tmp_path / cp2.TRACKER).read_bytes() == b"10"
+    assert (tmp_path / cp2.TRACKER_NAME).read_bytes() == b"10"
     assert oct(os.stat(tmp_path / ITER / "model-0000000-0000008.safetensors").st_mode & 0o777) == "0o400"
 
 

@@ -389,7 +389,7 @@ def _transform_kinds(src: str, src_strategy: object) -> tuple[Kind, ...]:
 
 
 def _checkpoint2_strategy(src: str, src_strategy: object, opened: Opened | None) -> StrategyFile | None:
-    """A Checkpoint 2.0's layouts come from its metadata.json (docs/formats.md §9): no strategy is taken."""
+    """A Checkpoint 2.0's layouts come from its metadata.json (docs/formats.md §13): no strategy is taken."""
     if src_strategy is not None:
         raise UsageError(
             "a MindFormers Checkpoint 2.0 carries its layouts in metadata.json: give no source strategy", src

@@ -746,7 +746,7 @@ def _add_transform_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_iteration_flag(p: argparse.ArgumentParser, *names: str, both: bool = False) -> None:
-    """Which ``iteration_*`` folder of a MindFormers Checkpoint 2.0 root is read (docs/formats.md §9)."""
+    """Which ``iteration_*`` folder of a MindFormers Checkpoint 2.0 root is read (docs/formats.md §13)."""
     sides = " (on either side)" if both else ""
     p.add_argument(
         *(names or ("--iteration",)),

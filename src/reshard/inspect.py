@@ -232,7 +232,7 @@ def gather(path: str, strategy: str | None = None, read: Any = None, notes: list
 
 def checkpoint2_info(path: str, read: Any = None, notes: list[str] | None = None) -> dict[str, Any]:
     """A MindFormers Checkpoint 2.0: each tensor's global shape, dtype, layout and files, the files, and
-    ``common.json`` (docs/formats.md §9). Every fact is cross-checked as a transform would."""
+    ``common.json`` (docs/formats.md §13). Every fact is cross-checked as a transform would."""
     from reshard.sources.checkpoint2 import open_checkpoint2, read_iteration
 
     notes = notes if notes is not None else []

@@ -1,4 +1,4 @@
-"""MindFormers 2.x "Checkpoint 2.0": the on-disk facts, parsed strictly (docs/formats.md §9).
+"""MindFormers 2.x "Checkpoint 2.0": the on-disk facts, parsed strictly (docs/formats.md §13).
 
 A Checkpoint 2.0 root holds ``latest_checkpointed_iteration.txt`` (the tracker, written last) and
 ``iteration_{n:08d}`` folders; an iteration folder holds per-rank safetensors named
@@ -30,9 +30,9 @@ from reshard.errors import FormatError, UnsupportedError, UsageError
 from reshard.layout import Box, ParamLayout
 from reshard.layout.types import TensorMapEntry
 
-TRACKER = "latest_checkpointed_iteration.txt"
-METADATA = "metadata.json"
-COMMON = "common.json"
+TRACKER_NAME = "latest_checkpointed_iteration.txt"
+METADATA_NAME = "metadata.json"
+COMMON_NAME = "common.json"
 ITERATION_PREFIX = "iteration_"
 MODEL, OPTIMIZER = "model", "opt"
 _ITERATION = re.compile(r"iteration_(\d{8,})")
@@ -71,14 +71,14 @@ def is_iteration_folder(path: str) -> bool:
     if not os.path.isdir(path) or _ITERATION.fullmatch(os.path.basename(os.path.normpath(path))) is None:
         return False
     names = _listing(path)
-    return METADATA in names or any(parse_file_name(n) is not None for n in names)
+    return METADATA_NAME in names or any(parse_file_name(n) is not None for n in names)
 
 
 def is_root(path: str) -> bool:
     """A folder holding the tracker, or ``iteration_*`` folders and nothing that is a rank folder."""
     if not os.path.isdir(path):
         return False
-    if os.path.isfile(os.path.join(path, TRACKER)):
+    if os.path.isfile(os.path.join(path, TRACKER_NAME)):
         return True
     return any(is_iteration_folder(os.path.join(path, n)) for n in _listing(path) if _ITERATION.fullmatch(n))
 
@@ -91,7 +91,7 @@ def iteration_of(folder: str) -> int | None:
 
 def read_tracker(root: str) -> int:
     """The iteration the tracker names; a tracker that is not a non-negative integer is a FormatError."""
-    path = os.path.join(root, TRACKER)
+    path = os.path.join(root, TRACKER_NAME)
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read().strip()
@@ -126,7 +126,7 @@ def resolve_iteration(path: str, iteration: int | None = None) -> str:
         if not os.path.isdir(folder):
             raise UsageError(f"no iteration {iteration} here ({os.path.basename(folder)} is missing)", path)
         return folder
-    tracker = os.path.join(path, TRACKER)
+    tracker = os.path.join(path, TRACKER_NAME)
     if os.path.isfile(tracker):
         named = read_tracker(path)
         folder = os.path.join(path, iteration_folder_name(named))
@@ -135,7 +135,7 @@ def resolve_iteration(path: str, iteration: int | None = None) -> str:
         return folder
     found = sorted(n for n in _listing(path) if _ITERATION.fullmatch(n) and os.path.isdir(os.path.join(path, n)))
     if len(found) != 1:
-        raise UsageError(f"no {TRACKER} and {len(found)} iteration folders: choose one with --iteration N", path)
+        raise UsageError(f"no {TRACKER_NAME} and {len(found)} iteration folders: choose one with --iteration N", path)
     return os.path.join(path, found[0])
 
 
@@ -375,7 +375,7 @@ def parse_shard_key(key: str, path: str) -> tuple[str, int]:
 
 
 def shard_key(name: str, slice_id: int) -> str:
-    """The ``storage_data`` key of a slice (MindFormers' ``str((name, (slice_id,)))``)."""
+    """``storage_data``'s key: the Python repr of ``(name, (slice_id,))`` (``get_sharded_tensor_shard_id``)."""
     return str((name, (slice_id,)))
 
 
@@ -451,7 +451,7 @@ def slice_id_of_box(box: Box, fragmentations: Sequence[int]) -> int | None:
 
 def read_common(folder: str) -> dict[str, Any] | None:
     """``common.json`` of an iteration folder (None: there is none); malformed -> FormatError."""
-    path = os.path.join(folder, COMMON)
+    path = os.path.join(folder, COMMON_NAME)
     if not os.path.isfile(path):
         return None
     try:
@@ -467,12 +467,12 @@ def read_common(folder: str) -> dict[str, Any] | None:
 
 
 __all__ = [
-    "COMMON",
+    "COMMON_NAME",
     "ITERATION_PREFIX",
-    "METADATA",
+    "METADATA_NAME",
     "MODEL",
     "OPTIMIZER",
-    "TRACKER",
+    "TRACKER_NAME",
     "Chunk",
     "FileName",
     "Layout",

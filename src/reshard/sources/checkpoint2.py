@@ -8,7 +8,7 @@ holds it (``model-…`` or ``opt-…``, and in redundancy-removed saves another 
 ``storage_data`` records are the only way to find a slice). The existing planners then work
 unchanged. A folder without ``metadata.json`` (a single-card job) is one full model.
 
-Everything is cross-checked before a plan exists (docs/formats.md §9): every file ``storage_data``
+Everything is cross-checked before a plan exists (docs/formats.md §13): every file ``storage_data``
 names is present, every stored slice has the local shape and dtype ``metadata.json`` gives it,
 and every rank's box under its layout is one of the tensor's chunks. Optimizer states are in
 ``metadata.json`` as MindFormers saves them (``complete_optimizer_layout_index``); a state found
@@ -55,10 +55,10 @@ def iteration_folder(path: str, options: ReadOptions | None, notes: list[str] | 
     if notes is not None and os.path.normpath(folder) != os.path.normpath(path):
         if iteration is not None:
             why = "the iteration asked for"
-        elif os.path.isfile(os.path.join(path, cp2.TRACKER)):
-            why = f"{cp2.TRACKER} names it"
+        elif os.path.isfile(os.path.join(path, cp2.TRACKER_NAME)):
+            why = f"{cp2.TRACKER_NAME} names it"
         else:
-            why = f"the only iteration; no {cp2.TRACKER}, which MindFormers writes last: the save may be unfinished"
+            why = f"the only iteration; no {cp2.TRACKER_NAME} (MindFormers writes it last): the save may be unfinished"
         notes.append(f"using {os.path.basename(folder)} ({why})")
     return folder
 
@@ -87,12 +87,12 @@ def read_iteration(path: str, options: ReadOptions | None, notes: list[str] | No
     """The iteration's metadata and the headers of every tensor file, cross-checked."""
     folder = iteration_folder(path, options, notes)
     names = tensor_files(folder)
-    meta_path = os.path.join(folder, cp2.METADATA)
+    meta_path = os.path.join(folder, cp2.METADATA_NAME)
     md = cp2.read_metadata(meta_path) if os.path.isfile(meta_path) else None
     common = cp2.read_common(folder)
     status = common.get("ckpt_status") if common is not None else None
     if notes is not None and status not in (None, 0):
-        notes.append(f"{os.path.join(folder, cp2.COMMON)}: ckpt_status is {status!r} (0 is a healthy checkpoint)")
+        notes.append(f"{os.path.join(folder, cp2.COMMON_NAME)}: ckpt_status is {status!r} (0 is a healthy checkpoint)")
     if md is None:
         if not names:
             raise FormatError("no metadata.json and no model-/opt- .safetensors files", folder)
