@@ -27,6 +27,7 @@ NOT_EXPORTED = {
     "reshard.sources.full_model": {"EncryptedCkpt", "FullFile", "HuggingFace", "Unified"},
     "reshard.sources.rank_folders": {"OneRankFolder", "RankFolders"},
     "reshard.sources.strategy": {"Strategy"},
+    "reshard.sources.checkpoint2": {"Checkpoint2"},
 }
 
 

@@ -48,6 +48,7 @@ from reshard.plan import (
 )
 from reshard.plan.checkpoint2 import plan_checkpoint2
 from reshard.sources import (
+    CHECKPOINT2,
     CHECKPOINTS,
     ENCRYPTED_CKPT,
     FULL_FILE,
@@ -56,6 +57,7 @@ from reshard.sources import (
     ONE_RANK_FOLDER,
     RANK_FOLDERS,
     Kind,
+    Opened,
     ReadOptions,
     chosen_names,
     full_model_file,
@@ -63,6 +65,7 @@ from reshard.sources import (
     hf_model,
     identify,
     is_hf_model,
+    kind_of,
     model_folder,
     open_checkpoint,
     rank_sources,
@@ -71,6 +74,7 @@ from reshard.sources import (
     unified_index,
 )
 from reshard.sources import strategy as _strategy
+from reshard.sources.checkpoint2 import check_iteration
 from reshard.text import parse_size
 
 
@@ -278,9 +282,11 @@ def transform(
 ) -> Report:
     """Move a distributed (or full) checkpoint to another layout: full->N, N->M, N->full.
 
-    ``src`` is a folder of ``rank_<r>`` folders, one full checkpoint file, or a Hugging Face
-    sharded model (its folder or its ``model.safetensors.index.json``); for a full model
-    ``src_strategy`` must be None. Strategies may be files or folders of per-stage files (merged
+    ``src`` is a folder of ``rank_<r>`` folders, one full checkpoint file, a Hugging Face
+    sharded model (its folder or its ``model.safetensors.index.json``), or a MindFormers
+    Checkpoint 2.0 (its root or an ``iteration_*`` folder; ``read.iteration`` picks another than
+    the tracker's); for a full model and a Checkpoint 2.0 (whose layouts are in its
+    ``metadata.json``) ``src_strategy`` must be None. Strategies may be files or folders of per-stage files (merged
     in memory). ``ranks`` restricts the output to some destination ranks (multi-node runs).
     ``hf=True`` writes the full model (no ``dst_strategy``) as Hugging Face shards of at most
     ``max_shard_size`` (default ``5GB``) plus ``model.safetensors.index.json`` into ``dst_dir``.
@@ -357,6 +363,9 @@ def transform(
             "Hugging Face output is a full safetensors model: give no destination strategy and no ckpt output format"
         )
     kind = identify(src, _transform_kinds(src, src_strategy))
+    check_iteration(src, kind, read)
+    if kind is CHECKPOINT2:
+        _checkpoint2_strategy(src, src_strategy, None)  # refused before any file is read
     dst_sf = _strategy(dst_strategy, notes)
     plan_dst: LayoutTable | None = dst_sf
     rule = statenames.DEFAULT.with_prefixes(optimizer_prefixes)
@@ -382,7 +391,9 @@ def transform(
     else:
         opened = kind.open(src, read, notes)
         fmt, sources = opened.fmt or "ckpt", opened.ranks
-        src_sf = _strategy(src_strategy, notes)
+        src_sf = (
+            _checkpoint2_strategy(src, src_strategy, opened) if kind is CHECKPOINT2 else _strategy(src_strategy, notes)
+        )
         if src_sf is None and len(sources) > 1:
             raise UsageError(
                 "several rank folders but no source strategy (--src-strategy, src_strategy in Python)", src
@@ -546,10 +557,19 @@ def _checkpoint2_superseded(dst: str, plan: Plan, overwrite: bool, resume: bool)
 def _transform_kinds(src: str, src_strategy: object) -> tuple[Kind, ...]:
     """What transform reads: rank folders, a full checkpoint, a Hugging Face model; one rank's
     folder only as the full checkpoint it holds, and never with a source strategy (its parent was meant)."""
-    kinds: tuple[Kind, ...] = (HUGGING_FACE, RANK_FOLDERS, ENCRYPTED_CKPT, FULL_FILE)
+    kinds: tuple[Kind, ...] = (HUGGING_FACE, RANK_FOLDERS, CHECKPOINT2, ENCRYPTED_CKPT, FULL_FILE)
     if src_strategy is None and full_model_file(src) is not None:
         kinds += (ONE_RANK_FOLDER,)
     return kinds
+
+
+def _checkpoint2_strategy(src: str, src_strategy: object, opened: Opened | None) -> StrategyFile | None:
+    """A Checkpoint 2.0's layouts come from its metadata.json (docs/formats.md §13): no strategy is taken."""
+    if src_strategy is not None:
+        raise UsageError(
+            "a MindFormers Checkpoint 2.0 carries its layouts in metadata.json: give no source strategy", src
+        )
+    return opened.strategy if opened is not None else None
 
 
 def _shard_size(hf: bool, max_shard_size: int | str | None) -> int | None:
@@ -669,7 +689,7 @@ def needed_ranks(
 
 def unify(
     src_dir: str,
-    src_strategy: str | StrategyFile,
+    src_strategy: str | StrategyFile | None,
     dst_dir: str,
     *,
     file_suffix: str | None = None,
@@ -695,8 +715,10 @@ def unify(
     ``model.safetensors`` when everything fits); ``hyper_param.safetensors`` is written as usual.
 
     Args:
-        src_dir: The folder of ``rank_<r>`` folders holding ``.safetensors`` files.
-        src_strategy: Their strategy, a path (file or folder of per-stage files) or a ``StrategyFile``.
+        src_dir: The folder of ``rank_<r>`` folders holding ``.safetensors`` files, or a MindFormers
+            Checkpoint 2.0 (its root or an ``iteration_*`` folder; ``read.iteration`` picks one).
+        src_strategy: Their strategy, a path (file or folder of per-stage files) or a ``StrategyFile``
+            (None for a Checkpoint 2.0: its layouts are in its ``metadata.json``).
         dst_dir: The output folder.
         file_suffix: Read the file of each rank folder whose name ends with this (None: MindSpore's
             rule for choosing one).
@@ -743,10 +765,15 @@ def unify(
     shard_size = _shard_size(hf, max_shard_size)
     if shard_size is not None and split_dst_file:
         raise UsageError("split_dst_file (--split) does not apply to Hugging Face output")
-    identify(src_dir, (RANK_FOLDERS,))
-    _refuse_ckpt_ranks(src_dir)
-    _, sources = rank_sources(src_dir, "safetensors", None, file_suffix, read, notes, mindspore_order)
-    sf = _strategy(src_strategy, notes)
+    sf: StrategyFile | None
+    kind = identify(src_dir, (RANK_FOLDERS, CHECKPOINT2))
+    check_iteration(src_dir, kind, read)
+    if kind is CHECKPOINT2:
+        sources, sf = _checkpoint2_ranks(src_dir, src_strategy, read, notes)
+    else:
+        _refuse_ckpt_ranks(src_dir)
+        _, sources = rank_sources(src_dir, "safetensors", None, file_suffix, read, notes, mindspore_order)
+        sf = _strategy(src_strategy, notes)
     if sf is None:
         raise UsageError("unify needs the source strategy")
     _check_unify_ranks(src_dir, sources, sf)
@@ -761,6 +788,21 @@ def unify(
             execute(plan, read=read, write=write, run=run, root=dst_dir, resume=resume, manifest=manifest), notes
         )
     return Report(plan, notes, kept)
+
+
+def _checkpoint2_ranks(
+    src: str, src_strategy: object, read: ReadOptions | None, notes: list[str]
+) -> tuple[dict[int, SourceFile], StrategyFile]:
+    """A Checkpoint 2.0's virtual ranks and the strategy its metadata.json gives (a single card: one device)."""
+    from reshard.formats.strategy import make_strategy
+    from reshard.layout import ParamLayout
+
+    opened = CHECKPOINT2.open(src, read, notes)
+    sf = _checkpoint2_strategy(src, src_strategy, opened)
+    if sf is None:  # a single card: every tensor whole on one device
+        tensors = opened.ranks[0].tensors
+        sf = make_strategy({n: ParamLayout((1,), (-1,) * len(t.shape)) for n, t in tensors.items() if t.shape})
+    return opened.ranks, sf
 
 
 def _refuse_ckpt_ranks(src_dir: str) -> None:
@@ -1033,6 +1075,12 @@ def convert(
 def _convert_source(src: str) -> str:
     """What convert reads: ``rank*`` folders as they are, or the one checkpoint file ``src`` stands
     for (a file, or a folder holding just one: a ``rank_<r>`` folder, ``model.safetensors``'s folder)."""
+    if os.path.exists(src) and kind_of(src) is CHECKPOINT2:
+        raise UsageError(
+            "this is a MindFormers Checkpoint 2.0 (safetensors, resharded by its metadata.json): get .ckpt or "
+            "rank folders with reshard transform --src SRC --dst OUT --output-format ckpt [--dst-strategy S]",
+            src,
+        )
     single = full_model_file(src)
     kinds: tuple[Kind, ...] = (RANK_FOLDERS, ENCRYPTED_CKPT, FULL_FILE)
     if single is not None and os.path.isdir(src):

@@ -294,6 +294,7 @@ def _read_options(args: argparse.Namespace) -> api.ReadOptions:
         file_suffix=getattr(args, "file_suffix", None),
         pick=getattr(args, "pick", None),
         src_format=getattr(args, "src_format", None),
+        iteration=getattr(args, "read_iteration", None),
     )
 
 
@@ -535,7 +536,7 @@ def _none(value: str | None) -> str | None:
 def cmd_unify(args: argparse.Namespace) -> None:
     split = args.split or ()
     strategy = _mindformers_strategy(args.src, args.strategy, "--strategy", args)
-    if strategy is None:
+    if strategy is None and not _is_checkpoint2(args.src):  # a Checkpoint 2.0's layouts are in its metadata.json
         raise UsageError("unify needs the strategy of the rank folders: give --strategy", args.src)
     read, write, run = _read_options(args), _write_options(args), _run_options(args)
     if split and not args.dry_run:  # an empty part group is refused before anything is written
@@ -594,11 +595,49 @@ def cmd_rank_list(args: argparse.Namespace) -> None:
             else "without a destination strategy the destination is one full model, rank 0"
         )
         raise UsageError(f"destination rank {args.rank} out of range: {where}", dst)
-    src = _mindformers_strategy(None, args.src_strategy, "--src-strategy", args)
-    ranks = api.needed_ranks(args.rank, src, dst_sf, notes)
+    if args.files:
+        _print_rank_files(args, dst_sf, notes)
+        return
+    ranks = api.needed_ranks(args.rank, _rank_list_source(args, notes), dst_sf, notes)
     _notes(notes, args)
     ranks = sorted(int(r) for r in ranks)  # MindSpore's list order carries no meaning; a person reads 0 1 2
     print(json.dumps(ranks) if args.json else " ".join(str(r) for r in ranks))
+
+
+def _is_checkpoint2(path: str) -> bool:
+    from reshard.sources import CHECKPOINT2, kind_of
+
+    return kind_of(path) is CHECKPOINT2
+
+
+def _rank_list_source(args: argparse.Namespace, notes: list[str]) -> Any:
+    """The source layouts: ``--src-strategy``, or a MindFormers Checkpoint 2.0's metadata.json (``--src``)."""
+    if args.src is None:
+        if args.read_iteration is not None:
+            raise UsageError("--iteration applies to a MindFormers Checkpoint 2.0 given with --src")
+        return _mindformers_strategy(None, args.src_strategy, "--src-strategy", args)
+    from reshard.sources import CHECKPOINT2, identify
+    from reshard.sources.checkpoint2 import check_iteration
+
+    kind = identify(args.src)
+    check_iteration(args.src, kind, _read_options(args))
+    if kind is not CHECKPOINT2:
+        return _mindformers_strategy(args.src, args.src_strategy, "--src-strategy", args)
+    if args.src_strategy is not None:
+        raise UsageError("a MindFormers Checkpoint 2.0 carries its layouts in metadata.json: give no source strategy")
+    return CHECKPOINT2.open(args.src, _read_options(args), notes).strategy
+
+
+def _print_rank_files(args: argparse.Namespace, dst_sf: Any, notes: list[str]) -> None:
+    """The files destination ``args.rank`` reads: the sources of its plan (nothing is written)."""
+    if args.src is None:
+        raise UsageError("--files needs the source (--src)")
+    report = api.transform(
+        args.src, "", _none(args.src_strategy), dst_sf, ranks=[args.rank], read=_read_options(args), dry_run=True
+    )
+    _notes([*notes, *report.notes], args)
+    files = sorted(report.plan.sources)
+    print(json.dumps(files) if args.json else "\n".join(files))
 
 
 def _load_json(path: str) -> dict[str, str]:
@@ -847,6 +886,23 @@ def _add_transform_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=_parse_ranks, help="only these destination ranks, e.g. 0,1,4-7")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     _add_source_flags(p)
+    _add_iteration_flag(p, "--src-iteration", "--src_iteration")
+
+
+def _add_iteration_flag(p: argparse.ArgumentParser, *names: str, both: bool = False) -> None:
+    """Which ``iteration_*`` folder of a MindFormers Checkpoint 2.0 root is read (docs/formats.md §13)."""
+    sides = " (on either side)" if both else ""
+    p.add_argument(
+        *(names or ("--iteration",)),
+        dest="read_iteration",
+        metavar="N",
+        type=_iteration_number,
+        help=f"the iteration of a MindFormers Checkpoint 2.0 to read{sides} (default: the tracker's)",
+    )
+
+
+def _iteration_number(text: str) -> int:
+    return _whole_number(text, 0, "iteration", "an iteration is 0 or more")
 
 
 def _add_transform_ckpt_flags(p: argparse.ArgumentParser) -> None:
@@ -900,6 +956,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", help="strategy file or folder, to show full shapes and layouts")
     p.add_argument("--json", action="store_true")
     _add_crypto_flags(p, write=False)
+    _add_iteration_flag(p)
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser(
@@ -936,11 +993,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_transform, overwrite=False, resume=False, no_manifest=False, dry_run=True)
 
     p = sub.add_parser("unify", help="merge rank shards into full safetensors parts + param_name_map.json")
-    p.add_argument("src", help="folder of rank_<r> folders (safetensors)")
+    p.add_argument("src", help="folder of rank_<r> folders (safetensors), or a MindFormers Checkpoint 2.0")
     p.add_argument("dst", help="output folder")
     p.add_argument(
-        "--strategy", "--src-strategy", help="source strategy file or folder (default: where MindFormers keeps it)"
+        "--strategy",
+        "--src-strategy",
+        help="source strategy file or folder (default: where MindFormers keeps it; none for a Checkpoint 2.0)",
     )
+    _add_iteration_flag(p)
     _add_source_flags(p, src_format=False)
     p.add_argument("--split", type=_parse_split, help="produce only part group i of n, as i/n (1 <= i <= n)")
     p.add_argument("--overwrite", action="store_true")
@@ -988,6 +1048,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_quiet_flag(p)
     _add_source_flags(p)
     _add_crypto_flags(p, write=False)
+    _add_iteration_flag(p, both=True)
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("rank-list", help="source ranks a destination rank needs")
@@ -999,7 +1060,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="source strategy (default: MindFormers' output/strategy folder; None: full weights)",
     )
     p.add_argument("--dst-strategy", "--dst_ckpt_strategy", dest="dst_strategy")
+    p.add_argument("--src", help="the source checkpoint: a MindFormers Checkpoint 2.0 needs no --src-strategy")
+    p.add_argument("--files", action="store_true", help="print the source files the rank reads (needs --src)")
     p.add_argument("--json", action="store_true")
+    _add_iteration_flag(p)
     p.set_defaults(func=cmd_rank_list)
     for command in sub.choices.values():
         command.epilog = command.epilog or EXIT_CODES

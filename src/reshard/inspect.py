@@ -14,6 +14,7 @@ layout in each stage, so a rank's layout and full shape come from *that rank's* 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -26,6 +27,7 @@ from reshard.formats import layout_dir
 from reshard.formats.strategy import StrategyFile, load_strategy
 from reshard.layout import STAGE_SEPARATOR, ParamLayout, device_num, layout_map
 from reshard.sources import (
+    CHECKPOINT2,
     HUGGING_FACE,
     ONE_RANK_FOLDER,
     RANK_FOLDERS,
@@ -37,6 +39,7 @@ from reshard.sources import (
     source_file,
     unified_index,
 )
+from reshard.sources.checkpoint2 import check_iteration
 from reshard.text import format_size, one_line
 
 _RANK_FOLDER = re.compile(r"rank_(\d+)")
@@ -204,6 +207,13 @@ def gather(path: str, strategy: str | None = None, read: Any = None, notes: list
     """
     notes = notes if notes is not None else []
     kind = identify(path)
+    check_iteration(path, kind, read)
+    if kind is CHECKPOINT2:
+        if strategy:
+            raise UsageError(
+                "a MindFormers Checkpoint 2.0 carries its layouts in metadata.json: give no strategy", path
+            )
+        return checkpoint2_info(path, read, notes)
     sf = load_strategy(strategy) if strategy else None
     if sf is not None:
         notes.extend(sf.notes)
@@ -220,6 +230,95 @@ def gather(path: str, strategy: str | None = None, read: Any = None, notes: list
     return _file_info(single, sf, read)
 
 
+def checkpoint2_info(path: str, read: Any = None, notes: list[str] | None = None) -> dict[str, Any]:
+    """A MindFormers Checkpoint 2.0: each tensor's global shape, dtype, layout and files, the files, and
+    ``common.json`` (docs/formats.md §13). Every fact is cross-checked as a transform would."""
+    from reshard.sources.checkpoint2 import open_checkpoint2, read_iteration
+
+    notes = notes if notes is not None else []
+    it = read_iteration(path, read, notes)
+    opened = open_checkpoint2(path, read, [], CHECKPOINT2.name, it)  # the same checks a transform makes
+    tensors: list[dict[str, Any]] = []
+    if it.metadata is None:
+        for file_name, facts in it.headers.items():
+            for name, t in facts.tensors.items():
+                tensors.append(_cp2_row(name, t.dtype.ms_name, t.shape, None, None, [file_name], t.nbytes))
+    else:
+        for name, meta in it.metadata.tensors.items():
+            files = sorted({r.file_name for (n, _), recs in it.metadata.storage.items() if n == name for r in recs})
+            nbytes = math.prod(meta.global_shape) * meta.dtype.itemsize
+            tensors.append(_cp2_row(name, meta.dtype.ms_name, meta.global_shape, meta, len(meta.chunks), files, nbytes))
+    return {
+        "kind": "checkpoint2",
+        "path": path,
+        "iteration_folder": it.folder,
+        "format": "safetensors",
+        "ranks": len(opened.ranks),
+        "tensors": tensors,
+        "files": [
+            {"name": n, "bytes": os.path.getsize(f.path), "tensors": len(f.tensors)} for n, f in it.headers.items()
+        ],
+        "common": it.common,
+        "bytes": sum(t["bytes"] for t in tensors),
+    }
+
+
+def _cp2_row(
+    name: str, dtype: str, shape: tuple[int, ...], meta: Any, chunks: int | None, files: list[str], nbytes: int
+) -> dict[str, Any]:
+    lay = meta.layout if meta is not None else None
+    layout_json = None
+    if lay is not None:
+        layout_json = {
+            "device_matrix": list(lay.device_matrix),
+            "tensor_map": [list(e) if isinstance(e, tuple) else e for e in lay.tensor_map],
+            "alias_name": list(lay.alias_name),
+            "rank_list": list(lay.rank_list),
+        }
+    return {
+        "name": name,
+        "dtype": dtype,
+        "shape": list(shape),
+        "bytes": nbytes,
+        "layout": layout_json,
+        "axis_fragmentations": list(meta.axis_fragmentations) if meta is not None else [1] * len(shape),
+        "chunks": chunks if chunks is not None else 1,
+        "files": files,
+    }
+
+
+def _print_checkpoint2(info: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"MindFormers Checkpoint 2.0 {info['iteration_folder']} ({info['ranks']} ranks)")
+    for col in ("name", "dtype", "global shape", "layout", "chunks", "files"):
+        table.add_column(col)
+    for row in info["tensors"]:
+        lay = row["layout"]
+        shown = (
+            f"dev {lay['device_matrix']} map {lay['tensor_map']} ranks {_ranks_text(lay['rank_list'])}" if lay else ""
+        )
+        files = row["files"]
+        table.add_row(
+            row["name"], row["dtype"], str(row["shape"]), shown, str(row["chunks"]),
+            files[0] if len(files) == 1 else f"{len(files)} files",
+        )  # fmt: skip
+    console.print(table)
+    files = Table(title="files")
+    for col in ("file", "tensors", "size"):
+        files.add_column(col, justify="left" if col == "file" else "right")
+    for f in info["files"]:
+        files.add_row(f["name"], str(f["tensors"]), format_size(f["bytes"]))
+    console.print(files)
+    common = info["common"]
+    console.print("common.json: " + (", ".join(f"{k}={v}" for k, v in common.items()) if common else "none"))
+    console.print(f"{len(info['tensors'])} tensors, {format_size(info['bytes'])} in {len(info['files'])} file(s)")
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return f"{ranks[0]}-{ranks[-1]}" if ranks == list(range(ranks[0], ranks[-1] + 1)) else str(ranks)
+
+
 def main(path: str, as_json: bool = False, strategy: str | None = None, read: Any = None) -> None:
     notes: list[str] = []
     info = gather(path, strategy, read, notes)
@@ -232,6 +331,9 @@ def main(path: str, as_json: bool = False, strategy: str | None = None, read: An
     from rich.table import Table
 
     console = Console(highlight=False)
+    if info["kind"] == "checkpoint2":
+        _print_checkpoint2(info, console)
+        return
     if info["kind"] == "strategy":
         table = Table(title=f"strategy {path}")
         for col in ("name", "stages", "devices", "layout"):
@@ -270,6 +372,7 @@ def main(path: str, as_json: bool = False, strategy: str | None = None, read: An
 
 __all__ = [
     "Layouts",
+    "checkpoint2_info",
     "checkpoint_rows",
     "describe_layout",
     "full_model_info",

@@ -41,6 +41,7 @@ from reshard.formats.base import decode_string
 from reshard.formats.strategy import StrategyFile
 from reshard.plan import Plan, TensorPlan, plan_convert
 from reshard.sources import (
+    CHECKPOINT2,
     FULL_MODELS,
     HUGGING_FACE,
     ONE_RANK_FOLDER,
@@ -52,8 +53,10 @@ from reshard.sources import (
     has_crc_trailer,
     identify,
     is_encrypted,
+    kind_of,
     open_checkpoint,
 )
+from reshard.sources.checkpoint2 import check_iteration
 
 EXIT_DIFFER = 1  # the CLI's exit code when the checkpoints differ (2 stays "bad input")
 DEFAULT_MAX_MEMORY = 256 * 1024**2
@@ -161,6 +164,8 @@ def _first_ckpt(path: str) -> str | None:
 
 def _side_read(path: str, read: ReadOptions) -> ReadOptions:
     """The key is used only for a side whose checkpoints are encrypted (the other may be plain)."""
+    if read.iteration is not None and kind_of(path) is not CHECKPOINT2:  # the other side's iteration
+        read = replace(read, iteration=None)
     first = _first_ckpt(path)
     if read.dec_key is None or first is None:
         return replace(read, dec_key=None)
@@ -169,14 +174,16 @@ def _side_read(path: str, read: ReadOptions) -> ReadOptions:
 
 def _side_kinds(path: str) -> tuple[Kind, ...]:
     """What a side may be: rank folders, or a full model (one rank's folder only as the file it holds)."""
-    kinds: tuple[Kind, ...] = (RANK_FOLDERS, *FULL_MODELS)
+    kinds: tuple[Kind, ...] = (RANK_FOLDERS, CHECKPOINT2, *FULL_MODELS)
     return (*kinds, ONE_RANK_FOLDER) if full_model_file(path) is not None else kinds
 
 
 def side_plan(path: str, strategy: str | StrategyFile | None, read: ReadOptions, notes: list[str]) -> Plan:
     """A plan whose tensors are the full tensors of one side (never executed)."""
     kind = identify(path, _side_kinds(path))
-    if kind is RANK_FOLDERS:
+    if kind is CHECKPOINT2 and strategy is not None:
+        raise UsageError("a MindFormers Checkpoint 2.0 carries its layouts in metadata.json: give no strategy", path)
+    if kind in (RANK_FOLDERS, CHECKPOINT2):
         report = api.transform(path, _VIRTUAL_OUT, strategy, None, output_format="ckpt", read=read, dry_run=True)
         notes.extend(f"{path}: {note}" for note in report.notes)
         return report.plan
@@ -301,6 +308,7 @@ def verify(
         raise UsageError(f"atol must be a finite number >= 0, got {atol}")
     read = replace(read or ReadOptions(), verify_crc=verify_crc)
     notes: list[str] = []
+    check_iteration(a, [k for k in (kind_of(a), kind_of(b)) if k is not None] or [identify(a)], read)
     _need_strategy(a, a_strategy, "a")
     _need_strategy(b, b_strategy, "b")
     side_a = _open_side(a, a_strategy, read, notes)

@@ -214,9 +214,9 @@ class Template:
             seen: dict[str, None] = {}
             for t in self.transformed:
                 for k in shares[t.cls].keys:
-                    seen[t.files[k].path] = None
-            for f in wholes:
-                seen[f.path] = None
+                    seen[t.files[k].path_of(t.tensor)] = None
+            for (name, _), f in zip(self.deferred, wholes, strict=True):
+                seen[f.path_of(name)] = None
             hit = self.orders[key] = tuple(seen)
         return hit
 
@@ -375,10 +375,10 @@ class RankTensors(LazyTensors):
         out: list[TensorPlan] = []
         for t in self.template.transformed:
             share, files, tensor = shares[t.cls], t.files, t.tensor
-            copies = tuple(Copy(ids[files[k].path], tensor, s, d, n, w) for k, s, d, n, w in share.copies)
+            copies = tuple(Copy(ids[files[k].path_of(tensor)], tensor, s, d, n, w) for k, s, d, n, w in share.copies)
             out.append(TensorPlan(t.name, t.dtype, share.shape, copies, share.elements * t.dtype.itemsize))
         for (name, _), src in zip(self.template.deferred, self._wholes, strict=True):
-            out.append(whole_tensor_at(ids[src.path], src, name))
+            out.append(whole_tensor_at(ids[src.path_of(name)], src, name))
         return tuple(out)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -212,13 +212,23 @@ class SourceTensor:
 
 @dataclass
 class SourceFile:
-    """What planning needs from one source file: its tensors' dtypes and shapes, in file order."""
+    """What planning needs from one source file: its tensors' dtypes and shapes, in file order.
+
+    A *virtual* source file (one rank of a Checkpoint 2.0, whose slices live in several files)
+    names each tensor's file in ``homes``; ``path_of(name)`` is the file a copy of that tensor
+    reads (``path`` for every tensor of a plain file, whose ``homes`` is empty).
+    """
 
     path: str
     rank: int
     tensors: dict[str, SourceTensor]
     metadata: dict[str, str] = field(default_factory=dict)
     strings: dict[str, str] = field(default_factory=dict)  # values of string entries (small)
+    homes: Mapping[str, str] = field(default_factory=dict)  # tensor name -> the file holding it (virtual files)
+
+    def path_of(self, name: str) -> str:
+        """The file holding tensor ``name``."""
+        return self.homes.get(name, self.path) if self.homes else self.path
 
 
 class SourcePaths:
@@ -249,7 +259,7 @@ class Role(Enum):
 
 def whole_tensor(sources: SourcePaths, src: SourceFile, name: str, out_name: str | None = None) -> TensorPlan:
     """``src``'s tensor ``name`` copied unchanged (as ``out_name``)."""
-    return whole_tensor_at(sources.id(src.path), src, name, out_name)
+    return whole_tensor_at(sources.id(src.path_of(name)), src, name, out_name)
 
 
 def whole_tensor_at(source: int, src: SourceFile, name: str, out_name: str | None = None) -> TensorPlan:
@@ -280,7 +290,7 @@ def assembled(
         lengths = tuple(b - a for a, b in piece)
         copies.append(
             Copy(
-                sources.id(src.path),
+                sources.id(src.path_of(name)),
                 name,
                 tuple(a - o for (a, _), o in zip(piece, held_origin, strict=True)),
                 tuple(a - o for (a, _), o in zip(piece, dst_origin, strict=True)),

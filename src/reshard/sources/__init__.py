@@ -8,6 +8,7 @@ convert, inspect, verify); the kinds live one family per module (``rank_folders`
 
 from __future__ import annotations
 
+from reshard.sources.checkpoint2 import CHECKPOINT2
 from reshard.sources.files import has_crc_trailer, open_checkpoint, source_file, source_files
 from reshard.sources.full_model import (
     ENCRYPTED_CKPT,
@@ -37,6 +38,7 @@ from reshard.sources.registry import (
 from reshard.sources.strategy import STRATEGY, is_strategy_file
 
 __all__ = [
+    "CHECKPOINT2",
     "CHECKPOINTS",
     "ENCRYPTED_CKPT",
     "FULL_FILE",

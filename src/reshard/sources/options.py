@@ -23,7 +23,8 @@ class ReadOptions:
     checkpoints, ``file_suffix`` takes the one whose name ends in it (MindSpore's ``file_suffix``
     rule), ``pick`` chooses by ``"last-name"`` or ``"newest"`` (mtime; default: MindSpore's rule for
     the format), and ``src_format`` reads ``"ckpt"`` or ``"safetensors"`` files when the folders
-    hold both.
+    hold both. ``iteration`` picks a MindFormers Checkpoint 2.0 root's ``iteration_*`` folder
+    (None: the one ``latest_checkpointed_iteration.txt`` names).
     """
 
     dec_key: bytes | None = field(default=None, repr=False)  # never printed
@@ -32,6 +33,7 @@ class ReadOptions:
     file_suffix: str | None = None
     pick: str | None = None
     src_format: str | None = None
+    iteration: int | None = None  # a Checkpoint 2.0 root's iteration (None: the one its tracker names)
 
 
 def source_choice(

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 
 from reshard.errors import UsageError
 from reshard.formats.strategy import StrategyFile
+from reshard.sources.checkpoint2 import CHECKPOINT2
 from reshard.sources.full_model import ENCRYPTED_CKPT, FULL_FILE, HUGGING_FACE, UNIFIED, FullModel
 from reshard.sources.kind import Kind, Opened
 from reshard.sources.options import ReadOptions
@@ -31,6 +32,7 @@ from reshard.sources.strategy import STRATEGY
 # Detection order: the first kind whose detect() is true names the path. An index or a unify
 # output wins over the files beside it; a strategy .ckpt and an encrypted .ckpt before a plain file.
 KINDS: tuple[Kind, ...] = (
+    CHECKPOINT2,  # before the kinds that would take an iteration folder's files for a full model
     HUGGING_FACE,
     UNIFIED,
     RANK_FOLDERS,
@@ -80,8 +82,9 @@ def unified_index(
     """The files of a full model, the name -> file map, and ``hyper_param.safetensors``.
 
     ``path`` is a unified folder (``part<j>.safetensors`` + ``param_name_map.json``), a Hugging
-    Face folder or index file (checked against its shards), or one full checkpoint (a file, or a
-    folder holding one): its keys, translated back through the inverted ``name_map``, are the names.
+    Face folder or index file (checked against its shards), one full checkpoint (a file, or a
+    folder holding one), or a single-card MindFormers Checkpoint 2.0: its keys, translated back
+    through the inverted ``name_map``, are the names.
 
     Args:
         path: The full model.
@@ -106,7 +109,10 @@ def unified_index(
         api.unify("demo/st_8ranks", "demo/strategy_8", "unified")
         files, mapping, hyper = api.unified_index("unified")
     """
-    opened = open_source(path, FULL_MODELS, options)
+    opened = open_source(path, (*FULL_MODELS, CHECKPOINT2), options)
+    if not opened.files:  # a Checkpoint 2.0 of several ranks (one card is a full model)
+        way = "unify it first (reshard unify SRC UNIFIED), or reshard it directly (reshard transform)"
+        raise UsageError(f"this is {opened.kind} of {len(opened.ranks)} ranks, not a full model: {way}", path)
     mapping = opened.weight_map
     if opened.keyed:
         inverse = {v: k for k, v in (name_map or {}).items()}
