@@ -44,10 +44,7 @@ from tests.mindformers_oracle import (
     strategy_layouts,
 )
 
-pytestmark = [
-    pytest.mark.oracle,
-    pytest.mark.xfail(strict=False, reason="needs the cp2-read/cp2-write lanes"),
-]
+pytestmark = pytest.mark.oracle
 
 WEIGHTS = {  # the tiny network's parameters as strategy layouts: (dp, tp) = device axes (1, 0)
     "embedding.word_embeddings.weight": (0, -1),

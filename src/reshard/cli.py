@@ -451,7 +451,7 @@ def cmd_transform_ckpt(args: argparse.Namespace) -> None:
             dst_checkpoint_dir=args.tool_dst if args.tool_dst is not None else defaults.dst_checkpoint_dir,
             src_strategy=args.src_strategy,
             dst_strategy=args.dst_strategy,
-            prefix=args.prefix,
+            prefix=defaults.prefix if args.prefix is None else args.prefix,
             rank_id=defaults.rank_id if args.rank_id is None else args.rank_id,
             world_size=defaults.world_size if args.world_size is None else args.world_size,
             transform_process_num=(
