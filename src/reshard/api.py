@@ -74,7 +74,7 @@ from reshard.sources import (
     unified_index,
 )
 from reshard.sources import strategy as _strategy
-from reshard.sources.checkpoint2 import check_iteration
+from reshard.sources.checkpoint2 import check_iteration, iteration_folder
 from reshard.text import parse_size
 
 
@@ -321,10 +321,12 @@ def transform(
         hf: Write Hugging Face shards plus ``model.safetensors.index.json`` (False: not).
         max_shard_size: Largest Hugging Face shard, bytes or a size such as ``"2GB"``; only with
             ``hf`` (None: ``5GB``).
-        iteration: Checkpoint 2.0 only: the iteration number (None: 0).
+        iteration: Checkpoint 2.0 only: the iteration number (None: the source's, when it is a
+            Checkpoint 2.0; else 0).
         common: Checkpoint 2.0 only: ``common.json``'s values (``epoch_num``, ``step_num``,
             ``global_step``, ``loss_scale``, ``global_batch_size``, ``consumed_samples``,
-            ``ckpt_status``; None or a missing key: null).
+            ``ckpt_status``; a Checkpoint 2.0 source's own values are carried over where not
+            given; otherwise None or a missing key: null).
         optimizer_prefixes: Checkpoint 2.0 only: name prefixes that go to the ``opt-`` files besides
             ``reshard.statenames``' defaults.
 
@@ -405,6 +407,8 @@ def transform(
         if cp2_out:
             everyone = _everyone(ranks, lambda: plan_transform(sources, src_sf, plan_dst, dst_dir, "", "safetensors"))
     if cp2_out:
+        if kind is CHECKPOINT2:  # the source's own iteration and common.json carry over unless given
+            iteration, common = _carried_over(src, read, iteration, common, notes)
         plan = _checkpoint2_plan(plan, src_sf, plan_dst, dst_dir, iteration, common, prefix, rule, everyone, notes)
     if shard_size is not None:
         plan = hf_sharded(plan, dst_dir, shard_size)
@@ -493,6 +497,22 @@ def _everyone(ranks: Sequence[int] | None, plan_all: Callable[[], Plan]) -> Plan
             f"rank's files, so it needs every source rank: {exc.detail}",
             exc.path,
         ) from None
+
+
+def _carried_over(
+    src: str, read: ReadOptions | None, iteration: int | None, common: Mapping[str, object] | None, notes: list[str]
+) -> tuple[int | None, dict[str, object]]:
+    """A Checkpoint 2.0 written from a Checkpoint 2.0: its iteration number (unless given) and the
+    values of its ``common.json`` (each one given overrides), so a moved training run resumes at the
+    same step with the same loss scale and sample count (docs/formats.md §10)."""
+    folder = iteration_folder(src, read)
+    if iteration is None:
+        iteration = checkpoint2.iteration_of(folder)
+    source = {k: v for k, v in (checkpoint2.read_common(folder) or {}).items() if k in checkpoint2.COMMON_KEYS}
+    carried = sorted(k for k, v in source.items() if v is not None and k not in (common or {}))
+    if carried:
+        notes.append(f"common.json: {', '.join(carried)} carried over from the source")
+    return iteration, {**source, **(common or {})}
 
 
 def _checkpoint2_plan(

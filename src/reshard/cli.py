@@ -508,7 +508,8 @@ def _add_checkpoint2_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--iteration",
         type=_iteration,
-        help="with --output-format checkpoint2: the iteration number, iteration_<N 8 digits>/ (default 0)",
+        help="with --output-format checkpoint2: the iteration number, iteration_<N 8 digits>/ "
+        "(default: a Checkpoint 2.0 source's own, else 0)",
     )
     p.add_argument(
         "--common-json",
