@@ -31,7 +31,7 @@ from reshard.errors import LayoutError, ReshardError, UsageError
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats import checkpoint2, hf_index, layout_dir
 from reshard.formats.strategy import StrategyFile
-from reshard.layout import LayoutTable
+from reshard.layout import LayoutTable, split_stage_name
 from reshard.layout.slices import CompletedTable, ModelParallelTable, has_optimizer_shard
 from reshard.plan import (
     ChoiceFunc,
@@ -468,7 +468,7 @@ def _checkpoint2_destination(
     with a layout for each training state of ``names`` it lacks, taken from its parameter's."""
     if dst_sf is None:
         return None
-    sharded = [name for name, p in dst_sf.layouts.items() if has_optimizer_shard(p)]
+    sharded = list(dict.fromkeys(split_stage_name(n)[1] for n, p in dst_sf.layouts.items() if has_optimizer_shard(p)))
     if sharded:
         notes.append(
             f"the destination strategy shards {len(sharded)} parameter(s) for the optimizer (e.g. {sharded[0]!r}); "
@@ -476,7 +476,7 @@ def _checkpoint2_destination(
             "MindFormers' loader expects (docs/formats.md §10.3)"
         )
     completed = CompletedTable(dst_sf, tuple(n for n in names if rule.is_state(n)))
-    added = [k for k in completed.layouts if k not in dst_sf.layouts]
+    added = list(dict.fromkeys(split_stage_name(k)[1] for k in completed.layouts if k not in dst_sf.layouts))
     if added:
         notes.append(
             f"the destination strategy has no layout for {len(added)} training state(s) (e.g. {added[0]!r}); "

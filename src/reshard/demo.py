@@ -2,8 +2,9 @@
 
 Builds a small LLaMA-like model and the strategy files of an 8-rank job (2 pipeline stages x
 data-parallel 2 x model-parallel 2, optimizer shards, an embedding shared by both stages with a
-different layout in each) with reshard's own code, then shows each operation on it and checks
-every result against the original full tensors.
+different layout in each) with reshard's own code, then shows each operation on it (also into
+MindFormers 2.x's Checkpoint 2.0 layout and back) and checks every result against the original
+full tensors.
 """
 
 from __future__ import annotations
@@ -106,6 +107,24 @@ def main(work_dir: str | None = None) -> None:
         "transform 4 ranks -> full, check",
         lambda: _to_full_and_check(four, os.path.join(root, "full_from_4"), dst_merged, model),
     )
+    mf2 = os.path.join(root, "mf2_8ranks")
+    step(
+        "8 ranks -> MindFormers 2.x Checkpoint 2.0",
+        lambda: _files(
+            api.transform(
+                os.path.join(root, "st_8ranks"),
+                mf2,
+                src_merged,
+                src_merged,
+                output_format="checkpoint2",
+                iteration=1000,
+            )
+        ),
+    )
+    step(
+        "Checkpoint 2.0 -> full, check",
+        lambda: _to_full_and_check(mf2, os.path.join(root, "full_from_mf2"), None, model),
+    )
     console.print(table)
     if own_dir and os.environ.get("RESHARD_DEMO_KEEP") is None:
         shutil.rmtree(root, ignore_errors=True)
@@ -131,9 +150,10 @@ def _check_work_dir(work_dir: str) -> None:
         raise UsageError(f"cannot create the folder: {exc.strerror or exc}", work_dir) from None
 
 
-def _to_full_and_check(src: str, dst: str, strategy: str, model: dict[str, np.ndarray]) -> str:
-    api.transform(src, dst, strategy, None)
-    checked = _check_full(layout_dir.rank_output(dst, 0, "checkpoint_", "ckpt"), model)
+def _to_full_and_check(src: str, dst: str, strategy: str | None, model: dict[str, np.ndarray]) -> str:
+    """``src`` to one full checkpoint (a Checkpoint 2.0 carries its layouts: no strategy), checked."""
+    report = api.transform(src, dst, strategy, None)
+    checked = _check_full(report.plan.files[0].path, model)
     return f"{checked} tensors equal the original"
 
 
