@@ -27,6 +27,9 @@ from reshard.formats.ckpt import save_ckpt
 from reshard.formats.strategy import load_strategy, make_strategy, write_strategy
 from reshard.layout import ParamLayout
 from reshard.synthetic import ModelShape
+from tests import checkpoint2_fixtures as fx
+from tests.test_cp2_read_format import BAD as CHECKPOINT2_BAD
+from tests.test_cp2_read_format import ITER as CHECKPOINT2_ITERATION
 from tests.trust_helpers import make_job, run_cli, snapshot, temp_files
 
 Case = Callable[[Path, dict[str, str]], tuple[list[str], str]]  # -> (CLI args, text the line must hold)
@@ -574,6 +577,72 @@ CASES: list[Case] = [
     file_suffix_matches_nothing,
     key_format_hex_not_hex,
 ]
+
+
+# ---------------------------------------------------------------------------- MindFormers Checkpoint 2.0
+
+
+def _checkpoint2(tmp: Path) -> Path:
+    root = tmp / "mf2"
+    fx.write_checkpoint2(str(root), fx.dp2_tp4_params(), 8)
+    return root
+
+
+def _spoiled_checkpoint2(name: str) -> Case:
+    """One of the reader's spoilt trees (tests/test_cp2_read_format.py BAD), through transform."""
+
+    def case(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+        root = _checkpoint2(tmp)
+        spoil, expected = CHECKPOINT2_BAD[name]
+        spoil(root / CHECKPOINT2_ITERATION)
+        return ["transform", "--src", str(root), "--dst", OUT], expected
+
+    case.__name__ = "checkpoint2_" + name.replace("-", "_")
+    return case
+
+
+def checkpoint2_tracker_names_a_missing_iteration(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    root = _checkpoint2(tmp)
+    (root / "latest_checkpointed_iteration.txt").write_text("12")
+    return ["transform", "--src", str(root), "--dst", OUT], "names iteration 12 but iteration_00000012 is missing"
+
+
+def checkpoint2_with_a_source_strategy(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    root = _checkpoint2(tmp)
+    return ["transform", "--src", str(root), "--src-strategy", job["s8"], "--dst", OUT], "give no source strategy"
+
+
+def checkpoint2_output_with_hf(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return [
+        "transform", "--src", job["r8"], "--src-strategy", job["s8"], "--dst", OUT, "--output-format", "checkpoint2",
+        "--hf",
+    ], "not a Hugging Face model"  # fmt: skip
+
+
+def checkpoint2_negative_iteration(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return [
+        "transform", "--src", job["r8"], "--src-strategy", job["s8"], "--dst", OUT, "--dst-strategy", job["s4"],
+        "--output-format", "checkpoint2", "--iteration", "-3",
+    ], "iteration"  # fmt: skip
+
+
+def checkpoint2_iteration_of_rank_folders(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return [
+        "transform", "--src", job["r8"], "--src-strategy", job["s8"], "--dst", OUT, "--src-iteration", "3",
+    ], "applies to a MindFormers Checkpoint 2.0 only"  # fmt: skip
+
+
+CASES += [
+    _spoiled_checkpoint2(name) for name in sorted(__import__("tests.test_cp2_read_format").test_cp2_read_format.BAD)
+]
+CASES += [
+    checkpoint2_tracker_names_a_missing_iteration,
+    checkpoint2_with_a_source_strategy,
+    checkpoint2_output_with_hf,
+    checkpoint2_negative_iteration,
+    checkpoint2_iteration_of_rank_folders,
+]
+
 try:
     import ray  # noqa: F401  (the test extra installs it)
 
