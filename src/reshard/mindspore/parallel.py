@@ -33,7 +33,9 @@ job and has no file to work on; it is not provided, so importing it fails at onc
 from __future__ import annotations
 
 import glob
+import inspect
 import os
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -93,34 +95,6 @@ def convert_checkpoint_by_rank(
     src_strategy_file: str | None = None,
     dst_strategy_file: str | None = None,
 ) -> None:
-    """``mindspore.parallel.convert_checkpoint_by_rank``: ``transform_checkpoint_by_rank`` under its newer name.
-
-    Args:
-        rank_id: The destination rank (an int >= 0, within the destination strategy's ranks).
-        checkpoint_files_map: Source rank -> its ``.ckpt`` file (the ranks ``rank_list_for_convert``
-            names); read in the map's order.
-        save_checkpoint_file_name: The output file; it must end with ``.ckpt``.
-        src_strategy_file: The source strategy file (None: a full model).
-        dst_strategy_file: The destination strategy file (None: a full model).
-
-    Returns:
-        None.
-
-    Raises:
-        UsageError: A wrong argument, a missing source file or strategy file, an output name not
-            ending with ``.ckpt``, ``rank_id`` out of range, or a needed source rank not in the map.
-        LayoutError: Both strategies None, or a strategy that does not fit the tensors.
-        FormatError: A source or strategy file is truncated, corrupted or not what it claims.
-        IntegrityError: A ``.ckpt`` source's crc trailer does not match its content.
-        UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
-        ReshardError: The output cannot be written (a full disk, say); nothing is left behind.
-
-    Example:
-        from reshard.mindspore.parallel import convert_checkpoint_by_rank, rank_list_for_convert
-        src, dst = "demo/merged/src_strategy.ckpt", "demo/merged/dst_strategy.ckpt"
-        files = {r: f"demo/ckpt_8ranks/rank_{r}/checkpoint_{r}.ckpt" for r in rank_list_for_convert(0, src, dst)}
-        convert_checkpoint_by_rank(0, files, "rank_0/checkpoint_0.ckpt", src, dst)
-    """
     transform_checkpoint_by_rank(
         rank_id, checkpoint_files_map, save_checkpoint_file_name, src_strategy_file, dst_strategy_file
     )
@@ -135,39 +109,6 @@ def convert_checkpoints(
     process_num: int = 1,
     output_format: str = "ckpt",
 ) -> None:
-    """``mindspore.parallel.convert_checkpoints``: ``transform_checkpoints`` under its newer name.
-
-    Writes ``dst/rank_<r>/{ckpt_prefix}{r}.{output_format}`` for every destination rank (or
-    MindSpore's by-stage names ``{ckpt_prefix}{r}_part{stage}.ckpt``), byte-identical to MindSpore's.
-
-    Args:
-        src_checkpoints_dir: The folder of ``rank_<r>`` folders.
-        dst_checkpoints_dir: The output folder (created if missing).
-        ckpt_prefix: The output file name prefix; no path separators, ``..`` or blanks.
-        src_strategy_file: The source's (merged) strategy file (None: the source is one full model
-            in ``rank_0``).
-        dst_strategy_file: The destination strategy file (None: one full model).
-        process_num: An int >= 1, checked for compatibility; it does not size reshard's IO threads.
-        output_format: ``"ckpt"`` (default) or ``"safetensors"``.
-
-    Returns:
-        None.
-
-    Raises:
-        UsageError: A wrong argument, an unsafe prefix, a source folder without rank folders, several
-            rank folders without ``src_strategy_file``, safetensors output from ``.ckpt`` sources, a
-            missing source rank, or a destination inside the source or held by another run.
-        LayoutError: Both strategies None, or a strategy that does not fit the tensors.
-        FormatError: A source or strategy file is truncated, corrupted or not what it claims.
-        IntegrityError: A ``.ckpt`` source's crc trailer does not match its content.
-        UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
-        ReshardError: An output cannot be written (a full disk, say); what the run wrote is removed.
-
-    Example:
-        from reshard.mindspore.parallel import convert_checkpoints
-        convert_checkpoints("demo/ckpt_8ranks", "ckpt_4ranks", "checkpoint_",
-                            "demo/merged/src_strategy.ckpt", "demo/merged/dst_strategy.ckpt")
-    """
     transform_checkpoints(
         src_checkpoints_dir,
         dst_checkpoints_dir,
@@ -177,6 +118,37 @@ def convert_checkpoints(
         process_num,
         output_format,
     )
+
+
+def _renamed(original: Any, title: str, example: str) -> str:
+    """``original``'s docstring for the same function under MindSpore 2.x's newer name: the first
+    line replaced by ``title`` and the Example by ``example`` (Args, Returns and Raises are the
+    same, so they are written once, on the drop-in)."""
+    doc = inspect.cleandoc(original.__doc__ or "")
+    body = doc.split("\n", 1)[1]
+    body = body[: body.index("Example:")] + "Example:\n" + textwrap.indent(textwrap.dedent(example).strip(), "    ")
+    return f"{title}\n{body}\n"
+
+
+convert_checkpoint_by_rank.__doc__ = _renamed(
+    transform_checkpoint_by_rank,
+    "``mindspore.parallel.convert_checkpoint_by_rank``: ``transform_checkpoint_by_rank`` under its newer name.",
+    """
+    from reshard.mindspore.parallel import convert_checkpoint_by_rank, rank_list_for_convert
+    src, dst = "demo/merged/src_strategy.ckpt", "demo/merged/dst_strategy.ckpt"
+    files = {r: f"demo/ckpt_8ranks/rank_{r}/checkpoint_{r}.ckpt" for r in rank_list_for_convert(0, src, dst)}
+    convert_checkpoint_by_rank(0, files, "rank_0/checkpoint_0.ckpt", src, dst)
+    """,
+)
+convert_checkpoints.__doc__ = _renamed(
+    transform_checkpoints,
+    "``mindspore.parallel.convert_checkpoints``: ``transform_checkpoints`` under its newer name.",
+    """
+    from reshard.mindspore.parallel import convert_checkpoints
+    convert_checkpoints("demo/ckpt_8ranks", "ckpt_4ranks", "checkpoint_",
+                        "demo/merged/src_strategy.ckpt", "demo/merged/dst_strategy.ckpt")
+    """,
+)
 
 
 # --------------------------------------------------------------------------------------------

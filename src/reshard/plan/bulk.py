@@ -27,9 +27,9 @@ import itertools
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any
 
 from reshard import layout
 from reshard.dtypes import DType
@@ -285,30 +285,6 @@ class RankTensors(LazyTensors):
 
     def __len__(self) -> int:
         return len(self.template.transformed) + len(self._wholes)
-
-    @overload
-    def __getitem__(self, index: int) -> TensorPlan: ...
-    @overload
-    def __getitem__(self, index: slice) -> tuple[TensorPlan, ...]: ...
-    def __getitem__(self, index: int | slice) -> TensorPlan | tuple[TensorPlan, ...]:
-        return self.materialise()[index]
-
-    def __iter__(self) -> Iterator[TensorPlan]:
-        return iter(self.materialise())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, RankTensors | tuple):
-            return self.materialise() == tuple(other)
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self.materialise())
-
-    def __repr__(self) -> str:
-        return f"RankTensors({len(self)} tensors)"
-
-    def __reduce__(self) -> tuple[type, tuple[tuple[TensorPlan, ...]]]:
-        return tuple, (self.materialise(),)
 
     @property
     def stats(self) -> FileStats:

@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from typing import overload
+from collections.abc import Mapping, Sequence
 
 from reshard import dtypes
 from reshard.dtypes import DType
@@ -53,30 +52,6 @@ class SelectedTensors(LazyTensors):
 
     def __len__(self) -> int:
         return len(self.indices)
-
-    @overload
-    def __getitem__(self, index: int) -> TensorPlan: ...
-    @overload
-    def __getitem__(self, index: slice) -> tuple[TensorPlan, ...]: ...
-    def __getitem__(self, index: int | slice) -> TensorPlan | tuple[TensorPlan, ...]:
-        return self.materialise()[index]
-
-    def __iter__(self) -> Iterator[TensorPlan]:
-        return iter(self.materialise())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, LazyTensors | tuple):
-            return self.materialise() == tuple(other)
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self.materialise())
-
-    def __repr__(self) -> str:
-        return f"SelectedTensors({len(self)} tensors)"
-
-    def __reduce__(self) -> tuple[type, tuple[tuple[TensorPlan, ...]]]:
-        return tuple, (self.materialise(),)
 
     @property
     def stats(self) -> FileStats:

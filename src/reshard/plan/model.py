@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import overload
 
 from reshard import dtypes
 from reshard.dtypes import DType
@@ -90,13 +91,44 @@ class FileStats:
 class LazyTensors(Sequence[TensorPlan]):
     """The tensors of one output, built on access; their totals are known without building them.
 
-    ``reshard.plan.bulk.RankTensors`` is the one kind: transform and split outputs built from
-    shared per-class tables.
+    ``reshard.plan.bulk.RankTensors`` (transform and split outputs built from shared per-class
+    tables) and ``reshard.plan.checkpoint2.SelectedTensors`` (a Checkpoint 2.0 rank's model or
+    optimizer part of one) are the kinds. A subclass says how many tensors it has, builds them
+    (``materialise``) and totals them (``stats``); indexing, iterating, comparing, hashing and
+    pickling (as the plain tuple, so a plan sent to another machine needs no planner) are the same
+    for every kind and live here.
     """
 
     @property
     @abc.abstractmethod
     def stats(self) -> FileStats: ...
+
+    @abc.abstractmethod
+    def materialise(self) -> tuple[TensorPlan, ...]: ...
+
+    @overload
+    def __getitem__(self, index: int) -> TensorPlan: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[TensorPlan, ...]: ...
+    def __getitem__(self, index: int | slice) -> TensorPlan | tuple[TensorPlan, ...]:
+        return self.materialise()[index]
+
+    def __iter__(self) -> Iterator[TensorPlan]:
+        return iter(self.materialise())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LazyTensors | tuple):
+            return self.materialise() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.materialise())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self)} tensors)"
+
+    def __reduce__(self) -> tuple[type, tuple[tuple[TensorPlan, ...]]]:
+        return tuple, (self.materialise(),)
 
 
 @dataclass(frozen=True)
