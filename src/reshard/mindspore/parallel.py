@@ -66,25 +66,6 @@ from reshard.mindspore.parameter import Parameter
 def rank_list_for_convert(
     rank_id: int, src_strategy_file: str | None = None, dst_strategy_file: str | None = None
 ) -> list[int]:
-    """``mindspore.parallel.rank_list_for_convert``: ``rank_list_for_transform`` under its newer name.
-
-    Args:
-        rank_id: The destination rank (an int >= 0, within the destination strategy's ranks).
-        src_strategy_file: The source strategy file (None: a full model, so ``[0]``).
-        dst_strategy_file: The destination strategy file (None: a full model).
-
-    Returns:
-        The source ranks destination ``rank_id`` needs, descending (MindSpore's order).
-
-    Raises:
-        UsageError: A bad ``rank_id`` or one out of range, or a missing or empty strategy file.
-        FormatError: A strategy file cannot be parsed.
-        LayoutError: The two strategies' layouts do not fit each other.
-
-    Example:
-        from reshard.mindspore.parallel import rank_list_for_convert
-        ranks = rank_list_for_convert(0, "demo/merged/src_strategy.ckpt", "demo/merged/dst_strategy.ckpt")
-    """
     return rank_list_for_transform(rank_id, src_strategy_file, dst_strategy_file)
 
 
@@ -130,6 +111,14 @@ def _renamed(original: Any, title: str, example: str) -> str:
     return f"{title}\n{body}\n"
 
 
+rank_list_for_convert.__doc__ = _renamed(
+    rank_list_for_transform,
+    "``mindspore.parallel.rank_list_for_convert``: ``rank_list_for_transform`` under its newer name.",
+    """
+    from reshard.mindspore.parallel import rank_list_for_convert
+    ranks = rank_list_for_convert(0, "demo/merged/src_strategy.ckpt", "demo/merged/dst_strategy.ckpt")
+    """,
+)
 convert_checkpoint_by_rank.__doc__ = _renamed(
     transform_checkpoint_by_rank,
     "``mindspore.parallel.convert_checkpoint_by_rank``: ``transform_checkpoint_by_rank`` under its newer name.",
