@@ -9,7 +9,7 @@ operation does not read (naming what it is and what was wanted), and an unknown 
 was looked for). Errors about a recognised source's content (a truncated file, an empty rank
 folder inside a tree) come from its kind's ``open`` and the format readers.
 
-Adding a kind (Checkpoint 2.0 is next): write one module under ``reshard/sources/`` with a class
+Adding a kind (``checkpoint2.py`` is the latest example): write one module under ``reshard/sources/`` with a class
 that has ``name``, ``looks_for``, ``detect`` and ``open`` (returning ``Opened``) and one instance
 of it, then add that instance to ``KINDS`` below, before any kind that would also claim its paths.
 Operations that should read it add it to the kinds they accept.
