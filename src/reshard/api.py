@@ -56,6 +56,7 @@ from reshard.sources import (
     HYPER_NAME,
     ONE_RANK_FOLDER,
     RANK_FOLDERS,
+    UNIFIED,
     Kind,
     Opened,
     ReadOptions,
@@ -376,9 +377,9 @@ def transform(
         output_format = "safetensors"
     src_sf: StrategyFile | None = None
     everyone: Plan | None = None
-    if kind is HUGGING_FACE:
+    if kind in (HUGGING_FACE, UNIFIED):
         if src_strategy is not None:
-            raise UsageError("a Hugging Face model is a full model: give no source strategy", src)
+            raise UsageError(f"{kind.name} is a full model: give no source strategy", src)
         files, mapping, hyper = unified_index(src)
         if hyper is not None:  # unify --hf keeps them beside the shards; a full model holds them
             files[HYPER_NAME] = hyper
@@ -575,9 +576,10 @@ def _checkpoint2_superseded(dst: str, plan: Plan, overwrite: bool, resume: bool)
 
 
 def _transform_kinds(src: str, src_strategy: object) -> tuple[Kind, ...]:
-    """What transform reads: rank folders, a full checkpoint, a Hugging Face model; one rank's
-    folder only as the full checkpoint it holds, and never with a source strategy (its parent was meant)."""
-    kinds: tuple[Kind, ...] = (HUGGING_FACE, RANK_FOLDERS, CHECKPOINT2, ENCRYPTED_CKPT, FULL_FILE)
+    """What transform reads: rank folders, a MindFormers Checkpoint 2.0, a full checkpoint, a unify
+    output, a Hugging Face model; one rank's folder only as the full checkpoint it holds, and never
+    with a source strategy (its parent was meant)."""
+    kinds: tuple[Kind, ...] = (HUGGING_FACE, UNIFIED, RANK_FOLDERS, CHECKPOINT2, ENCRYPTED_CKPT, FULL_FILE)
     if src_strategy is None and full_model_file(src) is not None:
         kinds += (ONE_RANK_FOLDER,)
     return kinds
