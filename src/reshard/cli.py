@@ -278,12 +278,30 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
             max_memory=args.max_memory,
             address=args.ray_address,
             shared_disk=args.shared_disk,
+            placement=getattr(args, "placement", None),
+            on_nodes=None if getattr(args, "quiet", False) else _print_nodes,
             **hooks,
         )
+    if getattr(args, "placement", None) is not None:
+        raise UsageError("--placement applies to --executor ray only")
     if getattr(args, "ray_address", None) is not None or getattr(args, "shared_disk", True) is False:
         flag = "--ray-address" if getattr(args, "ray_address", None) is not None else "--no-shared-disk"
         raise UsageError(f"{flag} applies to --executor ray only")
     return RunOptions(workers=args.workers, max_memory=args.max_memory, **hooks)
+
+
+def _print_nodes(done: Any) -> None:
+    """``--placement``: the bytes that will cross nodes, said once before any byte moves."""
+    if not done.received:
+        print(f"reshard: note: {done.schedule.summary(done.names)}", file=sys.stderr)
+
+
+def _print_planned_nodes(report: api.Report, args: argparse.Namespace) -> None:
+    """``reshard plan --placement FILE``: the bytes that would cross nodes, from the placement file."""
+    from reshard.execute.nodes import load_placement, planned_schedule
+
+    sched = planned_schedule(report.plan, load_placement(args.placement), _read_options(args))
+    print(sched.summary())
 
 
 def _read_options(args: argparse.Namespace) -> api.ReadOptions:
@@ -402,6 +420,8 @@ def cmd_transform(args: argparse.Namespace) -> None:
         **_checkpoint2(args),
     )
     _finish(report, args, args.dst)
+    if args.command == "plan" and getattr(args, "placement", None):
+        _print_planned_nodes(report, args)
 
 
 # Flags of reshard's own transform that MindFormers' tool has no counterpart for: refused beside its flags.
@@ -778,6 +798,16 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         default=True,
         help="with --executor ray: nodes see the same paths (else sources/outputs travel through Ray)",
     )
+    _add_placement_flag(p, "with --executor ray: sources are on the nodes' own disks; ")
+
+
+def _add_placement_flag(p: argparse.ArgumentParser, prefix: str) -> None:
+    p.add_argument(
+        "--placement",
+        metavar="FILE|auto",
+        help=prefix + "a JSON file saying which node holds which files, or auto (ask every node); "
+        "outputs are written on the node holding most of their input, only needed byte ranges cross nodes",
+    )
 
 
 def _add_quiet_flag(p: argparse.ArgumentParser) -> None:
@@ -991,6 +1021,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_crypto_flags(p, write=False)
     _add_check_crc_flag(p)
     _add_hf_flags(p)
+    _add_placement_flag(p, "print the bytes that would cross nodes: ")
     p.set_defaults(func=cmd_transform, overwrite=False, resume=False, no_manifest=False, dry_run=True)
 
     p = sub.add_parser("unify", help="merge rank shards into full safetensors parts + param_name_map.json")
