@@ -36,6 +36,7 @@ from reshard.execute.nodes import Schedule
 from reshard.execute.ray import RayOptions
 from reshard.execute.ray_nodes import NodeRun
 from reshard.plan import Plan
+from reshard.synthetic import ModelShape
 from tests.trust_helpers import make_job, run_cli, tree
 
 ABSENT_ENV = "RESHARD_TEST_ABSENT_BY_NODE"  # JSON: node id -> folders absent on that node
@@ -82,7 +83,7 @@ def _hide_other_nodes_folders() -> None:
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    made = make_job(str(tmp_path_factory.mktemp("job")))
+    made = make_job(str(tmp_path_factory.mktemp("job")), ModelShape())  # a few MB: pieces of many sizes
     other = os.path.join(made["root"], "unrelated", "rank_0")
     os.makedirs(other)
     shutil.copy(os.path.join(made["r8"], "rank_0", os.listdir(os.path.join(made["r8"], "rank_0"))[0]), other)
@@ -204,7 +205,7 @@ def test_auto_placement_matches_local_and_ships_the_minimum(
     api.transform(job["r8"], str(tmp_path / "local"), job["s8"], dst_strategy)
     runs: list[NodeRun] = []
     tally = DriverTally(monkeypatch)
-    run = RayOptions(placement="auto", in_flight=64 * 1024, on_nodes=runs.append)  # small windows: many pieces
+    run = RayOptions(placement="auto", in_flight=1024**2, on_nodes=runs.append)  # small windows: many pieces
     report = api.transform(job["r8"], str(tmp_path / "ray"), job["s8"], dst_strategy, run=run)
     assert _tensor_files(str(tmp_path / "ray")) == _tensor_files(str(tmp_path / "local"))
     planned, done = runs[0].schedule, runs[-1]
@@ -261,7 +262,7 @@ def test_bad_placements_fail_in_one_line(nodes: dict[str, str], job: dict[str, s
     partial = {"nodes": {"node_a": _folders(job, "node_a")}}
     bad.write_text(json.dumps(partial))
     assert "no node holds" in fails(str(bad))
-    assert "no such file" in fails(str(tmp_path / "missing.json"))
+    assert "cannot read the placement file" in fails(str(tmp_path / "missing.json"))
 
 
 def test_cli_placement_prints_bytes_across_nodes(nodes: dict[str, str], job: dict[str, str], tmp_path: Any) -> None:
