@@ -22,6 +22,8 @@ import os
 import pickle
 import shutil
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,8 +32,8 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from reshard import api
-from reshard.errors import UsageError
+from reshard import api, cli
+from reshard.errors import ReshardError, UsageError
 from reshard.execute.nodes import Schedule
 from reshard.execute.ray import RayOptions
 from reshard.execute.ray_nodes import NodeRun
@@ -40,6 +42,8 @@ from reshard.synthetic import ModelShape
 from tests.trust_helpers import make_job, run_cli, tree
 
 ABSENT_ENV = "RESHARD_TEST_ABSENT_BY_NODE"  # JSON: node id -> folders absent on that node
+TRAPS_ENV = "RESHARD_TEST_TRAPS"  # a JSON file: [{"node", "under", "marker", "action": "exit"|"sleep"}]
+CLUSTER: dict[str, Cluster] = {}
 NODES = ("node_a", "node_b", "node_c")
 HOLDS = {"node_a": range(0, 4), "node_b": range(4, 8)}  # node_c holds only an unrelated folder
 
@@ -50,19 +54,43 @@ def _hide_other_nodes_folders() -> None:
 
     by_node: dict[str, list[str]] = json.loads(os.environ.get(ABSENT_ENV, "{}"))
     absent: list[str] = []
-    known = [False]
+    here: list[str] = []  # this worker's node id, once known
 
     def check(path: Any) -> None:
         if isinstance(path, int):
             return
-        if not known[0]:
-            known[0] = True
-            absent.extend(by_node.get(ray.get_runtime_context().get_node_id(), []))
+        if not here:
+            here.append(ray.get_runtime_context().get_node_id())
+            absent.extend(by_node.get(here[0], []))
+        node = here[0]
         full = os.path.abspath(os.fsdecode(path))
         if any(full == r or full.startswith(r + os.sep) for r in absent):
             raise FileNotFoundError(errno.ENOENT, "not on this node (no shared disk)", full)
+        spring(node, full)
+
+    def spring(node: str, full: str) -> None:
+        """A trap set by a test: the first open under a folder on a node kills the worker or hangs."""
+        traps_file = os.environ.get(TRAPS_ENV, "")
+        if not exists(traps_file) or full.startswith(traps_file):
+            return
+        with real_open(traps_file, encoding="utf-8") as fh:
+            traps = json.load(fh)
+        for trap in traps:
+            if trap["node"] == node and full.startswith(trap["under"]) and not exists(trap["marker"]):
+                with real_open(trap["marker"], "w") as fh:
+                    fh.write(str(os.getpid()))
+                if trap["action"] == "exit":
+                    os._exit(1)
+                time.sleep(120)
 
     real_os_open, real_open, real_stat = os.open, builtins.open, os.stat
+
+    def exists(path: str) -> bool:
+        try:
+            real_stat(path)
+        except OSError:
+            return False
+        return bool(path)
 
     def os_open(path: Any, *args: Any, **kwargs: Any) -> int:
         check(path)
@@ -98,20 +126,22 @@ def _folders(job: dict[str, str], node: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def nodes(job: dict[str, str]) -> Iterator[dict[str, str]]:
+def nodes(job: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """Three one-CPU nodes (the head is node_a); yields resource name -> node id."""
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 1, "resources": {"node_a": 1}, "include_dashboard": False},
     )
+    ids = {"node_a": cluster.head_node.node_id}
     for name in NODES[1:]:
-        cluster.add_node(num_cpus=1, resources={name: 1})
+        ids[name] = cluster.add_node(num_cpus=1, resources={name: 1}).node_id
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")  # to read the node ids
-    ids = {name: next(n["NodeID"] for n in ray.nodes() if name in n["Resources"]) for name in NODES}
-    ray.shutdown()
     absent = {ids[n]: [f for m in NODES if m != n for f in _folders(job, m)] for n in NODES}
-    runtime_env = {"env_vars": {ABSENT_ENV: json.dumps(absent)}, "worker_process_setup_hook": _hide_other_nodes_folders}
+    traps = str(tmp_path_factory.mktemp("traps") / "traps.json")
+    env = {ABSENT_ENV: json.dumps(absent), TRAPS_ENV: traps}
+    runtime_env = {"env_vars": env, "worker_process_setup_hook": _hide_other_nodes_folders}
+    CLUSTER["cluster"] = cluster
+    ids["traps"] = traps
     ray.init(address=cluster.address, runtime_env=runtime_env, log_to_driver=False, logging_level="ERROR")
     try:
         yield ids
@@ -265,17 +295,74 @@ def test_bad_placements_fail_in_one_line(nodes: dict[str, str], job: dict[str, s
     assert "cannot read the placement file" in fails(str(tmp_path / "missing.json"))
 
 
-def test_cli_placement_prints_bytes_across_nodes(nodes: dict[str, str], job: dict[str, str], tmp_path: Any) -> None:
-    address = ray.get_runtime_context().gcs_address
+def test_cli_placement_prints_bytes_across_nodes(
+    nodes: dict[str, str], job: dict[str, str], tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run says the bytes that cross nodes; ``reshard plan --placement`` says the same number first."""
     common = ["transform", "--src", job["r8"], "--src-strategy", job["s8"], "--dst-strategy", job["s4"]]
-    proc = run_cli(*common, "--dst", str(tmp_path / "ray"), "--executor", "ray", "--ray-address", address,
-                   "--placement", _placement_file(tmp_path, job))  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    line = next(x for x in proc.stderr.splitlines() if "bytes across nodes" in x)
+    placement = _placement_file(tmp_path, job)
+    assert cli.main([*common, "--dst", str(tmp_path / "ray"), "--executor", "ray", "--placement", placement]) == 0
+    line = next(x for x in capsys.readouterr().err.splitlines() if "bytes across nodes" in x)
     crossed = int(line.split("bytes across nodes: ")[1].split()[0])
-    plan = run_cli("plan", "--src", job["r8"], "--src-strategy", job["s8"], "--dst-strategy", job["s4"],
-                   "--dst", str(tmp_path / "p"), "--placement", _placement_file(tmp_path, job))  # fmt: skip
+    assert crossed > 0
+    plan_args = ["--src", job["r8"], "--src-strategy", job["s8"], "--dst-strategy", job["s4"]]
+    plan = run_cli("plan", *plan_args, "--dst", str(tmp_path / "p"), "--placement", placement)  # no cluster needed
     assert plan.returncode == 0, plan.stderr
-    assert f"bytes across nodes: {crossed} " in plan.stdout + plan.stderr
-    bad = run_cli(*common, "--dst", str(tmp_path / "bad"), "--placement", _placement_file(tmp_path, job))
+    assert f"bytes across nodes: {crossed} " in plan.stdout
+    bad = run_cli(*common, "--dst", str(tmp_path / "bad"), "--placement", placement)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--executor ray" in bad.stderr
+    assert not (tmp_path / "bad").exists()
+
+
+def test_killed_worker_is_retried(nodes: dict[str, str], job: dict[str, str], tmp_path: Any) -> None:
+    out, marker = tmp_path / "ray", tmp_path / "killed"
+    traps = [{"node": nodes["node_b"], "under": str(out), "marker": str(marker), "action": "exit"}]
+    with open(nodes["traps"], "w", encoding="utf-8") as fh:
+        json.dump(traps, fh)
+    try:
+        api.transform(job["r8"], str(out), job["s8"], job["s4"], run=RayOptions(placement="auto"))
+    finally:
+        os.unlink(nodes["traps"])
+    assert marker.exists()  # node_b's worker really died once
+    api.transform(job["r8"], str(tmp_path / "local"), job["s8"], job["s4"])
+    assert _tensor_files(str(out)) == _tensor_files(str(tmp_path / "local"))
+
+
+def test_lost_node_fails_in_one_line_and_resume_completes(
+    nodes: dict[str, str], job: dict[str, str], tmp_path: Any
+) -> None:
+    """node_c writes rank 1 and hangs; it is removed from the cluster. Runs last: the node stays gone."""
+    out, marker = tmp_path / "ray", tmp_path / "hanging"
+    traps = [{"node": nodes["node_c"], "under": str(out), "marker": str(marker), "action": "sleep"}]
+    with open(nodes["traps"], "w", encoding="utf-8") as fh:
+        json.dump(traps, fh)
+    cluster = CLUSTER["cluster"]
+    node_c = next(n for n in cluster.worker_nodes if n.node_id == nodes["node_c"])
+
+    def remove_when_hanging() -> None:
+        for _ in range(600):
+            if marker.exists():
+                cluster.remove_node(node_c)
+                return
+            time.sleep(0.1)
+
+    remover = threading.Thread(target=remove_when_hanging)
+    remover.start()
+    try:
+        with pytest.raises(ReshardError) as info:
+            api.transform(
+                job["r8"],
+                str(out),
+                job["s8"],
+                job["s4"],
+                run=RayOptions(placement=_placement_file(tmp_path, job, {"writers": {"1": "node_c"}})),
+            )
+    finally:
+        remover.join()
+        os.unlink(nodes["traps"])
+    message = str(info.value)
+    assert "\n" not in message and "node node_c was lost" in message, message
+    report = api.transform(job["r8"], str(out), job["s8"], job["s4"], resume=True, run=RayOptions(placement="auto"))
+    assert report.kept  # node_a's and node_b's outputs were journaled
+    api.transform(job["r8"], str(tmp_path / "local"), job["s8"], job["s4"])
+    assert _tensor_files(str(out)) == _tensor_files(str(tmp_path / "local"))

@@ -46,7 +46,7 @@ from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
 from reshard.execute.digest import hash_pool
 from reshard.execute.nodes import Fetch, Run, Schedule, SourceFacts, load_placement, schedule, source_facts
-from reshard.execute.options import RunOptions, WriteOptions
+from reshard.execute.options import KEEP_FINISHED, RunOptions, WriteOptions
 from reshard.formats.base import TensorEntry, TensorIndex
 from reshard.plan import FilePlan, Plan
 from reshard.plan.validate import PlanError, validate_plan
@@ -396,6 +396,7 @@ def _drive(
         )
         pending[ref] = (node, files)
     received: dict[str, int] = {}
+    lost: BaseException | None = None  # a lost node: the other nodes finish (journaled), then it is raised
     try:
         while pending:
             [done], _ = ray.wait(list(pending), num_returns=1)
@@ -403,7 +404,11 @@ def _drive(
             try:
                 digests, received[node] = ray.get(done)
             except ray.exceptions.RayError as exc:
-                raise _node_error(ray, exc, node, names) from None
+                error = _node_error(ray, exc, node, names)
+                if not getattr(error, KEEP_FINISHED, False):
+                    raise error from None
+                lost = lost or error
+                continue
             for f, digest in zip(files, digests, strict=True):
                 if run.on_file_written is not None:
                     run.on_file_written(f, digest)
@@ -412,6 +417,8 @@ def _drive(
     except BaseException:
         cancel_refs(ray, list(pending))
         raise
+    if lost is not None:
+        raise lost
     return received
 
 
@@ -423,7 +430,9 @@ def _node_error(ray: Any, exc: BaseException, node: str, names: Mapping[str, str
     alive = {n["NodeID"] for n in alive_nodes(ray)}
     label = names.get(node, node)
     if node not in alive:
-        return ReshardError(f"node {label} was lost during the run; --resume completes it once the node is back")
+        lost = ReshardError(f"node {label} was lost during the run; finished outputs are kept: --resume completes it")
+        setattr(lost, KEEP_FINISHED, True)
+        return lost
     return ReshardError(f"the task on node {label} failed: {type(exc).__name__}: {first_line(exc)}")
 
 
