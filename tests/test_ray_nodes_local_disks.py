@@ -34,6 +34,7 @@ from ray.cluster_utils import Cluster
 
 from reshard import api, cli
 from reshard.errors import ReshardError, UsageError
+from reshard.execute import ray_nodes
 from reshard.execute.nodes import Schedule
 from reshard.execute.ray import RayOptions
 from reshard.execute.ray_nodes import NodeRun
@@ -312,6 +313,34 @@ def test_cli_placement_prints_bytes_across_nodes(
     bad = run_cli(*common, "--dst", str(tmp_path / "bad"), "--placement", placement)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--executor ray" in bad.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_driver_without_the_sources_plans_from_the_nodes(
+    nodes: dict[str, str], job: dict[str, str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver cannot open or stat anything of the source tree: it plans from a header-only copy
+    the nodes send (their checkpoints' framing, no tensor data) and the nodes read the real files."""
+    api.transform(job["r8"], str(tmp_path / "local"), job["s8"], job["s4"])
+    source = os.path.abspath(job["r8"])
+    real_os_open, real_open, real_stat = os.open, builtins.open, os.stat
+
+    def check(path: Any) -> None:
+        if not isinstance(path, int) and os.path.abspath(os.fsdecode(path)).startswith(source + os.sep):
+            raise FileNotFoundError(2, "not on the driver", os.fsdecode(path))
+
+    monkeypatch.setattr(os, "open", lambda p, *a, **k: (check(p), real_os_open(p, *a, **k))[1])
+    monkeypatch.setattr(builtins, "open", lambda p, *a, **k: (check(p), real_open(p, *a, **k))[1])
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: (check(p), real_stat(p, *a, **k))[1])
+    with pytest.raises(FileNotFoundError):
+        os.stat(os.path.join(job["r8"], "rank_0"))
+    common = ["transform", "--src", job["r8"], "--src-strategy", job["s8"], "--dst-strategy", job["s4"]]
+    assert cli.main([*common, "--dst", str(tmp_path / "ray"), "--executor", "ray", "--placement", "auto"]) == 0
+    monkeypatch.undo()
+    assert _tensor_files(str(tmp_path / "ray")) == _tensor_files(str(tmp_path / "local"))
+    shadow = ray_nodes.shadow_folder(job["r8"])
+    held = sum(os.stat(os.path.join(d, n)).st_blocks * 512 for d, _, names in os.walk(shadow) for n in names)
+    full = sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(job["r8"]) for n in names)
+    assert held < full / 4  # the copy holds headers, not tensor data
 
 
 def test_killed_worker_is_retried(nodes: dict[str, str], job: dict[str, str], tmp_path: Any) -> None:

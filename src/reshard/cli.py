@@ -17,6 +17,7 @@ says how to read a key file whose text is also a valid raw key).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -296,6 +297,15 @@ def _print_nodes(done: Any) -> None:
         print(f"reshard: note: {done.schedule.summary(done.names)}", file=sys.stderr)
 
 
+def _source_from_nodes(args: argparse.Namespace, run: RunOptions | None) -> tuple[str, RunOptions | None]:
+    """``--placement``: plan from a header-only copy of ``--src`` made from the nodes (none need be here)."""
+    from reshard.execute.ray import RayOptions, source_from_nodes
+
+    if not isinstance(run, RayOptions) or run.placement is None:
+        return args.src, run
+    return source_from_nodes(args.src, run, _read_options(args))
+
+
 def _print_planned_nodes(report: api.Report, args: argparse.Namespace) -> None:
     """``reshard plan --placement FILE``: the bytes that would cross nodes, from the placement file."""
     from reshard.execute.nodes import load_placement, planned_schedule
@@ -403,17 +413,20 @@ def cmd_transform(args: argparse.Namespace) -> None:
         raise UsageError("give the source with --src_ckpt_dir")
     if not args.dst:
         raise UsageError("give the destination with --dst_ckpt_dir")
+    run = None if args.command == "plan" else _run_options(args)
+    src, run = _source_from_nodes(args, run)
+    read = _read_options(args) if src == args.src else dataclasses.replace(_read_options(args), verify_crc=False)
     report = api.transform(
-        args.src,
+        src,
         args.dst,
         _mindformers_strategy(args.src, args.src_strategy, "--src-strategy", args),
         _none(args.dst_strategy),
         prefix=args.prefix,
         output_format=args.output_format,
         ranks=args.ranks,
-        read=_read_options(args),
+        read=read,
         write=None if args.command == "plan" else _write_options(args),
-        run=None if args.command == "plan" else _run_options(args),
+        run=run,
         dry_run=args.dry_run,
         **_kwargs(args),
         **_hf(args),

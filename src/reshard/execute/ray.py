@@ -48,7 +48,7 @@ from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
 from reshard.execute.digest import hash_pool
 from reshard.execute.options import RunOptions, WriteOptions
-from reshard.execute.ray_nodes import DEFAULT_IN_FLIGHT, NodeRun, run_plan_nodes
+from reshard.execute.ray_nodes import DEFAULT_IN_FLIGHT, NodeRun, plan_from_nodes, run_plan_nodes
 from reshard.execute.ray_nodes import cancel_refs as _cancel
 from reshard.execute.ray_nodes import task_error as _task_error
 from reshard.formats import base
@@ -71,6 +71,8 @@ class RayOptions(RunOptions):
     placement: str | None = None
     in_flight: int = DEFAULT_IN_FLIGHT  # with a placement: fetched bytes per writer node not yet written
     on_nodes: Callable[[NodeRun], None] | None = None  # with a placement: called with the schedule, then the result
+    # (header-only copy, real source): the plan was made from ``source_from_nodes``' copy
+    sources_from: tuple[str, str] | None = None
 
 
 def _ray() -> Any:
@@ -227,6 +229,7 @@ def run_plan_ray(
     placement: str | None = None,
     in_flight: int = DEFAULT_IN_FLIGHT,
     on_nodes: Callable[[NodeRun], None] | None = None,
+    sources_from: tuple[str, str] | None = None,
 ) -> None:
     """Execute every output of ``plan`` as Ray tasks; text outputs are written last by the driver.
 
@@ -240,7 +243,7 @@ def run_plan_ray(
         if run.on_start is not None:
             run.on_start(sum(f.nbytes for f in plan.files))
         with _cluster(address) as ray:
-            done = run_plan_nodes(ray, plan, read, write, run, placement, in_flight, on_nodes)
+            done = run_plan_nodes(ray, plan, read, write, run, placement, in_flight, on_nodes, sources_from)
         if on_nodes is not None:
             on_nodes(done)
         local.write_texts(plan)
@@ -317,6 +320,33 @@ def _finish(ray: Any, ref: Any, files: list[FilePlan], run: RunOptions) -> None:
             run.progress(f.nbytes)
 
 
+def source_from_nodes(src: str, run: RayOptions, read: ReadOptions | None = None) -> tuple[str, RayOptions]:
+    """Plan without the source on this machine: a header-only copy of ``src`` made from the nodes.
+
+    Args:
+        src: The source as the nodes hold it (rank folders spread over them, say).
+        run: Ray options with a ``placement`` (``"auto"``: every alive node is asked).
+        read: How the sources are read (decryption is refused: encrypted files have no header-only copy).
+
+    Returns:
+        The copy's path, to give an operation as its source, and ``run`` set to read the real files.
+
+    Raises:
+        UsageError: No placement, a placement that names no alive node, or nothing under ``src``.
+
+    Example:
+        from reshard import api
+        from reshard.execute.ray import RayOptions, source_from_nodes
+        shadow, run = source_from_nodes("/data/ckpt", RayOptions(placement="auto"))
+        api.transform(shadow, "/data/out", "s8.ckpt", "s4.ckpt", run=run)
+    """
+    if run.placement is None:
+        raise UsageError("planning from the nodes needs a placement (auto or a file)")
+    with _cluster(run.address) as ray:
+        shadow = plan_from_nodes(ray, src, run.placement, read)
+    return shadow, replace(run, sources_from=(shadow, os.path.abspath(src)))
+
+
 def _never_opened(path: str) -> base.TensorIndex:
     raise AssertionError(f"the Ray driver opens no source ({path})")
 
@@ -343,9 +373,10 @@ def runner(read: ReadOptions | None, run: RunOptions) -> Callable[[Plan, WriteOp
             placement=ray_run.placement,
             in_flight=ray_run.in_flight,
             on_nodes=ray_run.on_nodes,
+            sources_from=ray_run.sources_from,
         )
 
     return run_on_ray
 
 
-__all__ = ["NO_OPENER", "PROBE_SECONDS", "RayOptions", "probe_address", "run_plan_ray", "runner"]
+__all__ = ["NO_OPENER", "PROBE_SECONDS", "RayOptions", "probe_address", "run_plan_ray", "runner", "source_from_nodes"]

@@ -33,11 +33,13 @@ refused here; ``shared_disk=False`` without a placement (the driver ships whole 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import mmap
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -45,7 +47,16 @@ import numpy as np
 from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
 from reshard.execute.digest import hash_pool
-from reshard.execute.nodes import Fetch, Run, Schedule, SourceFacts, load_placement, schedule, source_facts
+from reshard.execute.nodes import (
+    Fetch,
+    Run,
+    Schedule,
+    SourceFacts,
+    load_placement,
+    merge_runs,
+    schedule,
+    source_facts,
+)
 from reshard.execute.options import KEEP_FINISHED, RunOptions, WriteOptions
 from reshard.formats.base import TensorEntry, TensorIndex
 from reshard.plan import FilePlan, Plan
@@ -264,6 +275,134 @@ def node_job(
         return digests, received
 
 
+# ------------------------------------------------------------------------------ planning from the nodes
+
+SHADOW_WHOLE_MAX = 64 * 1024**2  # other files under the source (strategies, JSON) copied whole up to this size
+
+
+@dataclass(frozen=True)
+class Skeleton:
+    """One file under the source as a node has it: size, mtime and the bytes planning reads."""
+
+    size: int
+    mtime_ns: int
+    runs: tuple[Run, ...]  # byte ranges present in ``data``: a checkpoint's framing, or the whole file
+    data: bytes
+
+
+def skeletons(root: str, read: ReadOptions | None) -> dict[str, Skeleton]:
+    """On one node: every file under ``root`` it holds, a checkpoint without its tensor data."""
+    if not os.path.isdir(root):
+        paths = {".": root}
+    else:
+        paths = {
+            os.path.relpath(os.path.join(d, n), root): os.path.join(d, n)
+            for d, _, names in os.walk(root)
+            for n in names
+        }
+    found = {}
+    for rel, path in sorted(paths.items()):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # listed but not readable here: another node's
+        if path.endswith((".ckpt", ".safetensors")):
+            with open_checkpoint(path, read) as index:
+                if not index.file_backed:
+                    source_facts(path, read)  # raises the one-line refusal of encrypted sources
+                data = [seg for e in index.entries.values() if not e.is_string for seg in e.segments]
+            runs = _complement(merge_runs(data), st.st_size)
+        elif st.st_size <= SHADOW_WHOLE_MAX:
+            runs = [(0, st.st_size)]
+        else:
+            continue
+        found[rel] = Skeleton(st.st_size, st.st_mtime_ns, tuple(runs), read_runs(path, runs).tobytes())
+    return found
+
+
+def _complement(runs: Sequence[Run], size: int) -> list[Run]:
+    gaps, pos = [], 0
+    for offset, length in runs:
+        if offset > pos:
+            gaps.append((pos, offset - pos))
+        pos = max(pos, offset + length)
+    if pos < size:
+        gaps.append((pos, size - pos))
+    return gaps
+
+
+def shadow_folder(src: str) -> str:
+    """Where the header-only copy of ``src`` is made on the driver (the same place for the same source,
+    so a resumed run's fingerprints match)."""
+    key = hashlib.sha256(os.path.abspath(src).encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"reshard-shadow-{os.getuid()}", key)
+
+
+def plan_from_nodes(ray: Any, src: str, placement: str, read: ReadOptions | None) -> str:
+    """Make a header-only copy of ``src`` from what the nodes hold; returns its path to plan from.
+
+    Every checkpoint file keeps its size, modification time and every byte but its tensor data
+    (sparse holes), and other files (strategies, JSON) are copied whole, so any source kind plans
+    from it as from ``src``; the run then reads the real files on the nodes
+    (``RayOptions.sources_from``). The nodes check crc trailers (``read.verify_crc``) as they go.
+    """
+    nodes = (
+        [n["NodeID"] for n in alive_nodes(ray)]
+        if placement == AUTO
+        else list(resolve_nodes(ray, sorted(load_placement(placement).holders)).values())
+    )
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    remote = ray.remote(num_cpus=0, max_retries=TASK_RETRIES)(skeletons)
+    refs = [
+        remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(src, read)
+        for n in nodes
+    ]
+    merged: dict[str, Skeleton] = {}
+    for ref in refs:
+        try:
+            found = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            raise task_error(exc) from None
+        for rel, skeleton in found.items():
+            if rel in merged and merged[rel].size != skeleton.size:
+                raise UsageError("the nodes hold different files under this name", os.path.join(src, rel))
+            merged.setdefault(rel, skeleton)
+    if not merged:
+        raise UsageError("no node holds anything under this path", src)
+    top = shadow_folder(src)
+    shutil.rmtree(top, ignore_errors=True)  # our own folder: an earlier run's copy
+    shadow = os.path.join(top, os.path.basename(os.path.normpath(src)) or "source")
+    for rel, skeleton in merged.items():
+        _write_skeleton(os.path.normpath(os.path.join(shadow, rel)), skeleton)
+    return shadow
+
+
+def _write_skeleton(path: str, skeleton: Skeleton) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.ftruncate(fd, skeleton.size)
+        view, pos = memoryview(skeleton.data), 0
+        for offset, length in skeleton.runs:
+            os.pwrite(fd, view[pos : pos + length], offset)
+            pos += length
+    finally:
+        os.close(fd)
+    os.utime(path, ns=(skeleton.mtime_ns, skeleton.mtime_ns))
+
+
+def unshadow(plan: Plan, sources_from: tuple[str, str] | None) -> Plan:
+    """The plan with sources planned from a header-only copy renamed to the real files."""
+    if sources_from is None:
+        return plan
+    shadow, real = sources_from
+    renamed = tuple(
+        real + p[len(shadow) :] if p == shadow or p.startswith(shadow + os.sep) else p for p in plan.sources
+    )
+    return replace(plan, sources=renamed)
+
+
 # ------------------------------------------------------------------------------ the driver
 
 
@@ -356,8 +495,14 @@ def run_plan_nodes(
     placement: str,
     in_flight: int = DEFAULT_IN_FLIGHT,
     on_schedule: Callable[[NodeRun], None] | None = None,
+    sources_from: tuple[str, str] | None = None,
 ) -> NodeRun:
-    """Write ``plan``'s outputs on the nodes holding their inputs; returns what crossed nodes."""
+    """Write ``plan``'s outputs on the nodes holding their inputs; returns what crossed nodes.
+
+    ``sources_from`` = (header-only copy, real source): the plan was made from ``plan_from_nodes``'
+    copy; its sources are read at the real paths on the nodes.
+    """
+    plan = unshadow(plan, sources_from)
     holders, facts, writers, names = locate(ray, plan, placement, read)
     sched = schedule(plan, holders, facts, writers)
     if on_schedule is not None:
@@ -445,9 +590,13 @@ __all__ = [
     "cancel_refs",
     "locate",
     "node_job",
+    "plan_from_nodes",
     "probe",
     "read_runs",
     "resolve_nodes",
     "run_plan_nodes",
+    "shadow_folder",
+    "skeletons",
     "task_error",
+    "unshadow",
 ]
