@@ -586,6 +586,7 @@ __all__ = [
     "DEFAULT_IN_FLIGHT",
     "TASK_RETRIES",
     "NodeRun",
+    "Skeleton",
     "alive_nodes",
     "cancel_refs",
     "locate",
