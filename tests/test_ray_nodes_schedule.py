@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import numpy as np
@@ -102,3 +103,45 @@ def test_schedule_writers_and_minimum() -> None:
     assert named.cross_node_bytes == 16 + 8  # A needs all of source 1, C row 1 of source 0
     with pytest.raises(UsageError, match="no node holds"):
         schedule(plan, {0: ["A"]}, facts)
+
+
+def test_pieces_stay_within_the_window() -> None:
+    from reshard.execute.nodes import Fetch
+    from reshard.execute.ray_nodes import _pieces
+
+    fetch = Fetch(0, "A", ((0, 10), (20, 3), (40, 25)))
+    pieces = _pieces(fetch, 8)
+    assert all(sum(n for _, n in p) <= 8 for p in pieces)
+    covered = [b for p in pieces for o, n in p for b in range(o, o + n)]
+    assert covered == [b for o, n in fetch.runs for b in range(o, o + n)]  # every byte once, in order
+
+
+def test_encrypted_source_is_refused_in_one_line(tmp_path: Any) -> None:
+    from reshard import api
+    from reshard.errors import UnsupportedError
+    from reshard.execute.nodes import source_facts
+    from reshard.execute.options import WriteOptions
+    from reshard.synthetic import full_model
+    from tests.trust_helpers import SMALL, save_ckpt
+
+    plain, enc = str(tmp_path / "plain" / "m.ckpt"), str(tmp_path / "enc")
+    save_ckpt(plain, full_model(SMALL))
+    key = b"k" * 16
+    api.convert(plain, enc, "ckpt", write=WriteOptions(enc_key=key))
+    [name] = [n for n in os.listdir(enc) if n.endswith(".ckpt")]
+    with pytest.raises(UnsupportedError, match="--no-shared-disk") as info:
+        source_facts(os.path.join(enc, name), api.ReadOptions(dec_key=key))
+    assert "\n" not in str(info.value)
+
+
+def test_cli_bad_placement_file_exits_2(tmp_path: Any) -> None:
+    """``reshard plan --placement`` needs no cluster: a bad file is one line, exit 2."""
+    from tests.trust_helpers import make_job, run_cli
+
+    job = make_job(str(tmp_path / "job"))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"nodes": {"a": "not a list"}}')
+    args = ["plan", "--src", job["r8"], "--src-strategy", job["s8"], "--dst-strategy", job["s4"]]
+    proc = run_cli(*args, "--dst", str(tmp_path / "o"), "--placement", str(bad))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "must list paths" in proc.stderr
+    assert not (tmp_path / "o").exists()
