@@ -12,10 +12,11 @@ Why this shape (the schedule itself is ``execute.nodes``, plain data):
   tasks pinned to a node holding that file (``os.pread`` of exactly those ranges: the offsets come
   from the format readers' segments, run by the probe on the holding node). Each fetched piece
   reaches the writer node through Ray's object store and is written at its own offset into a
-  *sparse* node-local replica of the source file. Then the very same ``local.run_file`` as the
-  local executor writes the node's outputs, reading local sources from disk and remote ones from
-  their replicas: outputs are byte-identical to the local executor's by construction. A byte two
-  outputs of one node need is fetched once (the schedule merges their ranges).
+  *sparse* node-local replica of the source file. Then the local executor itself
+  (``local.run_plan``, with ``workers`` threads and ``max_memory``) writes the node's outputs,
+  reading local sources from disk and remote ones from their replicas: outputs are byte-identical
+  to the local executor's by construction. A byte two outputs of one node need is fetched once
+  (the schedule merges their ranges).
 * **Nothing through the driver.** The driver sends each node task its file plans and the ranges to
   fetch; pieces go from the reader's node to the writer's node; the driver receives each output's
   checksum. It puts nothing into the object store and gets no tensor bytes.
@@ -46,7 +47,6 @@ import numpy as np
 
 from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
-from reshard.execute.digest import hash_pool
 from reshard.execute.nodes import (
     Fetch,
     Run,
@@ -60,7 +60,7 @@ from reshard.execute.nodes import (
 from reshard.execute.options import KEEP_FINISHED, RunOptions, WriteOptions
 from reshard.formats.base import TensorEntry, TensorIndex
 from reshard.plan import FilePlan, Plan
-from reshard.plan.validate import PlanError, validate_plan
+from reshard.plan.validate import PlanError
 from reshard.sources import ReadOptions, open_checkpoint
 from reshard.text import first_line
 
@@ -243,7 +243,6 @@ def node_job(
     read: ReadOptions | None,
     write: WriteOptions,
     run: RunOptions,
-    budget: int,
     in_flight: int,
     names: dict[str, str],
 ) -> tuple[list[str | None], int]:
@@ -263,16 +262,10 @@ def node_job(
                 return _replica_index(path, facts[i], fmt)
             return open_checkpoint(path, read)
 
-        plan = Plan("ray", remapped, tuple(files))
-        cache = local.SourceCache(opener)
-        try:
-            validate_plan(plan, lambda i, name: cache.shape(plan.sources[i], name))
-            with contextlib.ExitStack() as stack:
-                hashers = stack.enter_context(hash_pool()) if run.hash_outputs else None
-                digests = [local.run_file(f, plan, cache, write, run, budget, 1, hashers) for f in plan.files]
-        finally:
-            cache.close()
-        return digests, received
+        checksums: dict[str, str | None] = {}  # the local executor's threads report each file here
+        node_run = replace(run, on_file_written=lambda f, digest: checksums.__setitem__(f.path, digest))
+        local.run_plan(Plan("ray", remapped, tuple(files)), opener, write, node_run)
+        return [checksums.get(f.path) for f in files], received
 
 
 # ------------------------------------------------------------------------------ planning from the nodes
@@ -507,9 +500,9 @@ def run_plan_nodes(
     sched = schedule(plan, holders, facts, writers)
     if on_schedule is not None:
         on_schedule(NodeRun(sched, names, {}))
-    shipped = RunOptions(workers=1, max_memory=run.max_memory, hash_outputs=run.hash_outputs)
-    budget = max(mmap.PAGESIZE, run.max_memory // max(1, run.workers))
-    received = _drive(ray, plan, sched, facts, read, write, shipped, run, budget, in_flight, names)
+    # Each writer node runs the local executor on its outputs, with the driver's threads and memory bound.
+    shipped = RunOptions(workers=run.workers, max_memory=run.max_memory, hash_outputs=run.hash_outputs)
+    received = _drive(ray, plan, sched, facts, read, write, shipped, run, in_flight, names)
     return NodeRun(sched, names, received)
 
 
@@ -522,7 +515,6 @@ def _drive(
     write: WriteOptions,
     shipped: RunOptions,
     run: RunOptions,
-    budget: int,
     in_flight: int,
     names: dict[str, str],
 ) -> dict[str, int]:
@@ -537,7 +529,7 @@ def _drive(
         wanted = {f.source for f in fetches}
         strategy = NodeAffinitySchedulingStrategy(node, soft=False)
         ref = remote.options(scheduling_strategy=strategy).remote(
-            plan.sources, files, fetches, {i: facts[i] for i in wanted}, read, write, shipped, budget, in_flight, names
+            plan.sources, files, fetches, {i: facts[i] for i in wanted}, read, write, shipped, in_flight, names
         )
         pending[ref] = (node, files)
     received: dict[str, int] = {}
