@@ -31,7 +31,15 @@ def test_each_concern_holds_its_own_fields() -> None:
     assert _fields(WriteOptions) == {"write_crc", "enc_key", "enc_mode", "chunk_bytes", "checksum"}
     assert _fields(RunOptions) == {"workers", "max_memory", "progress", "on_start", "on_file_written", "hash_outputs"}
     assert issubclass(RayOptions, RunOptions)
-    assert _fields(RayOptions) - _fields(RunOptions) == {"address", "shared_disk", "max_tasks"}
+    assert _fields(RayOptions) - _fields(RunOptions) == {
+        "address",
+        "shared_disk",
+        "max_tasks",
+        "placement",
+        "in_flight",
+        "on_nodes",
+        "sources_from",
+    }
 
 
 def test_write_options_never_print_the_key() -> None:

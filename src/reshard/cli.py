@@ -17,6 +17,7 @@ says how to read a key file whose text is also a valid raw key).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -278,12 +279,39 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
             max_memory=args.max_memory,
             address=args.ray_address,
             shared_disk=args.shared_disk,
+            placement=getattr(args, "placement", None),
+            on_nodes=None if getattr(args, "quiet", False) else _print_nodes,
             **hooks,
         )
+    if getattr(args, "placement", None) is not None:
+        raise UsageError("--placement applies to --executor ray only")
     if getattr(args, "ray_address", None) is not None or getattr(args, "shared_disk", True) is False:
         flag = "--ray-address" if getattr(args, "ray_address", None) is not None else "--no-shared-disk"
         raise UsageError(f"{flag} applies to --executor ray only")
     return RunOptions(workers=args.workers, max_memory=args.max_memory, **hooks)
+
+
+def _print_nodes(done: Any) -> None:
+    """``--placement``: the bytes that will cross nodes, said once before any byte moves."""
+    if not done.received:
+        print(f"reshard: note: {done.schedule.summary(done.names)}", file=sys.stderr)
+
+
+def _source_from_nodes(args: argparse.Namespace, run: RunOptions | None) -> tuple[str, RunOptions | None]:
+    """``--placement``: plan from a header-only copy of ``--src`` made from the nodes (none need be here)."""
+    from reshard.execute.ray import RayOptions, source_from_nodes
+
+    if not isinstance(run, RayOptions) or run.placement is None:
+        return args.src, run
+    return source_from_nodes(args.src, run, _read_options(args))
+
+
+def _print_planned_nodes(report: api.Report, args: argparse.Namespace) -> None:
+    """``reshard plan --placement FILE``: the bytes that would cross nodes, from the placement file."""
+    from reshard.execute.nodes import load_placement, planned_schedule
+
+    sched = planned_schedule(report.plan, load_placement(args.placement), _read_options(args))
+    print(sched.summary())
 
 
 def _read_options(args: argparse.Namespace) -> api.ReadOptions:
@@ -385,23 +413,28 @@ def cmd_transform(args: argparse.Namespace) -> None:
         raise UsageError("give the source with --src_ckpt_dir")
     if not args.dst:
         raise UsageError("give the destination with --dst_ckpt_dir")
+    run = None if args.command == "plan" else _run_options(args)
+    src, run = _source_from_nodes(args, run)
+    read = _read_options(args) if src == args.src else dataclasses.replace(_read_options(args), verify_crc=False)
     report = api.transform(
-        args.src,
+        src,
         args.dst,
         _mindformers_strategy(args.src, args.src_strategy, "--src-strategy", args),
         _none(args.dst_strategy),
         prefix=args.prefix,
         output_format=args.output_format,
         ranks=args.ranks,
-        read=_read_options(args),
+        read=read,
         write=None if args.command == "plan" else _write_options(args),
-        run=None if args.command == "plan" else _run_options(args),
+        run=run,
         dry_run=args.dry_run,
         **_kwargs(args),
         **_hf(args),
         **_checkpoint2(args),
     )
     _finish(report, args, args.dst)
+    if args.command == "plan" and getattr(args, "placement", None):
+        _print_planned_nodes(report, args)
 
 
 # Flags of reshard's own transform that MindFormers' tool has no counterpart for: refused beside its flags.
@@ -778,6 +811,16 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         default=True,
         help="with --executor ray: nodes see the same paths (else sources/outputs travel through Ray)",
     )
+    _add_placement_flag(p, "with --executor ray: sources are on the nodes' own disks; ")
+
+
+def _add_placement_flag(p: argparse.ArgumentParser, prefix: str) -> None:
+    p.add_argument(
+        "--placement",
+        metavar="FILE|auto",
+        help=prefix + "a JSON file saying which node holds which files, or auto (ask every node); "
+        "outputs are written on the node holding most of their input, only needed byte ranges cross nodes",
+    )
 
 
 def _add_quiet_flag(p: argparse.ArgumentParser) -> None:
@@ -991,6 +1034,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_crypto_flags(p, write=False)
     _add_check_crc_flag(p)
     _add_hf_flags(p)
+    _add_placement_flag(p, "print the bytes that would cross nodes: ")
     p.set_defaults(func=cmd_transform, overwrite=False, resume=False, no_manifest=False, dry_run=True)
 
     p = sub.add_parser("unify", help="merge rank shards into full safetensors parts + param_name_map.json")

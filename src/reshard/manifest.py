@@ -55,7 +55,7 @@ from reshard import __version__
 from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM, file_digest, new_hash
-from reshard.execute.options import RunOptions, WriteOptions
+from reshard.execute.options import KEEP_FINISHED, RunOptions, WriteOptions
 from reshard.formats import crypto, layout_dir
 from reshard.formats.base import TEMP_SUFFIX, atomic_path, write_whole
 from reshard.lock import DestinationLock
@@ -593,6 +593,9 @@ def run_recorded(
         recorder.finish()
         recorder.release()
     except Exception as exc:
+        if getattr(exc, KEEP_FINISHED, False):  # a lost node: finished outputs stay for --resume
+            recorder.interrupted()
+            raise
         recorder.rollback()
         if isinstance(exc, OSError):
             raise ReshardError(f"write failed: {exc.strerror or exc}", exc.filename) from None

@@ -18,6 +18,9 @@ from reshard.execute.digest import DEFAULT_ALGORITHM
 from reshard.formats.ckpt import SLICE_BYTES
 from reshard.plan import FilePlan
 
+# An executor's error with this attribute set to True (a lost Ray node) keeps the finished outputs
+# journaled for ``--resume`` instead of rolling the run back.
+KEEP_FINISHED = "reshard_keep_finished"
 DEFAULT_MAX_MEMORY = 1024**3  # bytes in flight across all workers (staging buffers)
 MIN_DEFAULT_WORKERS = 4  # even on 2 cores: on a cold cache the threads mostly wait on the disk
 MAX_DEFAULT_WORKERS = 8
@@ -57,4 +60,4 @@ class RunOptions:
     hash_outputs: bool = False  # checksum each plain output while writing it (encrypted ones: None)
 
 
-__all__ = ["DEFAULT_MAX_MEMORY", "RunOptions", "WriteOptions", "default_workers"]
+__all__ = ["DEFAULT_MAX_MEMORY", "KEEP_FINISHED", "RunOptions", "WriteOptions", "default_workers"]

@@ -48,9 +48,12 @@ from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
 from reshard.execute.digest import hash_pool
 from reshard.execute.options import RunOptions, WriteOptions
+from reshard.execute.ray_nodes import DEFAULT_IN_FLIGHT, NodeRun, plan_from_nodes, run_plan_nodes
+from reshard.execute.ray_nodes import cancel_refs as _cancel
+from reshard.execute.ray_nodes import task_error as _task_error
 from reshard.formats import base
 from reshard.plan import FilePlan, Plan
-from reshard.plan.validate import PlanError, validate_plan
+from reshard.plan.validate import validate_plan
 from reshard.sources import ReadOptions, open_checkpoint
 from reshard.text import first_line
 
@@ -64,6 +67,12 @@ class RayOptions(RunOptions):
     address: str | None = None  # None: the running Ray, RAY_ADDRESS, or a new local cluster
     shared_disk: bool = True
     max_tasks: int | None = None  # at most this many tasks (output files are grouped); None: one per file
+    # Sources on the nodes' own disks: "auto" (ask every node) or a placement file (execute.ray_nodes).
+    placement: str | None = None
+    in_flight: int = DEFAULT_IN_FLIGHT  # with a placement: fetched bytes per writer node not yet written
+    on_nodes: Callable[[NodeRun], None] | None = None  # with a placement: called with the schedule, then the result
+    # (header-only copy, real source): the plan was made from ``source_from_nodes``' copy
+    sources_from: tuple[str, str] | None = None
 
 
 def _ray() -> Any:
@@ -208,23 +217,6 @@ def _write_output(path: str, data: np.ndarray) -> None:
         raise ReshardError(f"write failed: {exc.strerror or exc}", path) from None
 
 
-def _task_error(exc: BaseException) -> ReshardError | PlanError:
-    """A one-line ``ReshardError`` for what a task raised (the same class and message if it was ours);
-    a ``PlanError`` stays what it is: an internal error, not the user's."""
-    cause = getattr(exc, "cause", None)
-    if isinstance(cause, PlanError):
-        return PlanError(str(cause))
-    if isinstance(cause, ReshardError):
-        err = type(cause).__new__(type(cause))
-        ReshardError.__init__(err, cause.detail, cause.path)
-        return err
-    if isinstance(cause, OSError):
-        return ReshardError(f"write failed: {cause.strerror or cause}", cause.filename)
-    if isinstance(cause, BaseException):
-        return ReshardError(f"Ray task failed: {type(cause).__name__}: {first_line(cause)}")
-    return ReshardError(f"Ray task failed: {first_line(exc)}")
-
-
 def run_plan_ray(
     plan: Plan,
     read: ReadOptions | None = None,
@@ -234,13 +226,28 @@ def run_plan_ray(
     address: str | None = None,
     shared_disk: bool = True,
     max_tasks: int | None = None,
+    placement: str | None = None,
+    in_flight: int = DEFAULT_IN_FLIGHT,
+    on_nodes: Callable[[NodeRun], None] | None = None,
+    sources_from: tuple[str, str] | None = None,
 ) -> None:
     """Execute every output of ``plan`` as Ray tasks; text outputs are written last by the driver.
 
     ``run.progress`` / ``on_start`` / ``on_file_written`` are called on the driver (per finished
-    task), never shipped to the nodes.
+    task), never shipped to the nodes. With ``placement`` (``"auto"`` or a placement file) the
+    sources are on the nodes' own disks: ``execute.ray_nodes`` runs it, and ``on_nodes`` is called
+    with the schedule before any byte moves and with the bytes each node received at the end.
     """
     write, run = write or WriteOptions(), run or RunOptions()
+    if placement is not None:
+        if run.on_start is not None:
+            run.on_start(sum(f.nbytes for f in plan.files))
+        with _cluster(address) as ray:
+            done = run_plan_nodes(ray, plan, read, write, run, placement, in_flight, on_nodes, sources_from)
+        if on_nodes is not None:
+            on_nodes(done)
+        local.write_texts(plan)
+        return
     shipped = RunOptions(workers=1, max_memory=run.max_memory, hash_outputs=run.hash_outputs)
     budget = max(mmap.PAGESIZE, run.max_memory // max(1, run.workers))
     if run.on_start is not None:
@@ -313,14 +320,31 @@ def _finish(ray: Any, ref: Any, files: list[FilePlan], run: RunOptions) -> None:
             run.progress(f.nbytes)
 
 
-def _cancel(ray: Any, refs: list[Any]) -> None:
-    """Cancel what is still running and wait for it to stop (so no late rename follows a roll-back)."""
-    for ref in refs:
-        with contextlib.suppress(Exception):
-            ray.cancel(ref)
-    for ref in refs:
-        with contextlib.suppress(Exception):
-            ray.get(ref)
+def source_from_nodes(src: str, run: RayOptions, read: ReadOptions | None = None) -> tuple[str, RayOptions]:
+    """Plan without the source on this machine: a header-only copy of ``src`` made from the nodes.
+
+    Args:
+        src: The source as the nodes hold it (rank folders spread over them, say).
+        run: Ray options with a ``placement`` (``"auto"``: every alive node is asked).
+        read: How the sources are read (decryption is refused: encrypted files have no header-only copy).
+
+    Returns:
+        The copy's path, to give an operation as its source, and ``run`` set to read the real files.
+
+    Raises:
+        UsageError: No placement, a placement that names no alive node, or nothing under ``src``.
+
+    Example:
+        from reshard import api
+        from reshard.execute.ray import RayOptions, source_from_nodes
+        shadow, run = source_from_nodes("/data/ckpt", RayOptions(placement="auto"))
+        api.transform(shadow, "/data/out", "s8.ckpt", "s4.ckpt", run=run)
+    """
+    if run.placement is None:
+        raise UsageError("planning from the nodes needs a placement (auto or a file)")
+    with _cluster(run.address) as ray:
+        shadow = plan_from_nodes(ray, src, run.placement, read)
+    return shadow, replace(run, sources_from=(shadow, os.path.abspath(src)))
 
 
 def _never_opened(path: str) -> base.TensorIndex:
@@ -335,14 +359,24 @@ def runner(read: ReadOptions | None, run: RunOptions) -> Callable[[Plan, WriteOp
     outputs still to write as Ray tasks (journal, manifest and roll-back stay on the driver, with
     the caller). ``run`` says where and how (a ``RayOptions``; plain ``RunOptions`` runs on a
     local Ray with a shared disk)."""
-    address, shared, tasks = (
-        (run.address, run.shared_disk, run.max_tasks) if isinstance(run, RayOptions) else (None, True, None)
-    )
+    ray_run = run if isinstance(run, RayOptions) else RayOptions()
 
     def run_on_ray(todo: Plan, todo_write: WriteOptions, todo_run: RunOptions) -> None:
-        run_plan_ray(todo, read, todo_write, todo_run, address=address, shared_disk=shared, max_tasks=tasks)
+        run_plan_ray(
+            todo,
+            read,
+            todo_write,
+            todo_run,
+            address=ray_run.address,
+            shared_disk=ray_run.shared_disk,
+            max_tasks=ray_run.max_tasks,
+            placement=ray_run.placement,
+            in_flight=ray_run.in_flight,
+            on_nodes=ray_run.on_nodes,
+            sources_from=ray_run.sources_from,
+        )
 
     return run_on_ray
 
 
-__all__ = ["NO_OPENER", "PROBE_SECONDS", "RayOptions", "probe_address", "run_plan_ray", "runner"]
+__all__ = ["NO_OPENER", "PROBE_SECONDS", "RayOptions", "probe_address", "run_plan_ray", "runner", "source_from_nodes"]
