@@ -163,6 +163,7 @@ class Template:
         self._class_index: dict[int, int] = {}  # id(LayoutClass) -> index in classes
         self.wholes: dict[tuple[int, bool], tuple[tuple[SourceFile, ...], FileStats]] = {}
         self.orders: dict[tuple[object, ...], tuple[str, ...]] = {}  # source paths in first-use order
+        self._plains: dict[int, tuple[dict[int, SourceFile], bool]] = {}  # id -> (files, no virtual file)
 
     def add(self, cls: LayoutClass, name: str, tensor: str, dtype: DType, held_by: dict[int, SourceFile]) -> None:
         """Parameter ``name`` (``tensor`` in its source files) of class ``cls``, next in the output."""
@@ -190,11 +191,15 @@ class Template:
             held = cls.src_boxes[key]
             lengths = tuple(b - a for a, b in held)
             for t in self.members[index]:
-                src = t.held_by.get(key) or redundant_copy(cls.src_p, cls.full, held, t.held_by)
+                src = t.held_by.get(key)
+                if src is not None:  # the common case: the file is in the load order
+                    if src.tensors[t.tensor].shape != lengths:
+                        raise LayoutError(f"no source file holds the slice of source rank {key} of {t.name!r}")
+                    continue
+                src = redundant_copy(cls.src_p, cls.full, held, t.held_by)
                 if src is None or src.tensors[t.tensor].shape != lengths:
                     raise LayoutError(f"no source file holds the slice of source rank {key} of {t.name!r}")
-                if key not in t.held_by:
-                    t.add_file(key, src)
+                t.add_file(key, src)
             self.checked[index].add(key)
 
     def whole(self, key: int, beyond: bool) -> tuple[tuple[SourceFile, ...], FileStats]:
@@ -216,15 +221,30 @@ class Template:
             hit = self.wholes[(key, beyond)] = (tuple(files), FileStats(n, n, read, written, largest))
         return hit
 
+    def _plain(self, files: dict[int, SourceFile]) -> bool:
+        """Whether no file of ``files`` is virtual (each holds all its tensors itself)."""
+        hit = self._plains.get(id(files))
+        if hit is None:
+            hit = self._plains[id(files)] = (files, all(not f.homes for f in files.values()))
+        return hit[1]
+
     def source_order(self, shares: tuple[RankShare, ...], wholes: tuple[SourceFile, ...]) -> tuple[str, ...]:
         """Source paths of one rank in first-use order (what per-tensor interning would produce)."""
         key = (tuple(share.keys for share in shares), id(wholes))
         hit = self.orders.get(key)
         if hit is None:
             seen: dict[str, None] = {}
+            # Parameters of one class reading the same files (one dict, shared from the holders)
+            # add nothing after the first, unless a file is virtual (its paths differ per tensor).
+            done: set[tuple[int, int]] = set()
             for t in self.transformed:
+                files = t.files
+                if (t.cls, id(files)) in done:
+                    continue
                 for k in shares[t.cls].keys:
-                    seen[t.files[k].path_of(t.tensor)] = None
+                    seen[files[k].path_of(t.tensor)] = None
+                if self._plain(files):
+                    done.add((t.cls, id(files)))
             for (name, _), f in zip(self.deferred, wholes, strict=True):
                 seen[f.path_of(name)] = None
             hit = self.orders[key] = tuple(seen)

@@ -204,7 +204,8 @@ class TransformPlanner:
 
     def holders(self, load_order: Sequence[int], own_stage_only: bool) -> dict[str, dict[int, SourceFile]]:
         """name -> {source local rank: file}, as loading ``load_order`` leaves it (a later file
-        replaces an earlier one's local rank; names keep their first position).
+        replaces an earlier one's local rank; names keep their first position). Names loaded from
+        the same files share one dict: callers must not change them.
 
         ``own_stage_only`` (device counts that do not divide): a parameter held by several source
         stages, each with its own layout, is taken only from the files of the stage whose layout the
@@ -216,13 +217,21 @@ class TransformPlanner:
         own_stage = self._own_stages() if own_stage_only else {}
         holders: dict[str, dict[int, SourceFile]] = {}
         passed_over: dict[str, dict[int, SourceFile]] = {}  # other stages' files of shared parameters
+        runs: set[int] = set()  # ids of run dicts given as they are to several names (copied before a change)
         for stage, names, group in self._runs(load_order):
+            runs.add(id(group))
             for name in names:
-                by_key = holders.setdefault(name, {})  # the position is the first appearance, as always
-                if own_stage.get(name, stage) == stage:
-                    by_key.update(group)
-                else:
+                if own_stage.get(name, stage) != stage:
+                    holders.setdefault(name, {})  # the position is the first appearance, as always
                     passed_over.setdefault(name, {}).update(group)
+                    continue
+                by_key = holders.get(name)
+                if by_key is None:
+                    holders[name] = group  # shared by every name of the run: the common case, no copy
+                    continue
+                if id(by_key) in runs:
+                    by_key = holders[name] = dict(by_key)
+                by_key.update(group)
         for name, by_key in passed_over.items():
             if not holders[name]:  # none of its own stage's files loaded: the usual checks decide
                 holders[name] = by_key
