@@ -3,6 +3,12 @@
     python3 bench/plan_bench.py                  # table on stdout
     python3 bench/plan_bench.py --pp 4 --json    # 4 pipeline stages of 256 ranks, JSON line
     python3 bench/plan_bench.py --profile        # + cProfile top entries of one planning run
+    python3 bench/plan_bench.py --params 5000 --src-ranks 4096 --src-pp 16 --src-mp 8 \
+        --ranks 1024 --pp 8 --dst-mp 8 --one-rank 517   # a 600B-class job, both sides large, + one rank
+
+Both sides are dp x mp per stage with ``--*-pp`` stages (parameter i in stage i * pp // count);
+``--src-opt`` / ``--dst-opt`` set the optimizer shard size over dp (-1: all of dp, 0: none).
+``--one-rank R`` also times ``plan_transform(..., ranks=[R])``: what ``--ranks R`` and one node pay.
 
 Everything is built in memory, no files: strategies with ``make_strategy`` / ``ParamLayout``
 (LLaMA-7B-like shapes; source 8 ranks dp2 x mp4 with optimizer shards, destination dp64 x mp16 per
