@@ -3,6 +3,12 @@
     python3 bench/plan_bench.py                  # table on stdout
     python3 bench/plan_bench.py --pp 4 --json    # 4 pipeline stages of 256 ranks, JSON line
     python3 bench/plan_bench.py --profile        # + cProfile top entries of one planning run
+    python3 bench/plan_bench.py --params 5000 --src-ranks 4096 --src-pp 16 --src-mp 8 \
+        --ranks 1024 --pp 8 --dst-mp 8 --one-rank 517   # a 600B-class job, both sides large, + one rank
+
+Both sides are dp x mp per stage with ``--*-pp`` stages (parameter i in stage i * pp // count);
+``--src-opt`` / ``--dst-opt`` set the optimizer shard size over dp (-1: all of dp, 0: none).
+``--one-rank R`` also times ``plan_transform(..., ranks=[R])``: what ``--ranks R`` and one node pay.
 
 Everything is built in memory, no files: strategies with ``make_strategy`` / ``ParamLayout``
 (LLaMA-7B-like shapes; source 8 ranks dp2 x mp4 with optimizer shards, destination dp64 x mp16 per
@@ -31,11 +37,13 @@ import argparse
 import cProfile
 import io
 import json
+import math
 import os
 import pstats
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from reshard import dtypes, layout
@@ -69,38 +77,93 @@ def llama_params(count: int) -> list[tuple[str, tuple[int, ...], tuple[int, ...]
     return out[:count]
 
 
-def _layout(dev: tuple[int, int], tmap: tuple[int, ...], ndim: int) -> ParamLayout:
-    dp, mp = dev
-    sharded = dp > 1 and ndim == 2  # optimizer shards over data parallel, as reshard.synthetic does
-    return ParamLayout(dev, tmap, mp if sharded else 0, dp if sharded else 0)
+@dataclass(frozen=True)
+class Side:
+    """One side of the job: ranks in total, pipeline stages, model parallel, optimizer shard size."""
+
+    ranks: int
+    pp: int
+    mp: int
+    opt: int  # optimizer shard size over data parallel; -1: all of dp (the default), 0: none
+
+    @property
+    def per_stage(self) -> int:
+        return self.ranks // self.pp
+
+    @property
+    def dev(self) -> tuple[int, int]:
+        return self.per_stage // self.mp, self.mp
+
+    @property
+    def opt_size(self) -> int:
+        return self.dev[0] if self.opt < 0 else self.opt
+
+    def check(self, what: str) -> str | None:
+        """Why this side cannot be built, or None."""
+        if self.ranks < 1 or self.pp < 1 or self.mp < 1 or self.ranks % (self.pp * self.mp):
+            return f"{what}: ranks must be a positive multiple of stages x model parallel"
+        if self.opt > 0 and self.dev[0] % self.opt:
+            return f"{what}: the optimizer shard size must divide data parallel ({self.dev[0]})"
+        return None
 
 
-def build(params: int, dst_ranks: int, pp: int) -> tuple[dict[int, SourceFile], StrategyFile, StrategyFile]:
-    """Sources (slice shapes only), the source strategy and the merged destination strategy."""
-    specs = llama_params(params)
-    src_layouts = {name: _layout(SRC_DEV, tmap, len(shape)) for name, shape, tmap in specs}
-    per_stage = dst_ranks // pp
-    dst_dev = (per_stage // DST_MP, DST_MP)
-    dst_layouts: dict[str, ParamLayout] = {}
+SRC_DEFAULT = Side(SRC_DEV[0] * SRC_DEV[1], 1, SRC_DEV[1], -1)
+
+
+def _layout(side: Side, tmap: tuple[int, ...], ndim: int) -> ParamLayout:
+    mp = side.dev[1]
+    size = side.opt_size
+    sharded = size > 1 and ndim == 2  # optimizer shards over data parallel, as reshard.synthetic does
+    return ParamLayout(side.dev, tmap, mp if sharded else 0, size if sharded else 0)
+
+
+def _table(specs: list[tuple[str, tuple[int, ...], tuple[int, ...]]], side: Side) -> dict[str, ParamLayout]:
+    """The strategy's layout items: parameter i in stage i * pp // count, ``"<stage>-<name>"`` when staged."""
+    out: dict[str, ParamLayout] = {}
     for i, (name, shape, tmap) in enumerate(specs):
-        stage = i * pp // len(specs)
-        key = f"{stage}-{name}" if pp > 1 else name
-        dst_layouts[key] = _layout(dst_dev, tmap, len(shape))
-    sources = {}
-    for rank in range(SRC_DEV[0] * SRC_DEV[1]):
+        stage = i * side.pp // len(specs)
+        out[f"{stage}-{name}" if side.pp > 1 else name] = _layout(side, tmap, len(shape))
+    return out
+
+
+def build(
+    params: int, dst_ranks: int, pp: int, *, src: Side = SRC_DEFAULT, dst_mp: int = DST_MP, dst_opt: int = -1
+) -> tuple[dict[int, SourceFile], StrategyFile, StrategyFile]:
+    """Sources (slice shapes only), the source strategy and the merged destination strategy.
+
+    Every source rank of a stage holds the same slice shapes (uniform layouts), so the ranks of a
+    stage share one tensor table: 4 096 source files cost one table per stage, not a million entries.
+    """
+    specs = llama_params(params)
+    dst = Side(dst_ranks, pp, dst_mp, dst_opt)
+    src_items, dst_items = _table(specs, src), _table(specs, dst)
+    per_stage_tables: list[dict[str, SourceTensor]] = []
+    for stage in range(src.pp):
         tensors = {}
-        for name, shape, _ in specs:
-            sl = layout.slice_shape(src_layouts[name], shape)
-            nbytes = dtypes.BFLOAT16.itemsize
-            for d in sl:
-                nbytes *= d
-            tensors[name] = SourceTensor(dtypes.BFLOAT16, sl, nbytes)
-        sources[rank] = SourceFile(f"/nonexistent/rank_{rank}/checkpoint_{rank}.ckpt", rank, tensors)
-    return sources, make_strategy(src_layouts), make_strategy(dst_layouts)
+        for i, (name, shape, tmap) in enumerate(specs):
+            if i * src.pp // len(specs) != stage:
+                continue
+            sl = layout.slice_shape(_layout(src, tmap, len(shape)), shape)
+            tensors[name] = SourceTensor(dtypes.BFLOAT16, sl, dtypes.BFLOAT16.itemsize * math.prod(sl))
+        per_stage_tables.append(tensors)
+    sources = {
+        rank: SourceFile(
+            f"/nonexistent/rank_{rank}/checkpoint_{rank}.ckpt", rank, per_stage_tables[rank // src.per_stage]
+        )
+        for rank in range(src.ranks)
+    }
+    return sources, make_strategy(src_items), make_strategy(dst_items)
 
 
-def time_plan(params: int, dst_ranks: int, pp: int) -> dict[str, Any]:
-    sources, src, dst = build(params, dst_ranks, pp)
+def build_for(args: argparse.Namespace, dst_ranks: int | None = None) -> tuple[dict[int, SourceFile], Any, Any]:
+    """``build`` for the command line's job (``dst_ranks``: fewer destination ranks, for a profile)."""
+    src = Side(args.src_ranks, args.src_pp, args.src_mp, args.src_opt)
+    ranks = args.ranks if dst_ranks is None else dst_ranks
+    return build(args.params, ranks, args.pp, src=src, dst_mp=args.dst_mp, dst_opt=args.dst_opt)
+
+
+def time_plan(args: argparse.Namespace) -> dict[str, Any]:
+    sources, src, dst = build_for(args)
     start = time.perf_counter()
     plan = plan_transform(sources, src, dst, "/nonexistent/out", "checkpoint_", "ckpt")
     s = plan.summary()
@@ -119,13 +182,36 @@ def time_plan(params: int, dst_ranks: int, pp: int) -> dict[str, Any]:
         "tensors": s["tensors"],
         "copies": s["copies"],
         "outputs": s["outputs"],
+        "sources": len(plan.sources),
     }
 
 
-def time_layout(params: int, dst_ranks: int, pp: int) -> dict[str, Any]:
+def time_one_rank(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``--ranks R`` (one node, one rank) pays: the plan of destination rank ``--one-rank`` alone,
+    then validating it and building its ``TensorPlan`` objects (what the executor then does)."""
+    sources, src, dst = build_for(args)
+    start = time.perf_counter()
+    plan = plan_transform(sources, src, dst, "/nonexistent/out", "checkpoint_", "ckpt", ranks=[args.one_rank])
+    s = plan.summary()
+    seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    validate_plan(plan)
+    built = len(tuple(plan.files[0].tensors))
+    rest = time.perf_counter() - start
+    return {
+        "seconds": seconds,
+        "validate_build_seconds": rest,
+        "tensors": built,
+        "sources": len(plan.sources),
+        "copies": s["copies"],
+    }
+
+
+def time_layout(args: argparse.Namespace) -> dict[str, Any]:
     """The layout-engine calls of ``plan_transform`` for the same job, and nothing else."""
-    sources, src, dst = build(params, dst_ranks, pp)
-    shapes = {name: t.shape for name, t in sources[0].tensors.items()}
+    sources, src, dst = build_for(args)
+    shapes = {name: t.shape for f in sources.values() for name, t in f.tensors.items()}
+    pp, dst_ranks = args.pp, args.ranks
     start = time.perf_counter()
     src_map = layout_map(src)
     per_stage = dst_ranks // pp
@@ -149,9 +235,9 @@ def time_layout(params: int, dst_ranks: int, pp: int) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - start, "pieces": pieces}
 
 
-def profile_plan(params: int, dst_ranks: int, pp: int) -> str:
+def profile_plan(args: argparse.Namespace, dst_ranks: int) -> str:
     """cProfile of one ``plan_transform`` + ``summary()`` (cold caches): top entries by own and by cumulative time."""
-    sources, src, dst = build(params, dst_ranks, pp)
+    sources, src, dst = build_for(args, dst_ranks)
     profiler = cProfile.Profile()
     profiler.enable()
     plan_transform(sources, src, dst, "/nonexistent/out", "checkpoint_", "ckpt").summary()
@@ -163,23 +249,17 @@ def profile_plan(params: int, dst_ranks: int, pp: int) -> str:
     return text.getvalue()
 
 
-MODES = {"plan": time_plan, "layout": time_layout}
+MODES = {"plan": time_plan, "layout": time_layout, "one_rank": time_one_rank}
+JOB_FLAGS = ("params", "ranks", "pp", "dst_mp", "dst_opt", "src_ranks", "src_pp", "src_mp", "src_opt", "one_rank")
 
 
 def _fresh(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """Run one timing in a new interpreter (empty layout caches)."""
-    argv = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--one",
-        mode,
-        "--params",
-        str(args.params),
-        "--ranks",
-        str(args.ranks),
-        "--pp",
-        str(args.pp),
-    ]
+    argv = [sys.executable, os.path.abspath(__file__), "--one", mode]
+    for flag in JOB_FLAGS:
+        value = getattr(args, flag)
+        if value is not None:
+            argv += ["--" + flag.replace("_", "-"), str(value)]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"plan_bench: {mode} run failed:\n{proc.stderr[-3000:]}")
@@ -194,64 +274,81 @@ def _timings(mode: str, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    plans = _timings("plan", args)
-    layouts = _timings("layout", args)
-    best = min(p["seconds"] for p in plans)
     result: dict[str, Any] = {
         "params": args.params,
         "dst_ranks": args.ranks,
         "pp": args.pp,
-        "src_ranks": SRC_DEV[0] * SRC_DEV[1],
-        "repeat": len(plans),
-        "plan_seconds": best,
-        "plan_runs": [p["seconds"] for p in plans],
-        "validate_seconds": min(p["validate_seconds"] for p in plans),
-        "materialise_seconds": min(p["materialise_seconds"] for p in plans),
-        "layout_seconds": min(x["seconds"] for x in layouts),
-        "layout_runs": [x["seconds"] for x in layouts],
-        "tensors": plans[0]["tensors"],
-        "copies": plans[0]["copies"],
-        "outputs": plans[0]["outputs"],
-        "pieces": layouts[0]["pieces"],
+        "dst_mp": args.dst_mp,
+        "dst_opt_size": Side(args.ranks, args.pp, args.dst_mp, args.dst_opt).opt_size,
+        "src_ranks": args.src_ranks,
+        "src_pp": args.src_pp,
+        "src_mp": args.src_mp,
+        "src_opt_size": Side(args.src_ranks, args.src_pp, args.src_mp, args.src_opt).opt_size,
         "target_seconds": SLOW_SECONDS,
     }
+    if args.one_rank is not None:
+        ones = _timings("one_rank", args)
+        result.update(
+            one_rank=args.one_rank,
+            one_rank_seconds=min(o["seconds"] for o in ones),
+            one_rank_runs=[o["seconds"] for o in ones],
+            one_rank_validate_build_seconds=min(o["validate_build_seconds"] for o in ones),
+            one_rank_tensors=ones[0]["tensors"],
+            one_rank_copies=ones[0]["copies"],
+            one_rank_sources=ones[0]["sources"],
+        )
+        if args.only_one_rank:
+            return result
+    plans = _timings("plan", args)
+    layouts = _timings("layout", args)
+    best = min(p["seconds"] for p in plans)
+    result.update(
+        repeat=len(plans),
+        plan_seconds=best,
+        plan_runs=[p["seconds"] for p in plans],
+        validate_seconds=min(p["validate_seconds"] for p in plans),
+        materialise_seconds=min(p["materialise_seconds"] for p in plans),
+        layout_seconds=min(x["seconds"] for x in layouts),
+        layout_runs=[x["seconds"] for x in layouts],
+        tensors=plans[0]["tensors"],
+        copies=plans[0]["copies"],
+        outputs=plans[0]["outputs"],
+        sources=plans[0]["sources"],
+        pieces=layouts[0]["pieces"],
+    )
     if args.profile or best > SLOW_SECONDS:
-        ranks = args.ranks if args.profile else max(DST_MP * args.pp, args.ranks // PROFILE_SHRINK)
+        per_stage = args.dst_mp * args.pp
+        ranks = args.ranks if args.profile else max(per_stage, args.ranks // PROFILE_SHRINK // per_stage * per_stage)
         result["profile_ranks"] = ranks
-        result["profile"] = profile_plan(args.params, ranks, args.pp)
+        result["profile"] = profile_plan(args, ranks)
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bench/plan_bench.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--params", type=int, default=1000)
-    p.add_argument("--ranks", type=int, default=1024, help="destination ranks in total (multiple of 16 x pp)")
-    p.add_argument("--pp", type=int, default=1, help="destination pipeline stages")
-    p.add_argument("--repeat", type=int, default=3, help="fresh-process runs per timing; the best counts")
-    p.add_argument(
-        "--profile",
-        action="store_true",
-        help="profile one full-size planning run (a slow plan is profiled anyway, on ranks / 8)",
+def _print(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    job = (
+        f"{args.params} parameters, source {args.src_ranks} ranks ({args.src_pp} stage(s), mp {args.src_mp}, "
+        f"optimizer shards of {result['src_opt_size']}) -> destination {args.ranks} ranks ({args.pp} stage(s), "
+        f"mp {args.dst_mp}, optimizer shards of {result['dst_opt_size']})"
     )
-    p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
-    p.add_argument("--one", choices=sorted(MODES), help=argparse.SUPPRESS)  # internal: one fresh-process timing
-    args = p.parse_args(argv)
-    if args.ranks % (DST_MP * args.pp) or args.params < 1:
-        p.error(f"--ranks must be a multiple of {DST_MP} x --pp, --params positive")
-    if args.one:
-        print(json.dumps(MODES[args.one](args.params, args.ranks, args.pp)))
-        return 0
-    result = run(args)
-    if args.json:
-        print(json.dumps(result))
-        return 0
+    print(f"plan_transform, {job}")
+    if "one_rank_seconds" in result:
+        print(
+            f"  one destination rank ({args.one_rank}; --ranks {args.one_rank}): "
+            f"best {result['one_rank_seconds'] * 1e3:.1f} ms "
+            f"of {len(result['one_rank_runs'])} ({', '.join(f'{s * 1e3:.1f}' for s in result['one_rank_runs'])} ms): "
+            f"{result['one_rank_tensors']:,} tensors, {result['one_rank_copies']:,} copies from "
+            f"{result['one_rank_sources']:,} source files; validating and building its TensorPlans: "
+            f"{result['one_rank_validate_build_seconds'] * 1e3:.1f} ms"
+        )
+    if "plan_seconds" not in result:
+        return
     print(
-        f"plan_transform, {args.params} parameters x {args.ranks} destination ranks ({args.pp} stage(s)), "
-        f"source {result['src_ranks']} ranks: {result['tensors']:,} tensor plans, {result['copies']:,} copies"
+        f"  every rank: {result['tensors']:,} tensor plans, {result['copies']:,} copies, "
+        f"{result['sources']:,} source files"
     )
     print(
         f"  plan_transform + summary(): best {result['plan_seconds']:.3f} s of {result['repeat']} "
-        f"({', '.join(f'{s:.3f}' for s in result['plan_runs'])}); target < {SLOW_SECONDS:g} s"
+        f"({', '.join(f'{s:.3f}' for s in result['plan_runs'])})"
     )
     print(f"  validate_plan (what every run checks before writing): best {result['validate_seconds']:.3f} s")
     print(
@@ -265,6 +362,58 @@ def main(argv: list[str] | None = None) -> int:
     if "profile" in result:
         print(f"cProfile of plan_transform with {result['profile_ranks']} destination ranks:")
         print(result["profile"])
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bench/plan_bench.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--params", type=int, default=1000)
+    p.add_argument("--ranks", type=int, default=1024, help="destination ranks in total (multiple of --dst-mp x --pp)")
+    p.add_argument("--pp", type=int, default=1, help="destination pipeline stages")
+    p.add_argument("--dst-mp", type=int, default=DST_MP, help="destination model parallel")
+    p.add_argument(
+        "--dst-opt", type=int, default=-1, help="destination optimizer shard size (-1: all of data parallel, 0: none)"
+    )
+    p.add_argument("--src-ranks", type=int, default=SRC_DEFAULT.ranks, help="source ranks in total")
+    p.add_argument("--src-pp", type=int, default=SRC_DEFAULT.pp, help="source pipeline stages")
+    p.add_argument("--src-mp", type=int, default=SRC_DEFAULT.mp, help="source model parallel")
+    p.add_argument("--src-opt", type=int, default=-1, help="source optimizer shard size (-1: all of dp, 0: none)")
+    p.add_argument("--one-rank", type=int, help="also time planning this destination rank alone (--ranks R)")
+    p.add_argument("--only-one-rank", action="store_true", help="with --one-rank: time nothing else")
+    p.add_argument("--repeat", type=int, default=3, help="fresh-process runs per timing; the best counts")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile one full-size planning run (a slow plan is profiled anyway, on ranks / 8)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
+    p.add_argument("--one", choices=sorted(MODES), help=argparse.SUPPRESS)  # internal: one fresh-process timing
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    args = p.parse_args(argv)
+    for side, what in (
+        (Side(args.ranks, args.pp, args.dst_mp, args.dst_opt), "destination"),
+        (Side(args.src_ranks, args.src_pp, args.src_mp, args.src_opt), "source"),
+    ):
+        problem = side.check(what)
+        if problem:
+            p.error(problem)
+    if args.params < max(args.pp, args.src_pp):
+        p.error("--params must be at least the number of stages of either side")
+    if args.one_rank is not None and not 0 <= args.one_rank < args.ranks:
+        p.error("--one-rank must be a destination rank")
+    if args.only_one_rank and args.one_rank is None:
+        p.error("--only-one-rank needs --one-rank")
+    if args.one:
+        print(json.dumps(MODES[args.one](args)))
+        return 0
+    result = run(args)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print(args, result)
     return 0
 
 

@@ -34,7 +34,14 @@ from reshard.layout.algebra import (
     transfer_table,
     unsharded_flat,
 )
-from reshard.layout.stages import STAGE_SEPARATOR, device_num, layout_map, split_stage_name, stage_count
+from reshard.layout.stages import (
+    STAGE_SEPARATOR,
+    device_num,
+    has_shared_names,
+    layout_map,
+    split_stage_name,
+    stage_count,
+)
 from reshard.layout.types import LayoutTable, ParamLayout, StagedLayout, TensorMapEntry
 
 __all__ = [
@@ -51,6 +58,7 @@ __all__ = [
     "flat_layout",
     "flat_rank_box",
     "full_shape",
+    "has_shared_names",
     "layout_map",
     "needed_ranks",
     "normalize_device_num",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 
 from reshard.errors import LayoutError
 from reshard.layout.types import LayoutTable, ParamLayout, StagedLayout
@@ -24,6 +25,9 @@ def split_stage_name(name: str, path: str | None = None) -> tuple[int, str]:
     """``"3-emb"`` -> ``(3, "emb")``; a name without ``-`` is stage 0."""
     if STAGE_SEPARATOR not in name:
         return 0, name
+    stage, _, origin = name.partition(STAGE_SEPARATOR)
+    if stage.isascii() and stage.isdigit() and origin and STAGE_SEPARATOR not in origin:
+        return int(stage), origin  # the common case, without the regular expression (planning 4 096 ranks)
     parts = name.split(STAGE_SEPARATOR)
     if len(parts) != 2 or not _STAGE_PREFIX.fullmatch(parts[0]) or not parts[1]:
         raise LayoutError(
@@ -32,6 +36,12 @@ def split_stage_name(name: str, path: str | None = None) -> tuple[int, str]:
             path,
         )
     return int(parts[0]), parts[1]
+
+
+def has_shared_names(sf: LayoutTable, lmap: Mapping[str, StagedLayout]) -> bool:
+    """Whether a parameter is held by several stages (``lmap = layout_map(sf)``): only then does
+    ``layout_map(sf, rank_id)`` depend on ``rank_id`` (without, it equals ``lmap`` for every rank)."""
+    return len(lmap) != len(sf.layouts)
 
 
 def layout_map(sf: LayoutTable, rank_id: int | None = None) -> dict[str, StagedLayout]:
@@ -67,9 +77,12 @@ def _replaces(stage: int, seen: list[int], layout: ParamLayout, rank_id: int | N
     return (group == 0 and stage == 0) or (group > 0 and stage > 0)
 
 
-def stage_count(sf: LayoutTable) -> int:
-    """Number of pipeline stages: distinct stages over all layouts, which must be exactly 0..k-1."""
-    found = {s for staged in layout_map(sf).values() for s in staged.stages}
+def stage_count(sf: LayoutTable, lmap: Mapping[str, StagedLayout] | None = None) -> int:
+    """Number of pipeline stages: distinct stages over all layouts, which must be exactly 0..k-1.
+
+    ``lmap``: ``layout_map(sf)`` when the caller has it already (it is not built again).
+    """
+    found = {s for staged in (layout_map(sf) if lmap is None else lmap).values() for s in staged.stages}
     if not found:
         raise LayoutError("strategy has no parameter layouts", sf.path)
     if found != set(range(len(found))):
@@ -77,13 +90,14 @@ def stage_count(sf: LayoutTable) -> int:
     return len(found)
 
 
-def device_num(sf: LayoutTable) -> int:
+def device_num(sf: LayoutTable, lmap: Mapping[str, StagedLayout] | None = None) -> int:
     """Devices per stage: ``prod(dev_matrix)`` of the first parameter of ``layout_map(sf)``.
 
     That is MindSpore's ``_get_device_num_from_strategy`` (verified): the first entry of the
     converted map, whose layout is its smallest stage's, not necessarily the first item of the file.
+    ``lmap``: ``layout_map(sf)`` when the caller has it already (it is not built again).
     """
-    lmap = layout_map(sf)
+    lmap = layout_map(sf) if lmap is None else lmap
     if not lmap:
         raise LayoutError("strategy has no parameter layouts", sf.path)
     name, first = next(iter(lmap.items()))
@@ -92,4 +106,4 @@ def device_num(sf: LayoutTable) -> int:
     return math.prod(first.layout.dev_matrix)
 
 
-__all__ = ["STAGE_SEPARATOR", "device_num", "layout_map", "split_stage_name", "stage_count"]
+__all__ = ["STAGE_SEPARATOR", "device_num", "has_shared_names", "layout_map", "split_stage_name", "stage_count"]

@@ -55,6 +55,7 @@ from reshard.plan.model import (
 from reshard.plan.transform import StageCut, TransformPlanner, redundant_copy
 
 CopyShape = tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...], bool]  # key, src/dst start, lengths, whole
+FEW_RANKS_SHARE = 4  # planning at most a quarter of a stage's ranks: per-rank pieces, not whole tables
 MATERIALISED_FILES = 8  # files whose TensorPlans stay built: the ones an executor has in flight, not the plan
 
 
@@ -77,25 +78,34 @@ class LayoutClass:
     source file (hence the source index) and the tensor name differ.
     """
 
-    def __init__(self, src_p: ParamLayout | None, dst_p: ParamLayout | None, full: tuple[int, ...]) -> None:
+    def __init__(
+        self, src_p: ParamLayout | None, dst_p: ParamLayout | None, full: tuple[int, ...], few: bool = False
+    ) -> None:
         self.src_p, self.dst_p, self.full = src_p, dst_p, full
         self.dst_boxes = layout.rank_boxes(dst_p, full)  # first, as plan_rank asks for the box first
-        self.table = layout.transfer_table(src_p, dst_p, full, any_device_num=True)
+        # ``few`` (a plan of a few destination ranks, e.g. one node's): each rank's pieces alone,
+        # not the table of every rank (the same pieces: the table is made of them).
+        self.table = None if few else layout.transfer_table(src_p, dst_p, full, any_device_num=True)
         self.src_boxes = layout.rank_boxes(src_p, full)
         self._shares: dict[int, RankShare] = {}
 
     def share(self, rank: int) -> RankShare:
         hit = self._shares.get(rank)
         if hit is None:
-            if not rank < min(len(self.table), len(self.dst_boxes)):
-                raise LayoutError(f"rank {rank} is outside the {len(self.table)} devices of the destination layout")
+            if not 0 <= rank < len(self.dst_boxes):
+                raise LayoutError(f"rank {rank} is outside the {len(self.dst_boxes)} devices of the destination layout")
             hit = self._shares[rank] = self._relative(rank)
         return hit
+
+    def _pieces(self, rank: int) -> tuple[layout.Piece, ...] | list[layout.Piece]:
+        if self.table is not None:
+            return self.table[rank]
+        return layout.transfer_pieces(self.src_p, self.dst_p, self.full, rank, any_device_num=True)
 
     def _relative(self, rank: int) -> RankShare:
         dst_origin = box_start(self.dst_boxes[rank])
         copies: list[CopyShape] = []
-        for key, piece in self.table[rank]:
+        for key, piece in self._pieces(rank):
             held = self.src_boxes[key]
             lengths = tuple(b - a for a, b in piece)
             start = box_start(piece)
@@ -153,6 +163,7 @@ class Template:
         self._class_index: dict[int, int] = {}  # id(LayoutClass) -> index in classes
         self.wholes: dict[tuple[int, bool], tuple[tuple[SourceFile, ...], FileStats]] = {}
         self.orders: dict[tuple[object, ...], tuple[str, ...]] = {}  # source paths in first-use order
+        self._plains: dict[int, tuple[dict[int, SourceFile], bool]] = {}  # id -> (files, no virtual file)
 
     def add(self, cls: LayoutClass, name: str, tensor: str, dtype: DType, held_by: dict[int, SourceFile]) -> None:
         """Parameter ``name`` (``tensor`` in its source files) of class ``cls``, next in the output."""
@@ -180,11 +191,15 @@ class Template:
             held = cls.src_boxes[key]
             lengths = tuple(b - a for a, b in held)
             for t in self.members[index]:
-                src = t.held_by.get(key) or redundant_copy(cls.src_p, cls.full, held, t.held_by)
+                src = t.held_by.get(key)
+                if src is not None:  # the common case: the file is in the load order
+                    if src.tensors[t.tensor].shape != lengths:
+                        raise LayoutError(f"no source file holds the slice of source rank {key} of {t.name!r}")
+                    continue
+                src = redundant_copy(cls.src_p, cls.full, held, t.held_by)
                 if src is None or src.tensors[t.tensor].shape != lengths:
                     raise LayoutError(f"no source file holds the slice of source rank {key} of {t.name!r}")
-                if key not in t.held_by:
-                    t.add_file(key, src)
+                t.add_file(key, src)
             self.checked[index].add(key)
 
     def whole(self, key: int, beyond: bool) -> tuple[tuple[SourceFile, ...], FileStats]:
@@ -206,15 +221,30 @@ class Template:
             hit = self.wholes[(key, beyond)] = (tuple(files), FileStats(n, n, read, written, largest))
         return hit
 
+    def _plain(self, files: dict[int, SourceFile]) -> bool:
+        """Whether no file of ``files`` is virtual (each holds all its tensors itself)."""
+        hit = self._plains.get(id(files))
+        if hit is None:
+            hit = self._plains[id(files)] = (files, all(not f.homes for f in files.values()))
+        return hit[1]
+
     def source_order(self, shares: tuple[RankShare, ...], wholes: tuple[SourceFile, ...]) -> tuple[str, ...]:
         """Source paths of one rank in first-use order (what per-tensor interning would produce)."""
         key = (tuple(share.keys for share in shares), id(wholes))
         hit = self.orders.get(key)
         if hit is None:
             seen: dict[str, None] = {}
+            # Parameters of one class reading the same files (one dict, shared from the holders)
+            # add nothing after the first, unless a file is virtual (its paths differ per tensor).
+            done: set[tuple[int, int]] = set()
             for t in self.transformed:
+                files = t.files
+                if (t.cls, id(files)) in done:
+                    continue
                 for k in shares[t.cls].keys:
-                    seen[t.files[k].path_of(t.tensor)] = None
+                    seen[files[k].path_of(t.tensor)] = None
+                if self._plain(files):
+                    done.add((t.cls, id(files)))
             for (name, _), f in zip(self.deferred, wholes, strict=True):
                 seen[f.path_of(name)] = None
             hit = self.orders[key] = tuple(seen)
@@ -367,12 +397,14 @@ class Tables:
     layout looked up by identity stays referenced by the entry, so its id cannot be reused.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, few: bool = False) -> None:
+        self.few = few  # a plan of a few destination ranks: classes compute only the ranks asked for
         self._classes: dict[tuple[ParamLayout | None, ParamLayout | None, tuple[int, ...]], LayoutClass] = {}
         self._by_id: dict[
             tuple[int, int, tuple[int, ...]], tuple[ParamLayout | None, ParamLayout | None, LayoutClass]
         ] = {}
         self._fulls: dict[tuple[int, tuple[int, ...]], tuple[ParamLayout, tuple[int, ...]]] = {}
+        self._full_values: dict[tuple[ParamLayout, tuple[int, ...]], tuple[int, ...]] = {}
 
     def full(self, src_p: ParamLayout | None, shape: tuple[int, ...]) -> tuple[int, ...]:
         """``layout.full_shape``, once per (layout, slice shape)."""
@@ -380,7 +412,12 @@ class Tables:
             return shape
         hit = self._fulls.get((id(src_p), shape))
         if hit is None:
-            hit = self._fulls[(id(src_p), shape)] = (src_p, layout.full_shape(src_p, shape))
+            # Equal layouts held by different objects (one per parameter, as read from a file)
+            # share one answer: comparing frozen layouts costs less than the slice algebra.
+            full = self._full_values.get((src_p, shape))
+            if full is None:
+                full = self._full_values[(src_p, shape)] = layout.full_shape(src_p, shape)
+            hit = self._fulls[(id(src_p), shape)] = (src_p, full)
         return hit[1]
 
     def get(self, src_p: ParamLayout | None, dst_p: ParamLayout | None, full: tuple[int, ...]) -> LayoutClass:
@@ -388,7 +425,7 @@ class Tables:
         if hit is None:
             cls = self._classes.get((src_p, dst_p, full))
             if cls is None:
-                cls = self._classes[(src_p, dst_p, full)] = LayoutClass(src_p, dst_p, full)
+                cls = self._classes[(src_p, dst_p, full)] = LayoutClass(src_p, dst_p, full, self.few)
             hit = self._by_id[(id(src_p), id(dst_p), full)] = (src_p, dst_p, cls)
         return hit[2]
 
@@ -433,10 +470,10 @@ class _BulkPlanner:
     parameter and the strategy file; the fast path's own errors are only a signal.
     """
 
-    def __init__(self, planner: TransformPlanner) -> None:
+    def __init__(self, planner: TransformPlanner, few: bool = False) -> None:
         self.planner = planner
         self.sources = SourcePaths()
-        self.tables = Tables()
+        self.tables = Tables(few)
         self.built = BuiltFiles()
         self._templates: dict[tuple[tuple[int, ...], int, bool], Template] = {}
         self._stages: dict[int, tuple[dict[str, _Decision], StageCut, dict[str, StagedLayout] | None]] = {}
@@ -522,7 +559,7 @@ def plan_transform(
         planner.check_rank_count()
     else:
         planner.check_needed_present(wanted)
-    bulk = _BulkPlanner(planner)
+    bulk = _BulkPlanner(planner, few=ranks is not None and len(wanted) * FEW_RANKS_SHARE <= planner.n_dst)
     meta = output_metadata(output_format)
     files = []
     for rank in wanted:
