@@ -171,13 +171,11 @@ def test_eight_callers_two_nodes_strategy_appearing(job: dict[str, Path], tmp_pa
     strategy = tmp_path / "output" / "strategy"
     strategy.parent.mkdir()
     inputs = _snapshot(job["src"].parent)
-    t0 = time.monotonic()
     procs, nodes = _start_job(job, tmp_path, strategy)
     writer = threading.Thread(target=_write_slowly, args=(job["template"], strategy, 6))
     writer.start()
     paths = _finish(procs)
     writer.join()
-    print("first start", time.monotonic() - t0)
     entries = cache_entries(str(tmp_path / "cache"))
     assert len(entries) == 1
     entry = Path(entries[0])
@@ -198,7 +196,6 @@ def test_eight_callers_two_nodes_strategy_appearing(job: dict[str, Path], tmp_pa
     outputs = {k: v for k, v in outputs.items() if not k.endswith((".last-used", ".in-use"))}
     again, _ = _start_job(job, tmp_path, strategy)  # a second start: nothing converted, nothing rewritten
     assert _finish(again) == paths
-    print("second start", time.monotonic() - t0)
     after = {k: v for k, v in _snapshot(entry).items() if k in outputs}
     assert after == outputs
     assert len(_log(entry)) == WORLD

@@ -621,7 +621,7 @@ def _check_cache_place(cache_dir: str, inputs: Sequence[str]) -> None:
         raise UsageError("the cache folder exists and is not a folder", cache_dir)
     for given in inputs:
         path = os.path.realpath(given)
-        folder = path if os.path.isdir(path) or not os.path.exists(path) else os.path.dirname(path)
+        folder = os.path.dirname(path) if path.endswith(".index.json") else path  # an HF index: its folder
         if cache == folder or cache.startswith(folder + os.sep) or path.startswith(cache + os.sep):
             raise UsageError(f"the cache folder may not lie inside or hold an input ({given})", cache_dir)
 
