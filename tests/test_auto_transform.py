@@ -469,3 +469,21 @@ def test_top_level_name() -> None:
     import reshard
 
     assert reshard.auto_transform is auto_transform
+
+
+def test_cache_key_follows_the_inputs_not_the_mount_path(job: dict[str, Path], tmp_path: Path) -> None:
+    cache = str(tmp_path / "cache")
+    first = Path(auto_transform(str(job["src"]), str(job["template"]), 0, cache_dir=cache))
+    other_mount = tmp_path / "mnt"
+    other_mount.symlink_to(job["src"].parent)  # the same shared disk seen at another path
+    assert Path(auto_transform(str(other_mount / "checkpoint"), str(job["template"]), 0, cache_dir=cache)) == first
+    assert len(_log(first.parent.parent)) == 1
+    strategy = str(job["src"].parent / "strategy")
+    kept = tmp_path / "kept" / "checkpoint"
+    shutil.copytree(job["src"], kept)  # cp -p: same names, sizes, mtimes and headers: the same entry
+    same = Path(auto_transform(str(kept), str(job["template"]), 0, cache_dir=cache, src_strategy=strategy))
+    assert same == first and len(_log(first.parent.parent)) == 1
+    copy = tmp_path / "copy" / "checkpoint"
+    shutil.copytree(job["src"], copy, copy_function=shutil.copy)  # new mtimes: another entry
+    other = Path(auto_transform(str(copy), str(job["template"]), 0, cache_dir=cache, src_strategy=strategy))
+    assert other.parent.parent != first.parent.parent and other.read_bytes() == first.read_bytes()

@@ -273,8 +273,10 @@ def source_files(checkpoint: str) -> list[str]:
     return found
 
 
-def file_identity(path: str) -> str:
-    """``path size mtime_ns hash``: the hash covers the first 64 KiB (headers) and the last 4 KiB."""
+def file_identity(path: str, root: str) -> str:
+    """``name size mtime_ns hash``: ``name`` relative to the checkpoint (a shared disk mounted at
+    another path on another node gives the same key); the hash covers the first 64 KiB (headers)
+    and the last 4 KiB."""
     st = os.stat(path)
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -282,7 +284,7 @@ def file_identity(path: str) -> str:
         if st.st_size > _HEAD_BYTES:
             fh.seek(max(_HEAD_BYTES, st.st_size - _TAIL_BYTES))
             digest.update(fh.read(_TAIL_BYTES))
-    return f"{path} {st.st_size} {st.st_mtime_ns} {digest.hexdigest()}"
+    return f"{os.path.relpath(path, root)} {st.st_size} {st.st_mtime_ns} {digest.hexdigest()}"
 
 
 def cache_key(
@@ -290,9 +292,10 @@ def cache_key(
 ) -> tuple[str, dict[str, object]]:
     """The entry name (32 hex digits) and the facts it was computed from (kept in ``entry.json``)."""
     files = source_files(checkpoint)
+    root = os.path.dirname(os.path.abspath(checkpoint))
     digest = hashlib.sha256(f"reshard-auto 1 {__version__} {output_format}\n".encode())
     for path in files:
-        digest.update(file_identity(path).encode("utf-8", "surrogateescape") + b"\n")
+        digest.update(file_identity(path, root).encode("utf-8", "surrogateescape") + b"\n")
     for sf in (src, dst):
         data = encode_strategy(sf) if sf is not None else b"full"
         digest.update(hashlib.sha256(data).digest())
