@@ -83,3 +83,25 @@ def test_readme_wrapper_starts_every_rank_from_the_cache(tmp_path: Path) -> None
     assert len(entries) == 1
     log = (next(iter(entries)) / "conversions.log").read_text().splitlines()
     assert sorted(json.loads(line)["rank"] for line in log) == [0, 1, 2, 3]
+
+
+def test_docstring_sections_and_example_on_the_demo(tmp_path: Path, monkeypatch) -> None:
+    """``auto_transform``'s docstring as tests/test_public_surface.py checks ``api``'s: sections, every
+    parameter under Args, and an Example that runs on ``reshard demo``'s files."""
+    import inspect
+    import textwrap
+
+    from reshard import demo
+    from reshard.auto import auto_transform
+
+    doc = inspect.cleandoc(auto_transform.__doc__ or "")
+    lines = doc.splitlines()
+    at = [lines.index(s) for s in ("Args:", "Returns:", "Raises:", "Example:")]
+    assert at == sorted(at)
+    args = "\n".join(lines[at[0] + 1 : at[1]])
+    for name in inspect.signature(auto_transform).parameters:
+        assert f"    {name}: " in args, name
+    demo.main(str(tmp_path / "demo"))
+    monkeypatch.chdir(tmp_path)
+    exec(compile(textwrap.dedent("\n".join(lines[at[3] + 1 :])), "<auto_transform example>", "exec"), {})
+    assert (tmp_path / "cache").is_dir()
