@@ -380,15 +380,16 @@ def _bad_cases(job: dict[str, Path], tmp: Path) -> list[tuple[list[str], str]]:
 
 
 def test_bad_input_one_line_exit_2_nothing_written(job: dict[str, Path], tmp_path: Path) -> None:
-    for args, words in _bad_cases(job, tmp_path):
-        args = [*args, "--quiet"]
-        before = _snapshot(job["root"]), _snapshot(tmp_path)
-        done = _cli(*args, cwd=tmp_path)
-        assert done.returncode == 2, (args, done.stderr)
-        assert done.stdout == ""
-        (line,) = done.stderr.splitlines()
+    cases = _bad_cases(job, tmp_path)
+    before = _snapshot(job["root"]), _snapshot(tmp_path)
+    procs = [_popen(*args, "--quiet", cwd=tmp_path) for args, _ in cases]  # all at once: the test stays short
+    for (args, words), proc in zip(cases, procs, strict=True):
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2, (args, err)
+        assert out == ""
+        (line,) = err.splitlines()
         assert line.startswith("reshard: error:") and words in line, (args, line)
-        assert (_snapshot(job["root"]), _snapshot(tmp_path)) == before, args
+    assert (_snapshot(job["root"]), _snapshot(tmp_path)) == before  # no case wrote anything
 
 
 def test_checkpoint2_output_is_refused(job: dict[str, Path], tmp_path: Path) -> None:
