@@ -48,6 +48,7 @@ from reshard.formats.strategy import (
     encode_strategy,
     find_strategy_files,
     is_merged_file,
+    load_strategy,
     merge_in_memory,
     read_strategy,
 )
@@ -636,8 +637,6 @@ def _source_strategy(checkpoint: str, src_strategy: str | None, notes: list[str]
             return None
         src_strategy = find_source_strategy(checkpoint, "--src-strategy", notes)
     assert src_strategy is not None
-    from reshard.formats.strategy import load_strategy
-
     sf = load_strategy(src_strategy)
     notes.extend(sf.notes)
     return sf
@@ -684,7 +683,7 @@ def auto_transform(
         cache_dir: The cache folder shared by all callers (None: ``$RESHARD_CACHE``, else
             ``~/.cache/reshard/transformed``).
         world_size: The job's rank count: wait for the strategy files of ranks ``0 … world_size-1``
-            (None: for every stage the files found describe, and for the ranks to convert).
+            (None: of every stage the files found describe; a rank beyond them is refused).
         output_format: ``"ckpt"`` or ``"safetensors"`` (None: the source's).
         timeout: Seconds to wait for the destination strategy (None: 3600).
         local_ranks: The ranks of this node, all converted by this caller when free (None: only
