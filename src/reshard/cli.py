@@ -567,6 +567,26 @@ def _none(value: str | None) -> str | None:
     return None if value in (None, "", "None", "none") else value
 
 
+def cmd_auto_transform(args: argparse.Namespace) -> None:
+    """``reshard auto-transform``: the path rank ``--rank-id`` loads on stdout, notes on stderr."""
+    from reshard.auto import auto_transform
+
+    path = auto_transform(
+        args.checkpoint,
+        args.dst_strategy,
+        args.rank_id,
+        src_strategy=args.src_strategy,
+        cache_dir=args.cache_dir,
+        world_size=args.world_size,
+        output_format=args.output_format,
+        timeout=args.timeout,
+        local_ranks=args.local_ranks,
+        max_cache_bytes=args.max_cache_bytes,
+        on_note=lambda note: _notes([note], args),
+    )
+    print(path)
+
+
 def cmd_unify(args: argparse.Namespace) -> None:
     split = args.split or ()
     strategy = _mindformers_strategy(args.src, args.strategy, "--strategy", args)
@@ -1096,6 +1116,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add_iteration_flag(p, both=True)
     p.set_defaults(func=cmd_verify)
 
+    p = sub.add_parser(
+        "auto-transform",
+        help="at job start: convert once for all ranks into a shared cache, print the file this rank loads",
+    )
+    p.add_argument("checkpoint", help="any source transform reads (full model, rank folders, unify output, HF, ...)")
+    p.add_argument("--dst-strategy", required=True, help="the job's strategy file or folder (waited for)")
+    p.add_argument("--rank-id", required=True, type=_rank_number, help="this caller's destination rank")
+    p.add_argument("--src-strategy", help="source strategy (default: MindFormers' strategy folder, for rank folders)")
+    p.add_argument(
+        "--cache-dir",
+        help="cache folder shared by all callers (default: $RESHARD_CACHE, else ~/.cache/reshard/transformed)",
+    )
+    p.add_argument("--world-size", type=_positive_int, help="wait for the strategy files of this many ranks")
+    p.add_argument("--output-format", choices=("ckpt", "safetensors"), help="default: the source's")
+    p.add_argument("--timeout", type=float, help="seconds to wait for the strategy files (default 3600)")
+    p.add_argument("--local-ranks", type=_parse_ranks, help="this node's ranks (e.g. 0-7), converted together")
+    p.add_argument("--max-cache-bytes", help="evict the oldest unused entries beyond this size (e.g. 500GB)")
+    p.add_argument("--quiet", action="store_true", help="no notes on stderr")
+    p.set_defaults(func=cmd_auto_transform)
+
     p = sub.add_parser("rank-list", help="source ranks a destination rank needs")
     p.add_argument("rank", type=_rank_number, help="a destination rank")
     p.add_argument(
@@ -1265,6 +1305,7 @@ __all__ = [
     "EXIT_USAGE",
     "Signalled",
     "build_parser",
+    "cmd_auto_transform",
     "cmd_convert",
     "cmd_demo",
     "cmd_inspect",

@@ -139,6 +139,22 @@ class DestinationLock:
             os.close(fd)
         raise UsageError(f"{describe(read_holder(self.path))} keeps replacing the lock file {LOCK_NAME}", self.root)
 
+    def try_acquire(self) -> bool:
+        """Take the lock if no live run holds it: False while one does (``auto_transform`` then waits).
+
+        Raises:
+            UsageError: The lock file cannot be created, or keeps being replaced.
+        """
+        for _ in range(_ATTEMPTS):
+            try:
+                self.acquire()
+                return True
+            except UsageError:
+                if is_held(self.root) is not None:
+                    return False  # a live holder: the caller waits and tries again
+        self.acquire()  # not held, yet refused every time: raise its one-line reason
+        return True
+
     def _open(self) -> int:
         try:
             return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -17,7 +17,7 @@ this module turns a plan and that placement into a ``Schedule`` (plain data, no 
 
 Header facts (tensor shapes and segments) come from the node that holds each file
 (``SourceFacts``), so this needs no file itself. The placement format is documented in
-docs/formats.md, "Ray without a shared disk".
+docs/formats.md §15.
 """
 
 from __future__ import annotations

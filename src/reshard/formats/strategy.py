@@ -572,6 +572,20 @@ def load_strategy(path_or_dir: str | os.PathLike[str]) -> StrategyFile:
     return sf
 
 
+def merge_in_memory(paths: Sequence[str | os.PathLike[str]], origin: str) -> StrategyFile:
+    """Per-stage files merged in the given order into a ``StrategyFile`` (nothing is written).
+
+    As ``load_strategy`` merges a folder, but of exactly these files (``auto_transform`` takes the
+    files of the ranks it waited for, not whatever else a folder holds); ``origin`` names the result.
+    """
+    files = [os.fspath(p) for p in paths]
+    if not files:
+        raise UsageError("no strategy files to merge", origin)
+    if _merge_format(files) == PROTOBUF:
+        return _from_message(_merge_messages(files), origin)
+    return _from_json(_merge_json(files), origin)
+
+
 def _per_stage_files(candidates: list[str]) -> tuple[list[str], list[str]]:
     """The files to merge and the already merged files passed over.
 
@@ -686,6 +700,7 @@ __all__ = [
     "is_merged_file",
     "load_strategy",
     "make_strategy",
+    "merge_in_memory",
     "merge_pipeline_strategies",
     "merge_strategy_files",
     "message_classes",

@@ -1,0 +1,775 @@
+"""``auto_transform``: the conversion at job start, done once per destination file for all callers.
+
+MindFormers' ``auto_trans_ckpt: True`` makes every start of a job delete its earlier output, merge
+the job's strategy files, convert the whole checkpoint on rank 0 and let the other ranks wait
+(docs/formats.md §6.2). Here every rank (on every node) calls ``auto_transform`` at the same
+moment instead, and gets the path of the one file it must load from a cache that all callers
+share (docs/formats.md §14 says it all in one place):
+
+* **Waiting.** The destination strategy may be the job's ``strategy`` folder its ranks are still
+  writing: the call waits (sleeping with backoff) until the files of every rank are there, parse,
+  and have kept their size for a moment, then merges them in memory.
+* **Cache key.** ``<cache_dir>/<key>/`` where the key hashes the source files' identity (path,
+  size, ``mtime_ns`` and a hash of their first and last bytes, never the whole data), the content
+  of both merged strategies, the output format and reshard's version. Same inputs, same entry: a
+  second job start converts nothing.
+* **Converted once.** Each ``rank_<r>`` of an entry has a lock (``reshard.lock``: ``flock`` and a
+  holder record; a holder that died is taken over). Its holder converts into a work folder, renames
+  the result into place and writes the rank's done marker last (atomic rename); every other caller
+  sleeps with backoff until the marker is there or the lock is free.
+* **Per node.** A caller converts its own rank, or the ``local_ranks`` of its node, reading only the
+  source ranks those need (``api.transform(ranks=...)``).
+* **Eviction.** Only whole entries of the cache are ever deleted: unused for longer than the age
+  limit, or the oldest unused ones while the cache exceeds its size limit; never an entry a caller
+  is using (it holds the entry's shared lock) or converting into.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from reshard import __version__, api
+from reshard import lock as _lock
+from reshard.errors import LayoutError, ReshardError, UnsupportedError, UsageError
+from reshard.formats.strategy import (
+    StrategyFile,
+    encode_strategy,
+    find_strategy_files,
+    is_merged_file,
+    load_strategy,
+    merge_in_memory,
+    read_strategy,
+)
+from reshard.layout import device_num, stage_count
+from reshard.sources import CHECKPOINT2, HUGGING_FACE, UNIFIED, identify
+from reshard.sources.conventions import find_source_strategy, needs_strategy
+from reshard.text import parse_size
+
+CACHE_VARIABLE = "RESHARD_CACHE"  # the default cache folder
+CACHE_MAX_VARIABLE = "RESHARD_CACHE_MAX"  # size limit of the cache (e.g. 500GB); unset: none
+CACHE_MAX_AGE_VARIABLE = "RESHARD_CACHE_MAX_AGE_DAYS"  # entries unused for longer are removed (0: never)
+SETTLE_VARIABLE = "RESHARD_AUTO_SETTLE"  # seconds a strategy file's size must stay put (default 0.5)
+TEST_PAUSE_VARIABLE = "RESHARD_AUTO_TEST_PAUSE"  # TEST ONLY: seconds a converter sleeps before committing
+DEFAULT_TIMEOUT = 3600.0  # seconds to wait for the destination strategy files
+DEFAULT_MAX_AGE_DAYS = 30.0
+DEFAULT_SETTLE = 0.5
+OUTPUT_FORMATS = ("ckpt", "safetensors")
+PREFIX = "checkpoint_"
+ENTRY_NAME = re.compile(r"[0-9a-f]{32}")
+IN_USE = ".in-use"
+LAST_USED = ".last-used"
+ENTRY_INFO = "entry.json"
+CONVERSIONS_LOG = "conversions.log"
+_DONE, _LOCKS, _WORK = ".done", ".locks", ".work"
+_HEAD_BYTES, _TAIL_BYTES = 64 * 1024, 4 * 1024
+_FIRST_SLEEP, _MAX_SLEEP = 0.05, 2.0
+_RANK_FILE = re.compile(r"rank_(\d+)\.(ckpt|json)$")
+
+
+# --------------------------------------------------------------------------------------------
+# Waiting for the destination strategy
+
+
+@dataclass
+class _Seen:
+    size: int
+    mtime_ns: int
+    since: float
+
+
+@dataclass
+class StrategyWait:
+    """Watches a destination strategy file or folder until it is complete (``poll``)."""
+
+    path: str
+    world_size: int | None
+    settle: float
+    missing: str = "nothing seen yet"
+    _seen: dict[str, _Seen] = field(default_factory=dict)
+
+    def poll(self) -> StrategyFile | None:
+        """The merged strategy once complete; None (and ``missing`` says why) while it is not."""
+        if os.path.isdir(self.path):
+            return self._poll_folder()
+        if not os.path.exists(self.path):
+            self.missing = f"the strategy path {self.path} does not exist yet"
+            return None
+        if os.path.isfile(self.path) and self._complete(self.path):
+            return read_strategy(self.path)
+        self.missing = f"the strategy file {self.path} is still being written"
+        return None
+
+    def _stable(self, path: str) -> bool:
+        """The file kept its size and mtime for ``settle`` seconds (of our watching, or by its mtime)."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        if st.st_size > 0 and time.time() - st.st_mtime >= max(self.settle, 0.0):
+            return True  # last written longer ago than the settle time: a file of an earlier start
+        now = time.monotonic()
+        seen = self._seen.get(path)
+        if seen is None or (seen.size, seen.mtime_ns) != (st.st_size, st.st_mtime_ns):
+            self._seen[path] = _Seen(st.st_size, st.st_mtime_ns, now)
+            return self.settle <= 0 and st.st_size > 0
+        return st.st_size > 0 and now - seen.since >= self.settle
+
+    def _complete(self, path: str) -> bool:
+        if not self._stable(path):
+            return False
+        try:
+            read_strategy(path)
+        except ReshardError:  # half written: it parses once its writer is done
+            return False
+        return True
+
+    def _poll_folder(self) -> StrategyFile | None:
+        if self.world_size is not None:
+            return self._poll_ranks(self.world_size)
+        return self._poll_stages()
+
+    def _poll_ranks(self, world_size: int) -> StrategyFile | None:
+        by_rank = _rank_files(self.path)
+        absent = [r for r in range(world_size) if r not in by_rank]
+        unfinished = [r for r in range(world_size) if r in by_rank and not self._complete(by_rank[r])]
+        if absent or unfinished:
+            parts = []
+            if absent:
+                parts.append(f"missing ranks {_ranges(absent)}")
+            if unfinished:
+                parts.append(f"still being written: ranks {_ranges(unfinished)}")
+            self.missing = f"{'; '.join(parts)} of {world_size} (ckpt_strategy_rank_<r>.ckpt in {self.path})"
+            return None
+        sf = merge_in_memory([by_rank[r] for r in range(world_size)], self.path)
+        total = _ranks_of(sf)
+        if total != world_size:
+            raise LayoutError(f"world size {world_size}, but the strategy files describe a job of {total} ranks")
+        return sf
+
+    def _poll_stages(self) -> StrategyFile | None:
+        try:
+            candidates = [f for f in find_strategy_files(self.path) if not is_merged_file(f)]
+        except UsageError:
+            candidates = []
+        if not candidates:
+            self.missing = f"no strategy files in {self.path} yet"
+            return None
+        unfinished = [os.path.basename(f) for f in candidates if not self._complete(f)]
+        if unfinished:
+            self.missing = f"still being written: {', '.join(unfinished)}"
+            return None
+        stages = {read_strategy(f).stage for f in candidates}
+        top = max((s for s in stages if s is not None), default=0)
+        gaps = [s for s in range(top + 1) if s not in stages]
+        if gaps:
+            self.missing = f"no strategy file of stage {_ranges(gaps)} in {self.path} yet"
+            return None
+        return merge_in_memory(candidates, self.path)
+
+
+def _rank_files(folder: str) -> dict[int, str]:
+    """``{rank: path}`` of the ``*rank_<r>.ckpt|json`` strategy files in ``folder`` (hidden ones left out)."""
+    found: dict[int, str] = {}
+    with contextlib.suppress(OSError):
+        for name in sorted(os.listdir(folder)):
+            match = _RANK_FILE.search(name)
+            if match and not name.startswith(".") and os.path.isfile(os.path.join(folder, name)):
+                found.setdefault(int(match.group(1)), os.path.join(folder, name))
+    return found
+
+
+def _ranks_of(sf: StrategyFile) -> int:
+    return device_num(sf) * stage_count(sf)
+
+
+def _ranges(values: Sequence[int]) -> str:
+    """``0, 2-5, 7``: sorted numbers with runs folded."""
+    runs: list[list[int]] = []
+    for v in sorted(set(values)):
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _backoff() -> Iterator[float]:
+    """Sleeps growing from 50 ms to 2 s: waiting never spins."""
+    delay = _FIRST_SLEEP
+    while True:
+        yield delay
+        delay = min(_MAX_SLEEP, delay * 1.5)
+
+
+def wait_for_strategy(path: str, world_size: int | None, timeout: float, say: Callable[[str], None]) -> StrategyFile:
+    """The destination strategy once complete, waiting up to ``timeout`` seconds.
+
+    Raises:
+        UsageError: Not complete in time; the line names what is missing.
+    """
+    watch = StrategyWait(path, world_size, _settle())
+    deadline = time.monotonic() + timeout
+    said = False
+    for delay in _backoff():
+        sf = watch.poll()
+        if sf is not None:
+            return sf
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise UsageError(f"timed out after {timeout:g} s waiting for the destination strategy: {watch.missing}")
+        if not said:
+            say(f"waiting for the destination strategy ({watch.missing})")
+            said = True
+        time.sleep(min(delay, left))
+    raise AssertionError("unreachable")
+
+
+def _settle() -> float:
+    text = os.environ.get(SETTLE_VARIABLE)
+    if not text:
+        return DEFAULT_SETTLE
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        raise UsageError(f"{SETTLE_VARIABLE} must be a number of seconds, not {text!r}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# The cache key
+
+
+def default_cache_dir() -> str:
+    """``$RESHARD_CACHE``, else ``$XDG_CACHE_HOME/reshard/transformed`` (``~/.cache/reshard/transformed``)."""
+    given = os.environ.get(CACHE_VARIABLE)
+    if given:
+        return os.path.abspath(os.path.expanduser(given))
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.abspath(os.path.join(base, "reshard", "transformed"))
+
+
+def source_files(checkpoint: str) -> list[str]:
+    """Every file the source may be read from: the file, or all visible files under its folder."""
+    root = os.path.abspath(checkpoint)
+    if os.path.isfile(root):
+        name = os.path.basename(root)
+        if not name.endswith(".index.json"):  # a Hugging Face index stands for its folder
+            return [root]
+        root = os.path.dirname(root)
+    found: list[str] = []
+    for folder, dirs, files in os.walk(root, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found.extend(os.path.join(folder, f) for f in sorted(files) if not f.startswith("."))
+    return found
+
+
+def file_identity(path: str, root: str) -> str:
+    """``name size mtime_ns hash``: ``name`` relative to the checkpoint (a shared disk mounted at
+    another path on another node gives the same key); the hash covers the first 64 KiB (headers)
+    and the last 4 KiB."""
+    st = os.stat(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        digest.update(fh.read(_HEAD_BYTES))
+        if st.st_size > _HEAD_BYTES:
+            fh.seek(max(_HEAD_BYTES, st.st_size - _TAIL_BYTES))
+            digest.update(fh.read(_TAIL_BYTES))
+    return f"{os.path.relpath(path, root)} {st.st_size} {st.st_mtime_ns} {digest.hexdigest()}"
+
+
+def cache_key(
+    checkpoint: str, src: StrategyFile | None, dst: StrategyFile, output_format: str | None
+) -> tuple[str, dict[str, object]]:
+    """The entry name (32 hex digits) and the facts it was computed from (kept in ``entry.json``)."""
+    files = source_files(checkpoint)
+    root = os.path.dirname(os.path.abspath(checkpoint))
+    digest = hashlib.sha256(f"reshard-auto 1 {__version__} {output_format}\n".encode())
+    for path in files:
+        digest.update(file_identity(path, root).encode("utf-8", "surrogateescape") + b"\n")
+    for sf in (src, dst):
+        data = encode_strategy(sf) if sf is not None else b"full"
+        digest.update(hashlib.sha256(data).digest())
+    facts: dict[str, object] = {
+        "checkpoint": os.path.abspath(checkpoint),
+        "source_files": len(files),
+        "output_format": output_format,
+        "reshard": __version__,
+        "src_strategy": src.path if src is not None else None,
+        "dst_strategy": dst.path,
+    }
+    return digest.hexdigest()[:32], facts
+
+
+# --------------------------------------------------------------------------------------------
+# Entries, their locks and markers
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def entry_in_use(entry: str) -> Iterator[None]:
+    """Hold the entry's shared lock while using it: eviction (an exclusive lock) passes it over."""
+    fd = _open_in_use(entry)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def _open_in_use(entry: str) -> int:
+    path = os.path.join(entry, IN_USE)
+    for _ in range(10):
+        try:
+            os.makedirs(entry, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # an evictor renamed the entry away between the two calls
+            continue
+        except OSError as exc:
+            raise UsageError(f"cannot write into the cache: {exc.strerror or exc}", entry) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # an evictor holds the exclusive lock only for a rename
+        except OSError as exc:
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                os.close(fd)
+                raise
+        if _same_file(fd, path):
+            return fd
+        os.close(fd)  # evicted under us: make the entry again
+    raise UsageError("the cache entry keeps being evicted while this job starts", entry)
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except OSError:
+        return False
+
+
+def _marker(entry: str, rank: int) -> str:
+    return os.path.join(entry, _DONE, f"rank_{rank}.json")
+
+
+def done_file(entry: str, rank: int) -> str | None:
+    """The file a finished rank of ``entry`` holds, or None while its marker is not written."""
+    try:
+        with open(_marker(entry, rank), encoding="utf-8") as fh:
+            name = json.load(fh)["file"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    path = os.path.join(entry, f"rank_{rank}", str(name))
+    return path if os.path.isfile(path) else None
+
+
+@dataclass
+class Conversion:
+    """What converting one rank of an entry needs."""
+
+    checkpoint: str
+    src: StrategyFile | None
+    dst: StrategyFile
+    output_format: str | None
+    entry: str
+    say: Callable[[str], None]
+
+    def rank(self, rank: int) -> str:
+        """Convert ``rank`` into the entry (the caller holds its lock) and return its file."""
+        work = os.path.join(self.entry, _WORK, f"rank_{rank}")
+        final = os.path.join(self.entry, f"rank_{rank}")
+        for leftover in (work, final):  # a holder that died left them: they are this entry's own
+            shutil.rmtree(leftover, ignore_errors=True)
+        os.makedirs(os.path.dirname(work), exist_ok=True)
+        self.say(f"converting rank {rank} into {self.entry}")
+        api.transform(
+            self.checkpoint,
+            work,
+            self.src,
+            self.dst,
+            prefix=PREFIX,
+            output_format=self.output_format,
+            ranks=[rank],
+            manifest=False,
+        )
+        produced = os.path.join(work, f"rank_{rank}")
+        names = sorted(os.listdir(produced))
+        if len(names) != 1:
+            raise ReshardError(f"rank {rank}: expected one output file, found {len(names)}", produced)
+        _test_pause()
+        os.rename(produced, final)
+        size = os.path.getsize(os.path.join(final, names[0]))
+        os.makedirs(os.path.join(self.entry, _DONE), exist_ok=True)
+        facts = {"file": names[0], "bytes": size, "host": socket.gethostname(), "pid": os.getpid(), "at": _now()}
+        _write_atomically(_marker(self.entry, rank), json.dumps(facts).encode() + b"\n")
+        _log_conversion(self.entry, {"rank": rank, **facts})
+        shutil.rmtree(work, ignore_errors=True)
+        return os.path.join(final, names[0])
+
+
+def _test_pause() -> None:
+    """TEST ONLY: ``RESHARD_AUTO_TEST_PAUSE=<seconds>`` holds a conversion before it is committed,
+    so that a test can kill the converter mid-way and check that another caller takes over."""
+    text = os.environ.get(TEST_PAUSE_VARIABLE)
+    if text:
+        time.sleep(float(text))
+
+
+def _log_conversion(entry: str, facts: dict[str, object]) -> None:
+    """One JSON line per conversion (``O_APPEND``): who converted what, for users and tests."""
+    line = (json.dumps(facts) + "\n").encode()
+    fd = os.open(os.path.join(entry, CONVERSIONS_LOG), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def _rank_lock(entry: str, rank: int) -> _lock.DestinationLock:
+    root = os.path.join(entry, _LOCKS, f"rank_{rank}")
+    os.makedirs(root, exist_ok=True)
+    return _lock.DestinationLock(root)
+
+
+def _try_rank(conversion: Conversion, rank: int) -> str | None:
+    """The rank's file if it is done or this caller converted it now; None while another converts it."""
+    done = done_file(conversion.entry, rank)
+    if done is not None:
+        return done
+    lock = _rank_lock(conversion.entry, rank)
+    if not lock.try_acquire():
+        return None
+    try:
+        return done_file(conversion.entry, rank) or conversion.rank(rank)
+    finally:
+        lock.release()
+
+
+def ensure_ranks(conversion: Conversion, ranks: Sequence[int]) -> dict[int, str]:
+    """Every rank of ``ranks`` done in the entry: converted here when free, else waited for."""
+    files: dict[int, str] = {}
+    pending = list(ranks)
+    delays = _backoff()
+    waiting_said = False
+    while pending:
+        for rank in list(pending):
+            path = _try_rank(conversion, rank)
+            if path is not None:
+                files[rank] = path
+                pending.remove(rank)
+                delays = _backoff()
+        if pending:
+            if not waiting_said:
+                conversion.say(f"waiting for another caller converting rank {_ranges(pending)}")
+                waiting_said = True
+            time.sleep(next(delays))
+    return files
+
+
+# --------------------------------------------------------------------------------------------
+# Eviction
+
+
+@dataclass(frozen=True)
+class CachePolicy:
+    """When entries leave the cache: larger than ``max_bytes`` in all, or unused for ``max_age`` s."""
+
+    max_bytes: int | None = None
+    max_age: float | None = DEFAULT_MAX_AGE_DAYS * 86400
+
+    @classmethod
+    def from_environment(cls, max_cache_bytes: int | str | None) -> CachePolicy:
+        given = max_cache_bytes if max_cache_bytes is not None else os.environ.get(CACHE_MAX_VARIABLE) or None
+        size = parse_size(given, "the cache size limit") if given is not None else None
+        days_text = os.environ.get(CACHE_MAX_AGE_VARIABLE)
+        try:
+            days = float(days_text) if days_text else DEFAULT_MAX_AGE_DAYS
+        except ValueError:
+            raise UsageError(f"{CACHE_MAX_AGE_VARIABLE} must be a number of days, not {days_text!r}") from None
+        return cls(size, days * 86400 if days > 0 else None)
+
+
+def _entry_size(entry: str) -> int:
+    total = 0
+    for folder, _, files in os.walk(entry):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, name)).st_size
+    return total
+
+
+def _last_used(entry: str) -> float:
+    for path in (os.path.join(entry, LAST_USED), entry):
+        with contextlib.suppress(OSError):
+            return os.stat(path).st_mtime
+    return 0.0
+
+
+def cache_entries(cache_dir: str) -> list[str]:
+    """The entries of a cache folder (32-hex-digit folders): the only things eviction removes."""
+    try:
+        names = os.listdir(cache_dir)
+    except OSError:
+        return []
+    return sorted(os.path.join(cache_dir, n) for n in names if ENTRY_NAME.fullmatch(n))
+
+
+def evict(cache_dir: str, policy: CachePolicy, keep: Sequence[str] = ()) -> list[str]:
+    """Remove entries the policy no longer keeps, oldest use first; returns the removed entries.
+
+    An entry in use (a caller holds its shared lock: converting, waiting or just returned) or named
+    in ``keep`` is never touched; a removed entry is first renamed away, so nobody sees it half gone.
+    """
+    entries = [(e, _last_used(e), _entry_size(e)) for e in cache_entries(cache_dir)]
+    total = sum(size for _, _, size in entries)
+    now = time.time()
+    removed: list[str] = []
+    kept = {os.path.abspath(k) for k in keep}
+    for entry, used, size in sorted(entries, key=lambda item: item[1]):
+        too_old = policy.max_age is not None and now - used > policy.max_age
+        too_big = policy.max_bytes is not None and total > policy.max_bytes
+        if not (too_old or too_big) or os.path.abspath(entry) in kept:
+            continue
+        if _remove_entry(cache_dir, entry):
+            total -= size
+            removed.append(entry)
+    return removed
+
+
+def _remove_entry(cache_dir: str, entry: str) -> bool:
+    """Rename an unused entry away under its exclusive lock, then delete it (False: in use)."""
+    try:
+        fd = os.open(os.path.join(entry, IN_USE), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held (or no flock here: then nothing is ever evicted)
+        os.close(fd)
+        return False
+    graveyard = os.path.join(cache_dir, f".evicted-{os.path.basename(entry)}-{socket.gethostname()}-{os.getpid()}")
+    try:
+        os.rename(entry, graveyard)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    shutil.rmtree(graveyard, ignore_errors=True)
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# The function
+
+
+def _check_arguments(
+    checkpoint: str,
+    dst_strategy: str,
+    rank_id: int,
+    world_size: int | None,
+    output_format: str | None,
+    timeout: float | None,
+    local_ranks: Sequence[int] | None,
+    cache_dir: str,
+) -> list[int]:
+    """The ranks to convert, after refusing bad arguments (before anything is read or written)."""
+    if not isinstance(rank_id, int) or isinstance(rank_id, bool) or rank_id < 0:
+        raise UsageError(f"the rank id must be a whole number >= 0, not {rank_id!r}")
+    if world_size is not None and (not isinstance(world_size, int) or world_size < 1):
+        raise UsageError(f"the world size must be a whole number >= 1, not {world_size!r}")
+    if timeout is not None and not timeout >= 0:
+        raise UsageError(f"the timeout must be a number of seconds >= 0, not {timeout!r}")
+    if output_format == "checkpoint2":
+        raise UnsupportedError(
+            "auto_transform returns one file per rank; a Checkpoint 2.0 is one tree for all ranks "
+            "(write it with reshard transform --output-format checkpoint2)"
+        )
+    if output_format is not None and output_format not in OUTPUT_FORMATS:
+        raise UsageError(f"unknown output format {output_format!r} (choose ckpt or safetensors)")
+    ranks = sorted(set(local_ranks)) if local_ranks else [rank_id]
+    if any(not isinstance(r, int) or isinstance(r, bool) or r < 0 for r in ranks):
+        raise UsageError(f"local ranks must be whole numbers >= 0, not {list(local_ranks or [])}")
+    if rank_id not in ranks:
+        raise UsageError(f"rank {rank_id} is not one of the local ranks {_ranges(ranks)}")
+    if world_size is not None and ranks[-1] >= world_size:
+        raise UsageError(f"rank {ranks[-1]} is outside the world size {world_size}")
+    if not os.path.exists(checkpoint):
+        raise UsageError("the checkpoint does not exist", checkpoint)
+    _check_cache_place(cache_dir, [checkpoint, dst_strategy])
+    return ranks
+
+
+def _check_cache_place(cache_dir: str, inputs: Sequence[str]) -> None:
+    """The cache may not be a file, nor lie in (or hold) an input: nothing is written beside the user's files."""
+    cache = os.path.realpath(cache_dir)
+    if os.path.exists(cache) and not os.path.isdir(cache):
+        raise UsageError("the cache folder exists and is not a folder", cache_dir)
+    for given in inputs:
+        path = os.path.realpath(given)
+        folder = os.path.dirname(path) if path.endswith(".index.json") else path  # an HF index: its folder
+        if cache == folder or cache.startswith(folder + os.sep) or path.startswith(cache + os.sep):
+            raise UsageError(f"the cache folder may not lie inside or hold an input ({given})", cache_dir)
+
+
+def _source_strategy(checkpoint: str, src_strategy: str | None, notes: list[str]) -> StrategyFile | None:
+    """The source strategy given, else MindFormers' place for rank folders (docs/formats.md §11.1)."""
+    if src_strategy in (None, "", "None", "none"):
+        if not needs_strategy(checkpoint):
+            return None
+        src_strategy = find_source_strategy(checkpoint, "--src-strategy", notes)
+    assert src_strategy is not None
+    sf = load_strategy(src_strategy)
+    notes.extend(sf.notes)
+    return sf
+
+
+def _check_source(checkpoint: str, src: StrategyFile | None) -> None:
+    """A full-model kind with a source strategy is refused here, before the wait."""
+    kind = identify(checkpoint)
+    if src is not None and kind in (HUGGING_FACE, UNIFIED, CHECKPOINT2):
+        raise UsageError(f"{kind.name} carries its own layout: give no source strategy", checkpoint)
+
+
+def auto_transform(
+    checkpoint: str,
+    dst_strategy: str,
+    rank_id: int,
+    *,
+    src_strategy: str | None = None,
+    cache_dir: str | None = None,
+    world_size: int | None = None,
+    output_format: str | None = None,
+    timeout: float | None = None,
+    local_ranks: Sequence[int] | None = None,
+    max_cache_bytes: int | str | None = None,
+    on_note: Callable[[str], None] | None = None,
+) -> str:
+    """The file rank ``rank_id`` of a starting job must load, converted once for all callers.
+
+    Every rank of the job (on every node) calls this at the same moment. The call waits for the
+    destination strategy (the job's strategy folder may still be being written), computes the
+    cache entry of these inputs, converts this caller's ranks that no other caller converts or has
+    converted, waits for the others, and returns ``<cache_dir>/<key>/rank_<rank_id>/checkpoint_<rank_id>.<fmt>``.
+    A second start with the same inputs converts nothing. docs/formats.md §14 describes the cache.
+
+    Args:
+        checkpoint: Any source ``transform`` reads: a full model file or a folder holding one,
+            ``rank_<r>`` folders, a ``unify`` output, a Hugging Face folder, a Checkpoint 2.0.
+        dst_strategy: The job's strategy file, or folder of ``ckpt_strategy_rank_<r>.ckpt`` files
+            (waited for while its ranks write them; merged in memory, nothing is written there).
+        rank_id: The destination rank of this caller.
+        src_strategy: The source strategy for rank folders (None: MindFormers' ``strategy`` folder
+            beside the checkpoint folder or in its output folder, docs/formats.md §11.1; none for a
+            full model).
+        cache_dir: The cache folder shared by all callers (None: ``$RESHARD_CACHE``, else
+            ``~/.cache/reshard/transformed``).
+        world_size: The job's rank count: wait for the strategy files of ranks ``0 … world_size-1``
+            (None: of every stage the files found describe; a rank beyond them is refused).
+        output_format: ``"ckpt"`` or ``"safetensors"`` (None: the source's).
+        timeout: Seconds to wait for the destination strategy (None: 3600).
+        local_ranks: The ranks of this node, all converted by this caller when free (None: only
+            ``rank_id``); must include ``rank_id``.
+        max_cache_bytes: Size limit of the cache, bytes or a size such as ``"500GB"`` (None:
+            ``$RESHARD_CACHE_MAX``, else no limit); entries unused for 30 days
+            (``$RESHARD_CACHE_MAX_AGE_DAYS``) are removed too.
+        on_note: Called with each note for the user as it arises (waiting, converting, the source
+            strategy found; None: dropped).
+
+    Returns:
+        The path of the file rank ``rank_id`` loads; its folder's parent is the entry, which holds
+        ``rank_<r>/`` folders as MindFormers' ``load_checkpoint`` expects.
+
+    Raises:
+        UsageError: A missing checkpoint, bad numbers, a cache folder inside an input, rank folders
+            without a source strategy, or a destination strategy still incomplete after ``timeout``
+            (the line names the missing ranks).
+        UnsupportedError: ``output_format="checkpoint2"`` (one tree for all ranks, not a file each).
+        LayoutError: A strategy does not fit the tensors, ``world_size``, or ``rank_id``.
+        FormatError: A source or strategy file that is truncated, corrupted or not what it claims.
+        ReshardError: The cache cannot be written (a full disk, say).
+
+    Example:
+        from reshard.auto import auto_transform
+        path = auto_transform("demo/ckpt_8ranks", "demo/strategy_4", 0, src_strategy="demo/strategy_8",
+                              cache_dir="cache")
+    """
+    say = on_note or (lambda _note: None)
+    cache = os.path.abspath(os.path.expanduser(cache_dir)) if cache_dir else default_cache_dir()
+    ranks = _check_arguments(checkpoint, dst_strategy, rank_id, world_size, output_format, timeout, local_ranks, cache)
+    policy = CachePolicy.from_environment(max_cache_bytes)
+    found: list[str] = []
+    src = _source_strategy(checkpoint, src_strategy, found)
+    for note in found:
+        say(note)
+    _check_source(checkpoint, src)
+    dst = wait_for_strategy(dst_strategy, world_size, DEFAULT_TIMEOUT if timeout is None else timeout, say)
+    total = _ranks_of(dst)
+    if ranks[-1] >= total:
+        hint = "" if world_size is not None else " (while the job still writes its strategy files, give world_size)"
+        raise LayoutError(
+            f"rank {ranks[-1]} is outside the {total} ranks of the destination strategy{hint}", dst_strategy
+        )
+    key, facts = cache_key(checkpoint, src, dst, output_format)
+    entry = os.path.join(cache, key)
+    with entry_in_use(entry):
+        _describe_entry(entry, facts)
+        files = ensure_ranks(Conversion(checkpoint, src, dst, output_format, entry, say), ranks)
+        _touch(os.path.join(entry, LAST_USED))
+        evict(cache, policy, keep=[entry])
+    return files[rank_id]
+
+
+def _describe_entry(entry: str, facts: dict[str, object]) -> None:
+    """``entry.json``: what the entry was made from (for people; nothing reads it back)."""
+    path = os.path.join(entry, ENTRY_INFO)
+    if not os.path.exists(path):
+        _write_atomically(path, json.dumps({**facts, "created": _now()}, indent=1).encode() + b"\n")
+
+
+def _touch(path: str) -> None:
+    with open(path, "a", encoding="utf-8"):
+        pass
+    os.utime(path)
+
+
+__all__ = [
+    "CACHE_MAX_AGE_VARIABLE",
+    "CACHE_MAX_VARIABLE",
+    "CACHE_VARIABLE",
+    "DEFAULT_TIMEOUT",
+    "SETTLE_VARIABLE",
+    "TEST_PAUSE_VARIABLE",
+    "CachePolicy",
+    "Conversion",
+    "StrategyWait",
+    "auto_transform",
+    "cache_entries",
+    "cache_key",
+    "default_cache_dir",
+    "done_file",
+    "ensure_ranks",
+    "entry_in_use",
+    "evict",
+    "file_identity",
+    "source_files",
+    "wait_for_strategy",
+]
