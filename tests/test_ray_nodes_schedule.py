@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -145,3 +146,20 @@ def test_cli_bad_placement_file_exits_2(tmp_path: Any) -> None:
     proc = run_cli(*args, "--dst", str(tmp_path / "o"), "--placement", str(bad))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "must list paths" in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_stale_temps_are_only_this_outputs_leftovers(tmp_path: Path) -> None:
+    """What a retried writer removes: the killed attempt's ``.<name>.<8 hex>.reshard-tmp`` of this
+    very output, never another output's temporary file or the output itself."""
+    from reshard.formats.base import stale_temps
+
+    names = [
+        ".checkpoint_2.ckpt.2991b1f5.reshard-tmp",  # this output's leftover
+        ".checkpoint_20.ckpt.2991b1f5.reshard-tmp",  # another output's
+        ".checkpoint_2.ckpt.notahex.reshard-tmp",  # not a name reshard makes
+        "checkpoint_2.ckpt",
+    ]
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    assert stale_temps(str(tmp_path / "checkpoint_2.ckpt")) == [str(tmp_path / names[0])]
+    assert stale_temps(str(tmp_path / "missing" / "x.ckpt")) == []

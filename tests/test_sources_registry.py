@@ -156,7 +156,7 @@ def test_what_is_this_errors_of_every_operation_come_from_the_registry(
 
 WRONG_KIND = {  # operation -> a path of a kind it does not read
     "verify": "s8",
-    "transform": "unified",
+    "transform": "s8",
     "unify": "full",
     "split": "r8st",
     "convert": "s8",

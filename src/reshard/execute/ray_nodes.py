@@ -58,7 +58,7 @@ from reshard.execute.nodes import (
     source_facts,
 )
 from reshard.execute.options import KEEP_FINISHED, RunOptions, WriteOptions
-from reshard.formats.base import TensorEntry, TensorIndex
+from reshard.formats.base import TensorEntry, TensorIndex, stale_temps
 from reshard.plan import FilePlan, Plan
 from reshard.plan.validate import PlanError
 from reshard.sources import ReadOptions, open_checkpoint
@@ -246,8 +246,16 @@ def node_job(
     in_flight: int,
     names: dict[str, str],
 ) -> tuple[list[str | None], int]:
-    """On a writer node: fetch what other nodes hold, then write ``files``; returns checksums, bytes fetched."""
+    """On a writer node: fetch what other nodes hold, then write ``files``; returns checksums, bytes fetched.
+
+    A retried attempt (its predecessor's worker was killed) first removes the temporary files the
+    killed attempt left beside these outputs; the run's lock makes this task their only writer."""
     import ray
+
+    for f in files:
+        for stale in stale_temps(f.path):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(stale)
 
     with tempfile.TemporaryDirectory(prefix=TEMP_PREFIX) as tmp:
         replicas = {i: os.path.join(tmp, f"src{i}-{os.path.basename(sources[i])}") for i in (f.source for f in fetches)}

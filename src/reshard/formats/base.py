@@ -18,6 +18,7 @@ import contextlib
 import errno
 import mmap
 import os
+import re
 import secrets
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -228,6 +229,18 @@ def _create_temp(directory: str, name: str) -> str:
     raise FileExistsError(errno.EEXIST, "no free temporary name", directory)
 
 
+def stale_temps(final: str) -> list[str]:
+    """Temporary files beside ``final`` that an earlier attempt at writing it left
+    (``.<name>.<random>.reshard-tmp``): a worker killed mid-write cannot remove its own."""
+    directory = os.path.dirname(os.path.abspath(final))
+    pattern = re.compile(rf"\.{re.escape(os.path.basename(final))}\.[0-9a-f]{{8}}{re.escape(TEMP_SUFFIX)}")
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(os.path.join(directory, n) for n in names if pattern.fullmatch(n))
+
+
 @contextlib.contextmanager
 def atomic_path(final: str | os.PathLike[str]) -> Iterator[str]:
     """Yield a temporary path next to ``final``; rename onto it only if the block succeeds.
@@ -354,6 +367,7 @@ __all__ = [
     "preallocate",
     "pwrite_all",
     "segment_pieces",
+    "stale_temps",
     "value_bytes",
     "write_file",
     "write_whole",
