@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from reshard.dtypes import DType
 from reshard.errors import UnsupportedError, UsageError
+from reshard.formats.base import segment_pieces
 from reshard.plan import Copy, FilePlan, Plan
 from reshard.plan.model import read_bytes
 from reshard.sources import ReadOptions, open_checkpoint
@@ -156,24 +157,10 @@ def file_runs(tensor: TensorFacts, copy: Copy) -> list[Run]:
     """The file byte ranges one copy reads from its source tensor."""
     if copy.whole_source or not tensor.shape:
         return [r for r in tensor.segments if r[1]]
-    runs = []
+    runs: list[Run] = []
     for offset, length in box_runs(tensor.shape, tensor.itemsize, copy.src_start, copy.lengths):
-        runs.extend(_segment_pieces(tensor.segments, offset, length))
+        runs.extend(segment_pieces(tensor.segments, offset, length))
     return runs
-
-
-def _segment_pieces(segments: Sequence[Run], start: int, length: int) -> list[Run]:
-    pieces, pos = [], 0
-    for offset, seg_len in segments:
-        if length <= 0:
-            break
-        if start < pos + seg_len:
-            skip = max(0, start - pos)
-            n = min(seg_len - skip, length)
-            pieces.append((offset + skip, n))
-            start, length = start + n, length - n
-        pos += seg_len
-    return pieces
 
 
 def merge_runs(runs: Sequence[Run]) -> list[Run]:
