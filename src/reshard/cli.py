@@ -740,7 +740,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
     else:
-        verify.print_report(report, _console())
+        verify.print_report(report, _console(), all_rows=args.all)
     return 0 if report.ok else verify.EXIT_DIFFER
 
 
@@ -1100,6 +1100,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--a-strategy", "--a_strategy", help="strategy file or folder of side A's rank folders")
     p.add_argument("--b-strategy", "--b_strategy", help="strategy file or folder of side B's rank folders")
     p.add_argument("--atol", type=float, default=0.0, help="count values within this absolute difference as equal")
+    p.add_argument(
+        "--all", action="store_true", help="list every tensor, matching ones too (default: only those that differ)"
+    )
     p.add_argument("--no-crc-check", action="store_true", help="skip checking .ckpt crc trailers")
     p.add_argument(
         "--max-memory",

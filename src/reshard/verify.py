@@ -76,6 +76,7 @@ class TensorResult:
     shape: tuple[int, ...]
     max_abs_diff: float | None = None
     detail: str = ""
+    first_index: tuple[int, ...] | None = None  # the first differing element, row-major (values that differ)
 
     def to_json(self) -> dict[str, Any]:
         diff = self.max_abs_diff
@@ -86,6 +87,7 @@ class TensorResult:
             "shape": list(self.shape),
             "max_abs_diff": None if diff is None else (diff if np.isfinite(diff) else str(diff)),
             "detail": self.detail,
+            "first_index": None if self.first_index is None else list(self.first_index),
         }
 
 
@@ -245,6 +247,23 @@ def _max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(diff.max())
 
 
+def _first_difference(a: np.ndarray, b: np.ndarray, atol: float) -> tuple[int, ...] | None:
+    """The first element (row-major) where ``a`` and ``b`` differ: in their bytes when both have one
+    dtype and no tolerance is given, else by more than ``atol`` in value (NaN against NaN is equal)."""
+    if a.dtype == b.dtype and atol == 0:
+        width = a.dtype.itemsize
+        raw_a = np.ascontiguousarray(a).reshape(-1).view(np.uint8).reshape(-1, width)
+        raw_b = np.ascontiguousarray(b).reshape(-1).view(np.uint8).reshape(-1, width)
+        differs = (raw_a != raw_b).any(axis=1)
+    else:
+        wide = np.complex128 if "c" in (a.dtype.kind, b.dtype.kind) else np.float64
+        wide_a, wide_b = a.astype(wide).reshape(-1), b.astype(wide).reshape(-1)
+        with np.errstate(all="ignore"):
+            differs = (np.abs(wide_a - wide_b) > atol) | (np.isnan(wide_a) != np.isnan(wide_b))
+    found = np.flatnonzero(differs)
+    return tuple(int(i) for i in np.unravel_index(int(found[0]), a.shape)) if found.size else None
+
+
 def _block_rows(t: TensorPlan, max_memory: int) -> int:
     row_elems = int(np.prod(t.shape[1:], dtype=np.int64)) if t.shape else 1
     return max(1, max_memory // _BYTES_PER_COMPARED_ELEMENT // max(1, row_elems))
@@ -262,6 +281,7 @@ def _compare(
     if ta.shape != tb.shape:
         return TensorResult(name, DIFFER, dtype, ta.shape, None, f"shape {list(ta.shape)} vs {list(tb.shape)}")
     worst, exact = 0.0, ta.dtype is tb.dtype
+    first: tuple[int, ...] | None = None
     rows = ta.shape[0] if ta.shape else 1
     step = _block_rows(ta, max_memory)
     for r0 in range(0, rows, step):
@@ -271,14 +291,18 @@ def _compare(
             continue
         exact = False
         worst = max(worst, _max_abs_diff(block_a, block_b))
+        if first is None:
+            found = _first_difference(block_a, block_b, atol)
+            first = None if found is None else ((found[0] + r0, *found[1:]) if ta.shape else found)
     a.release(ta)
     b.release(tb)
     if exact:
         return TensorResult(name, MATCH, dtype, ta.shape, 0.0)
     detail = f"dtype {ta.dtype.ms_name} vs {tb.dtype.ms_name}" if ta.dtype is not tb.dtype else ""
-    if not detail and atol > 0 and worst <= atol:
+    if not detail and atol > 0 and first is None:  # within the tolerance everywhere
         return TensorResult(name, MATCH, dtype, ta.shape, worst, f"within atol {atol:g}")
-    return TensorResult(name, DIFFER, dtype, ta.shape, worst, detail or "values differ")
+    where = "" if first is None else f", first at {list(first)}"
+    return TensorResult(name, DIFFER, dtype, ta.shape, worst, (detail or "values differ") + where, first)
 
 
 def _need_strategy(path: str, strategy: str | StrategyFile | None, side: str) -> None:
@@ -330,21 +354,33 @@ def verify(
     return VerifyReport(a, b, results, notes)
 
 
-def print_report(report: VerifyReport, console: Any) -> None:
-    """A table of every name, then one summary line."""
+def print_report(report: VerifyReport, console: Any, all_rows: bool = False) -> None:
+    """The names that do not match (every name with ``all_rows``), then one summary line.
+
+    Names are never cut: on a terminal a long one wraps inside its cell; on a pipe or in a log each
+    tensor is one whole line (``| grep wq`` finds it)."""
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"verify {report.a} vs {report.b}")
-    for col in ("name", "status", "dtype", "shape", "max |a-b|", "detail"):
-        table.add_column(col, justify="right" if col == "max |a-b|" else "left")
-    style = {MATCH: "green", DIFFER: "red", MISSING: "yellow", UNEXPECTED: "yellow"}
-    for r in report.results:
-        diff = "" if r.max_abs_diff is None else f"{r.max_abs_diff:.6g}"
-        table.add_row(
-            escape(r.name), f"[{style[r.status]}]{r.status}[/]", r.dtype, str(list(r.shape)), diff, escape(r.detail)
-        )
-    console.print(table)
+    rows = [r for r in report.results if all_rows or r.status != MATCH]
+    if rows and not console.is_terminal:  # a pipe or a log: one whole line per tensor, for grep
+        for r in rows:
+            diff = "" if r.max_abs_diff is None else f"max |a-b| {r.max_abs_diff:.6g}"
+            fields = [r.status, r.name, r.dtype, str(list(r.shape)), diff, r.detail]
+            console.print(escape("  ".join(f for f in fields if f)), soft_wrap=True)
+    elif rows:
+        table = Table(title=f"verify {report.a} vs {report.b}")
+        longest = max(len(r.name) for r in rows)
+        table.add_column("name", overflow="fold", min_width=min(longest, 40))
+        for col in ("status", "dtype", "shape", "max |a-b|", "detail"):
+            table.add_column(col, justify="right" if col == "max |a-b|" else "left", overflow="fold")
+        style = {MATCH: "green", DIFFER: "red", MISSING: "yellow", UNEXPECTED: "yellow"}
+        for r in rows:
+            diff = "" if r.max_abs_diff is None else f"{r.max_abs_diff:.6g}"
+            table.add_row(
+                escape(r.name), f"[{style[r.status]}]{r.status}[/]", r.dtype, str(list(r.shape)), diff, escape(r.detail)
+            )
+        console.print(table)
     s = report.summary()
     verdict = "SAME" if report.ok else "DIFFERENT"
     console.print(
