@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "reshard.mindspore",
         "reshard.transform_ckpt",
         "reshard.cli",
+        "reshard.cli_help",
         "reshard.inspect",
         "reshard.verify",
         "reshard.demo",

@@ -31,7 +31,7 @@ from typing import Any
 # before numpy loads (a value the user set wins); library users keep their own setting.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from reshard import __version__, api
+from reshard import __version__, api, cli_help
 from reshard.errors import ReshardError, UsageError
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM
 from reshard.execute.options import DEFAULT_MAX_MEMORY, RunOptions, WriteOptions, default_workers
@@ -1008,7 +1008,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="reshard", description="Convert, merge, split and reshard MindSpore checkpoints.", epilog=EXIT_CODES
     )
-    parser.add_argument("--version", action="version", version=f"reshard {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"reshard {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("demo", help="build an 8-rank example model and show what reshard does")
@@ -1155,6 +1155,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_rank_list)
     for command in sub.choices.values():
         command.epilog = command.epilog or EXIT_CODES
+    cli_help.teach(parser, EXIT_CODES)  # descriptions, examples, defaults of every subcommand
     return parser
 
 
@@ -1276,7 +1277,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(_join_dash_values(sys.argv[1:] if argv is None else argv))
+    words = _join_dash_values(sys.argv[1:] if argv is None else argv)
+    cli_help.check_argv(parser, words)  # no command: the overview; a misspelling: "did you mean"
+    args = parser.parse_args(words)
     install_signal_handlers()
     try:
         args.started = time.monotonic()
