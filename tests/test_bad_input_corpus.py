@@ -456,15 +456,15 @@ def _plan(job: dict[str, str], flag: str) -> list[str]:
 
 
 def plan_resume(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
-    return _plan(job, "--resume"), "unrecognized arguments: --resume"
+    return _plan(job, "--resume"), "reshard plan: unknown flag --resume (a flag of "
 
 
 def plan_overwrite(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
-    return _plan(job, "--overwrite"), "unrecognized arguments: --overwrite"
+    return _plan(job, "--overwrite"), "reshard plan: unknown flag --overwrite (a flag of "
 
 
 def plan_progress(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
-    return _plan(job, "--progress"), "unrecognized arguments: --progress"
+    return _plan(job, "--progress"), "reshard plan: unknown flag --progress (a flag of "
 
 
 def verify_rank_folders_without_strategy(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:

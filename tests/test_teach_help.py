@@ -155,6 +155,7 @@ def test_no_arguments_prints_the_overview(tmp_path: Path) -> None:
         (["convert", "x.ckpt", "--too", "safetensors"], "reshard convert: unknown flag --too (did you mean --to?)"),
         (["verify", "a", "b", "--a-strategyy=s"], "reshard verify: unknown flag --a-strategyy (did you mean"),
         (["rank-list", "0", "--fils"], "reshard rank-list: unknown flag --fils (did you mean --files?)"),
+        (["plan", "--resume"], "reshard plan: unknown flag --resume (a flag of convert, split, transform, unify)"),
         (["--verison"], "reshard: unknown flag --verison (did you mean --version?)"),
         (["demo", "--zzz"], "reshard demo: unknown flag --zzz (see reshard demo --help)"),
     ],

@@ -302,9 +302,14 @@ def _unknown_flag(tokens: Sequence[str], parser: argparse.ArgumentParser) -> str
     return None
 
 
-def _flag_error(parser: argparse.ArgumentParser, token: str) -> None:
-    flags = [f for f in parser._option_string_actions if f.startswith("--")] or list(parser._option_string_actions)
+def _flag_error(parser: argparse.ArgumentParser, token: str, commands: dict[str, argparse.ArgumentParser]) -> None:
+    """``unknown flag --resume (a flag of convert, split, transform, unify)`` when other commands have it,
+    else the nearest flag of this command."""
     name = token.split("=", 1)[0]
+    owners = sorted(c for c, sub in commands.items() if sub is not parser and name in sub._option_string_actions)
+    if owners:
+        parser.error(f"unknown flag {name} (a flag of {', '.join(owners)})")
+    flags = [f for f in parser._option_string_actions if f.startswith("--")] or list(parser._option_string_actions)
     parser.error(f"unknown flag {name}{_nearest(name, flags)}")
 
 
@@ -328,7 +333,7 @@ def check_argv(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
         return
     flag = _unknown_flag(argv[:position], parser)
     if flag is not None:
-        _flag_error(parser, flag)
+        _flag_error(parser, flag, commands)
     if position == len(argv):
         return
     command = argv[position]
@@ -337,7 +342,7 @@ def check_argv(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
     sub = commands[command]
     flag = _unknown_flag(argv[position + 1 :], sub)
     if flag is not None:
-        _flag_error(sub, flag)
+        _flag_error(sub, flag, commands)
 
 
 __all__ = [
