@@ -158,9 +158,11 @@ def _speed_column() -> Any:
 class _ProgressBar:
     """A rich progress bar over bytes written, on stderr, for a terminal (binary units, like the summary)."""
 
-    def __init__(self) -> None:
+    def __init__(self, description: str = "writing") -> None:
         from rich.console import Console
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+        self.description = description
 
         self.progress = Progress(
             "[progress.description]{task.description}",
@@ -175,7 +177,7 @@ class _ProgressBar:
 
     def start(self, total: int) -> None:
         self.progress.start()
-        self.task = self.progress.add_task("writing", total=total)
+        self.task = self.progress.add_task(self.description, total=total)
 
     def advance(self, nbytes: int) -> None:
         if self.task is not None:
@@ -189,10 +191,10 @@ class _ProgressLines:
     """Progress for logs (stderr is a pipe or a file): a plain line every few seconds and one at the end,
     ``reshard: 1.23 GiB / 4.00 GiB (30%), 850.00 MiB/s, ETA 0:03``."""
 
-    def __init__(self, every: float = 5.0) -> None:
+    def __init__(self, every: float = 5.0, label: str = "") -> None:
         import threading
 
-        self.every = every
+        self.every, self.label = every, label
         self.lock = threading.Lock()
         self.total = self.done = 0
         self.started = self.last = 0.0
@@ -228,7 +230,7 @@ class _ProgressLines:
         percent = 100 * self.done // self.total if self.total else 100
         left = (self.total - self.done) / rate if rate > 0 else 0.0
         print(
-            f"reshard: {format_size(self.done)} / {format_size(self.total)} ({percent}%), "
+            f"reshard: {self.label}{format_size(self.done)} / {format_size(self.total)} ({percent}%), "
             f"{format_size(int(rate))}/s, ETA {_clock(left)}",
             file=sys.stderr,
             flush=True,
@@ -246,14 +248,15 @@ def _clock(seconds: float) -> str:
 _BARS: list[_ProgressBar | _ProgressLines] = []
 
 
-def _progress_hooks(args: argparse.Namespace) -> dict[str, Any]:
+def _progress_hooks(args: argparse.Namespace, what: str = "writing") -> dict[str, Any]:
     """``--progress``: a bar on a terminal, plain lines in a log; by default a bar on a terminal only.
-    ``--quiet`` or ``--no-progress`` silences it."""
+    ``--quiet`` or ``--no-progress`` silences it. ``what`` names the work on the bar (``verify``: comparing)."""
     show = getattr(args, "progress", None)
     terminal = sys.stderr.isatty()
     if getattr(args, "quiet", False) or getattr(args, "dry_run", False) or show is False or not (show or terminal):
         return {}
-    bar: _ProgressBar | _ProgressLines = _ProgressBar() if terminal else _ProgressLines()
+    label = "" if what == "writing" else f"{what} "  # transform's log lines stay as documented
+    bar: _ProgressBar | _ProgressLines = _ProgressBar(what) if terminal else _ProgressLines(label=label)
     _BARS.append(bar)
     return {"on_start": bar.start, "progress": bar.advance}
 
@@ -377,9 +380,14 @@ def _notes(notes: Sequence[str], args: argparse.Namespace) -> None:
         print(f"reshard: note: {one_line(note)}", file=sys.stderr)
 
 
-def _finish(report: api.Report, args: argparse.Namespace, dst: str | None = None) -> None:
-    for bar in _BARS:  # the bar goes (or the last line prints) before the summary
+def _end_progress() -> None:
+    """The bar goes (or the last progress line prints) before the command's own output."""
+    for bar in _BARS:
         bar.finish() if isinstance(bar, _ProgressLines) else bar.stop()
+
+
+def _finish(report: api.Report, args: argparse.Namespace, dst: str | None = None) -> None:
+    _end_progress()
     _notes(report.notes, args)
     if getattr(args, "dry_run", False) or getattr(args, "json", False):
         print_plan(report.plan, getattr(args, "json", False))
@@ -735,7 +743,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         verify_crc=not args.no_crc_check,
         atol=args.atol,
         max_memory=args.max_memory,
+        **_progress_hooks(args, "comparing"),
     )
+    _end_progress()
     _notes(report.notes, args)
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
@@ -1114,6 +1124,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true")
     _add_quiet_flag(p)
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="bytes compared and ETA on stderr: a bar on a terminal, a plain line every 5 s in a log or pipe "
+        "(default: the bar, on a terminal only)",
+    )
     _add_source_flags(p)
     _add_crypto_flags(p, write=False)
     _add_iteration_flag(p, both=True)

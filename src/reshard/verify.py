@@ -27,6 +27,7 @@ Why it is built this way:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -269,8 +270,33 @@ def _block_rows(t: TensorPlan, max_memory: int) -> int:
     return max(1, max_memory // _BYTES_PER_COMPARED_ELEMENT // max(1, row_elems))
 
 
+class _Meter:
+    """Bytes of A compared, told to ``progress`` block by block; each tensor's count ends at its size
+    (a tensor decided without reading it, a string or a shape mismatch, counts at once)."""
+
+    def __init__(self, progress: Callable[[int], None] | None) -> None:
+        self.progress = progress
+        self.counted = 0  # of the current tensor
+
+    def block(self, nbytes: int) -> None:
+        if self.progress is not None and nbytes:
+            self.progress(nbytes)
+        self.counted += nbytes
+
+    def tensor_done(self, nbytes: int) -> None:
+        self.block(max(0, nbytes - self.counted))
+        self.counted = 0
+
+
 def _compare(
-    name: str, a: _Side, ta: TensorPlan, b: _Side, tb: TensorPlan, atol: float, max_memory: int
+    name: str,
+    a: _Side,
+    ta: TensorPlan,
+    b: _Side,
+    tb: TensorPlan,
+    atol: float,
+    max_memory: int,
+    meter: _Meter | None = None,
 ) -> TensorResult:
     dtype = ta.dtype.ms_name if ta.dtype is tb.dtype else f"{ta.dtype.ms_name} / {tb.dtype.ms_name}"
     if ta.dtype is dtypes.STR or tb.dtype is dtypes.STR:
@@ -287,6 +313,8 @@ def _compare(
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         block_a, block_b = assemble.tensor_rows(ta, r0, r1, a.array), assemble.tensor_rows(tb, r0, r1, b.array)
+        if meter is not None:
+            meter.block(block_a.nbytes)
         if exact and _same_bytes(block_a, block_b):
             continue
         exact = False
@@ -323,10 +351,31 @@ def verify(
     verify_crc: bool = True,
     atol: float = 0.0,
     max_memory: int = DEFAULT_MAX_MEMORY,
+    on_start: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> VerifyReport:
     """Compare the logical full tensors of ``a`` (reference) and ``b``, one tensor block at a time.
 
     ``read.dec_key``/``dec_mode`` decrypt whichever side holds encrypted ``.ckpt`` files.
+
+    Args:
+        a: the reference checkpoint, in any form ``reshard`` reads.
+        b: the other checkpoint.
+        a_strategy: strategy of ``a``'s rank folders (None: a full model or a Checkpoint 2.0).
+        b_strategy: strategy of ``b``'s rank folders.
+        read: decryption key, which file of a rank folder, iteration.
+        verify_crc: check the crc trailers of ``.ckpt`` sources that have one.
+        atol: values within this absolute difference count as equal.
+        max_memory: bound on the tensor blocks compared at once.
+        on_start: called once, before the first comparison, with the bytes to compare (A's size of
+            the names both sides hold), as ``RunOptions.on_start`` is for a transform.
+        progress: called with the bytes of each block compared (they add up to ``on_start``'s).
+
+    Returns:
+        The verdict on every name of either side.
+
+    Raises:
+        UsageError: a side that cannot be read as given (no strategy for rank folders, a bad ``atol``).
     """
     if atol < 0 or not np.isfinite(atol):
         raise UsageError(f"atol must be a finite number >= 0, got {atol}")
@@ -338,13 +387,17 @@ def verify(
     side_a = _open_side(a, a_strategy, read, notes)
     side_b = _open_side(b, b_strategy, read, notes)
     results: list[TensorResult] = []
+    meter = _Meter(progress)
+    if on_start is not None:
+        on_start(sum(ta.nbytes for name, ta in side_a.tensors.items() if name in side_b.tensors))
     try:
         for name, ta in side_a.tensors.items():
             tb = side_b.tensors.get(name)
             if tb is None:
                 results.append(TensorResult(name, MISSING, ta.dtype.ms_name, ta.shape, None, "only in A"))
             else:
-                results.append(_compare(name, side_a, ta, side_b, tb, atol, max_memory))
+                results.append(_compare(name, side_a, ta, side_b, tb, atol, max_memory, meter))
+                meter.tensor_done(ta.nbytes)
         for name, tb in side_b.tensors.items():
             if name not in side_a.tensors:
                 results.append(TensorResult(name, UNEXPECTED, tb.dtype.ms_name, tb.shape, None, "only in B"))
