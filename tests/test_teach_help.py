@@ -141,6 +141,13 @@ def test_no_arguments_prints_the_overview(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_help_command_prints_a_commands_help() -> None:
+    proc = run_cli("help", "verify")
+    assert proc.returncode == 0 and proc.stdout == run_cli("verify", "--help").stdout
+    top = run_cli("help")
+    assert top.returncode == 0 and top.stdout.startswith("usage: reshard")
+
+
 # ------------------------------------------------------------------------------------ bad input
 
 
@@ -156,6 +163,7 @@ def test_no_arguments_prints_the_overview(tmp_path: Path) -> None:
         (["verify", "a", "b", "--a-strategyy=s"], "reshard verify: unknown flag --a-strategyy (did you mean"),
         (["rank-list", "0", "--fils"], "reshard rank-list: unknown flag --fils (did you mean --files?)"),
         (["plan", "--resume"], "reshard plan: unknown flag --resume (a flag of convert, split, transform, unify)"),
+        (["help", "transfrom"], "reshard: help: unknown command 'transfrom' (did you mean transform?)"),
         (["--verison"], "reshard: unknown flag --verison (did you mean --version?)"),
         (["demo", "--zzz"], "reshard demo: unknown flag --zzz (see reshard demo --help)"),
     ],
@@ -181,6 +189,7 @@ def test_what_argparse_accepts_is_not_called_unknown() -> None:
         ["verify", "a", "b", "--al"],  # --all, abbreviated
         ["verify", "a", "b", "--atol=-1"],
         ["verify", "a", "b", "--atol", "-0.5"],
+        ["verify", "a", "b", "--atol", "-1e-3"],
         ["transform", "--file-suffix=-1_4", "--src", "x"],
         ["inspect", "--", "-odd-name.ckpt"],
         ["verify", "a", "b", "-q"],

@@ -271,7 +271,7 @@ def overview(parser: argparse.ArgumentParser) -> str:
 
 # ------------------------------------------------------------------------------------ did you mean
 
-_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+_NUMBER_LIKE = re.compile(r"^-[\d.]")  # -1, -0.5, -1e-3: a value (argparse says what is wrong with it)
 
 
 def _nearest(word: str, choices: Sequence[str]) -> str:
@@ -285,7 +285,7 @@ def _known_flag(token: str, parser: argparse.ArgumentParser) -> bool:
     prefix it abbreviates, or a short flag with its value attached)."""
     flags = parser._option_string_actions
     name = token.split("=", 1)[0]
-    if name in flags or _NEGATIVE_NUMBER.match(token):
+    if name in flags or _NUMBER_LIKE.match(token):
         return True
     if token.startswith("--"):
         return parser.allow_abbrev and any(flag.startswith(name) for flag in flags if flag.startswith("--"))
@@ -313,6 +313,16 @@ def _flag_error(parser: argparse.ArgumentParser, token: str, commands: dict[str,
     parser.error(f"unknown flag {name}{_nearest(name, flags)}")
 
 
+def _print_help(
+    parser: argparse.ArgumentParser, commands: dict[str, argparse.ArgumentParser], topic: Sequence[str]
+) -> None:
+    """``reshard help [COMMAND]``: that command's help (or the overview's), exit 0."""
+    if topic and topic[0] not in commands:
+        parser.error(f"help: unknown command {topic[0]!r}{_nearest(topic[0], list(commands))}")
+    (commands[topic[0]] if topic else parser).print_help()
+    raise SystemExit(0)
+
+
 def check_argv(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
     """Before argparse parses ``argv``: ``reshard`` alone prints the overview (exit 2), a misspelled
     command or an unknown flag is one line naming the nearest real one (exit 2, via ``parser.error``).
@@ -328,6 +338,8 @@ def check_argv(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
         print(overview(parser))
         raise SystemExit(2)
     commands = subcommands(parser)
+    if argv[0] == "help" and "help" not in commands:  # `reshard help transform`, as git and pip answer it
+        _print_help(parser, commands, argv[1:])
     position = next((i for i, token in enumerate(argv) if not token.startswith("-")), len(argv))
     if any(token in ("-h", "--help") for token in argv[:position]):
         return
