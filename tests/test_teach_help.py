@@ -74,6 +74,13 @@ def test_every_example_parses_with_its_subcommand(name: str, index: int) -> None
     assert args.command == name
 
 
+def test_the_overview_example_parses() -> None:
+    parser = cli.build_parser()
+    for line in cli_help.OVERVIEW_EXAMPLE:
+        cli_help.check_argv(parser, _words(line))
+        parser.parse_args(_words(line))
+
+
 @pytest.fixture(scope="module")
 def demo_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``reshard demo --dir demo``, the command every example assumes was run."""

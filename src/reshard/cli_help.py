@@ -160,9 +160,10 @@ EXAMPLES: dict[str, tuple[Example, ...]] = {
     ),
 }
 
-OVERVIEW_EXAMPLE = (
-    "reshard demo --dir demo && reshard transform --src demo/ckpt_8ranks --src-strategy demo/strategy_8 "
-    "--dst ckpt_4ranks --dst-strategy demo/strategy_4"
+OVERVIEW_EXAMPLE = (  # the overview's and ``reshard --help``'s: make the demo's files, reshard 8 ranks to 4
+    "reshard demo --dir demo",
+    "reshard transform --src demo/ckpt_8ranks --src-strategy demo/strategy_8 --dst ckpt_4ranks "
+    "--dst-strategy demo/strategy_4",
 )
 _NO_DEFAULT = (None, False, argparse.SUPPRESS)  # compared by identity: a default of 0 or 0.0 is shown
 
@@ -249,7 +250,8 @@ def teach(parser: argparse.ArgumentParser, exit_codes: str) -> None:
         sub.description = DESCRIPTIONS.get(name) or sub.description or summaries.get(name, "")
         sub.epilog = "\n\n".join(part for part in (examples_text(name), exit_codes) if part)
     parser.formatter_class = HelpFormatter
-    parser.epilog = f"example:\n  {OVERVIEW_EXAMPLE}\n\n{exit_codes}"
+    example = "\n".join(f"  {line}" for line in OVERVIEW_EXAMPLE)
+    parser.epilog = f"example:\n{example}\n\n{exit_codes}"
 
 
 def overview(parser: argparse.ArgumentParser) -> str:
@@ -261,7 +263,7 @@ def overview(parser: argparse.ArgumentParser) -> str:
     lines += [
         "",
         "try:",
-        f"  {OVERVIEW_EXAMPLE}",
+        *(f"  {line}" for line in OVERVIEW_EXAMPLE),
         "",
         f"`{parser.prog} COMMAND --help` shows a command's flags, defaults and examples; "
         f"`{parser.prog} --version` the version.",
