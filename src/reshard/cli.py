@@ -156,14 +156,14 @@ def _speed_column() -> Any:
 
 
 class _ProgressBar:
-    """A rich progress bar over bytes written, on stderr, for a terminal (binary units, like the summary)."""
+    """A rich progress bar over bytes written (or compared, for verify), on stderr, for a terminal (binary
+    units, like the summary)."""
 
     def __init__(self, description: str = "writing") -> None:
         from rich.console import Console
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
         self.description = description
-
         self.progress = Progress(
             "[progress.description]{task.description}",
             BarColumn(),

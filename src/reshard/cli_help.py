@@ -238,7 +238,8 @@ def _summaries(parser: argparse.ArgumentParser) -> dict[str, str]:
 
 
 def teach(parser: argparse.ArgumentParser, exit_codes: str) -> None:
-    """Give every subcommand of ``parser`` its description, examples, exit codes and defaults formatter.
+    """Give every subcommand of ``parser`` its description, examples, exit codes and defaults formatter
+    (an epilog a subcommand already has is kept, after the examples).
 
     Args:
         parser: the ``reshard`` parser, with all its subcommands added.
@@ -248,7 +249,7 @@ def teach(parser: argparse.ArgumentParser, exit_codes: str) -> None:
     for name, sub in subcommands(parser).items():
         sub.formatter_class = HelpFormatter
         sub.description = DESCRIPTIONS.get(name) or sub.description or summaries.get(name, "")
-        sub.epilog = "\n\n".join(part for part in (examples_text(name), exit_codes) if part)
+        sub.epilog = "\n\n".join(part for part in (examples_text(name), sub.epilog or exit_codes) if part)
     parser.formatter_class = HelpFormatter
     example = "\n".join(f"  {line}" for line in OVERVIEW_EXAMPLE)
     parser.epilog = f"example:\n{example}\n\n{exit_codes}"
