@@ -16,7 +16,6 @@ edit here; its examples belong in ``EXAMPLES`` (``tests/test_teach_help.py`` req
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 import textwrap
 from collections.abc import Sequence
@@ -279,6 +278,8 @@ _NUMBER_LIKE = re.compile(r"^-[\d.]")  # -1, -0.5, -1e-3: a value (argparse says
 
 def _nearest(word: str, choices: Sequence[str]) -> str:
     """`` (did you mean X?)`` for the closest of ``choices``, or nothing."""
+    import difflib  # only when something was misspelled: start-up stays light
+
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ""
 
