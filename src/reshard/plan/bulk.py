@@ -565,7 +565,12 @@ def plan_transform(
     for rank in wanted:
         path = layout_dir.rank_output(dst_dir, rank, prefix, output_format)
         files.append(FilePlan(path, output_format, bulk.rank(rank), meta, rank))
-    return Plan("transform", tuple(bulk.sources.paths), tuple(files))
+    read = tuple(bulk.sources.paths)
+    keep = () if ranks is None else tuple(planner.stage_representatives(wanted, read))
+    plan = Plan("transform", read + keep, tuple(files))
+    if planner.stood_in:
+        planner.check_reads(plan.sources, ((f.rank, f.tensors) for f in plan.files))
+    return plan
 
 
 __all__ = [

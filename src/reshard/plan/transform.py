@@ -104,6 +104,7 @@ class TransformPlanner:
         self._dst_base = dst_base if dst is not None and not has_shared_names(dst, dst_base or {}) else None
         self.beyond: set[int] = set()  # destination ranks planned beyond what MindSpore can do
         self._shared: dict[str, int] | None = None  # see _own_stages
+        self.stood_in: dict[int, SourceFile] = {}  # absent source ranks planned from a peer's header
 
     def _src_stages(self) -> int:
         return stage_count(self.src, self.src_map) if self.src is not None else 1
@@ -130,7 +131,13 @@ class TransformPlanner:
 
     def check_needed_present(self, wanted: Sequence[int]) -> None:
         """With chosen destination ranks (a node without a shared disk), only the source ranks they
-        need must be present; every rank folder present must still be one the strategy describes."""
+        need must be present; every rank folder present must still be one the strategy describes.
+
+        MindSpore's needed list holds every redundant copy (64 source ranks for one destination rank
+        of a 4 096 -> 1 024 job) while the plan reads one copy of each element (4 of them). A needed
+        rank that is absent is stood in for (``stand_in_missing``) when that is exact; the plan must
+        then read none of the stand-ins (``check_reads``).
+        """
         expected = self.n_src * self._src_stages()
         extra = [r for r in sorted(self.files) if r >= expected]
         if extra:
@@ -140,16 +147,72 @@ class TransformPlanner:
                 f"rank folder(s) {rank_ranges(extra)}",
                 where,
             )
-        base = os.path.dirname(os.path.dirname(next(iter(self.files.values())).path)) if self.files else ""
         for rank in wanted:
             missing = [r for r in sorted(self.needed(rank)) if r not in self.files]
-            if missing:
-                r = missing[0]
-                others = f" (also missing: {rank_ranges(missing[1:])})" if len(missing) > 1 else ""
-                raise UsageError(
-                    f"rank {r} is needed by destination rank {rank} but "
-                    f"{os.path.join(base, f'rank_{r}')} is missing{others}"
-                )
+            if missing and not self.stand_in_missing(missing):
+                self._missing_error(rank, missing)
+
+    def _rank_folder(self, r: int) -> str:
+        base = os.path.dirname(os.path.dirname(next(iter(self.files.values())).path)) if self.files else ""
+        return os.path.join(base, f"rank_{r}")
+
+    def _missing_error(self, rank: int, missing: Sequence[int]) -> None:
+        r = missing[0]
+        others = f" (also missing: {rank_ranges(missing[1:])})" if len(missing) > 1 else ""
+        raise UsageError(f"rank {r} is needed by destination rank {rank} but {self._rank_folder(r)} is missing{others}")
+
+    def stand_in_missing(self, missing: Sequence[int]) -> bool:
+        """Stand in for absent source ranks with a present rank of the same stage, if that is exact.
+
+        It is exact when every present file of that stage holds the same names with the same
+        dtypes and shapes: then an absent rank's file differs from a present one's only in its
+        data, which the plan must not read (``check_reads``). Returns False (nothing stood in) when
+        a stage has no present file or its files differ (a save without redundant copies, say).
+        """
+        stand_ins: dict[int, SourceFile] = {}
+        for r in missing:
+            stage = r // self.n_src
+            peers = [f for q, f in self.files.items() if q // self.n_src == stage and q not in self.stood_in]
+            if not peers or any(f.tensors != peers[0].tensors for f in peers[1:]):
+                return False
+            model = peers[0]
+            stand_ins[r] = SourceFile(self._rank_folder(r), r, model.tensors, model.metadata, model.strings)
+        self.files.update(stand_ins)
+        self.stood_in.update(stand_ins)
+        return True
+
+    def stage_representatives(self, wanted: Sequence[int], read: Iterable[str]) -> list[str]:
+        """Files to keep beside those a plan reads, so that a node holding only these can run it.
+
+        A needed source stage the plan reads nothing from still decides which names the output
+        holds and where (``plan_rank``'s load order), so one of its files must be present: the
+        lowest needed rank's. The other needed ranks are stood in for (``stand_in_missing``).
+        """
+        read_paths = set(read)
+        present = {r: f for r, f in self.files.items() if r not in self.stood_in}
+        extra: dict[str, None] = {}
+        for rank in wanted:
+            needed = self.needed(rank)
+            stages_read = {r // self.n_src for r in needed if r in present and present[r].path in read_paths}
+            for stage in sorted({r // self.n_src for r in needed} - stages_read):
+                held = [r for r in sorted(needed) if r // self.n_src == stage and r in present]
+                if held:
+                    extra[present[held[0]].path] = None
+        return [p for p in extra if p not in read_paths]
+
+    def check_reads(
+        self, plan_sources: Sequence[str], files: Iterable[tuple[int | None, Sequence[TensorPlan]]]
+    ) -> None:
+        """Refuse a plan that reads a stood-in rank, naming the first destination rank that does."""
+        folders = {f.path: r for r, f in self.stood_in.items()}
+        read = {i: folders[p] for i, p in enumerate(plan_sources) if p in folders}
+        if not read:
+            return
+        for rank, tensors in files:
+            wanted = sorted({read[c.source] for t in tensors for c in t.copies if c.source in read})
+            if wanted:
+                self._missing_error(rank if rank is not None else 0, wanted)
+        self._missing_error(0, sorted(read.values()))
 
     def dst_map(self, rank: int) -> dict[str, StagedLayout] | None:
         if self.dst is None:
