@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "reshard.transform_ckpt",
         "reshard.cli",
         "reshard.inspect",
+        "reshard.picture",
         "reshard.verify",
         "reshard.demo",
         "reshard.synthetic",

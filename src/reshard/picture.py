@@ -39,6 +39,7 @@ from xml.sax.saxutils import escape, quoteattr
 from reshard import layout
 from reshard.errors import ReshardError, UnsupportedError, UsageError
 from reshard.formats.strategy import StrategyFile
+from reshard.inspect import describe_layout, param_layouts, ranges_text, stage_layouts
 from reshard.layout import Box, ParamLayout, StagedLayout, device_num, layout_map
 from reshard.layout.slices import has_optimizer_shard, model_parallel
 from reshard.plan import Plan
@@ -98,6 +99,7 @@ class Label:
     size: float = 12.0
     anchor: str = "start"  # start | middle | end
     bold: bool = False
+    colour: str = "black"
 
 
 @dataclass(frozen=True)
@@ -157,8 +159,6 @@ class ParamView:
 
 def param_views(sf: StrategyFile, shapes: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, ParamView]:
     """Every parameter of a strategy, with each stage's layout and a shape (``shapes`` or in blocks)."""
-    from reshard.inspect import stage_layouts
-
     lmap: dict[str, StagedLayout] = layout_map(sf)
     devices = device_num(sf, lmap)
     views = {}
@@ -166,15 +166,27 @@ def param_views(sf: StrategyFile, shapes: Mapping[str, tuple[int, ...]] | None =
         # a merged strategy names each stage's layout; a per-stage file is its own stage
         per_stage = stage_layouts(sf, name) or {sf.stage or 0: staged.layout}
         known = shapes is not None and name in shapes
-        shape = tuple(shapes[name]) if shapes is not None and known else block_shape(staged.layout)
+        shape = tuple(shapes[name]) if shapes is not None and known else block_shape(*per_stage.values())
         views[name] = ParamView(name, dict(sorted(per_stage.items())), shape, known, devices)
     return views
 
 
-def block_shape(p: ParamLayout) -> tuple[int, ...]:
-    """A shape in blocks: each dim as many elements as the layout cuts it into, the first dim also
+def block_shape(*layouts: ParamLayout) -> tuple[int, ...]:
+    """A shape in blocks that every layout given cuts evenly (a parameter's layout in each stage).
+
+    For one layout each dim is as many elements as the layout cuts it into, the first dim also
     times the optimizer shard (which cuts a slice's first dim; every dim times it when that does
-    not divide, as MindSpore's other construction needs)."""
+    not divide, as MindSpore's other construction needs); for several, the per-dim least common
+    multiple.
+    """
+    shapes = [_one_block_shape(p) for p in layouts]
+    shape = tuple(math.lcm(*dims) for dims in zip(*shapes, strict=True)) if shapes else ()
+    for p in layouts:
+        layout.rank_boxes(p, shape)  # divides: each stage's own shape divides the lcm
+    return shape
+
+
+def _one_block_shape(p: ParamLayout) -> tuple[int, ...]:
     blocks = layout.tensor_strategy(p)
     shard = max(layout.opt_shard_size(p), 1)
     if not blocks or shard == 1:
@@ -185,12 +197,6 @@ def block_shape(p: ParamLayout) -> tuple[int, ...]:
     except ReshardError:
         return tuple(n * shard for n in blocks)
     return first
-
-
-def describe(p: ParamLayout) -> str:
-    from reshard.inspect import describe_layout
-
-    return describe_layout(p)
 
 
 def param_panel(view: ParamView, stage: int, x: float = 0.0, y: float = 0.0, size: float = 360.0) -> list[Panel]:
@@ -209,9 +215,9 @@ def param_panel(view: ParamView, stage: int, x: float = 0.0, y: float = 0.0, siz
     panels = []
     for trailing in trailing_keys:
         rows, cols = _grid_dims(shape)
-        scale_r, scale_c = size / max(rows, 1), size / max(cols, 1)
-        if len(shape) < 2:
-            scale_r = min(size / 8, 40.0)
+        # the full tensor is size wide, and as tall as its aspect ratio says within [1/5, 3/2] of that
+        height = 30.0 if len(shape) < 2 else size * min(max(rows / max(cols, 1), 0.2), 1.5)
+        scale_r, scale_c = height / max(rows, 1), size / max(cols, 1)
 
         def place(box: Box, kind: str, ranks: tuple[int, ...], s_r: float = scale_r, s_c: float = scale_c) -> Rect:
             (r0, r1), (c0, c1) = _rows_cols(box, shape)
@@ -220,7 +226,7 @@ def param_panel(view: ParamView, stage: int, x: float = 0.0, y: float = 0.0, siz
             what = "optimizer shard" if kind == "slice" and blocks else "slice"
             tip = f"{what} {_box_text(box)} held by rank{'s' if len(ranks) > 1 else ''} {owners}{copies}"
             fill = rank_colour(ranks[0]) if kind == "slice" else "none"
-            label = _rank_label(ranks) if kind == "slice" else ""
+            label = ranges_label(ranks) if kind == "slice" else ""
             return Rect(
                 x + c0 * s_c, y + r0 * s_r, (c1 - c0) * s_c, (r1 - r0) * s_r, kind, fill, label, tip, ranks, box
             )
@@ -230,7 +236,7 @@ def param_panel(view: ParamView, stage: int, x: float = 0.0, y: float = 0.0, siz
         extra = f" dims 2+: {_box_text(trailing)}" if trailing else ""
         ranks = f"ranks {base}-{base + view.devices - 1}"
         title = f"{view.name} {list(shape)}{'' if view.shape_known else ' (in blocks)'}, stage {stage} ({ranks}){extra}"
-        panels.append(Panel(title, view.name, stage, shape, describe(p), slices, outlines, trailing))
+        panels.append(Panel(title, view.name, stage, shape, describe_layout(p), slices, outlines, trailing))
     return panels
 
 
@@ -263,9 +269,7 @@ def _box_text(box: Box) -> str:
     return "[" + ", ".join(f"{a}:{b}" for a, b in box) + "]"
 
 
-def _rank_label(ranks: tuple[int, ...]) -> str:
-    from reshard.inspect import ranges_text
-
+def ranges_label(ranks: tuple[int, ...]) -> str:
     return ranges_text(list(ranks))
 
 
@@ -317,9 +321,13 @@ def param_scene(views: Mapping[str, ParamView], names: Sequence[str], note: str 
                 labels.append(Label(10 + size + 16, y + 40, panel.layout_text, 11))
                 if not view.shape_known:
                     labels.append(Label(10 + size + 16, y + 58, "shape not in a strategy: dims in blocks", 11))
+                legend = []
                 if panel.blocks:
-                    labels.append(Label(10 + size + 16, y + 76, "outlined: model-parallel blocks", 11))
-                    labels.append(Label(10 + size + 16, y + 94, "filled: optimizer shards", 11))
+                    legend += ["outlined: model-parallel blocks", "filled: optimizer shards"]
+                if any(len(r.ranks) > 1 for r in panel.slices):
+                    legend.append("several ranks on a block: replicas")
+                for i, text in enumerate(legend):
+                    labels.append(Label(10 + size + 16, y + 76 + 18 * i, text, 11))
                 height = max((r.y + r.h for r in panel.slices), default=y + 22) - (y + 22)
                 for r in (*panel.slices, *panel.blocks):
                     rects.append(r)
@@ -328,6 +336,7 @@ def param_scene(views: Mapping[str, ParamView], names: Sequence[str], note: str 
                         labels.append(Label(r.x + r.w / 2, r.y + r.h / 2 + size_px / 3, r.label, size_px, "middle"))
                 y += 22 + max(height, 40.0) + gap
     title = note or names[0]
+    width = max(width, *(lb.x + len(lb.text) * lb.size * 0.62 + 10 for lb in labels))  # room for the longest text
     return Scene(title, width, y, tuple(rects), tuple(labels), tuple(panels), notes=(note,) if note else ())
 
 
@@ -373,7 +382,6 @@ def source_views(
     Raises:
         UsageError: A source with no strategy to derive (a full model, rank folders without ``strategy``).
     """
-    from reshard.inspect import param_layouts
     from reshard.sources import STRATEGY, identify, open_source, registry
 
     notes = notes if notes is not None else []
@@ -465,8 +473,9 @@ def matrix_scene(matrix: Matrix, title: str) -> Scene:
             )
             rects.append(rect)
             if show_bytes and nbytes:
-                dark = nbytes > peak / 2
-                labels.append(Label(rect.x + cell / 2, rect.y + cell / 2 + 3, _short_size(nbytes), 9, "middle", dark))
+                ink = "white" if nbytes > peak / 2 else "black"
+                text = short_size(nbytes)
+                labels.append(Label(rect.x + cell / 2, rect.y + cell / 2 + 3, text, 9, "middle", colour=ink))
     for j, dst in enumerate(matrix.destinations):
         labels.append(Label(left + j * cell + cell / 2, top - 8, dst, min(11.0, cell * 0.8), "middle"))
     note = f"total {format_size(matrix.total)} read; darker = more bytes (largest cell {format_size(peak)})"
@@ -484,7 +493,7 @@ def _shade(nbytes: int, peak: int) -> str:
     return f"#{r:02x}{g:02x}{b:02x}"
 
 
-def _short_size(n: int) -> str:
+def short_size(n: int) -> str:
     """``1.5KiB``, ``64KiB``; empty for nothing."""
     if not n:
         return ""
@@ -499,7 +508,7 @@ def matrix_text(matrix: Matrix, columns: int = 16) -> list[str]:
             [
                 src,
                 *(
-                    _short_size(matrix.cells[(src, d)]) if matrix.cells.get((src, d)) else "."
+                    short_size(matrix.cells[(src, d)]) if matrix.cells.get((src, d)) else "."
                     for d in matrix.destinations
                 ),
             ]
@@ -510,7 +519,7 @@ def matrix_text(matrix: Matrix, columns: int = 16) -> list[str]:
     lines = []
     for dst in matrix.destinations:
         feeds = [(src, matrix.cells[(src, dst)]) for src in matrix.sources if matrix.cells.get((src, dst))]
-        lines.append(f"dst {dst} <- " + ", ".join(f"{src} ({_short_size(b)})" for src, b in feeds))
+        lines.append(f"dst {dst} <- " + ", ".join(f"{src} ({short_size(b)})" for src, b in feeds))
     return lines
 
 
@@ -577,8 +586,9 @@ def svg(scene: Scene) -> str:
         )
     for lb in scene.labels:
         weight = ' font-weight="bold"' if lb.bold else ""
+        ink = "" if lb.colour == "black" else f' fill="{lb.colour}"'
         out.append(
-            f'<text x="{lb.x:.2f}" y="{lb.y:.2f}" font-size="{lb.size:.1f}" text-anchor="{lb.anchor}"{weight}>'
+            f'<text x="{lb.x:.2f}" y="{lb.y:.2f}" font-size="{lb.size:.1f}" text-anchor="{lb.anchor}"{weight}{ink}>'
             f"{escape(lb.text)}</text>"
         )
     out.append("</svg>")
@@ -618,7 +628,7 @@ def png(scene: Scene) -> bytes:
     for lb in scene.labels:
         ax.text(
             lb.x, lb.y, lb.text, fontsize=lb.size * 0.75, ha=align[lb.anchor], va="baseline",
-            fontweight="bold" if lb.bold else "normal",
+            fontweight="bold" if lb.bold else "normal", color=lb.colour,
         )  # fmt: skip
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi)
@@ -664,8 +674,10 @@ __all__ = [
     "param_views",
     "plan_matrix",
     "png",
+    "ranges_label",
     "rank_colour",
     "scene_text",
+    "short_size",
     "source_views",
     "svg",
     "write",
