@@ -157,3 +157,19 @@ def test_default_output_is_a_summary(demo: dict[str, str]) -> None:
 def test_bad_input(demo: dict[str, str], tmp_path: Path) -> None:
     proc = run("inspect", str(tmp_path / "nothing"), "--params")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stdout == ""
+
+
+def test_full_model_folders_summary(demo: dict[str, str], tmp_path: Path) -> None:
+    weights, elements, kinds = model_facts(demo)
+    unified, hf = tmp_path / "unified", tmp_path / "hf"
+    assert run("unify", demo["st8"], str(unified), "--strategy", demo["s8"]).returncode == 0
+    proc = run("transform", "--src", demo["full"], "--dst", str(hf), "--hf", "--max-shard-size", "4MB")
+    assert proc.returncode == 0, proc.stderr
+    for folder, name, files in ((unified, "a unified model", 2), (hf, "a Hugging Face model", 3)):
+        s = summary(str(folder))
+        assert s["source_name"] == name and s["files"] == files and s["ranks"] == 1, s
+        assert s["parameters"] == weights and s["parameter_elements"] == elements
+        assert {k: s["optimizer_states"][k] for k in kinds} == kinds
+    text = run("inspect", str(hf), "--params").stdout
+    assert text.startswith(f"Hugging Face model (3 files): {hf}\n")
+    assert "model-00001-of-00003.safetensors" in text and "full shape" not in text  # no column of blanks

@@ -211,6 +211,7 @@ def gather(path: str, strategy: str | None = None, read: Any = None, notes: list
     """
     notes = notes if notes is not None else []
     info, sf = _gather(path, strategy, read, notes)
+    info["source"] = identify(path).name  # what the registry calls it ("a Hugging Face model")
     if info["kind"] == "distributed":
         info["parameters"] = parameter_rows(info)
     info["summary"] = summarize(info, sf)
@@ -404,6 +405,8 @@ def summarize(info: dict[str, Any], sf: StrategyFile | None = None) -> dict[str,
         "opt_shard": None,
         "parameters": len(weights),
         "parameter_elements": _elements(info, names, weights, len(per_rank)),
+        "source_name": info.get("source"),
+        "files": len(info["files"]) if isinstance(info.get("files"), list) else len(per_rank) or None,
         "tensors": len(names),
         "bytes": info.get("bytes", 0),
         "bytes_by_dtype": dict(sorted(by_dtype.items(), key=lambda kv: -kv[1])),
@@ -504,6 +507,9 @@ def _what(info: dict[str, Any]) -> str:
         return f"MindFormers Checkpoint 2.0 {os.path.basename(info['iteration_folder'])}"
     if kind == "strategy":
         return "strategy"
+    if "files" in info:  # a Hugging Face model or a unify output
+        count = len(info["files"])
+        return f"{info.get('source', 'a full model').removeprefix('a ')} ({count} file{'s' if count != 1 else ''})"
     return f"checkpoint ({info['format']}{', rank ' + str(info['rank']) if 'rank' in info else ''})"
 
 
@@ -622,6 +628,8 @@ def print_table(title: str, columns: list[Column], rows: list[list[str]], consol
     from rich.markup import escape
     from rich.table import Table
 
+    shown = [i for i in range(len(columns)) if i == 0 or any(r[i] for r in rows)]  # no column of blanks
+    columns, rows = [columns[i] for i in shown], [[r[i] for i in shown] for r in rows]
     if not console.is_terminal:
         widths = [max([len(c[0]), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
         for cells in ([c[0] for c in columns], *rows):
