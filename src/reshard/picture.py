@@ -308,7 +308,7 @@ def param_scene(views: Mapping[str, ParamView], names: Sequence[str], note: str 
     """The scene of ``names``: one panel per parameter and stage, stacked, each with its legend."""
     size, gap, top = 360.0, 70.0, 40.0
     rects: list[Rect] = []
-    labels: list[Label] = [Label(10, 24, note or f"{names[0]}", 14, bold=True)]
+    labels: list[Label] = [Label(10, 24, note or f"how {names[0]} is split among ranks", 14, bold=True)]
     panels: list[Panel] = []
     y = top + 30
     width = 10 + size + 280
@@ -476,8 +476,10 @@ def matrix_scene(matrix: Matrix, title: str) -> Scene:
                 ink = "white" if nbytes > peak / 2 else "black"
                 text = short_size(nbytes)
                 labels.append(Label(rect.x + cell / 2, rect.y + cell / 2 + 3, text, 9, "middle", colour=ink))
-    for j, dst in enumerate(matrix.destinations):
-        labels.append(Label(left + j * cell + cell / 2, top - 8, dst, min(11.0, cell * 0.8), "middle"))
+    every = max(1, math.ceil(max((len(d) for d in matrix.destinations), default=1) * 7.0 / cell))
+    for j, dst in enumerate(matrix.destinations):  # every k-th one when narrow cells would crowd them
+        if j % every == 0:
+            labels.append(Label(left + j * cell + cell / 2, top - 8, dst, min(11.0, cell * 0.8), "middle"))
     note = f"total {format_size(matrix.total)} read; darker = more bytes (largest cell {format_size(peak)})"
     labels.append(Label(10, top + n_src * cell + 24, note, 11))
     width = left + n_dst * cell + 20
