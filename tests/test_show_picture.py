@@ -226,10 +226,19 @@ def test_bad_output_names(demo: dict[str, str], tmp_path: Path, name: str, words
 
 
 def test_sources_without_a_strategy(demo: dict[str, str], tmp_path: Path) -> None:
-    assert "give its strategy with --strategy" in one_error(run("show", demo["r8"], WQ))
-    assert "give its strategy with --strategy" in one_error(run("show", demo["full"], WQ))
+    assert "give a strategy with --strategy" in one_error(run("show", demo["r8"], WQ))
+    assert "give a strategy with --strategy" in one_error(run("show", demo["full"], WQ))
     assert "give no --strategy" in one_error(run("show", demo["s8"], "--strategy", demo["s8"]))
+    assert "metadata.json: give no --strategy" in one_error(run("show", demo["mf2"], "--strategy", demo["s8"]))
     assert "no such file or folder" in one_error(run("show", str(tmp_path / "nothing")))
+
+
+def test_a_full_model_with_a_strategy_draws_its_real_shapes(demo: dict[str, str]) -> None:
+    """How a strategy would split a full model: the tensors' own shapes, the same as from the rank folders."""
+    full = run("show", demo["full"], EMBEDDING, "--strategy", demo["s8"])
+    ranks = run("show", demo["r8"], EMBEDDING, "--strategy", demo["s8"])
+    assert full.returncode == 0 and full.stdout == ranks.stdout, full.stderr
+    assert "[512, 128], stage 0" in full.stdout
 
 
 def test_json_of_inspect_is_unchanged_by_show(demo: dict[str, str]) -> None:

@@ -42,7 +42,7 @@ from reshard.formats.strategy import StrategyFile
 from reshard.inspect import describe_layout, param_layouts, ranges_text, stage_layouts
 from reshard.layout import Box, ParamLayout, StagedLayout, device_num, layout_map
 from reshard.layout.slices import has_optimizer_shard, model_parallel
-from reshard.plan import Plan
+from reshard.plan import Plan, SourceFile
 from reshard.plan.model import read_bytes
 from reshard.sources import ReadOptions
 from reshard.statenames import DEFAULT as STATE_NAMES
@@ -374,38 +374,51 @@ def panel_text(panel: Panel) -> list[str]:
 def source_views(
     source: str, strategy: str | None = None, read: ReadOptions | None = None, notes: list[str] | None = None
 ) -> dict[str, ParamView]:
-    """The parameters of a strategy, rank folders with their strategy, or a Checkpoint 2.0, ready to draw.
+    """The parameters of a source, ready to draw: a strategy, rank folders (or one rank's folder) with
+    ``strategy``, a Checkpoint 2.0 (which carries its layouts), or a full model with ``strategy``
+    (how that strategy would split it).
 
-    A checkpoint gives each parameter's real full shape (a rank's slice shape under that rank's
-    layout); a strategy alone gives shapes in blocks.
+    Rank folders and a Checkpoint 2.0 give each parameter's full shape from a rank's slice under
+    that rank's layout, a full model its tensors' own shapes, a strategy alone shapes in blocks.
 
     Raises:
-        UsageError: A source with no strategy to derive (a full model, rank folders without ``strategy``).
+        UsageError: No strategy to draw with, or one given where the source carries its own.
     """
-    from reshard.sources import STRATEGY, identify, open_source, registry
+    from reshard.sources import CHECKPOINT2, ONE_RANK_FOLDER, RANK_FOLDERS, STRATEGY, identify, open_source, registry
 
     notes = notes if notes is not None else []
     kind = identify(source)
+    if strategy and kind in (STRATEGY, CHECKPOINT2):
+        carried = "is a strategy already" if kind is STRATEGY else "carries its layouts in metadata.json"
+        raise UsageError(f"the source {carried}: give no --strategy", source)
     if kind is STRATEGY:
-        if strategy:
-            raise UsageError("the source is a strategy already: give no --strategy", source)
         sf = registry.strategy(source, notes)
         assert sf is not None
         return param_views(sf)
     opened = open_source(source, options=read, notes=notes)
     sf = registry.strategy(strategy, notes) if strategy else opened.strategy
     if sf is None:
-        raise UsageError(f"this is {opened.kind}: give its strategy with --strategy to draw how it is split", source)
+        raise UsageError(f"this is {opened.kind}: give a strategy with --strategy to draw how it is split", source)
+    if kind in (RANK_FOLDERS, ONE_RANK_FOLDER) or (kind is CHECKPOINT2 and opened.strategy is not None):
+        return param_views(sf, _full_shapes(opened.ranks, sf))
+    files = opened.files.values() if opened.files else opened.ranks.values()  # a full model: its own shapes
+    return param_views(sf, {name: t.shape for f in files for name, t in f.tensors.items()})
+
+
+def _full_shapes(ranks: Mapping[int, SourceFile], sf: StrategyFile) -> dict[str, tuple[int, ...]]:
+    """Each parameter's full shape, from the first rank of each stage holding it (its slice under its layout)."""
     devices = device_num(sf)
     shapes: dict[str, tuple[int, ...]] = {}
-    for rank, facts in sorted(opened.ranks.items()):
-        if rank % devices and any(r // devices == rank // devices for r in opened.ranks if r < rank):
-            continue  # one rank per stage tells the shapes
+    seen_stages: set[int] = set()
+    for rank, facts in sorted(ranks.items()):
+        if rank // devices in seen_stages:
+            continue  # the ranks of one stage hold the same names
+        seen_stages.add(rank // devices)
         layouts = param_layouts(sf, rank)
         for name, t in facts.tensors.items():
             if name in layouts and name not in shapes:
                 shapes[name] = layout.full_shape(layouts[name][0], t.shape)
-    return param_views(sf, shapes)
+    return shapes
 
 
 # ------------------------------------------------------------------------------------ plans
