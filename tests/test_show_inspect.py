@@ -173,3 +173,13 @@ def test_full_model_folders_summary(demo: dict[str, str], tmp_path: Path) -> Non
     text = run("inspect", str(hf), "--params").stdout
     assert text.startswith(f"Hugging Face model (3 files): {hf}\n")
     assert "model-00001-of-00003.safetensors" in text and "full shape" not in text  # no column of blanks
+
+
+def test_json_strategy_reads_as_the_protobuf_one(demo: dict[str, str], tmp_path: Path) -> None:
+    from reshard.formats.strategy import JSON, load_strategy, write_strategy
+
+    as_json = tmp_path / "strategy.json"
+    write_strategy(as_json, load_strategy(demo["s8"]), JSON)
+    assert summary(str(as_json)) == summary(demo["s8"])
+    shown = [run("show", path, EMBEDDING).stdout for path in (str(as_json), demo["s8"])]
+    assert shown[0] == shown[1] and "stage 1 (ranks 4-7)" in shown[0]

@@ -226,7 +226,7 @@ def test_bad_output_names(demo: dict[str, str], tmp_path: Path, name: str, words
 
 
 def test_sources_without_a_strategy(demo: dict[str, str], tmp_path: Path) -> None:
-    assert "give a strategy with --strategy" in one_error(run("show", demo["r8"], WQ))
+    assert "several rank folders but no source strategy: give --strategy" in one_error(run("show", demo["r8"], WQ))
     assert "give a strategy with --strategy" in one_error(run("show", demo["full"], WQ))
     assert "give no --strategy" in one_error(run("show", demo["s8"], "--strategy", demo["s8"]))
     assert "metadata.json: give no --strategy" in one_error(run("show", demo["mf2"], "--strategy", demo["s8"]))
@@ -246,3 +246,14 @@ def test_json_of_inspect_is_unchanged_by_show(demo: dict[str, str]) -> None:
     before = json.loads(run("inspect", demo["s8"], "--json").stdout)
     run("show", demo["s8"])
     assert json.loads(run("inspect", demo["s8"], "--json").stdout) == before
+
+
+def test_rank_folders_find_their_strategy_where_mindformers_keeps_it(demo: dict[str, str], tmp_path: Path) -> None:
+    import shutil
+
+    shutil.copytree(demo["r8"], tmp_path / "checkpoint")
+    shutil.copytree(demo["s8_dir"], tmp_path / "strategy")
+    proc = run("show", str(tmp_path / "checkpoint"), EMBEDDING)
+    assert proc.returncode == 0, proc.stderr
+    assert "no --strategy given: using" in proc.stderr and "stage 1 (ranks 4-7)" in proc.stdout
+    assert proc.stdout == run("show", demo["r8"], EMBEDDING, "--strategy", demo["s8"]).stdout

@@ -771,8 +771,9 @@ def cmd_show(args: argparse.Namespace) -> None:
 
     if args.output:
         picture.check_output(args.output)  # a bad name fails before anything is read
+    strategy = _mindformers_strategy(args.source, args.strategy, "--strategy", args)  # as transform finds it
     notes: list[str] = []
-    views = picture.source_views(args.source, args.strategy, _read_options(args), notes)
+    views = picture.source_views(args.source, strategy, _read_options(args), notes)
     names, note = picture.choose_params(views, args.param)
     _notes(notes, args)
     scene = picture.param_scene(views, names, note)
