@@ -5,6 +5,10 @@ rank-folder tree, a unified folder (``part*.safetensors`` + ``param_name_map.jso
 Face sharded model, a strategy file, or a folder of per-stage strategy files.
 
 Reads headers only (tensor data is never touched), so inspecting a 1 TB checkpoint is instant.
+The output starts with a summary (``summarize``: the job and its parallel degrees, parameters and
+their elements, bytes by dtype, optimizer states, per-rank sizes), because that is what one asks
+first and 500 lines of per-rank tables hid it; ``--params`` adds one table of every parameter over
+all ranks, whose cells are never cut (``print_table``), and ``--json`` holds everything.
 With a strategy, each sharded parameter also shows its full shape and layout. A parameter shared
 by pipeline stages (an embedding used by the first and the last stage) may have a different
 layout in each stage, so a rank's layout and full shape come from *that rank's* stage
