@@ -183,3 +183,14 @@ def test_json_strategy_reads_as_the_protobuf_one(demo: dict[str, str], tmp_path:
     assert summary(str(as_json)) == summary(demo["s8"])
     shown = [run("show", path, EMBEDDING).stdout for path in (str(as_json), demo["s8"])]
     assert shown[0] == shown[1] and "stage 1 (ranks 4-7)" in shown[0]
+
+
+SUMMARY_KEYS = {
+    "source", "source_name", "ranks", "stages", "stage", "devices_per_stage", "dp", "mp", "opt_shard", "parameters",
+    "parameter_elements", "files", "tensors", "bytes", "bytes_by_dtype", "optimizer_states", "rank_bytes",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["full", "r8", "s8", "mf2"])
+def test_every_summary_field_is_in_the_json_of_every_kind(demo: dict[str, str], kind: str) -> None:
+    assert set(summary(demo[kind])) == SUMMARY_KEYS
