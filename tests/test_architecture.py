@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "reshard.cli",
         "reshard.cli_help",
         "reshard.inspect",
+        "reshard.picture",
         "reshard.verify",
         "reshard.demo",
         "reshard.synthetic",

@@ -176,7 +176,7 @@ def test_inspect_rank_folders_use_each_ranks_stage(demo: dict[str, str]) -> None
     assert single["kind"] == "checkpoint" and single["rank"] == 5 and embedding_row(single["tensors"]) == rows[5]
     in_file = inspect_json(rank_file(demo["r8"], 6), "--strategy", demo["s8"])
     assert embedding_row(in_file["tensors"]) == rows[6]
-    text = run("inspect", demo["r8"], "--strategy", demo["s8"])
+    text = run("inspect", demo["r8"], "--strategy", demo["s8"], "--params")
     assert text.returncode == 0 and str(want) in text.stdout and "[1024, 64]" not in text.stdout
 
 

@@ -122,7 +122,7 @@ def test_output_into_head_ends_quietly(tmp_path: Path, command: str) -> None:
 def test_rich_output_into_head_ends_quietly(tmp_path: Path) -> None:
     big = _many_tensors(tmp_path)
     proc = subprocess.run(
-        f"{sys.executable} -m reshard.cli inspect {big} | head -c 10; exit ${{PIPESTATUS[0]}}",
+        f"{sys.executable} -m reshard.cli inspect {big} --params | head -c 10; exit ${{PIPESTATUS[0]}}",
         shell=True,
         executable="/bin/bash",
         capture_output=True,

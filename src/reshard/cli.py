@@ -421,6 +421,10 @@ def cmd_transform(args: argparse.Namespace) -> None:
         raise UsageError("give the source with --src_ckpt_dir")
     if not args.dst:
         raise UsageError("give the destination with --dst_ckpt_dir")
+    if args.command == "plan" and getattr(args, "picture", None):
+        from reshard import picture
+
+        picture.check_output(args.picture)  # a bad picture name fails before planning
     run = None if args.command == "plan" else _run_options(args)
     src, run = _source_from_nodes(args, run)
     read = _read_options(args) if src == args.src else dataclasses.replace(_read_options(args), verify_crc=False)
@@ -441,6 +445,8 @@ def cmd_transform(args: argparse.Namespace) -> None:
         **_checkpoint2(args),
     )
     _finish(report, args, args.dst)
+    if args.command == "plan" and getattr(args, "picture", None):
+        _plan_picture(report, args.picture)
     if args.command == "plan" and getattr(args, "placement", None):
         _print_planned_nodes(report, args)
 
@@ -766,7 +772,37 @@ def cmd_merge_strategies(args: argparse.Namespace) -> None:
 def cmd_inspect(args: argparse.Namespace) -> None:
     from reshard import inspect as inspect_mod
 
-    inspect_mod.main(args.path, as_json=args.json, strategy=args.strategy, read=_read_options(args))
+    inspect_mod.main(args.path, as_json=args.json, strategy=args.strategy, read=_read_options(args), params=args.params)
+
+
+def cmd_show(args: argparse.Namespace) -> None:
+    """``reshard show``: draw how parameters are split among ranks (``-o``), and print it as rank grids."""
+    from reshard import picture
+
+    if args.output:
+        picture.check_output(args.output)  # a bad name fails before anything is read
+    strategy = _mindformers_strategy(args.source, args.strategy, "--strategy", args)  # as transform finds it
+    notes: list[str] = []
+    views = picture.source_views(args.source, strategy, _read_options(args), notes)
+    names, note = picture.choose_params(views, args.param)
+    _notes(notes, args)
+    scene = picture.param_scene(views, names, note)
+    if args.output:
+        picture.write(scene, args.output)
+    print("\n".join(picture.scene_text(scene)))
+    if args.output:
+        print(f"wrote {args.output}")
+
+
+def _plan_picture(report: api.Report, path: str) -> None:
+    """``reshard plan --picture FILE``: the plan's source -> destination bytes, drawn and printed."""
+    from reshard import picture
+
+    matrix = picture.plan_matrix(report.plan)
+    title = f"plan: {len(matrix.sources)} sources -> {len(matrix.destinations)} destinations, bytes read"
+    picture.write(picture.matrix_scene(matrix, title), path)
+    print("\n".join(picture.matrix_text(matrix)))
+    print(f"wrote {path}")
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -1014,6 +1050,22 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+class _IntermixedParser(_Parser):
+    """A subcommand whose optional positional may come after its flags (argparse before 3.12 takes
+    ``[PARAM]`` with the first positionals and then refuses it as unrecognized)."""
+
+    _inside = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self._inside:
+            return super().parse_known_args(args, namespace)
+        self._inside = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inside = False
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="reshard", description="Convert, merge, split and reshard MindSpore checkpoints.", epilog=EXIT_CODES
@@ -1025,10 +1077,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", help="a new or empty folder to keep the demo's files in (default: a temporary one)")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("inspect", help="tensors of a checkpoint, a rank folder tree or a strategy file")
+    p = sub.add_parser("inspect", help="summary of a checkpoint, a rank folder tree or a strategy file")
     p.add_argument("path")
     p.add_argument("--strategy", help="strategy file or folder, to show full shapes and layouts")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--params", action="store_true", help="also list every parameter (one table, names never cut)")
+    p.add_argument("--json", action="store_true", help="everything as JSON: the summary and every tensor")
     _add_crypto_flags(p, write=False)
     _add_iteration_flag(p)
     p.set_defaults(func=cmd_inspect)
@@ -1065,7 +1118,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_check_crc_flag(p)
     _add_hf_flags(p)
     _add_placement_flag(p, "print the bytes that would cross nodes: ")
+    p.add_argument(
+        "--picture",
+        metavar="FILE",
+        help="also draw which source ranks feed which destination ranks, with bytes (.svg, or .png with matplotlib)",
+    )
     p.set_defaults(func=cmd_transform, overwrite=False, resume=False, no_manifest=False, dry_run=True)
+
+    p = sub.add_parser("show", help="draw how a parameter's full tensor is split among ranks (SVG/PNG and text)")
+    p.add_argument("source", help="a strategy file or folder, rank folders (with --strategy), or a Checkpoint 2.0")
+    p.add_argument("param", nargs="?", help="the parameter to draw (default: the first of each distinct layout)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the picture here (.svg, or .png with matplotlib)")
+    p.add_argument("--strategy", help="the strategy of rank folders (a Checkpoint 2.0 carries its own)")
+    _add_crypto_flags(p, write=False)
+    _add_iteration_flag(p)
+    p.set_defaults(func=cmd_show)
+    p.__class__ = _IntermixedParser  # PARAM may follow the flags: show SRC --strategy S PARAM
 
     p = sub.add_parser("unify", help="merge rank shards into full safetensors parts + param_name_map.json")
     p.add_argument("src", help="folder of rank_<r> folders (safetensors), or a MindFormers Checkpoint 2.0")
@@ -1334,6 +1402,7 @@ __all__ = [
     "cmd_inspect",
     "cmd_merge_strategies",
     "cmd_rank_list",
+    "cmd_show",
     "cmd_split",
     "cmd_transform",
     "cmd_transform_ckpt",

@@ -32,6 +32,8 @@ DESCRIPTIONS: dict[str, str] = {
     "transform": "Move a checkpoint from one parallel layout to another: N ranks -> M ranks, ranks -> full "
     "weights, full -> ranks, or into a MindFormers 2.x Checkpoint 2.0.",
     "plan": "Print what a transform would read and write, without writing anything.",
+    "show": "Draw how a parameter's full tensor is split among ranks (replicas, optimizer shards, pipeline "
+    "stages), as SVG/PNG and as text.",
     "unify": "Merge rank shards (safetensors) into full safetensors parts + param_name_map.json, or Hugging "
     "Face shards.",
     "split": "Slice a full model (unified parts, Hugging Face shards or one file) into per-rank files for a strategy.",
@@ -61,8 +63,8 @@ EXAMPLES: dict[str, tuple[Example, ...]] = {
     "inspect": (
         Example("reshard inspect demo/full/model.ckpt", "tensors, dtypes and shapes of one file"),
         Example(
-            "reshard inspect demo/ckpt_8ranks/rank_0/checkpoint_0.ckpt --strategy demo/merged/src_strategy.ckpt",
-            "one rank's slices with their full shapes and layouts",
+            "reshard inspect demo/ckpt_8ranks --strategy demo/strategy_8 --params",
+            "the job's summary, then every parameter over all ranks: full shape, layout, ranks",
         ),
         Example("reshard inspect demo/mf2_8ranks --json", "a MindFormers Checkpoint 2.0, as JSON"),
     ),
@@ -106,6 +108,25 @@ EXAMPLES: dict[str, tuple[Example, ...]] = {
         Example(
             "reshard plan --src demo/mf2_8ranks --dst plan_out --ranks 0 --json",
             "rank 0 of a Checkpoint 2.0 merged to full, as JSON",
+        ),
+        Example(
+            "reshard plan --src demo/ckpt_8ranks --src-strategy demo/strategy_8 --dst plan_out "
+            "--dst-strategy demo/strategy_4 --picture plan.svg",
+            "which source ranks feed which destination ranks, with bytes, drawn and printed",
+        ),
+    ),
+    "show": (
+        Example(
+            "reshard show demo/merged/src_strategy.ckpt model.tok_embeddings.embedding_weight -o emb.svg",
+            "the embedding both pipeline stages hold, each with its layout, drawn",
+        ),
+        Example(
+            "reshard show demo/ckpt_8ranks --strategy demo/strategy_8",
+            "the first parameter of each distinct layout, as grids of rank numbers",
+        ),
+        Example(
+            "reshard show demo/mf2_8ranks model.layers.0.attention.wq.weight",
+            "a Checkpoint 2.0's layout: ranks holding the same block are replicas",
         ),
     ),
     "unify": (
