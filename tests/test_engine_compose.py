@@ -176,3 +176,12 @@ def test_map_before_planning_resolves_to_real_files(shape: list[int], experts: i
         got = full_tensor(t, lambda source, name: arrays[name])
         r0 = k * rows
         np.testing.assert_array_equal(got, want[r0 : r0 + t.shape[0]])
+
+
+def test_ray_nodes_byte_runs_read_through_the_view() -> None:
+    """Without a shared disk, the bytes a node fetches for a copy are those of the box in the view."""
+    from reshard.execute.nodes import TensorFacts, file_runs
+
+    facts = TensorFacts((4, 3, 5), F32, 4, ((1000, 4 * 3 * 5 * 4),))  # one segment at file offset 1000
+    copy = Copy(0, "s", (3, 0), (0, 0), (3, 5), src_view=(12, 5))  # expert 1 of an unstack: rows 3..5 of the view
+    assert file_runs(facts, copy) == [(1000 + 3 * 5 * 4, 3 * 5 * 4)]

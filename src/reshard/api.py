@@ -362,6 +362,9 @@ def transform(
         full = api.transform("demo/ckpt_4ranks", "full", "demo/strategy_4", None, output_format="safetensors")
         mf2 = api.transform("demo/ckpt_8ranks", "mf2", "demo/strategy_8", "demo/strategy_4",
                             output_format="checkpoint2", iteration=100, common={"global_step": 100})
+        from reshard.naming import NameFilter, NameOptions
+        weights = api.transform("demo/ckpt_8ranks", "weights", "demo/strategy_8", None,
+                                names=NameOptions(NameFilter(weights_only=True)))
     """
     cp2_out = output_format == checkpoint2.CHECKPOINT2
     _check_checkpoint2_options(cp2_out, hf, max_shard_size, iteration, common, optimizer_prefixes)

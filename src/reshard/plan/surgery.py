@@ -6,7 +6,7 @@ Two compositions, because a model map's sizes are about FULL tensors:
   (transform to one file, unify). The planner first builds each full tensor under its input name
   from the ranks' boxes; each output tensor of the map is then pieces of those full tensors, so
   every planned copy is seen through the piece's view (unit axis inserted by a stack, expert axis
-  merged with the next one by an unstack; docs/formats.md §15.4) and intersected with the piece.
+  merged with the next one by an unstack; docs/naming.md §4) and intersected with the piece.
 * **map before planning** (``mapped_source`` + ``resolve_mapped``): a full model as the source
   (a Hugging Face model, a unified folder, one full file). The map's outputs become one *virtual*
   full source file; any planner (to one full file, or sliced for a destination strategy) plans
