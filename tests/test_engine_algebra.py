@@ -209,3 +209,19 @@ def test_expressions() -> None:
         evaluate("a/2", {"a": 3})
     with pytest.raises(UsageError, match="only integers"):
         evaluate("__import__('os')", {})
+
+
+def test_model_config_files(tmp_path) -> None:
+    from reshard.naming import load_config
+
+    hf = tmp_path / "config.json"
+    hf.write_text('{"num_attention_heads": 32, "head_dim": 128, "rope_scaling": {"factor": 8}}')
+    assert load_config(str(hf))["num_attention_heads"] == 32 and load_config(str(hf))["factor"] == 8
+    mf = tmp_path / "model.yaml"
+    mf.write_text("model:\n  model_config:\n    num_heads: 8\n    hidden_size: 64\n")
+    config = load_config(str(mf))
+    assert evaluate("hidden_size//num_heads", config) == 8
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(UsageError, match="mapping"):
+        load_config(str(bad))

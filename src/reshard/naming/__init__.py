@@ -7,12 +7,14 @@ planners compose them onto box copies and the executors stream them like any oth
 * ``ops`` — the tensor-surgery vocabulary (``Rename``, ``Split``, ``Join``, ``Stack``, ``Unstack``),
   a ``ModelMap`` (ordered ops + model config) and ``apply`` (input catalogue -> output tensors as
   pieces of input tensors);
-* ``expr`` — sizes as arithmetic over the model config;
+* ``expr`` — sizes as arithmetic over the model config; ``config`` — reading that config
+  (``config.json`` or a MindFormers YAML);
 * ``rules`` — ``--rename`` rules files (JSON or YAML);
 * ``options`` — ``NameOptions``, what an operation's ``names=`` takes;
 * ``report`` — the name report, ``--strict`` and the "map for another model family" guard.
 """
 
+from reshard.naming.config import flatten, load_config
 from reshard.naming.expr import Size, evaluate
 from reshard.naming.filters import EXCLUDE, INCLUDE, NameFilter, name_filter
 from reshard.naming.ops import (
@@ -56,6 +58,8 @@ __all__ = [
     "check_family",
     "check_strict",
     "evaluate",
+    "flatten",
+    "load_config",
     "load_rules",
     "name_filter",
     "parse_rules",
