@@ -372,3 +372,17 @@ def test_filter_unit_rules() -> None:
     assert f.dropped_by("a.bc") is None
     assert f.dropped_by("z") == "matches no --include"
     assert f.dropped_by("adam_m.a.x") == "--weights-only"
+
+
+def test_unify_hf_packs_the_mapped_tensors(d: Path, tmp_path: Path, full: dict[str, np.ndarray]) -> None:
+    """Surgery happens before the shards are packed: sizes and the index are the mapped tensors'."""
+    out = tmp_path / "hf"
+    names = NameOptions(NameFilter(weights_only=True), surgery_map())
+    api.unify(str(d / "st_8ranks"), str(d / "strategy_8"), str(out), hf=True, max_shard_size="400KB", names=names)
+    got = load(out)
+    check_surgery(got, full)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == {n for n in got if n not in ("global_step", "learning_rate")}
+    for shard in out.glob("model-*.safetensors"):
+        tensors = open_checkpoint(str(shard)).entries
+        assert shard.stat().st_size <= 400_000 or len(tensors) == 1

@@ -837,11 +837,15 @@ def unify(
     _check_unify_ranks(src_dir, sources, sf)
     naming = NameRun(names)
     sources = naming.narrow(sources)
-    if shard_size is not None:
-        plan = plan_unify_hf(sources, sf, dst_dir, choice_func, shard_size)
+    narrowed = list(sources.values())
+
+    def mapped(whole: Plan) -> Plan:
+        return naming.after(whole, narrowed, full=True)
+
+    if shard_size is not None:  # mapped before the shards are packed
+        plan = plan_unify_hf(sources, sf, dst_dir, choice_func, shard_size, mapped)
     else:
-        plan = plan_unify(sources, sf, dst_dir, choice_func, split_dst_file)
-    plan = naming.after(plan, list(sources.values()), full=True)
+        plan = mapped(plan_unify(sources, sf, dst_dir, choice_func, split_dst_file))
     kept: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [src_dir], overwrite, resume)
