@@ -25,6 +25,7 @@ from reshard.naming import (
     Split,
     Stack,
     TensorInfo,
+    Transpose,
     Unstack,
     apply,
     evaluate,
@@ -47,9 +48,9 @@ def materialise(d: Derived, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
         src = inputs[p.source]
         if p.view is not None:
             src = src.reshape(p.view)
-        sbox = tuple(slice(s, s + n) for s, n in zip(p.src_start, p.lengths, strict=True))
+        sbox = tuple(slice(s, s + n) for s, n in zip(p.src_start, p.src_lengths, strict=True))
         dbox = tuple(slice(s, s + n) for s, n in zip(p.dst_start, p.lengths, strict=True))
-        out[dbox] = src[sbox]
+        out[dbox] = src[sbox] if p.perm is None else src[sbox].transpose(p.perm)
         seen[dbox] += 1
     assert (seen == 1).all(), f"{d.name}: pieces do not cover it exactly once"
     return out
@@ -225,3 +226,36 @@ def test_model_config_files(tmp_path) -> None:
     bad.write_text("[1, 2]")
     with pytest.raises(UsageError, match="mapping"):
         load_config(str(bad))
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.integers(1, 3), min_size=1, max_size=3), st.integers(1, 3), st.data())
+def test_permuted_and_folded_stacks_match_numpy(shape: list[int], experts: int, data: st.DataObject) -> None:
+    """MindFormers' grouped experts: each expert transposed, then stacked or concatenated (folded)."""
+    perm = tuple(data.draw(st.permutations(range(len(shape)))))
+    fold = data.draw(st.booleans())
+    axis = data.draw(st.integers(0, len(shape) - 1 if fold else len(shape)))
+    catalogue = {f"x.{e}.w": info(*shape) for e in range(experts)}
+    stack = ModelMap((Stack(r"x\.(?P<expert>\d+)\.w", "s", axis, perm, fold),))
+    got = run(stack, catalogue)["s"]
+    inputs = arrays(catalogue)
+    parts = [inputs[f"x.{e}.w"].transpose(perm) for e in range(experts)]
+    want = np.concatenate(parts, axis) if fold else np.stack(parts, axis)
+    np.testing.assert_array_equal(got, want)
+    inverse = tuple(int(a) for a in np.argsort(perm))
+    if fold:
+        unstack = Unstack("s", "x.{expert}.w", axis, inverse, "n")
+    elif axis < want.ndim - 1:
+        unstack = Unstack("s", "x.{expert}.w", axis, inverse)
+    else:
+        return
+    back = apply(ModelMap((unstack,), {"n": experts}), {"s": info(*want.shape)})
+    for d in back.outputs:
+        np.testing.assert_array_equal(materialise(d, {"s": want}), inputs[d.name])
+
+
+def test_transpose() -> None:
+    got = run(ModelMap((Transpose("w", "wt", (1, 0)),)), {"w": info(2, 3)})
+    np.testing.assert_array_equal(got["wt"], np.arange(6).reshape(2, 3).T)
+    with pytest.raises(UsageError, match="not a permutation"):
+        apply(ModelMap((Transpose("w", "wt", (0, 0)),)), {"w": info(2, 3)})

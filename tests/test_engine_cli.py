@@ -386,3 +386,22 @@ def test_unify_hf_packs_the_mapped_tensors(d: Path, tmp_path: Path, full: dict[s
     for shard in out.glob("model-*.safetensors"):
         tensors = open_checkpoint(str(shard)).entries
         assert shard.stat().st_size <= 400_000 or len(tensors) == 1
+
+
+def test_grouped_experts_like_mindformers_and_back(d: Path, tmp_path: Path, full: dict[str, np.ndarray]) -> None:
+    """MindFormers' ``weight1``: the experts' fc1 transposed and concatenated (here: layers as experts)."""
+    layers = sum(1 for n in full if n.startswith("model.layers.") and n.endswith("feed_forward.w1.weight"))
+    group = ModelMap(
+        (Stack(r"model\.layers\.(?P<expert>\d+)\.feed_forward\.w1\.weight", "moe.weight1", 0, (1, 0), True),)
+    )
+    ungroup = ModelMap((Unstack(r"moe\.weight1", "model.layers.{expert}.feed_forward.w1.weight", 0, (1, 0), "n"),))
+    grouped, back = tmp_path / "grouped", tmp_path / "back"
+    api.transform(str(d / "ckpt_8ranks"), str(grouped), str(d / "strategy_8"), None, names=NameOptions(model_map=group))
+    want = np.concatenate([full[f"model.layers.{n}.feed_forward.w1.weight"].T for n in range(layers)], 0)
+    np.testing.assert_array_equal(load(grouped)["moe.weight1"], want)
+    ungroup = ModelMap(ungroup.ops, {"n": layers})
+    api.transform(str(grouped / "rank_0"), str(back), None, None, names=NameOptions(model_map=ungroup))
+    got = load(back)
+    assert set(got) == set(full)
+    for name, value in full.items():
+        np.testing.assert_array_equal(got[name], value)

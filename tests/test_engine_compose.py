@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from reshard import dtypes
 from reshard.execute.assemble import full_tensor
-from reshard.naming import Join, ModelMap, Split, Stack, Unstack
+from reshard.naming import Join, ModelMap, Split, Stack, Transpose, Unstack
 from reshard.plan import validate_plan
 from reshard.plan.model import Copy, FilePlan, Plan, SourceFile, SourceTensor, TensorPlan
 from reshard.plan.surgery import MappedModel, compose_after
@@ -96,6 +96,37 @@ def test_stack_composed_on_boxes(case: tuple[World, Plan, int, int]) -> None:
     assert report.surgery[0][0] == "stack"
 
 
+@settings(max_examples=120, deadline=None)
+@given(stacked_case(), st.data())
+def test_permuted_folded_stack_composed_on_boxes(case: tuple[World, Plan, int, int], data: st.DataObject) -> None:
+    world, plan, experts, _ = case
+    world_plan = Plan(plan.operation, tuple(world.paths), plan.files)
+    inputs = materialise(world, world_plan)
+    ndim = inputs["e.0.w"].ndim
+    perm = tuple(data.draw(st.permutations(range(ndim))))
+    fold = data.draw(st.booleans())
+    axis = data.draw(st.integers(0, ndim - 1 if fold else ndim))
+    stack = ModelMap((Stack(r"e\.(?P<expert>\d+)\.w", "s", axis, perm, fold), Transpose("x", "y", (0,))))
+    got = materialise(world, compose_after(world_plan, stack, world.shape)[0])["s"]
+    parts = [inputs[f"e.{e}.w"].transpose(perm) for e in range(experts)]
+    np.testing.assert_array_equal(got, np.concatenate(parts, axis) if fold else np.stack(parts, axis))
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.data())
+def test_folded_unstack_with_transpose_composed_on_boxes(data: st.DataObject) -> None:
+    """MindFormers' ``weight1`` (experts' fc1 transposed, concatenated) back to per-expert tensors."""
+    experts, rows, cols = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 4))
+    world = World()
+    tensor = world.tensor(data.draw, "w1", (experts * rows, cols))
+    plan = Plan("t", tuple(world.paths), (FilePlan("out", "safetensors", (tensor,)),))
+    stacked = materialise(world, plan)["w1"]
+    unstack = ModelMap((Unstack("w1", "e.{expert}.fc1", 0, (1, 0), "n"),), {"n": experts})
+    got = materialise(world, compose_after(plan, unstack, world.shape)[0])
+    for e in range(experts):
+        np.testing.assert_array_equal(got[f"e.{e}.fc1"], stacked[e * rows : (e + 1) * rows].T)
+
+
 @st.composite
 def unstack_case(draw: st.DrawFn) -> tuple[World, Plan, int]:
     shape = tuple(draw(st.lists(st.integers(1, 4), min_size=2, max_size=4)))
@@ -152,10 +183,14 @@ def test_map_before_planning_resolves_to_real_files(shape: list[int], experts: i
     """A virtual source of stacked tensors, planned as row blocks (as a destination strategy would), read back."""
     rng = np.random.default_rng(1)
     arrays = {f"e.{e}.w": rng.standard_normal(shape).astype(np.float32) for e in range(experts)}
-    axis = data.draw(st.integers(0, len(shape)))
+    perm = tuple(data.draw(st.permutations(range(len(shape)))))
+    fold = data.draw(st.booleans())
+    axis = data.draw(st.integers(0, len(shape) - 1 if fold else len(shape)))
     real = SourceFile("real.safetensors", 0, {n: SourceTensor(F32, a.shape, a.nbytes) for n, a in arrays.items()})
     model = MappedModel(
-        {real.path: real}, {n: real.path for n in arrays}, ModelMap((Stack(r"e\.(?P<expert>\d+)\.w", "s", axis),))
+        {real.path: real},
+        {n: real.path for n in arrays},
+        ModelMap((Stack(r"e\.(?P<expert>\d+)\.w", "s", axis, perm, fold),)),
     )
     virtual = model.source.tensors["s"]
     rows = data.draw(st.integers(1, virtual.shape[0]))
@@ -170,7 +205,8 @@ def test_map_before_planning_resolves_to_real_files(shape: list[int], experts: i
     )
     resolved = model.resolve(Plan("t", (model.source.path,), files))
     assert resolved.sources == (real.path,)
-    want = np.stack([arrays[f"e.{e}.w"] for e in range(experts)], axis)
+    parts = [arrays[f"e.{e}.w"].transpose(perm) for e in range(experts)]
+    want = np.concatenate(parts, axis) if fold else np.stack(parts, axis)
     for k, f in enumerate(resolved.files):
         (t,) = f.tensors
         got = full_tensor(t, lambda source, name: arrays[name])

@@ -4,7 +4,8 @@ Pure data and pure functions over names and shapes (layer 1: no numpy, no files'
 planners compose them onto box copies and the executors stream them like any other copy:
 
 * ``filters`` — ``NameFilter``: ``--include``/``--exclude`` globs, ``--weights-only``;
-* ``ops`` — the tensor-surgery vocabulary (``Rename``, ``Split``, ``Join``, ``Stack``, ``Unstack``),
+* ``ops`` — the tensor-surgery vocabulary (``Rename``, ``Transpose``, ``Split``, ``Join``, ``Stack``,
+  ``Unstack``),
   a ``ModelMap`` (ordered ops + model config) and ``apply`` (input catalogue -> output tensors as
   pieces of input tensors);
 * ``expr`` — sizes as arithmetic over the model config; ``config`` — reading that config
@@ -28,6 +29,7 @@ from reshard.naming.ops import (
     Split,
     Stack,
     TensorInfo,
+    Transpose,
     Unstack,
     apply,
 )
@@ -53,6 +55,7 @@ __all__ = [
     "Split",
     "Stack",
     "TensorInfo",
+    "Transpose",
     "Unstack",
     "apply",
     "check_family",
