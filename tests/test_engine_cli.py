@@ -405,3 +405,27 @@ def test_grouped_experts_like_mindformers_and_back(d: Path, tmp_path: Path, full
     assert set(got) == set(full)
     for name, value in full.items():
         np.testing.assert_array_equal(got[name], value)
+
+
+def test_hugging_face_folder_mapped_then_sliced_for_a_strategy(
+    d: Path, tmp_path: Path, full: dict[str, np.ndarray]
+) -> None:
+    """A Hugging Face model: the map comes first, then the destination strategy slices its outputs."""
+    hf, plain, mapped = tmp_path / "hf", tmp_path / "plain", tmp_path / "mapped"
+    strategy = str(d / "merged" / "dst_strategy.ckpt")
+    api.convert(str(d / "full" / "model.ckpt"), str(hf), "safetensors", hf=True, max_shard_size="300KB")
+    join = ModelMap((Join((r"(.*)\.w1\.weight", r"(.*)\.w3\.weight"), r"\1.w13.weight", 0),), name="join")
+    api.transform(str(hf), str(plain), None, strategy)
+    report = api.transform(str(hf), str(mapped), None, strategy, names=NameOptions(model_map=join))
+    assert report.names is not None and {op for op, _, _ in report.names.surgery} == {"join"}
+    for rank in range(4):
+        got, want = load(mapped / f"rank_{rank}"), load(plain / f"rank_{rank}")
+        for name, value in got.items():
+            if name.endswith("w13.weight"):
+                base = name[: -len("w13.weight")]
+                np.testing.assert_array_equal(
+                    value, np.concatenate([full[base + "w1.weight"], full[base + "w3.weight"]])
+                )
+            else:
+                np.testing.assert_array_equal(value, want[name])
+        assert {n for n in want if not n.endswith(("w1.weight", "w3.weight"))} <= set(got)
