@@ -429,3 +429,18 @@ def test_hugging_face_folder_mapped_then_sliced_for_a_strategy(
             else:
                 np.testing.assert_array_equal(value, want[name])
         assert {n for n in want if not n.endswith(("w1.weight", "w3.weight"))} <= set(got)
+
+
+def test_auto_transform_keys_its_cache_by_the_filters(d: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    common = [str(d / "ckpt_8ranks"), "--dst-strategy", str(d / "strategy_4"), "--src-strategy", str(d / "strategy_8")]
+    common += ["--cache-dir", str(cache), "--rank-id", "0", "--quiet"]
+    plain = run_cli("auto-transform", *common)
+    weights = run_cli("auto-transform", *common, "--weights-only")
+    assert plain.returncode == 0 and weights.returncode == 0, weights.stderr
+    a, b = plain.stdout.strip(), weights.stdout.strip()
+    assert os.path.dirname(os.path.dirname(a)) != os.path.dirname(os.path.dirname(b))  # two cache entries
+    assert any(n.startswith("adam_") for n in open_checkpoint(a).entries)
+    assert not any(n.startswith(STATE) for n in open_checkpoint(b).entries)
+    entry = json.loads((Path(b).parent.parent / "entry.json").read_text())
+    assert entry["names"]["weights_only"] is True
