@@ -82,6 +82,17 @@ def _check_tensor(path: str, t: TensorPlan, n_sources: int, source_shape: Source
         src = source_shape(c.source, c.tensor) if source_shape is not None else None
         if source_shape is not None and src is None:
             raise PlanError(f"{where}: copy {k} reads {c.tensor!r}, which its source file does not hold")
+        if c.src_view is not None:
+            if src is not None and math.prod(c.src_view) != math.prod(src):
+                raise PlanError(f"{where}: copy {k} views its source {list(src)} as {list(c.src_view)}")
+            src = c.src_view
+        if c.src_perm is not None:
+            if sorted(c.src_perm) != list(range(len(c.lengths))):
+                raise PlanError(f"{where}: copy {k} permutes axes by {list(c.src_perm)}, not a permutation")
+            if src is not None and (len(src) != len(c.lengths) or not _inside(c.src_start, c.src_lengths, src)):
+                box = _box_text(c.src_start, c.src_lengths)
+                raise PlanError(f"{where}: copy {k} reads {box}, outside its source tensor's shape {list(src)}")
+            src = None  # checked above, in the source's axis order
         _check_bounds(where, k, c.src_start, c.dst_start, c.lengths, t.shape, src)
         boxes.append((c.dst_start, c.lengths))
     _check_cover(where, t.shape, boxes)
