@@ -76,14 +76,21 @@ def test_weights_only_from_ranks_to_full(d: Path, tmp_path: Path, full: dict[str
     out = tmp_path / "out"
     proc = run_cli(
         "transform", "--src", str(d / "ckpt_8ranks"), "--src-strategy", str(d / "strategy_8"), "--dst", str(out),
-        "--weights-only",
+        "--weights-only", "--names-report", str(tmp_path / "names.json"),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     got = load(out)
     assert set(got) == {n for n in full if not n.startswith(STATE)}
     for name, value in got.items():
         np.testing.assert_array_equal(value, full[name])
-    assert "dropped by a filter" in proc.stderr and "dropped   global_step  (--weights-only)" in proc.stderr
+    dropped = {n for n in full if n.startswith(STATE)}
+    # stderr: the counts, then the names grouped by the rule that dropped them (a few each)
+    assert f"{len(dropped)} dropped by a filter" in proc.stderr
+    assert f"dropped   {len(dropped)} (--weights-only): " in proc.stderr and "more)" in proc.stderr
+    assert f"every name is in {tmp_path / 'names.json'}" in proc.stderr
+    report = json.loads((tmp_path / "names.json").read_text())
+    assert {"name": "global_step", "rule": "--weights-only"} in report["dropped"]
+    assert {e["name"] for e in report["dropped"]} == dropped and report["counts"]["dropped"] == len(dropped)
 
 
 def test_weights_only_with_a_destination_strategy_keeps_layouts(d: Path, tmp_path: Path) -> None:
@@ -156,9 +163,14 @@ def test_rename_there_and_back_is_byte_identical(d: Path, tmp_path: Path) -> Non
     one = tmp_path / "one"
     two = tmp_path / "two"
     assert run_cli("convert", str(src), str(one), "--to", "safetensors").returncode == 0
-    proc = run_cli("convert", str(src), str(tmp_path / "renamed"), "--to", "safetensors", "--rename", str(there))
+    names = tmp_path / "names.json"
+    proc = run_cli(
+        "convert", str(src), str(tmp_path / "renamed"), "--to", "safetensors", "--rename", str(there),
+        "--names-report", str(names),
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "renamed   lm_head.weight -> output_layer.weight" in proc.stderr
+    assert "renamed   " in proc.stderr and "more renamed" in proc.stderr  # the first ten, and how many more
+    assert {"from": "lm_head.weight", "to": "output_layer.weight"} in json.loads(names.read_text())["renamed"]
     renamed = tmp_path / "renamed" / "model.safetensors"
     assert "output_layer.weight" in open_checkpoint(str(renamed)).entries
     proc = run_cli("transform", "--src", str(renamed), "--dst", str(two), "--rename", str(back), "--strict")

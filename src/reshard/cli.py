@@ -413,7 +413,7 @@ class _NameRule(argparse.Action):
 
 
 def _add_name_flags(p: argparse.ArgumentParser) -> None:
-    """Filters and renames (docs/formats.md §15): every writing command takes them."""
+    """Filters and renames (docs/naming.md): every writing command takes them."""
     p.add_argument(
         "--include",
         action=_NameRule,
@@ -433,11 +433,20 @@ def _add_name_flags(p: argparse.ArgumentParser) -> None:
         "--rename", metavar="RULES", help="JSON or YAML file of ordered {match, replace} regex rules (first match wins)"
     )
     p.add_argument("--strict", action="store_true", help="with --rename: fail if a name matches no rule")
+    p.add_argument(
+        "--names-report",
+        metavar="FILE",
+        help=f"write the whole name report (every renamed, dropped and unmatched name) as JSON to FILE; "
+        f"stderr lists the first {NAME_REPORT_LINES} of each kind",
+    )
     p.set_defaults(name_rules=None)
 
 
 def _names(args: argparse.Namespace) -> dict[str, Any]:
     """The ``names=`` argument of an operation (rules files are read here, before any checkpoint)."""
+    report = getattr(args, "names_report", None)
+    if report and not os.path.isdir(os.path.dirname(os.path.abspath(report))):
+        raise UsageError("no such folder for --names-report", report)
     rules = getattr(args, "name_rules", None) or []
     weights_only = getattr(args, "weights_only", False)
     strict = getattr(args, "strict", False)
@@ -455,13 +464,29 @@ def _model_map(args: argparse.Namespace) -> ModelMap | None:
     return load_rules(rename) if rename else None
 
 
+NAME_REPORT_LINES = 10  # names listed per kind on stderr; --names-report FILE keeps every one
+
+
 def _print_names(names: NameReport | None, args: argparse.Namespace) -> None:
-    """The name report on stderr (its counts line only with --quiet; in the JSON with --json)."""
-    if names is None or getattr(args, "json", False):
+    """The name report: on stderr, each kind's first names (only the counts line with --quiet; in the
+    JSON with --json); every name in ``--names-report FILE`` (JSON)."""
+    if names is None:
         return
-    lines = names.lines()
+    path = getattr(args, "names_report", None)
+    if path:
+        from reshard.formats.base import write_whole
+
+        try:
+            write_whole(path, (json.dumps(names.to_json(), indent=1) + "\n").encode())
+        except OSError as exc:
+            raise UsageError(f"cannot write the name report: {exc.strerror}", path) from None
+    if getattr(args, "json", False):
+        return
+    lines = names.lines(NAME_REPORT_LINES)
     for line in lines[:1] if getattr(args, "quiet", False) else lines:
         print(f"reshard: {line}", file=sys.stderr)
+    if path and not getattr(args, "quiet", False):
+        print(f"reshard: every name is in {path}", file=sys.stderr)
 
 
 def _count(n: int, word: str) -> str:

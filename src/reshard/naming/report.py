@@ -51,19 +51,41 @@ class NameReport:
             "unmatched": len(self.unmatched) if self.mapped else 0,
         }
 
-    def lines(self) -> list[str]:
-        """The report as text lines: a counts line, then one line per name."""
+    def lines(self, limit: int | None = None) -> list[str]:
+        """The report as text lines: a counts line, then one line per name.
+
+        With ``limit``, each kind lists at most ``limit`` names and says how many more there are;
+        names dropped by a filter are grouped by the rule that dropped them (a 600B model's
+        optimizer states are tens of thousands of names: a terminal wants the rules, a file wants
+        every name — ``to_json``).
+        """
         c = self.counts()
         out = [
             f"names: {c['renamed']} renamed, {c['surgery']} split/joined/stacked, {c['dropped']} dropped by a filter"
             + (f", {c['unmatched']} unmatched (kept as they are)" if self.mapped else "")
         ]
-        out += [f"  renamed   {a} -> {b}" for a, b in self.renamed]
-        out += [f"  {op:<9} {', '.join(a)} -> {', '.join(b)}" for op, a, b in self.surgery]
-        out += [f"  dropped   {n}  ({r})" for n, r in self.dropped]
+        out += _first(limit, [f"  renamed   {a} -> {b}" for a, b in self.renamed], "renamed")
+        out += _first(limit, [f"  {op:<9} {', '.join(a)} -> {', '.join(b)}" for op, a, b in self.surgery], "changed")
+        if limit is None:
+            out += [f"  dropped   {n}  ({r})" for n, r in self.dropped]
+        else:
+            by_rule: dict[str, list[str]] = {}
+            for n, r in self.dropped:
+                by_rule.setdefault(r, []).append(n)
+            few = min(limit, 3)  # a rule's examples share one line
+            for rule, names in by_rule.items():
+                shown = ", ".join(names[:few]) + (f", ... ({len(names) - few} more)" if len(names) > few else "")
+                out.append(f"  dropped   {len(names)} ({rule}): {shown}")
         if self.mapped:
-            out += [f"  unmatched {n}" for n in self.unmatched]
+            out += _first(limit, [f"  unmatched {n}" for n in self.unmatched], "unmatched")
         return out
+
+
+def _first(limit: int | None, lines: list[str], kind: str) -> list[str]:
+    """``lines``, or the first ``limit`` of them and a line saying how many more."""
+    if limit is None or len(lines) <= limit:
+        return lines
+    return [*lines[:limit], f"  ... and {len(lines) - limit} more {kind}"]
 
 
 def check_strict(report: NameReport, what: str) -> None:
