@@ -46,6 +46,7 @@ from reshard.plan import (
     plan_unify,
     plan_unify_hf,
 )
+from reshard.plan.cast import cast_files, cast_rule
 from reshard.plan.checkpoint2 import plan_checkpoint2
 from reshard.sources import (
     CHECKPOINT2,
@@ -280,6 +281,8 @@ def transform(
     iteration: int | None = None,
     common: Mapping[str, object] | None = None,
     optimizer_prefixes: Sequence[str] = (),
+    dtype: str | None = None,
+    dtype_all: bool = False,
 ) -> Report:
     """Move a distributed (or full) checkpoint to another layout: full->N, N->M, N->full.
 
@@ -329,7 +332,12 @@ def transform(
             ``ckpt_status``; a Checkpoint 2.0 source's own values are carried over where not
             given; otherwise None or a missing key: null).
         optimizer_prefixes: Checkpoint 2.0 only: name prefixes that go to the ``opt-`` files besides
-            ``reshard.statenames``' defaults.
+            ``reshard.statenames``' defaults (and that ``dtype`` leaves alone).
+        dtype: Cast floating model weights to ``"bf16"``, ``"fp16"`` or ``"fp32"`` while copying (None:
+            keep every dtype). Integers, bools, strings, float8 and 0-d scalars are never cast; a
+            finite value that would overflow to infinity is a ``UsageError`` (docs/formats.md §16).
+        dtype_all: With ``dtype``: cast training state (optimizer moments, ``reshard.statenames``)
+            too (False: it keeps its dtype).
 
     Returns:
         A ``Report``: the plan, notes for the user (files passed over, merged strategy files ignored)
@@ -372,6 +380,7 @@ def transform(
     dst_sf = _strategy(dst_strategy, notes)
     plan_dst: LayoutTable | None = dst_sf
     rule = statenames.DEFAULT.with_prefixes(optimizer_prefixes)
+    cast = cast_rule(dtype, dtype_all, optimizer_prefixes)
     if cp2_out:
         _check_checkpoint2_write(write)
         output_format = "safetensors"
@@ -384,6 +393,7 @@ def transform(
         if hyper is not None:  # unify --hf keeps them beside the shards; a full model holds them
             files[HYPER_NAME] = hyper
             mapping = {**mapping, **{n: HYPER_NAME for n in hyper.tensors if n not in mapping}}
+        files = cast_files(files, cast, notes)
         if cp2_out:
             plan_dst = _checkpoint2_destination(dst_sf, list(mapping), rule, notes)
         plan = plan_transform_full(files, mapping, plan_dst, dst_dir, prefix, output_format or "safetensors", ranks)
@@ -393,7 +403,7 @@ def transform(
             )
     else:
         opened = kind.open(src, read, notes)
-        fmt, sources = opened.fmt or "ckpt", opened.ranks
+        fmt, sources = opened.fmt or "ckpt", cast_files(opened.ranks, cast, notes)
         src_sf = (
             _checkpoint2_strategy(src, src_strategy, opened) if kind is CHECKPOINT2 else _strategy(src_strategy, notes)
         )
@@ -727,6 +737,8 @@ def unify(
     manifest: bool = True,
     hf: bool = False,
     max_shard_size: int | str | None = None,
+    dtype: str | None = None,
+    dtype_all: bool = False,
 ) -> Report:
     """Merge N rank shards into full tensors: ``part<j>.safetensors`` + ``param_name_map.json``.
 
@@ -764,6 +776,11 @@ def unify(
         hf: Write Hugging Face shards plus ``model.safetensors.index.json`` (False: not).
         max_shard_size: Largest Hugging Face shard, bytes or a size such as ``"2GB"``; only with
             ``hf`` (None: ``5GB``).
+        dtype: Cast floating model weights to ``"bf16"``, ``"fp16"`` or ``"fp32"`` while copying (None:
+            keep every dtype). Integers, bools, strings, float8 and 0-d scalars are never cast; a
+            finite value that would overflow to infinity is a ``UsageError`` (docs/formats.md §16).
+        dtype_all: With ``dtype``: cast training state (optimizer moments, ``reshard.statenames``)
+            too (False: it keeps its dtype).
 
     Returns:
         A ``Report``: the plan, notes (files passed over) and the files a resumed run kept.
@@ -784,6 +801,7 @@ def unify(
         api.unify("demo/st_8ranks", "demo/strategy_8", "unified")
     """
     notes: list[str] = []
+    cast = cast_rule(dtype, dtype_all)
     shard_size = _shard_size(hf, max_shard_size)
     if shard_size is not None and split_dst_file:
         raise UsageError("split_dst_file (--split) does not apply to Hugging Face output")
@@ -799,6 +817,7 @@ def unify(
     if sf is None:
         raise UsageError("unify needs the source strategy")
     _check_unify_ranks(src_dir, sources, sf)
+    sources = cast_files(sources, cast, notes)
     if shard_size is not None:
         plan = plan_unify_hf(sources, sf, dst_dir, choice_func, shard_size)
     else:
@@ -872,6 +891,8 @@ def split(
     dry_run: bool = False,
     resume: bool = False,
     manifest: bool = True,
+    dtype: str | None = None,
+    dtype_all: bool = False,
 ) -> Report:
     """Slice a unified (full) model into ``dst_dir/rank_<r>/net.<fmt>`` for a target strategy.
 
@@ -897,6 +918,11 @@ def split(
         resume: Continue an interrupted run into the same destination, keeping its finished files.
         manifest: Journal the outputs and write ``reshard-manifest.json`` last (False: neither, as
             the MindSpore drop-in does).
+        dtype: Cast floating model weights to ``"bf16"``, ``"fp16"`` or ``"fp32"`` while copying (None:
+            keep every dtype). Integers, bools, strings, float8 and 0-d scalars are never cast; a
+            finite value that would overflow to infinity is a ``UsageError`` (docs/formats.md §16).
+        dtype_all: With ``dtype``: cast training state (optimizer moments, ``reshard.statenames``)
+            too (False: it keeps its dtype).
 
     Returns:
         A ``Report``: the plan, notes and the files a resumed run kept.
@@ -915,8 +941,12 @@ def split(
         api.unify("demo/st_8ranks", "demo/strategy_8", "unified")
         api.split("unified", "demo/strategy_4", "st_4ranks", ranks=[0, 1])
     """
+    cast = cast_rule(dtype, dtype_all)
     files, mapping, hyper = unified_index(unified_dir, name_map)
     notes: list[str] = []
+    files = cast_files(files, cast, notes)
+    if hyper is not None:
+        hyper = cast_files({0: hyper}, cast)[0]
     sf = _strategy(dst_strategy, notes)
     if sf is None:
         raise UsageError("split needs the destination strategy")
@@ -1001,6 +1031,8 @@ def convert(
     manifest: bool = True,
     hf: bool = False,
     max_shard_size: int | str | None = None,
+    dtype: str | None = None,
+    dtype_all: bool = False,
 ) -> Report:
     """Convert ``.ckpt`` <-> ``.safetensors`` for one file or a folder of ``rank*`` folders.
 
@@ -1034,6 +1066,11 @@ def convert(
         hf: Write Hugging Face shards plus ``model.safetensors.index.json`` (False: not).
         max_shard_size: Largest Hugging Face shard, bytes or a size such as ``"2GB"``; only with
             ``hf`` (None: ``5GB``).
+        dtype: Cast floating model weights to ``"bf16"``, ``"fp16"`` or ``"fp32"`` while copying (None:
+            keep every dtype). Integers, bools, strings, float8 and 0-d scalars are never cast; a
+            finite value that would overflow to infinity is a ``UsageError`` (docs/formats.md §16).
+        dtype_all: With ``dtype``: cast training state (optimizer moments, ``reshard.statenames``)
+            too (False: it keeps its dtype).
 
     Returns:
         A ``Report``: the plan, notes (files passed over) and the files a resumed run kept.
@@ -1057,8 +1094,15 @@ def convert(
     if to not in layout_dir.FORMATS:
         raise UsageError(f"--to must be ckpt or safetensors, not {to!r}")
     shard_size = _shard_size(hf, max_shard_size)
+    cast = cast_rule(dtype, dtype_all)
     src = _convert_source(src)
     if to == "ckpt" and shard_size is None and holds_only_ckpt(src):
+        if cast is not None:
+            raise UsageError(
+                "convert --to ckpt re-writes .ckpt files byte for byte (keys only); to cast a .ckpt use "
+                "transform with no strategies (one full file) or convert it to safetensors",
+                src,
+            )
         return recrypt(
             src,
             dst,
@@ -1075,7 +1119,8 @@ def convert(
         raise UsageError("Hugging Face output converts one full .ckpt file to safetensors", src)
     notes: list[str] = []
     pairs = convert_targets(src, dst, to, file_regex, read, notes)
-    plan = plan_convert([(source_file(i, 0, read), o, to) for i, o in pairs], name_map)
+    facts = cast_files({o: source_file(i, 0, read) for i, o in pairs}, cast, notes)
+    plan = plan_convert([(facts[o], o, to) for _, o in pairs], name_map)
     if shard_size is not None:
         out_dir = os.path.dirname(pairs[0][1]) if pairs else (dst or os.path.dirname(os.path.abspath(src)))
         plan = hf_sharded(plan, out_dir, shard_size)
