@@ -62,7 +62,7 @@ def _copy(dst: np.ndarray, src: np.ndarray, t: TensorPlan) -> None:
     if src.dtype == dst.dtype:
         np.copyto(dst, src)
         return
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked below; NaN stays NaN
         np.copyto(dst, src, casting="unsafe")
     if _may_overflow(src.dtype, dst.dtype) and np.isinf(dst).any():
         _check_overflow(dst, src, t)
