@@ -187,6 +187,12 @@ def test_transform_hf_shards_are_sized_and_indexed_in_the_cast_dtype(
     for name, shard in index["weight_map"].items():
         with open_checkpoint(os.path.join(dst, shard)) as ix:
             assert name in ix.entries
+    same = run_cli("verify", f"{demo}/full/model.ckpt", dst, "--dtype", "bf16")
+    assert same.returncode == 0 and "SAME: 119 match" in same.stdout, same.stdout + same.stderr
+    plain = run_cli("verify", f"{demo}/full/model.ckpt", dst)
+    assert plain.returncode == 1 and "39 differ" in plain.stdout
+    wrong = run_cli("verify", f"{demo}/full/model.ckpt", dst, "--dtype", "fp16")  # bf16 values read as fp16
+    assert wrong.returncode == 1 and "values differ" in wrong.stdout
 
 
 def test_transform_checkpoint2_metadata_says_the_cast_dtype(

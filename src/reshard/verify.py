@@ -212,7 +212,7 @@ def side_plan(
         raise UsageError("a strategy was given but the folder has no rank_<r> folders", path)
     opened = kind.open(path, read, notes)
     parts = [*opened.files.values(), *([opened.hyper] if opened.hyper is not None else [])]
-    cast = cast_rule(dtype, dtype_all=True)
+    cast = cast_rule(dtype, dtype_all=dtype is not None)
     cast_notes: list[str] = []
     parts = list(cast_files(dict(enumerate(parts)), cast, cast_notes).values())
     notes.extend(f"{path}: {note}" for note in cast_notes)
