@@ -227,6 +227,37 @@ def test_transform_checkpoint2_metadata_says_the_cast_dtype(
     _check_full(_read_all(full), model, "fp16", False)
 
 
+def test_checkpoint2_and_hugging_face_sources_cast(demo: str, model: dict[str, np.ndarray], tmp_path: Any) -> None:
+    """A Checkpoint 2.0 source (virtual ranks) to full bf16; that full model as a Hugging Face source
+    split to 4 ranks in fp16 (bf16 -> fp16 narrows: checked), back to full in fp32."""
+    full, hf, four, back = (str(tmp_path / n) for n in ("full", "hf", "four", "back"))
+    r = run_cli("transform", "--src", f"{demo}/mf2_8ranks", "--dst", full, "--dtype", "bf16")
+    assert r.returncode == 0, r.stderr
+    _check_full(_read_all(full), model, "bf16", False)
+    r = run_cli(
+        "transform",
+        "--src",
+        f"{demo}/ckpt_8ranks",
+        "--src-strategy",
+        f"{demo}/strategy_8",
+        "--dst",
+        hf,
+        "--hf",
+        "--dtype",
+        "bf16",
+    )
+    assert r.returncode == 0, r.stderr
+    r = run_cli("transform", "--src", hf, "--dst-strategy", f"{demo}/strategy_4", "--dst", four, "--dtype", "fp16")
+    assert r.returncode == 0, r.stderr
+    r = run_cli("transform", "--src", four, "--src-strategy", f"{demo}/strategy_4", "--dst", back, "--dtype", "fp32")
+    assert r.returncode == 0, r.stderr
+    for name, (d, got) in _read_all(back).items():
+        ref = model[name]
+        cast = ref.dtype.kind == "f" and ref.ndim > 0 and not statenames.DEFAULT.is_state(name)
+        expected = ref.astype(ml_dtypes.bfloat16).astype(np.float16).astype(np.float32) if cast else ref
+        assert d == ("Float32" if ref.dtype.kind == "f" else "Int32") and got.tobytes() == expected.tobytes(), name
+
+
 def test_convert_casts(demo: str, tmp_path: Any) -> None:
     dst = str(tmp_path / "st")
     r = run_cli("convert", f"{demo}/ckpt_8ranks", dst, "--to", "safetensors", "--dtype", "bf16")

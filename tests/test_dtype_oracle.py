@@ -31,13 +31,13 @@ result = {}
 for name, p in params.items():
     dtype = str(p.dtype)
     value = p.float().asnumpy() if dtype in ("BFloat16", "Float16") else p.asnumpy()
-    mine = None
+    ms_digest = None
     if ARGS["cast"] and name in ARGS["source"]:
         src = np.load(ARGS["source"][name])
         target = ms.bfloat16 if ARGS["cast"] == "bf16" else ms.float16
         theirs = np.ascontiguousarray(ms.Tensor(src).astype(target).float().asnumpy())
-        mine = hashlib.sha256(theirs.tobytes()).hexdigest()
-    result[name] = [dtype, hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest(), mine]
+        ms_digest = hashlib.sha256(theirs.tobytes()).hexdigest()
+    result[name] = [dtype, hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest(), ms_digest]
 out(result)
 """
 

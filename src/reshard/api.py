@@ -362,6 +362,7 @@ def transform(
         full = api.transform("demo/ckpt_4ranks", "full", "demo/strategy_4", None, output_format="safetensors")
         mf2 = api.transform("demo/ckpt_8ranks", "mf2", "demo/strategy_8", "demo/strategy_4",
                             output_format="checkpoint2", iteration=100, common={"global_step": 100})
+        hf_bf16 = api.transform("demo/ckpt_8ranks", "hf_bf16", "demo/strategy_8", None, hf=True, dtype="bf16")
     """
     cp2_out = output_format == checkpoint2.CHECKPOINT2
     _check_checkpoint2_options(cp2_out, hf, max_shard_size, iteration, common, optimizer_prefixes)
