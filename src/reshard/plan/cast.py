@@ -19,7 +19,7 @@ optimizer moments, ``global_step``, ...) is cast only with ``training_state=True
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -70,12 +70,44 @@ def cast_rule(dtype: str | None, dtype_all: bool = False, optimizer_prefixes: Se
     return Cast(dtypes.cast_target(dtype), dtype_all, statenames.DEFAULT.with_prefixes(optimizer_prefixes))
 
 
-def _cast_tensors(tensors: dict[str, SourceTensor], cast: Cast) -> dict[str, SourceTensor]:
-    out = {}
-    for name, t in tensors.items():
-        to = cast.dtype_of(name, t.dtype, t.shape)
-        out[name] = t if to is t.dtype else SourceTensor(to, t.shape, math.prod(t.shape) * to.itemsize)
-    return out
+class _Caster:
+    """Casts tensor tables, deciding once per name (a job's ranks share names) and counting for the note."""
+
+    def __init__(self, cast: Cast) -> None:
+        self.cast = cast
+        self.castable = {id(d) for d in dtypes.CASTABLE if d is not cast.target}
+        self.kept: dict[str, bool] = {}  # name -> left as it is (training state without --dtype-all)
+        self.made: dict[tuple[int, ...], SourceTensor] = {}  # shape -> the cast tensor's facts (shared)
+        self.converted: set[str] = set()
+        self.float8: set[str] = set()
+
+    def table(self, tensors: dict[str, SourceTensor]) -> dict[str, SourceTensor]:
+        out = {}
+        for name, t in tensors.items():
+            out[name] = t
+            if id(t.dtype) not in self.castable or not t.shape:
+                if t.dtype.ms_name.startswith(("Float8", "F8_")):
+                    self.float8.add(name)
+                continue
+            kept = self.kept.get(name)
+            if kept is None:
+                kept = self.kept[name] = self.cast.dtype_of(name, t.dtype, t.shape) is t.dtype
+            if not kept:
+                self.converted.add(name)
+                out[name] = self.made.get(t.shape) or self.made.setdefault(
+                    t.shape, SourceTensor(self.cast.target, t.shape, math.prod(t.shape) * self.cast.target.itemsize)
+                )
+        return out
+
+    def note(self) -> str:
+        """``--dtype: 12 tensor(s) cast to BFloat16; kept 24 training-state tensor(s) as they are (...)``."""
+        parts = [f"--dtype: {len(self.converted)} tensor(s) cast to {self.cast.target.ms_name}"]
+        state = sum(1 for name, kept in self.kept.items() if kept and name not in self.converted)
+        if state:
+            parts.append(f"kept {state} training-state tensor(s) as they are (--dtype-all casts them too)")
+        if self.float8:
+            parts.append(f"kept {len(self.float8)} float8 tensor(s) (their scales are not applied by a cast)")
+        return "; ".join(parts)
 
 
 def cast_files(files: Mapping[K, SourceFile], cast: Cast | None, notes: list[str] | None = None) -> dict[K, SourceFile]:
@@ -86,33 +118,16 @@ def cast_files(files: Mapping[K, SourceFile], cast: Cast | None, notes: list[str
     """
     if cast is None:
         return dict(files)
+    caster = _Caster(cast)
     done: dict[int, dict[str, SourceTensor]] = {}
     out: dict[K, SourceFile] = {}
     for key, f in files.items():
         if id(f.tensors) not in done:
-            done[id(f.tensors)] = _cast_tensors(f.tensors, cast)
+            done[id(f.tensors)] = caster.table(f.tensors)
         out[key] = replace(f, tensors=done[id(f.tensors)])
     if notes is not None:
-        notes.append(cast_note(files.values(), cast))
+        notes.append(caster.note())
     return out
 
 
-def cast_note(files: Iterable[SourceFile], cast: Cast) -> str:
-    """``--dtype: 12 tensor(s) cast to BFloat16; kept 24 training-state tensor(s) as they are (...)``."""
-    seen: dict[str, tuple[DType, tuple[int, ...]]] = {}
-    for f in files:
-        for name, t in f.tensors.items():
-            seen.setdefault(name, (t.dtype, t.shape))
-    floating = {n: d for n, (d, shape) in seen.items() if d in dtypes.CASTABLE and shape and d is not cast.target}
-    converted = [n for n, d in floating.items() if cast.dtype_of(n, d, seen[n][1]) is cast.target]
-    state = len(floating) - len(converted)
-    fp8 = sum(1 for d, _ in seen.values() if d.ms_name.startswith(("Float8", "F8_")))
-    parts = [f"--dtype: {len(converted)} tensor(s) cast to {cast.target.ms_name}"]
-    if state:
-        parts.append(f"kept {state} training-state tensor(s) as they are (--dtype-all casts them too)")
-    if fp8:
-        parts.append(f"kept {fp8} float8 tensor(s) (their scales are not applied by a cast)")
-    return "; ".join(parts)
-
-
-__all__ = ["Cast", "cast_files", "cast_note", "cast_rule"]
+__all__ = ["Cast", "cast_files", "cast_rule"]
