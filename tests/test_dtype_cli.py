@@ -258,6 +258,22 @@ def test_checkpoint2_and_hugging_face_sources_cast(demo: str, model: dict[str, n
         assert d == ("Float32" if ref.dtype.kind == "f" else "Int32") and got.tobytes() == expected.tobytes(), name
 
 
+def test_optimizer_prefix_joins_the_training_state_rule(demo: str, tmp_path: Any) -> None:
+    """With checkpoint2 output, --optimizer-prefix names go to the opt- files and keep their dtype."""
+    report = api.transform(
+        f"{demo}/ckpt_8ranks",
+        str(tmp_path / "p"),
+        f"{demo}/strategy_8",
+        f"{demo}/strategy_4",
+        output_format="checkpoint2",
+        optimizer_prefixes=["lm_head."],
+        dtype="bf16",
+        dry_run=True,
+    )
+    dtype_of = {t.name: t.dtype.ms_name for f in report.plan.files for t in f.tensors}
+    assert dtype_of["lm_head.weight"] == "Float32" and dtype_of["model.norm_out.weight"] == "BFloat16"
+
+
 def test_convert_casts(demo: str, tmp_path: Any) -> None:
     dst = str(tmp_path / "st")
     r = run_cli("convert", f"{demo}/ckpt_8ranks", dst, "--to", "safetensors", "--dtype", "bf16")
