@@ -49,6 +49,13 @@ class Operation:
     ms_target: float  # required MindSpore / reshard time ratio
     reference: Callable[[], str]  # what the output must equal (verification)
     grouping: str  # how the output is compared with the reference: workload.GROUPINGS
+    # Flags appended to the reshard CLI arguments (run.py adds them before --reshard-flags). The
+    # Hugging Face export names its flags here so that more can join them (--preset, --weights-only);
+    # with "--weights-only" among them, verification leaves the reference's training state out.
+    extra_flags: tuple[str, ...] = ()
+    # The dtype (bf16/fp16/fp32) the output's floating model weights were cast to: verification casts
+    # the reference's by reshard's own rule (reshard.plan.cast) before comparing bytes.
+    cast: str | None = None
 
 
 def operations(w: Workload) -> list[Operation]:
@@ -228,6 +235,19 @@ def operations(w: Workload) -> list[Operation]:
             lambda: w.cp2_4,
             "file",
         ),
+        Operation(
+            "hf_bf16",
+            "export 8 ranks→Hugging Face bf16 (.safetensors)",
+            (w.ranks8_st, s8),
+            lambda out: ["transform", "--src", w.ranks8_st, "--src-strategy", s8, "--dst", out, "--hf"],
+            None,
+            "— (no MindSpore converter to Hugging Face)",
+            0.0,
+            lambda: w.full_ckpt,
+            "model",
+            extra_flags=("--dtype", "bf16"),
+            cast="bf16",
+        ),
     ]
 
 
@@ -242,4 +262,5 @@ OPERATION_KEYS = (
     "cp2_to_full",
     "ranks_to_cp2",
     "cp2_8to4",
+    "hf_bf16",
 )

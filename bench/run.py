@@ -160,7 +160,7 @@ class Runner:
         """The operation's reshard CLI arguments plus ``--reshard-flags`` (e.g. ``--no-manifest``);
         a drop-in call as it is (it has no CLI flags)."""
         job = op.reshard(out)
-        return job if isinstance(job, dict) else job + self.args.reshard_flags.split()
+        return job if isinstance(job, dict) else job + list(op.extra_flags) + self.args.reshard_flags.split()
 
     def reshard_argv(self, op: Operation, out: str) -> list[str]:
         return [sys.executable, os.path.join(BENCH_DIR, "rs_child.py"), json.dumps(self.reshard_args(op, out))]
@@ -194,7 +194,8 @@ class Runner:
             measure.prepare_cache(self.args.cache, [out], self.args.settle)
             runs["cp"].append(self._run(measure.cp_argv(out, copy), f"{logs}/{op.key}-cp-{rep}"))
             if rep == 0 and self.args.verify:
-                result["verified_tensors"] = verify_output(out, op.reference(), op.grouping)
+                weights_only = "--weights-only" in op.extra_flags
+                result["verified_tensors"] = verify_output(out, op.reference(), op.grouping, op.cast, weights_only)
             measure.remove(copy)
             measure.remove(out)
             if with_ms and op.mindspore is not None and ms_error is None:

@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from reshard import dtypes, statenames
+from reshard.plan.cast import Cast, cast_rule
 from reshard.synthetic import ModelShape
 
 DEFAULT_HIDDEN = 768  # fixed across sizes; 768 keeps the layer step (~113 MB fp32) fine-grained
@@ -249,17 +251,32 @@ def _same(a: object, b: object) -> bool:
     )
 
 
-def verify_output(output: str, reference: str, grouping: str) -> int:
+def _expected(name: str, value: object, cast: Cast | None) -> object:
+    """The reference value as a ``--dtype`` output holds it (reshard.plan.cast decides what is cast)."""
+    if cast is None or isinstance(value, str):
+        return value
+    array = np.asarray(value)
+    target = cast.dtype_of(name, dtypes.from_numpy(array.dtype), array.shape)
+    return array if target.numpy == array.dtype else array.astype(target.numpy)
+
+
+def verify_output(
+    output: str, reference: str, grouping: str, cast: str | None = None, weights_only: bool = False
+) -> int:
     """Check ``output`` against ``reference``; return the number of tensors compared.
 
     ``grouping`` ``"rank"``: the files of ``output/rank_<r>`` must hold exactly the tensors of
     ``reference/rank_<r>`` (any format, any order). ``"file"``: each file must hold exactly the
     tensors of the reference's file at the same relative path (Checkpoint 2.0 trees). ``"model"``:
     the output's files together must hold exactly the reference's tensors (a merged or unified
-    model against the full one).
+    model against the full one). ``cast`` (``"bf16"``...): the output was written with ``--dtype``,
+    so the reference's model weights are cast the same way first; ``weights_only``: the output holds
+    no training state (``reshard.statenames``), so the reference's is left out.
     Raises ``AssertionError`` naming the first difference.
     """
     from reshard.api import open_checkpoint
+
+    rule = cast_rule(cast)
 
     def groups(root: str) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
@@ -276,7 +293,13 @@ def verify_output(output: str, reference: str, grouping: str) -> int:
         handles = [open_checkpoint(p) for p in want_files + got[key]]
         try:
             for index in handles[: len(want_files)]:
-                ref.update({name: index.value(name) for name in index})
+                ref.update(
+                    {
+                        name: _expected(name, index.value(name), rule)
+                        for name in index
+                        if not (weights_only and statenames.DEFAULT.is_state(name))
+                    }
+                )
             seen: set[str] = set()
             for index in handles[len(want_files) :]:
                 for name in index:

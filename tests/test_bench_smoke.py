@@ -27,6 +27,7 @@ OPERATIONS = {
     "cp2_to_full",
     "ranks_to_cp2",
     "cp2_8to4",
+    "hf_bf16",
 }
 
 pytest.importorskip("psutil")  # in the [test] extra; matplotlib ([bench]) is optional: no charts without it

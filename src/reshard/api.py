@@ -47,6 +47,7 @@ from reshard.plan import (
     plan_unify,
     plan_unify_hf,
 )
+from reshard.plan.cast import cast_files, cast_rule
 from reshard.plan.checkpoint2 import plan_checkpoint2
 from reshard.plan.surgery import MAPPED_SOURCE, NameRun
 from reshard.sources import (
@@ -284,6 +285,8 @@ def transform(
     common: Mapping[str, object] | None = None,
     optimizer_prefixes: Sequence[str] = (),
     names: NameOptions | None = None,
+    dtype: str | None = None,
+    dtype_all: bool = False,
 ) -> Report:
     """Move a distributed (or full) checkpoint to another layout: full->N, N->M, N->full.
 
@@ -333,7 +336,12 @@ def transform(
             ``ckpt_status``; a Checkpoint 2.0 source's own values are carried over where not
             given; otherwise None or a missing key: null).
         optimizer_prefixes: Checkpoint 2.0 only: name prefixes that go to the ``opt-`` files besides
-            ``reshard.statenames``' defaults.
+            ``reshard.statenames``' defaults (and that ``dtype`` leaves alone).
+        dtype: Cast floating model weights to ``"bf16"``, ``"fp16"`` or ``"fp32"`` while copying (None:
+            keep every dtype). Integers, bools, strings, float8 and 0-d scalars are never cast; a
+            finite value that would overflow to infinity is a ``UsageError`` (docs/formats.md §16).
+        dtype_all: With ``dtype``: cast training state (optimizer moments, ``reshard.statenames``)
+            too (False: it keeps its dtype).
         names: Which tensors to keep and what to call them (``NameOptions``: include/exclude globs on
             the source's own names, weights only, a ``ModelMap`` of renames and tensor surgery,
             strict). None: every tensor, names kept. Surgery (split, join, stack) needs full tensors
@@ -365,6 +373,7 @@ def transform(
         from reshard.naming import NameFilter, NameOptions
         weights = api.transform("demo/ckpt_8ranks", "weights", "demo/strategy_8", None,
                                 names=NameOptions(NameFilter(weights_only=True)))
+        hf_bf16 = api.transform("demo/ckpt_8ranks", "hf_bf16", "demo/strategy_8", None, hf=True, dtype="bf16")
     """
     cp2_out = output_format == checkpoint2.CHECKPOINT2
     _check_checkpoint2_options(cp2_out, hf, max_shard_size, iteration, common, optimizer_prefixes)
@@ -385,6 +394,7 @@ def transform(
     dst_sf = _strategy(dst_strategy, notes)
     plan_dst: LayoutTable | None = dst_sf
     rule = statenames.DEFAULT.with_prefixes(optimizer_prefixes)
+    cast = cast_rule(dtype, dtype_all, optimizer_prefixes)
     if cp2_out:
         _check_checkpoint2_write(write)
         output_format = "safetensors"
@@ -398,6 +408,7 @@ def transform(
             files[HYPER_NAME] = hyper
             mapping = {**mapping, **{n: HYPER_NAME for n in hyper.tensors if n not in mapping}}
         files, mapping, _ = naming.narrow_full(files, mapping)
+        files = cast_files(files, cast, notes)
         model = naming.mapped_model(files, mapping)
         if model is not None:
             files, mapping = {MAPPED_SOURCE: model.source}, model.name_to_file
@@ -411,7 +422,7 @@ def transform(
             )
     else:
         opened = kind.open(src, read, notes)
-        fmt, sources = opened.fmt or "ckpt", naming.narrow(opened.ranks)
+        fmt, sources = opened.fmt or "ckpt", cast_files(naming.narrow(opened.ranks), cast, notes)
         src_sf = (
             _checkpoint2_strategy(src, src_strategy, opened) if kind is CHECKPOINT2 else _strategy(src_strategy, notes)
         )
@@ -760,6 +771,8 @@ def unify(
     hf: bool = False,
     max_shard_size: int | str | None = None,
     names: NameOptions | None = None,
+    dtype: str | None = None,
+    dtype_all: bool = False,
 ) -> Report:
     """Merge N rank shards into full tensors: ``part<j>.safetensors`` + ``param_name_map.json``.
 
@@ -799,6 +812,11 @@ def unify(
             ``hf`` (None: ``5GB``).
         names: Which tensors to keep and what to call them (``NameOptions``; None: all, names
             kept). A map is applied to the full tensors; with ``hf`` the index names the outputs.
+        dtype: Cast floating model weights to ``"bf16"``, ``"fp16"`` or ``"fp32"`` while copying (None:
+            keep every dtype). Integers, bools, strings, float8 and 0-d scalars are never cast; a
+            finite value that would overflow to infinity is a ``UsageError`` (docs/formats.md §16).
+        dtype_all: With ``dtype``: cast training state (optimizer moments, ``reshard.statenames``)
+            too (False: it keeps its dtype).
 
     Returns:
         A ``Report``: the plan, notes (files passed over), the files a resumed run kept and the
@@ -820,6 +838,7 @@ def unify(
         api.unify("demo/st_8ranks", "demo/strategy_8", "unified")
     """
     notes: list[str] = []
+    cast = cast_rule(dtype, dtype_all)
     shard_size = _shard_size(hf, max_shard_size)
     if shard_size is not None and split_dst_file:
         raise UsageError("split_dst_file (--split) does not apply to Hugging Face output")
@@ -836,7 +855,7 @@ def unify(
         raise UsageError("unify needs the source strategy")
     _check_unify_ranks(src_dir, sources, sf)
     naming = NameRun(names)
-    sources = naming.narrow(sources)
+    sources = cast_files(naming.narrow(sources), cast, notes)
     narrowed = list(sources.values())
 
     def mapped(whole: Plan) -> Plan:
@@ -916,6 +935,8 @@ def split(
     resume: bool = False,
     manifest: bool = True,
     names: NameOptions | None = None,
+    dtype: str | None = None,
+    dtype_all: bool = False,
 ) -> Report:
     """Slice a unified (full) model into ``dst_dir/rank_<r>/net.<fmt>`` for a target strategy.
 
@@ -943,6 +964,11 @@ def split(
             the MindSpore drop-in does).
         names: Which tensors to keep and what to call them (``NameOptions``; None: all, names
             kept). A map is applied to the full model first, so the strategy names its outputs.
+        dtype: Cast floating model weights to ``"bf16"``, ``"fp16"`` or ``"fp32"`` while copying (None:
+            keep every dtype). Integers, bools, strings, float8 and 0-d scalars are never cast; a
+            finite value that would overflow to infinity is a ``UsageError`` (docs/formats.md §16).
+        dtype_all: With ``dtype``: cast training state (optimizer moments, ``reshard.statenames``)
+            too (False: it keeps its dtype).
 
     Returns:
         A ``Report``: the plan, notes, the files a resumed run kept and the name report.
@@ -961,6 +987,7 @@ def split(
         api.unify("demo/st_8ranks", "demo/strategy_8", "unified")
         api.split("unified", "demo/strategy_4", "st_4ranks", ranks=[0, 1])
     """
+    cast = cast_rule(dtype, dtype_all)
     files, mapping, hyper = unified_index(unified_dir, name_map)
     notes: list[str] = []
     sf = _strategy(dst_strategy, notes)
@@ -968,6 +995,9 @@ def split(
         raise UsageError("split needs the destination strategy")
     naming = NameRun(names)
     files, mapping, hyper = naming.narrow_full(files, mapping, hyper)
+    files = cast_files(files, cast, notes)
+    if hyper is not None:
+        hyper = cast_files({0: hyper}, cast)[0]
     model = naming.mapped_model(files, mapping)
     if model is not None:
         files, mapping = {MAPPED_SOURCE: model.source}, model.name_to_file
@@ -1054,6 +1084,8 @@ def convert(
     hf: bool = False,
     max_shard_size: int | str | None = None,
     names: NameOptions | None = None,
+    dtype: str | None = None,
+    dtype_all: bool = False,
 ) -> Report:
     """Convert ``.ckpt`` <-> ``.safetensors`` for one file or a folder of ``rank*`` folders.
 
@@ -1089,6 +1121,11 @@ def convert(
             ``hf`` (None: ``5GB``).
         names: Which tensors to keep and what to call them (``NameOptions``; None: all, names
             kept); tensor surgery only for one full file.
+        dtype: Cast floating model weights to ``"bf16"``, ``"fp16"`` or ``"fp32"`` while copying (None:
+            keep every dtype). Integers, bools, strings, float8 and 0-d scalars are never cast; a
+            finite value that would overflow to infinity is a ``UsageError`` (docs/formats.md §16).
+        dtype_all: With ``dtype``: cast training state (optimizer moments, ``reshard.statenames``)
+            too (False: it keeps its dtype).
 
     Returns:
         A ``Report``: the plan, notes (files passed over), the files a resumed run kept and the
@@ -1113,11 +1150,18 @@ def convert(
     if to not in layout_dir.FORMATS:
         raise UsageError(f"--to must be ckpt or safetensors, not {to!r}")
     shard_size = _shard_size(hf, max_shard_size)
+    cast = cast_rule(dtype, dtype_all)
     src = _convert_source(src)
     naming = NameRun(names)
     if to == "ckpt" and shard_size is None and holds_only_ckpt(src):
         if naming.active:
             raise UsageError("filters and renames apply when converting between ckpt and safetensors, not to recrypt")
+        if cast is not None:
+            raise UsageError(
+                "convert --to ckpt re-writes .ckpt files byte for byte (keys only); to cast a .ckpt use "
+                "transform with no strategies (one full file) or convert it to safetensors",
+                src,
+            )
         return recrypt(
             src,
             dst,
@@ -1134,7 +1178,7 @@ def convert(
         raise UsageError("Hugging Face output converts one full .ckpt file to safetensors", src)
     notes: list[str] = []
     pairs = convert_targets(src, dst, to, file_regex, read, notes)
-    inputs = naming.narrow({k: source_file(i, 0, read) for k, (i, _) in enumerate(pairs)})
+    inputs = cast_files(naming.narrow({k: source_file(i, 0, read) for k, (i, _) in enumerate(pairs)}), cast, notes)
     plan = plan_convert([(inputs[k], o, to) for k, (_, o) in enumerate(pairs)], name_map)
     plan = naming.after(plan, list(inputs.values()), full=len(pairs) == 1)
     if shard_size is not None:

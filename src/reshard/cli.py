@@ -377,6 +377,27 @@ def _add_hf_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_dtype_flags(p: argparse.ArgumentParser) -> None:
+    """``--dtype`` / ``--dtype-all``: cast floating tensors while copying (reshard.plan.cast)."""
+    p.add_argument(
+        "--dtype",
+        metavar="DTYPE",
+        help="cast floating model weights to bf16, fp16 or fp32 while copying (integers, bools, strings "
+        "and 0-d scalars are never cast; an overflow to inf is an error and writes nothing)",
+    )
+    p.add_argument(
+        "--dtype-all",
+        "--dtype_all",
+        dest="dtype_all",
+        action="store_true",
+        help="with --dtype: cast optimizer states too (default: they keep their dtype)",
+    )
+
+
+def _dtype(args: argparse.Namespace) -> dict[str, Any]:
+    return {"dtype": args.dtype, "dtype_all": args.dtype_all}
+
+
 def _notes(notes: Sequence[str], args: argparse.Namespace) -> None:
     if getattr(args, "quiet", False):
         return
@@ -538,6 +559,7 @@ def cmd_transform(args: argparse.Namespace) -> None:
         **_hf(args),
         **_checkpoint2(args),
         **_names(args),
+        **_dtype(args),
     )
     _finish(report, args, args.dst)
     if args.command == "plan" and getattr(args, "picture", None):
@@ -567,6 +589,8 @@ _NOT_WITH_TOOL = {
     "weights_only": "--weights-only",
     "rename": "--rename",
     "strict": "--strict",
+    "dtype": "--dtype",
+    "dtype_all": "--dtype-all",
 }
 _TOOL_FLAGS = ("tool_src", "tool_dst", "rank_id", "world_size", "transform_process_num", "transform_by_rank")
 
@@ -726,6 +750,7 @@ def cmd_unify(args: argparse.Namespace) -> None:
         **_kwargs(args),
         **_hf(args),
         **_names(args),
+        **_dtype(args),
     )
     _finish(report, args, args.dst)
 
@@ -744,6 +769,7 @@ def cmd_split(args: argparse.Namespace) -> None:
         dry_run=args.dry_run,
         **_kwargs(args),
         **_names(args),
+        **_dtype(args),
     )
     _finish(report, args, args.dst)
 
@@ -836,6 +862,7 @@ def cmd_convert(args: argparse.Namespace) -> None:
         **_kwargs(args),
         **_hf(args),
         **_names(args),
+        **_dtype(args),
     )
     _finish(report, args, args.dst)
 
@@ -852,6 +879,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         verify_crc=not args.no_crc_check,
         atol=args.atol,
         max_memory=args.max_memory,
+        dtype=args.dtype,
         **_progress_hooks(args, "comparing"),
     )
     _end_progress()
@@ -1100,6 +1128,7 @@ def _add_transform_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     _add_source_flags(p)
     _add_iteration_flag(p, "--src-iteration", "--src_iteration")
+    _add_dtype_flags(p)
 
 
 def _add_iteration_flag(p: argparse.ArgumentParser, *names: str, both: bool = False) -> None:
@@ -1202,6 +1231,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source_flags(p, src_format=False)
     _add_write_flags(p)
     _add_name_flags(p)
+    _add_dtype_flags(p)
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("merge-strategies", help="merge per-stage strategy files into one")
@@ -1258,6 +1288,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_hf_flags(p)
     _add_check_crc_flag(p)
     _add_name_flags(p)
+    _add_dtype_flags(p)
     p.set_defaults(func=cmd_unify)
 
     p = sub.add_parser("split", help="slice a unified model into per-rank files for a strategy")
@@ -1278,6 +1309,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_flags(p)
     _add_crypto_flags(p, read=False)
     _add_name_flags(p)
+    _add_dtype_flags(p)
     p.set_defaults(func=cmd_split)
 
     p = sub.add_parser("verify", help="compare the full tensors of two checkpoints (exit 0 same, 1 differ)")
@@ -1310,6 +1342,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source_flags(p)
     _add_crypto_flags(p, write=False)
     _add_iteration_flag(p, both=True)
+    p.add_argument(
+        "--dtype",
+        metavar="DTYPE",
+        help="read floating tensors of both sides as bf16, fp16 or fp32 before comparing them exactly "
+        "(checks an output written with --dtype against its source)",
+    )
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser(

@@ -25,7 +25,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from reshard.errors import FormatError
+from reshard.errors import FormatError, UsageError
 
 
 @dataclass(frozen=True)
@@ -135,10 +135,63 @@ def from_numpy(dtype: np.dtype | type, path: str | None = None) -> DType:
         raise FormatError(f"numpy dtype {key} has no MindSpore equivalent", path) from None
 
 
+# --------------------------------------------------------------------------------------------
+# casting (``--dtype``): which dtypes a cast may produce, and which it may touch
+
+# The dtypes ``--dtype`` writes, under every name reshard knows them by (short, numpy, MindSpore,
+# safetensors). fp8 is not offered: a float8 weight needs its scales (a plain cast loses the model),
+# and MindSpore 2.10's ``load_checkpoint`` refuses float8 entries (docs/formats.md §1.3).
+CAST_TARGETS: dict[str, DType] = {
+    alias: d
+    for d, aliases in (
+        (BFLOAT16, ("bf16", "bfloat16")),
+        (FLOAT16, ("fp16", "float16")),
+        (FLOAT32, ("fp32", "float32")),
+    )
+    for alias in (*aliases, d.ms_name.lower(), str(d.st_code).lower())
+}
+
+# The dtypes a cast converts: IEEE-style floats with infinities. Integers, bools, strings, complex
+# values and float8 (quantized weights whose scales a cast would not apply; E8M0 block scales) are
+# never touched.
+CASTABLE: frozenset[DType] = frozenset({FLOAT16, FLOAT32, FLOAT64, BFLOAT16})
+
+
+def cast_target(name: str) -> DType:
+    """The dtype a ``--dtype`` name stands for (``bf16``, ``bfloat16``, ``BFloat16``, ``BF16``, ...).
+
+    Args:
+        name: A dtype name, any case: bf16/bfloat16, fp16/float16, fp32/float32 (also the
+            MindSpore and safetensors spellings).
+
+    Returns:
+        The ``DType``.
+
+    Raises:
+        UsageError: Not a dtype reshard casts to (the message lists the choices).
+
+    Example:
+        from reshard import dtypes
+        assert dtypes.cast_target("bf16") is dtypes.BFLOAT16
+        assert dtypes.cast_target("Float16") is dtypes.FLOAT16
+    """
+    found = CAST_TARGETS.get(name.strip().lower())
+    if found is None:
+        raise UsageError(f"unknown --dtype {name!r} (choose bf16, fp16 or fp32)")
+    return found
+
+
+def largest_finite(dtype: DType) -> float:
+    """The largest finite value of a floating dtype (65504 for Float16)."""
+    return float(ml_dtypes.finfo(dtype.numpy).max)
+
+
 __all__ = [
     "ALL",
     "BFLOAT16",
     "BOOL",
+    "CASTABLE",
+    "CAST_TARGETS",
     "COMPLEX64",
     "COMPLEX128",
     "FLOAT8_E4M3",
@@ -160,7 +213,9 @@ __all__ = [
     "UINT32",
     "UINT64",
     "DType",
+    "cast_target",
     "from_ms_name",
     "from_numpy",
     "from_st_code",
+    "largest_finite",
 ]

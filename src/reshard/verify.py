@@ -22,6 +22,10 @@ Why it is built this way:
   safetensors ``crc_num`` metadata is not, because MindSpore copies a source's value into every
   unified part, where it no longer matches.
 * A is the reference: names only in A are *missing*, names only in B *unexpected*.
+* **``dtype``** (``--dtype bf16``) reads every floating tensor of both sides as that dtype (the
+  cast ``--dtype-all`` writes, through the same ``reshard.plan.cast`` rule and the same
+  ``assemble.copy_boxes`` conversion), then compares exactly: an output written with ``--dtype``
+  matches its source bit for bit, and a wrong cast shows up as a difference.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from reshard.formats import layout_dir
 from reshard.formats.base import decode_string
 from reshard.formats.strategy import StrategyFile
 from reshard.plan import Plan, TensorPlan, plan_convert
+from reshard.plan.cast import cast_files, cast_rule
 from reshard.sources import (
     CHECKPOINT2,
     FULL_MODELS,
@@ -181,13 +186,25 @@ def _side_kinds(path: str) -> tuple[Kind, ...]:
     return (*kinds, ONE_RANK_FOLDER) if full_model_file(path) is not None else kinds
 
 
-def side_plan(path: str, strategy: str | StrategyFile | None, read: ReadOptions, notes: list[str]) -> Plan:
-    """A plan whose tensors are the full tensors of one side (never executed)."""
+def side_plan(
+    path: str, strategy: str | StrategyFile | None, read: ReadOptions, notes: list[str], dtype: str | None = None
+) -> Plan:
+    """A plan whose tensors are the full tensors of one side (never executed), floats read as ``dtype``."""
     kind = identify(path, _side_kinds(path))
     if kind is CHECKPOINT2 and strategy is not None:
         raise UsageError("a MindFormers Checkpoint 2.0 carries its layouts in metadata.json: give no strategy", path)
     if kind in (RANK_FOLDERS, CHECKPOINT2):
-        report = api.transform(path, _VIRTUAL_OUT, strategy, None, output_format="ckpt", read=read, dry_run=True)
+        report = api.transform(
+            path,
+            _VIRTUAL_OUT,
+            strategy,
+            None,
+            output_format="ckpt",
+            read=read,
+            dry_run=True,
+            dtype=dtype,
+            dtype_all=dtype is not None,
+        )
         notes.extend(f"{path}: {note}" for note in report.notes)
         return report.plan
     if strategy is not None:
@@ -196,12 +213,18 @@ def side_plan(path: str, strategy: str | StrategyFile | None, read: ReadOptions,
         raise UsageError("a strategy was given but the folder has no rank_<r> folders", path)
     opened = kind.open(path, read, notes)
     parts = [*opened.files.values(), *([opened.hyper] if opened.hyper is not None else [])]
+    cast = cast_rule(dtype, dtype_all=dtype is not None)
+    cast_notes: list[str] = []
+    parts = list(cast_files(dict(enumerate(parts)), cast, cast_notes).values())
+    notes.extend(f"{path}: {note}" for note in cast_notes)
     return plan_convert([(sf, _VIRTUAL_OUT, "ckpt") for sf in parts])
 
 
-def _open_side(path: str, strategy: str | StrategyFile | None, read: ReadOptions, notes: list[str]) -> _Side:
+def _open_side(
+    path: str, strategy: str | StrategyFile | None, read: ReadOptions, notes: list[str], dtype: str | None
+) -> _Side:
     read = _side_read(path, read)
-    plan = side_plan(path, strategy, read, notes)
+    plan = side_plan(path, strategy, read, notes, dtype)
     opened = replace(read, verify_crc=False)  # trailers were checked while planning
     side = _Side(path, plan, SourceCache(lambda p: open_checkpoint(p, opened)))
     for f in plan.files:
@@ -351,12 +374,15 @@ def verify(
     verify_crc: bool = True,
     atol: float = 0.0,
     max_memory: int = DEFAULT_MAX_MEMORY,
+    dtype: str | None = None,
     on_start: Callable[[int], None] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> VerifyReport:
     """Compare the logical full tensors of ``a`` (reference) and ``b``, one tensor block at a time.
 
-    ``read.dec_key``/``dec_mode`` decrypt whichever side holds encrypted ``.ckpt`` files.
+    ``read.dec_key``/``dec_mode`` decrypt whichever side holds encrypted ``.ckpt`` files. ``dtype``
+    (``"bf16"``, ``"fp16"``, ``"fp32"``) reads the floating tensors of both sides as that dtype
+    first (optimizer states too), so an output written with ``dtype`` matches its source exactly.
 
     Args:
         a: the reference checkpoint, in any form ``reshard`` reads.
@@ -367,6 +393,7 @@ def verify(
         verify_crc: check the crc trailers of ``.ckpt`` sources that have one.
         atol: values within this absolute difference count as equal.
         max_memory: bound on the tensor blocks compared at once.
+        dtype: read both sides' floating tensors as this dtype before comparing (None: as stored).
         on_start: called once, before the first comparison, with the bytes to compare (A's size of
             the names both sides hold), as ``RunOptions.on_start`` is for a transform.
         progress: called with the bytes of each block compared (they add up to ``on_start``'s).
@@ -375,7 +402,8 @@ def verify(
         The verdict on every name of either side.
 
     Raises:
-        UsageError: a side that cannot be read as given (no strategy for rank folders, a bad ``atol``).
+        UsageError: a side that cannot be read as given (no strategy for rank folders, a bad ``atol``),
+            an unknown ``dtype``, or a value that overflows in it.
     """
     if atol < 0 or not np.isfinite(atol):
         raise UsageError(f"atol must be a finite number >= 0, got {atol}")
@@ -384,8 +412,9 @@ def verify(
     check_iteration(a, [k for k in (kind_of(a), kind_of(b)) if k is not None] or [identify(a)], read)
     _need_strategy(a, a_strategy, "a")
     _need_strategy(b, b_strategy, "b")
-    side_a = _open_side(a, a_strategy, read, notes)
-    side_b = _open_side(b, b_strategy, read, notes)
+    cast_rule(dtype)  # an unknown dtype is refused before anything is read
+    side_a = _open_side(a, a_strategy, read, notes, dtype)
+    side_b = _open_side(b, b_strategy, read, notes, dtype)
     results: list[TensorResult] = []
     meter = _Meter(progress)
     if on_start is not None:

@@ -13,7 +13,8 @@ Why this shape (see design.md, "Techniques the peers proved"; every choice was m
   row block (at most ``max_memory / workers`` bytes), one strided numpy copy per box from the
   memory-mapped source (``assemble.copy_boxes``, which ``verify`` and the drop-in use too), then
   one ``pwrite`` per block (15% faster than filling a map of the output, which faults every fresh
-  page). No full tensor exists unless the destination is one.
+  page). No full tensor exists unless the destination is one. A tensor whose source holds another
+  dtype than the plan's (``--dtype``) always takes this path: ``copy_boxes`` casts while it copies.
 * After each output tensor the source pages it touched are unmapped again
   (``madvise(MADV_DONTNEED)``; the page cache keeps them), so resident memory stays flat
   whatever the model size.
@@ -250,11 +251,12 @@ def _fill_tensor(
     if t.literal is not None:
         _write_at(out.fd, segments, 0, memoryview(t.literal))
         return
-    if t.whole_copy:  # one unchanged source tensor: a kernel-side copy
+    cast = _casts(t, sources, plan)
+    if t.whole_copy and not cast:  # one unchanged source tensor: a kernel-side copy
         c = t.copies[0]
         _copy_bytes(out, segments, 0, sources, plan.sources[c.source], c.tensor, 0, t.nbytes)
         return
-    if t.shape and _byte_runs(out, t, segments, sources, plan):
+    if t.shape and not cast and _byte_runs(out, t, segments, sources, plan):
         return
     # Strided boxes: assemble row blocks in a reused staging buffer, then one pwrite per block
     # (measured 15% faster than copying into a map of the output, which faults every page).
@@ -273,6 +275,18 @@ def _fill_tensor(
         staging = _staging(math.prod(block_shape) * t.dtype.itemsize).view(t.dtype.numpy).reshape(block_shape)
         assemble.copy_boxes(staging, t, r0, source_array)
         _write_at(out.fd, segments, r0 * row_bytes, staging.reshape(-1).view(np.uint8).data)
+
+
+def _casts(t: TensorPlan, sources: SourceCache, plan: Plan) -> bool:
+    """Whether a source of ``t`` holds another dtype than the plan's (a ``--dtype`` cast).
+
+    Then no byte is copied as it is: every box goes through the staging buffer, where
+    ``assemble.copy_boxes`` converts it (and checks for overflow).
+    """
+    return any(
+        assemble.needs_cast(sources.get(plan.sources[c.source]).entries[c.tensor].dtype.numpy, t.dtype.numpy)
+        for c in t.copies
+    )
 
 
 _THREAD = threading.local()

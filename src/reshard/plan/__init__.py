@@ -23,8 +23,10 @@ The modules, each importing only the ones before it:
 * ``unify`` — ``plan_unify`` (full tensors in parts) and ``plan_split`` (full tensors to ranks);
 * ``convert`` — ``plan_convert`` (whole files, other format) and the Hugging Face side of full
   models (shards, ``plan_unify_hf``, ``plan_transform_full``);
-* ``validate`` — ``validate_plan``: every output filled exactly once, inside all bounds.
-* ``surgery`` — filters and model maps (``reshard.naming``) composed onto plans: ``NameRun``.
+* ``validate`` — ``validate_plan``: every output filled exactly once, inside all bounds;
+* ``surgery`` — filters and model maps (``reshard.naming``) composed onto plans: ``NameRun``;
+* ``cast`` — ``--dtype``: which entries a cast converts, applied to the planning facts
+  (``cast_files``) so that every planner's outputs carry the cast dtype.
 
 Everything other modules use is importable from ``reshard.plan`` itself.
 """
