@@ -22,7 +22,7 @@ SRC = ROOT / "src"
 # Lowest first. A module belongs to the first layer one of whose prefixes it equals or lies under.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("reshard", "reshard.errors", "reshard.dtypes", "reshard.text", "reshard.statenames"),
-    ("reshard.layout",),
+    ("reshard.layout", "reshard.naming"),
     ("reshard.formats",),
     ("reshard.plan",),
     ("reshard.sources",),

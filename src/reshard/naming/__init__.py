@@ -1,0 +1,59 @@
+"""Naming rules: which tensors a run keeps, what they are called, and how fused tensors map.
+
+Pure data and pure functions over names and shapes (layer 1: no numpy, no files' bytes), so the
+planners compose them onto box copies and the executors stream them like any other copy:
+
+* ``filters`` — ``NameFilter``: ``--include``/``--exclude`` globs, ``--weights-only``;
+* ``ops`` — the tensor-surgery vocabulary (``Rename``, ``Split``, ``Join``, ``Stack``, ``Unstack``),
+  a ``ModelMap`` (ordered ops + model config) and ``apply`` (input catalogue -> output tensors as
+  pieces of input tensors);
+* ``expr`` — sizes as arithmetic over the model config;
+* ``rules`` — ``--rename`` rules files (JSON or YAML);
+* ``report`` — the name report, ``--strict`` and the "map for another model family" guard.
+"""
+
+from reshard.naming.expr import Size, evaluate
+from reshard.naming.filters import EXCLUDE, INCLUDE, NameFilter, name_filter
+from reshard.naming.ops import (
+    Applied,
+    Derived,
+    Join,
+    ModelMap,
+    Op,
+    Piece,
+    Rename,
+    Split,
+    Stack,
+    TensorInfo,
+    Unstack,
+    apply,
+)
+from reshard.naming.report import FOREIGN_FAMILY_THRESHOLD, NameReport, check_family, check_strict
+from reshard.naming.rules import load_rules, parse_rules
+
+__all__ = [
+    "EXCLUDE",
+    "FOREIGN_FAMILY_THRESHOLD",
+    "INCLUDE",
+    "Applied",
+    "Derived",
+    "Join",
+    "ModelMap",
+    "NameFilter",
+    "NameReport",
+    "Op",
+    "Piece",
+    "Rename",
+    "Size",
+    "Split",
+    "Stack",
+    "TensorInfo",
+    "Unstack",
+    "apply",
+    "check_family",
+    "check_strict",
+    "evaluate",
+    "load_rules",
+    "name_filter",
+    "parse_rules",
+]
