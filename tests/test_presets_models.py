@@ -1,0 +1,268 @@
+"""Presets on tiny random models of each family made with ``transformers`` (in the hf venv).
+
+For each preset: a tiny model saved with ``save_pretrained`` is mapped Hugging Face -> MindFormers
+with the preset's operations (``reshard.naming.apply``, whose pieces are copied here with numpy, the
+way the executors copy them), the MindFormers tensors are compared with what MindFormers 2.1.0's
+own conversion functions make of the same weights (in the oracle venv), mapped back, and
+``from_pretrained`` on the result must give exactly the original logits. MindFormers names ->
+Hugging Face -> MindFormers names must round-trip byte-identical.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from reshard.errors import UsageError
+from reshard.naming import TensorInfo, apply, check_family
+from reshard.naming.presets import FROM_HF, PRESETS, TO_HF, direction_for, preset_map
+from tests.hf import LOAD_MODEL, MAKE_MODEL
+
+# preset -> (transformers family, config overrides)
+FAMILIES = {
+    "llama": ("llama", {}),
+    "llama-qkv-concat": ("llama", {}),
+    "qwen2.5": ("qwen2", {}),
+    "qwen3": ("qwen3", {"head_dim": 24}),  # head_dim * heads != hidden: the config's head_dim is used
+}
+
+
+def materialize(model_map, tensors: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], object]:
+    """The outputs of ``model_map`` on ``tensors``, each filled piece by piece (boxes of views)."""
+    catalogue = {n: TensorInfo(tuple(a.shape), str(a.dtype)) for n, a in tensors.items()}
+    applied = apply(model_map, catalogue)
+    out: dict[str, np.ndarray] = {}
+    for d in applied.outputs:
+        first = tensors[d.pieces[0].source]
+        arr = np.zeros(d.shape, dtype=first.dtype)
+        filled = 0
+        for p in d.pieces:
+            src = tensors[p.source]
+            src = src.reshape(p.view) if p.view is not None else src
+            box = tuple(slice(s, s + n) for s, n in zip(p.src_start, p.lengths, strict=True))
+            dst = tuple(slice(s, s + n) for s, n in zip(p.dst_start, p.lengths, strict=True))
+            arr[dst] = src[box]
+            filled += int(np.prod(p.lengths))
+        assert filled == arr.size, d.name
+        out[d.name] = arr
+    return out, applied.report
+
+
+@pytest.fixture(scope="module")
+def tiny(hf, tmp_path_factory):
+    """preset -> folder of a saved tiny random model (config.json, model.safetensors, logits.npy)."""
+    made = {}
+    for preset, (kind, overrides) in FAMILIES.items():
+        folder = tmp_path_factory.mktemp(preset.replace(".", "_"))
+        hf(MAKE_MODEL, {"kind": kind, "folder": str(folder), "config": overrides})
+        made[preset] = folder
+    return made
+
+
+def _hf_weights(folder: Path) -> dict[str, np.ndarray]:
+    return load_file(str(folder / "model.safetensors"))
+
+
+def _config(folder: Path) -> dict:
+    return json.loads((folder / "config.json").read_text())
+
+
+def _to_mindformers(preset: str, folder: Path) -> dict[str, np.ndarray]:
+    weights = _hf_weights(folder)
+    model_map = preset_map(preset, weights, _config(folder))
+    assert model_map.ops == PRESETS[preset].ops(FROM_HF)
+    mf, report = materialize(model_map, weights)
+    assert report.unmatched == ()
+    return mf
+
+
+EXPECTED_LAYER0 = {  # MindFormers names of layer 0 and their shapes (hidden 64, heads 4, kv 2, ffn 80)
+    "llama": {
+        "model.layers.0.attention.wq.weight": (64, 64),
+        "model.layers.0.attention.wk.weight": (32, 64),
+        "model.layers.0.attention.wv.weight": (32, 64),
+        "model.layers.0.attention.wo.weight": (64, 64),
+        "model.layers.0.feed_forward.w1.weight": (80, 64),
+        "model.layers.0.feed_forward.w2.weight": (64, 80),
+        "model.layers.0.feed_forward.w3.weight": (80, 64),
+        "model.layers.0.attention_norm.weight": (64,),
+        "model.layers.0.ffn_norm.weight": (64,),
+    },
+    "llama-qkv-concat": {
+        "model.layers.0.attention.w_qkv.weight": (128, 64),
+        "model.layers.0.attention.wo.weight": (64, 64),
+        "model.layers.0.feed_forward.w_gate_hidden.weight": (160, 64),
+        "model.layers.0.feed_forward.w2.weight": (64, 80),
+        "model.layers.0.attention_norm.weight": (64,),
+        "model.layers.0.ffn_norm.weight": (64,),
+    },
+    "qwen2.5": {
+        "decoder.layers.0.self_attention.linear_q.weight": (64, 64),
+        "decoder.layers.0.self_attention.linear_q.bias": (64,),
+        "decoder.layers.0.self_attention.linear_k.weight": (32, 64),
+        "decoder.layers.0.self_attention.linear_k.bias": (32,),
+        "decoder.layers.0.self_attention.linear_v.weight": (32, 64),
+        "decoder.layers.0.self_attention.linear_v.bias": (32,),
+        "decoder.layers.0.self_attention.linear_proj.weight": (64, 64),
+        "decoder.layers.0.mlp.gating.weight": (80, 64),
+        "decoder.layers.0.mlp.hidden.weight": (80, 64),
+        "decoder.layers.0.mlp.linear_fc2.weight": (64, 80),
+        "decoder.layers.0.input_layernorm.weight": (64,),
+        "decoder.layers.0.pre_mlp_layernorm.weight": (64,),
+    },
+    "qwen3": {
+        "decoder.layers.0.self_attention.linear_qkv.weight": (192, 64),
+        "decoder.layers.0.self_attention.linear_proj.weight": (64, 96),
+        "decoder.layers.0.self_attention.q_layernorm.weight": (24,),
+        "decoder.layers.0.self_attention.k_layernorm.weight": (24,),
+        "decoder.layers.0.mlp.linear_fc1.weight": (160, 64),
+        "decoder.layers.0.mlp.linear_fc2.weight": (64, 80),
+        "decoder.layers.0.input_layernorm.weight": (64,),
+        "decoder.layers.0.pre_mlp_layernorm.weight": (64,),
+    },
+}
+TOP = {
+    "llama": ("model.tok_embeddings.embedding_weight", "model.norm_out.weight", "lm_head.weight"),
+    "qwen": ("embedding.word_embeddings.weight", "decoder.final_layernorm.weight", "output_layer.weight"),
+}
+
+
+@pytest.mark.parametrize("preset", list(FAMILIES))
+def test_hf_to_mindformers_names_and_shapes(tiny, preset):
+    mf = _to_mindformers(preset, tiny[preset])
+    layer0 = {n: tuple(a.shape) for n, a in mf.items() if n.startswith(("model.layers.0.", "decoder.layers.0."))}
+    assert layer0 == EXPECTED_LAYER0[preset]
+    top = TOP["llama" if preset.startswith("llama") else "qwen"]
+    assert set(top) <= set(mf)
+    assert len([n for n in mf if ".layers.1." in n]) == len(layer0)
+
+
+# MindFormers 2.1.0's own conversion functions on the same Hugging Face weights (oracle venv).
+ORACLE_CONVERT = """
+import numpy as np
+from safetensors.numpy import load_file, save_file
+from mindformers.utils.convert_utils import qkv_concat_hf2mg, ffn_concat_hf2mg
+from mindformers.models.llama.convert_weight import name_replace as llama_hf2ms
+from mindformers.models.qwen2.utils import Qwen2PreTrainedModel
+from mindformers.models.qwen3.modeling_qwen3_train import TrainingQwen3ForCausalLM as Qwen3
+preset, hf_path, out_path, cfg = ARGS["preset"], ARGS["hf"], ARGS["out"], ARGS["config"]
+hf = load_file(hf_path)
+heads, kv, hidden = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
+head_dim, ffn = cfg.get("head_dim") or hidden // heads, cfg["intermediate_size"]
+mf = {}
+if preset.startswith("llama"):
+    mf = {llama_hf2ms(n): a for n, a in hf.items()}
+    if preset == "llama-qkv-concat":
+        for i in range(cfg["num_hidden_layers"]):
+            p = f"model.layers.{i}."
+            qkv = np.concatenate([mf.pop(p + f"attention.w{x}.weight") for x in "qkv"], 0)
+            mf[p + "attention.w_qkv.weight"] = qkv_concat_hf2mg(qkv, heads, kv, hidden)
+            gh = np.concatenate([mf.pop(p + "feed_forward.w1.weight"), mf.pop(p + "feed_forward.w3.weight")], 0)
+            mf[p + "feed_forward.w_gate_hidden.weight"] = ffn_concat_hf2mg(gh, ffn)
+elif preset == "qwen2.5":
+    mapping = Qwen2PreTrainedModel.weight_mapping
+    for n, a in hf.items():
+        for old, new in mapping:
+            n = n.replace(old, new)
+        mf[n] = a
+else:  # qwen3: the training model's mixin concatenations (interleaved QKV per group, interleaved fc1)
+    mapping = Qwen3.weight_mapping
+    named = {}
+    for n, a in hf.items():
+        for old, new in mapping:
+            n = n.replace(old, new)
+        named[n] = a
+    for n, a in named.items():
+        if ".linear_q." in n:
+            k, v = named[n.replace("linear_q", "linear_k")], named[n.replace("linear_q", "linear_v")]
+            mf.update(Qwen3.concat_qkv_interleaved(None, a, k, v, n, head_dim, kv, heads))
+        elif ".gating." in n:
+            mf.update(Qwen3.concat_linear_fc1_interleaved(None, a, named[n.replace("gating", "hidden")], n, ffn))
+        elif not any(f".{x}." in n for x in ("linear_k", "linear_v", "hidden")):
+            mf[n] = a
+save_file({n: np.ascontiguousarray(a) for n, a in mf.items()}, out_path)
+out(sorted(mf))
+"""
+
+
+def test_mindformers_own_conversion_agrees(tiny, oracle, tmp_path):
+    for preset in FAMILIES:
+        folder = tiny[preset]
+        out = tmp_path / f"{preset}.safetensors"
+        args = {"preset": preset, "hf": str(folder / "model.safetensors"), "out": str(out), "config": _config(folder)}
+        oracle(ORACLE_CONVERT, args)
+        theirs = load_file(str(out))
+        ours = _to_mindformers(preset, folder)
+        assert sorted(ours) == sorted(theirs), preset
+        for name, array in theirs.items():
+            assert ours[name].dtype == array.dtype and ours[name].shape == array.shape, (preset, name)
+            assert ours[name].tobytes() == array.tobytes(), (preset, name)
+
+
+def _write_hf(folder: Path, weights: dict[str, np.ndarray], config_from: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({n: np.ascontiguousarray(a) for n, a in weights.items()}, str(folder / "model.safetensors"))
+    shutil.copy(config_from / "config.json", folder / "config.json")
+
+
+@pytest.mark.parametrize("preset", list(FAMILIES))
+def test_mindformers_to_hf_loads_with_the_original_logits(tiny, hf, tmp_path, preset):
+    folder = tiny[preset]
+    mf = _to_mindformers(preset, folder)
+    model_map = preset_map(preset, mf, _config(folder))
+    assert direction_for(PRESETS[preset], mf) == TO_HF
+    back, report = materialize(model_map, mf)
+    assert report.unmatched == ()
+    _write_hf(tmp_path / "out", back, folder)
+    got = hf(LOAD_MODEL, {"folder": str(tmp_path / "out"), "logits": str(folder / "logits.npy")})
+    assert got["missing"] == [] and got["unexpected"] == [] and got["mismatched"] == []
+    assert got["equal"], got["max_diff"]
+
+
+@pytest.mark.parametrize("preset", list(FAMILIES))
+def test_mindformers_names_round_trip_byte_identical(tiny, preset):
+    folder = tiny[preset]
+    mf = _to_mindformers(preset, folder)
+    # optimizer states follow their weights both ways
+    mf.update({"adam_m." + n: a * 2 for n, a in mf.items()})
+    mf["global_step"] = np.array([7], dtype=np.int32)
+    config = _config(folder)
+    hf_side, report = materialize(preset_map(preset, mf, config), mf)
+    assert report.unmatched == ("global_step",)
+    assert any(n.startswith("adam_m.model.layers.0.self_attn.") for n in hf_side)
+    again, _ = materialize(preset_map(preset, hf_side, config, FROM_HF), hf_side)
+    assert list(again) == list(mf)
+    for name, array in mf.items():
+        assert again[name].dtype == array.dtype and again[name].tobytes() == array.tobytes(), name
+
+
+def test_llama_needs_no_config_for_renames():
+    model_map = preset_map("llama", ["model.layers.3.attention.wq.weight"])
+    assert model_map.name == "preset llama"
+
+
+@pytest.mark.parametrize("preset", ["llama-qkv-concat", "qwen3"])
+def test_surgery_without_config_names_the_missing_key(tiny, preset):
+    names = list(_to_mindformers(preset, tiny[preset]))
+    with pytest.raises(UsageError, match=r"needs 'num_key_value_heads'.*--hf-config"):
+        preset_map(preset, names)
+    with pytest.raises(UsageError, match=r"needs 'intermediate_size'.*lacks it"):
+        preset_map(preset, names, {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16})
+
+
+def test_preset_of_another_family_is_refused(tiny):
+    qwen_names = _to_mindformers("qwen3", tiny["qwen3"])
+    catalogue = {n: TensorInfo(tuple(a.shape), str(a.dtype)) for n, a in qwen_names.items()}
+    applied = apply(preset_map("llama", catalogue), catalogue)
+    with pytest.raises(UsageError, match="is it for another model family"):
+        check_family(applied.report, len(catalogue), "preset llama")
+
+
+def test_unknown_preset_lists_the_presets():
+    with pytest.raises(UsageError, match="unknown preset 'mistral'; the presets are: llama, llama-qkv-concat"):
+        preset_map("mistral", [])
