@@ -27,12 +27,13 @@ from dataclasses import dataclass, field, replace
 from reshard import lock as _lock
 from reshard import manifest as _manifest
 from reshard import statenames
-from reshard.errors import LayoutError, ReshardError, UsageError
+from reshard.errors import LayoutError, ReshardError, UnsupportedError, UsageError
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats import checkpoint2, hf_index, layout_dir
 from reshard.formats.strategy import StrategyFile
 from reshard.layout import LayoutTable, split_stage_name
 from reshard.layout.slices import CompletedTable, ModelParallelTable, has_optimizer_shard
+from reshard.naming import NameOptions, NameReport
 from reshard.plan import (
     ChoiceFunc,
     Plan,
@@ -47,6 +48,7 @@ from reshard.plan import (
     plan_unify_hf,
 )
 from reshard.plan.checkpoint2 import plan_checkpoint2
+from reshard.plan.surgery import MAPPED_SOURCE, NameRun
 from reshard.sources import (
     CHECKPOINT2,
     CHECKPOINTS,
@@ -86,6 +88,7 @@ class Report:
     plan: Plan
     notes: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # outputs of an interrupted run that resume kept
+    names: NameReport | None = None  # what filters and maps did to names (None: no filter, no map)
 
 
 def check_destination(dst: str, sources: Sequence[str], overwrite: bool, resume: bool = False) -> None:
@@ -280,6 +283,7 @@ def transform(
     iteration: int | None = None,
     common: Mapping[str, object] | None = None,
     optimizer_prefixes: Sequence[str] = (),
+    names: NameOptions | None = None,
 ) -> Report:
     """Move a distributed (or full) checkpoint to another layout: full->N, N->M, N->full.
 
@@ -330,10 +334,14 @@ def transform(
             given; otherwise None or a missing key: null).
         optimizer_prefixes: Checkpoint 2.0 only: name prefixes that go to the ``opt-`` files besides
             ``reshard.statenames``' defaults.
+        names: Which tensors to keep and what to call them (``NameOptions``: include/exclude globs on
+            the source's own names, weights only, a ``ModelMap`` of renames and tensor surgery,
+            strict). None: every tensor, names kept. Surgery (split, join, stack) needs full tensors
+            on one side: a full source, or no destination strategy.
 
     Returns:
-        A ``Report``: the plan, notes for the user (files passed over, merged strategy files ignored)
-        and the files a resumed run kept.
+        A ``Report``: the plan, notes for the user (files passed over, merged strategy files ignored),
+        the files a resumed run kept, and the name report (``names``).
 
     Raises:
         UsageError: A missing or unrecognised source, several rank folders without ``src_strategy``,
@@ -357,6 +365,8 @@ def transform(
     """
     cp2_out = output_format == checkpoint2.CHECKPOINT2
     _check_checkpoint2_options(cp2_out, hf, max_shard_size, iteration, common, optimizer_prefixes)
+    naming = NameRun(names)
+    _refuse_checkpoint2_map(cp2_out, naming)
     prefix = prefix if prefix is not None else ("" if cp2_out else "checkpoint_")
     layout_dir.check_prefix(prefix)  # before anything is read: output names never leave the destination
     notes: list[str] = []
@@ -384,16 +394,21 @@ def transform(
         if hyper is not None:  # unify --hf keeps them beside the shards; a full model holds them
             files[HYPER_NAME] = hyper
             mapping = {**mapping, **{n: HYPER_NAME for n in hyper.tensors if n not in mapping}}
+        files, mapping, _ = naming.narrow_full(files, mapping)
+        model = naming.mapped_model(files, mapping)
+        if model is not None:
+            files, mapping = {MAPPED_SOURCE: model.source}, model.name_to_file
         if cp2_out:
             plan_dst = _checkpoint2_destination(dst_sf, list(mapping), rule, notes)
         plan = plan_transform_full(files, mapping, plan_dst, dst_dir, prefix, output_format or "safetensors", ranks)
+        plan = model.resolve(plan) if model is not None else plan
         if cp2_out:
             everyone = _everyone(
                 ranks, lambda: plan_transform_full(files, mapping, plan_dst, dst_dir, "", "safetensors")
             )
     else:
         opened = kind.open(src, read, notes)
-        fmt, sources = opened.fmt or "ckpt", opened.ranks
+        fmt, sources = opened.fmt or "ckpt", naming.narrow(opened.ranks)
         src_sf = (
             _checkpoint2_strategy(src, src_strategy, opened) if kind is CHECKPOINT2 else _strategy(src_strategy, notes)
         )
@@ -402,9 +417,10 @@ def transform(
                 "several rank folders but no source strategy (--src-strategy, src_strategy in Python)", src
             )
         if cp2_out:
-            names = list(dict.fromkeys(n for f in sources.values() for n in f.tensors))
-            plan_dst = _checkpoint2_destination(dst_sf, names, rule, notes)
+            held = list(dict.fromkeys(n for f in sources.values() for n in f.tensors))
+            plan_dst = _checkpoint2_destination(dst_sf, held, rule, notes)
         plan = plan_transform(sources, src_sf, plan_dst, dst_dir, prefix, output_format or fmt, ranks)
+        plan = naming.after(plan, list(sources.values()), full=plan_dst is None)
         if cp2_out:
             everyone = _everyone(ranks, lambda: plan_transform(sources, src_sf, plan_dst, dst_dir, "", "safetensors"))
     if cp2_out:
@@ -426,7 +442,15 @@ def transform(
             ),
             notes,
         )
-    return Report(plan, notes, kept)
+    return Report(plan, notes, kept, naming.report if naming.active else None)
+
+
+def _refuse_checkpoint2_map(cp2_out: bool, naming: NameRun) -> None:
+    """Checkpoint 2.0 output places tensors by the strategy's names: filters fit, maps do not (yet)."""
+    if cp2_out and naming.model_map is not None:
+        raise UnsupportedError(
+            "renames and tensor surgery are not supported with Checkpoint 2.0 output; write safetensors or ckpt"
+        )
 
 
 def _check_checkpoint2_options(
@@ -727,6 +751,7 @@ def unify(
     manifest: bool = True,
     hf: bool = False,
     max_shard_size: int | str | None = None,
+    names: NameOptions | None = None,
 ) -> Report:
     """Merge N rank shards into full tensors: ``part<j>.safetensors`` + ``param_name_map.json``.
 
@@ -764,9 +789,12 @@ def unify(
         hf: Write Hugging Face shards plus ``model.safetensors.index.json`` (False: not).
         max_shard_size: Largest Hugging Face shard, bytes or a size such as ``"2GB"``; only with
             ``hf`` (None: ``5GB``).
+        names: Which tensors to keep and what to call them (``NameOptions``; None: all, names
+            kept). A map is applied to the full tensors; with ``hf`` the index names the outputs.
 
     Returns:
-        A ``Report``: the plan, notes (files passed over) and the files a resumed run kept.
+        A ``Report``: the plan, notes (files passed over), the files a resumed run kept and the
+        name report.
 
     Raises:
         UsageError: ``src_dir`` is not rank folders of ``.safetensors`` files, ``split_dst_file``
@@ -799,17 +827,20 @@ def unify(
     if sf is None:
         raise UsageError("unify needs the source strategy")
     _check_unify_ranks(src_dir, sources, sf)
+    naming = NameRun(names)
+    sources = naming.narrow(sources)
     if shard_size is not None:
         plan = plan_unify_hf(sources, sf, dst_dir, choice_func, shard_size)
     else:
         plan = plan_unify(sources, sf, dst_dir, choice_func, split_dst_file)
+    plan = naming.after(plan, list(sources.values()), full=True)
     kept: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [src_dir], overwrite, resume)
         kept = _kept_note(
             execute(plan, read=read, write=write, run=run, root=dst_dir, resume=resume, manifest=manifest), notes
         )
-    return Report(plan, notes, kept)
+    return Report(plan, notes, kept, naming.report if naming.active else None)
 
 
 def _checkpoint2_ranks(
@@ -872,6 +903,7 @@ def split(
     dry_run: bool = False,
     resume: bool = False,
     manifest: bool = True,
+    names: NameOptions | None = None,
 ) -> Report:
     """Slice a unified (full) model into ``dst_dir/rank_<r>/net.<fmt>`` for a target strategy.
 
@@ -897,9 +929,11 @@ def split(
         resume: Continue an interrupted run into the same destination, keeping its finished files.
         manifest: Journal the outputs and write ``reshard-manifest.json`` last (False: neither, as
             the MindSpore drop-in does).
+        names: Which tensors to keep and what to call them (``NameOptions``; None: all, names
+            kept). A map is applied to the full model first, so the strategy names its outputs.
 
     Returns:
-        A ``Report``: the plan, notes and the files a resumed run kept.
+        A ``Report``: the plan, notes, the files a resumed run kept and the name report.
 
     Raises:
         UsageError: ``unified_dir`` is not a full model, write options that do not fit the outputs
@@ -920,7 +954,13 @@ def split(
     sf = _strategy(dst_strategy, notes)
     if sf is None:
         raise UsageError("split needs the destination strategy")
+    naming = NameRun(names)
+    files, mapping, hyper = naming.narrow_full(files, mapping, hyper)
+    model = naming.mapped_model(files, mapping)
+    if model is not None:
+        files, mapping = {MAPPED_SOURCE: model.source}, model.name_to_file
     plan = plan_split(files, mapping, hyper, sf, dst_dir, output_format, ranks, name_map)
+    plan = model.resolve(plan) if model is not None else plan
     kept: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [model_folder(unified_dir)], overwrite, resume)
@@ -928,7 +968,7 @@ def split(
         kept = _kept_note(
             execute(plan, write=write, run=run, root=dst_dir, resume=resume, manifest=manifest, remove=remove), notes
         )
-    return Report(plan, notes, kept)
+    return Report(plan, notes, kept, naming.report if naming.active else None)
 
 
 def convert_targets(
@@ -1001,6 +1041,7 @@ def convert(
     manifest: bool = True,
     hf: bool = False,
     max_shard_size: int | str | None = None,
+    names: NameOptions | None = None,
 ) -> Report:
     """Convert ``.ckpt`` <-> ``.safetensors`` for one file or a folder of ``rank*`` folders.
 
@@ -1034,9 +1075,12 @@ def convert(
         hf: Write Hugging Face shards plus ``model.safetensors.index.json`` (False: not).
         max_shard_size: Largest Hugging Face shard, bytes or a size such as ``"2GB"``; only with
             ``hf`` (None: ``5GB``).
+        names: Which tensors to keep and what to call them (``NameOptions``; None: all, names
+            kept); tensor surgery only for one full file.
 
     Returns:
-        A ``Report``: the plan, notes (files passed over) and the files a resumed run kept.
+        A ``Report``: the plan, notes (files passed over), the files a resumed run kept and the
+        name report.
 
     Raises:
         UsageError: A bad ``to``, a missing source, an existing output or refused destination, a
@@ -1058,7 +1102,10 @@ def convert(
         raise UsageError(f"--to must be ckpt or safetensors, not {to!r}")
     shard_size = _shard_size(hf, max_shard_size)
     src = _convert_source(src)
+    naming = NameRun(names)
     if to == "ckpt" and shard_size is None and holds_only_ckpt(src):
+        if naming.active:
+            raise UsageError("filters and renames apply when converting between ckpt and safetensors, not to recrypt")
         return recrypt(
             src,
             dst,
@@ -1075,7 +1122,9 @@ def convert(
         raise UsageError("Hugging Face output converts one full .ckpt file to safetensors", src)
     notes: list[str] = []
     pairs = convert_targets(src, dst, to, file_regex, read, notes)
-    plan = plan_convert([(source_file(i, 0, read), o, to) for i, o in pairs], name_map)
+    inputs = naming.narrow({k: source_file(i, 0, read) for k, (i, _) in enumerate(pairs)})
+    plan = plan_convert([(inputs[k], o, to) for k, (_, o) in enumerate(pairs)], name_map)
+    plan = naming.after(plan, list(inputs.values()), full=len(pairs) == 1)
     if shard_size is not None:
         out_dir = os.path.dirname(pairs[0][1]) if pairs else (dst or os.path.dirname(os.path.abspath(src)))
         plan = hf_sharded(plan, out_dir, shard_size)
@@ -1091,7 +1140,7 @@ def convert(
         kept = _kept_note(
             execute(plan, read=read, write=write, run=run, root=root, resume=resume, manifest=manifest), notes
         )
-    return Report(plan, notes, kept)
+    return Report(plan, notes, kept, naming.report if naming.active else None)
 
 
 def _convert_source(src: str) -> str:

@@ -143,7 +143,11 @@ def file_fingerprint(file: FilePlan, plan: Plan, facts: dict[str, Any], stats: d
     tensors = []
     used: set[str] = set()
     for t in file.tensors:
-        copies = [[plan.sources[c.source], c.tensor, c.src_start, c.dst_start, c.lengths] for c in t.copies]
+        copies = [
+            [plan.sources[c.source], c.tensor, c.src_start, c.dst_start, c.lengths]
+            + ([c.src_view] if c.src_view is not None else [])
+            for c in t.copies
+        ]
         used.update(plan.sources[c.source] for c in t.copies)
         literal = hashlib.sha256(t.literal).hexdigest() if t.literal is not None else None
         tensors.append([t.name, t.dtype.ms_name, t.shape, t.nbytes, literal, copies])

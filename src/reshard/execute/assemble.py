@@ -43,6 +43,8 @@ def copy_boxes(dst: np.ndarray, t: TensorPlan, first_row: int, source_array: Sou
         if lo >= hi:
             continue
         src = source_array(c.source, c.tensor)
+        if c.src_view is not None:
+            src = src.reshape(c.src_view)  # a view of a C-order map: no copy
         src_box = _box(c.src_start[0] + lo - c.dst_start[0], hi - lo, c.src_start[1:], c.lengths[1:])
         np.copyto(dst[_box(lo - r0, hi - lo, c.dst_start[1:], c.lengths[1:])], src[src_box])
 

@@ -223,7 +223,7 @@ def _byte_runs(
     """
     runs = []
     for c in t.copies:
-        src_shape = sources.get(plan.sources[c.source]).entries[c.tensor].shape
+        src_shape = c.src_view or sources.get(plan.sources[c.source]).entries[c.tensor].shape
         if not (_contiguous(c.src_start, c.lengths, src_shape) and _contiguous(c.dst_start, c.lengths, t.shape)):
             return False
         runs.append((c, src_shape))

@@ -158,7 +158,7 @@ def file_runs(tensor: TensorFacts, copy: Copy) -> list[Run]:
     if copy.whole_source or not tensor.shape:
         return [r for r in tensor.segments if r[1]]
     runs: list[Run] = []
-    for offset, length in box_runs(tensor.shape, tensor.itemsize, copy.src_start, copy.lengths):
+    for offset, length in box_runs(copy.src_view or tensor.shape, tensor.itemsize, copy.src_start, copy.lengths):
         runs.extend(segment_pieces(tensor.segments, offset, length))
     return runs
 

@@ -9,6 +9,7 @@ planners compose them onto box copies and the executors stream them like any oth
   pieces of input tensors);
 * ``expr`` — sizes as arithmetic over the model config;
 * ``rules`` — ``--rename`` rules files (JSON or YAML);
+* ``options`` — ``NameOptions``, what an operation's ``names=`` takes;
 * ``report`` — the name report, ``--strict`` and the "map for another model family" guard.
 """
 
@@ -28,6 +29,7 @@ from reshard.naming.ops import (
     Unstack,
     apply,
 )
+from reshard.naming.options import NameOptions
 from reshard.naming.report import FOREIGN_FAMILY_THRESHOLD, NameReport, check_family, check_strict
 from reshard.naming.rules import load_rules, parse_rules
 
@@ -40,6 +42,7 @@ __all__ = [
     "Join",
     "ModelMap",
     "NameFilter",
+    "NameOptions",
     "NameReport",
     "Op",
     "Piece",

@@ -37,6 +37,9 @@ class Copy:
     dst_start: tuple[int, ...]
     lengths: tuple[int, ...]
     whole_source: bool = False  # the box is the entire source tensor
+    # The C-order shape the source tensor is viewed as before the box is taken (None: its own
+    # shape). Free on a memory map; model maps use it where stacking changes the number of dims.
+    src_view: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,10 @@ class TensorPlan:
     @property
     def whole_copy(self) -> bool:
         """True when the tensor is one source tensor copied unchanged (also strings, scalars)."""
-        return len(self.copies) == 1 and self.copies[0].whole_source and self.copies[0].lengths == self.shape
+        if len(self.copies) != 1:
+            return False
+        c = self.copies[0]
+        return c.whole_source and c.src_view is None and c.lengths == self.shape
 
     @property
     def bytes_read(self) -> int:
@@ -218,6 +224,7 @@ class Plan:
                                     list(c.src_start),
                                     list(c.dst_start),
                                     list(c.lengths),
+                                    *([list(c.src_view)] if c.src_view is not None else []),
                                 ]
                                 for c in t.copies
                             ],

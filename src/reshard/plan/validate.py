@@ -82,6 +82,10 @@ def _check_tensor(path: str, t: TensorPlan, n_sources: int, source_shape: Source
         src = source_shape(c.source, c.tensor) if source_shape is not None else None
         if source_shape is not None and src is None:
             raise PlanError(f"{where}: copy {k} reads {c.tensor!r}, which its source file does not hold")
+        if c.src_view is not None:
+            if src is not None and math.prod(c.src_view) != math.prod(src):
+                raise PlanError(f"{where}: copy {k} views its source {list(src)} as {list(c.src_view)}")
+            src = c.src_view
         _check_bounds(where, k, c.src_start, c.dst_start, c.lengths, t.shape, src)
         boxes.append((c.dst_start, c.lengths))
     _check_cover(where, t.shape, boxes)
