@@ -64,25 +64,35 @@ def run_hf(code: str, args: Any = None, timeout: float = 600) -> Any:
     return json.loads(proc.stdout[marker + len("@@HF@@") :].strip())
 
 
-# A tiny random model of each preset family, saved with save_pretrained (safetensors), and its logits.
+# Tiny random models of the preset families, saved with save_pretrained (safetensors), and their logits.
 MAKE_MODEL = """
-kind, folder = ARGS["kind"], ARGS["folder"]
-common = dict(vocab_size=96, hidden_size=64, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
-common.update(ARGS.get("config", {}))
-cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[kind]
-config = cls(**common)
-model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32).eval()
-with torch.no_grad():
-    for p in model.parameters():  # every tensor distinct, norms too, so a mix-up changes the logits
-        p.add_(torch.randn_like(p) * 0.05)
-model.save_pretrained(folder, safe_serialization=True)
-ids = torch.arange(24).reshape(2, 12) % config.vocab_size
-with torch.no_grad():
-    logits = model(ids).logits
-np.save(os.path.join(folder, "logits.npy"), logits.numpy())
-out({"files": sorted(os.listdir(folder))})
+classes = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}
+for spec in ARGS["models"]:
+    torch.manual_seed(0)
+    common = dict(vocab_size=96, hidden_size=64, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+    common.update(spec.get("config", {}))
+    config = classes[spec["kind"]](**common)
+    model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # every tensor distinct, norms too, so a mix-up changes the logits
+            p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(spec["folder"], safe_serialization=True)
+    ids = torch.arange(24).reshape(2, 12) % config.vocab_size
+    with torch.no_grad():
+        logits = model(ids).logits
+    np.save(os.path.join(spec["folder"], "logits.npy"), logits.numpy())
+out({"made": len(ARGS["models"])})
 """
+
+
+def make_models(run, specs: dict[str, tuple[str, dict[str, Any]]], root: Path) -> dict[str, Path]:
+    """Tiny random models (name -> (transformers family, config overrides)) saved under ``root``, in one process."""
+    folders = {name: root / name.replace(".", "_") for name in specs}
+    models = [{"kind": kind, "folder": str(folders[name]), "config": cfg} for name, (kind, cfg) in specs.items()]
+    run(MAKE_MODEL, {"models": models})
+    return folders
+
 
 # from_pretrained on a folder; its logits compared with a saved array (exactly).
 LOAD_MODEL = """

@@ -21,7 +21,7 @@ from safetensors.numpy import load_file, save_file
 from reshard.errors import UsageError
 from reshard.naming import TensorInfo, apply, check_family
 from reshard.naming.presets import FROM_HF, PRESETS, TO_HF, direction_for, preset_map
-from tests.hf import LOAD_MODEL, MAKE_MODEL
+from tests.hf import LOAD_MODEL, make_models
 
 # preset -> (transformers family, config overrides)
 FAMILIES = {
@@ -56,12 +56,7 @@ def materialize(model_map, tensors: dict[str, np.ndarray]) -> tuple[dict[str, np
 @pytest.fixture(scope="module")
 def tiny(hf, tmp_path_factory):
     """preset -> folder of a saved tiny random model (config.json, model.safetensors, logits.npy)."""
-    made = {}
-    for preset, (kind, overrides) in FAMILIES.items():
-        folder = tmp_path_factory.mktemp(preset.replace(".", "_"))
-        hf(MAKE_MODEL, {"kind": kind, "folder": str(folder), "config": overrides})
-        made[preset] = folder
-    return made
+    return make_models(hf, FAMILIES, tmp_path_factory.mktemp("models"))
 
 
 def _hf_weights(folder: Path) -> dict[str, np.ndarray]:
