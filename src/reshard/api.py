@@ -419,8 +419,13 @@ def transform(
         if cp2_out:
             held = list(dict.fromkeys(n for f in sources.values() for n in f.tensors))
             plan_dst = _checkpoint2_destination(dst_sf, held, rule, notes)
+        read_sources, model = sources, naming.mapped_file(sources) if src_sf is None else None
+        if model is not None:  # one full file: the map first, so a destination strategy slices its outputs
+            sources = {r: replace(model.source, rank=r) for r in sources}
         plan = plan_transform(sources, src_sf, plan_dst, dst_dir, prefix, output_format or fmt, ranks)
-        plan = naming.after(plan, list(sources.values()), full=plan_dst is None)
+        if model is not None:
+            plan = model.resolve(plan)
+        plan = naming.after(plan, list(read_sources.values()), full=plan_dst is None)
         if cp2_out:
             everyone = _everyone(ranks, lambda: plan_transform(sources, src_sf, plan_dst, dst_dir, "", "safetensors"))
     if cp2_out:

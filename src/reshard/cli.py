@@ -36,6 +36,7 @@ from reshard.errors import ReshardError, UsageError
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM
 from reshard.execute.options import DEFAULT_MAX_MEMORY, RunOptions, WriteOptions, default_workers
 from reshard.formats.layout_dir import PICKS
+from reshard.naming import EXCLUDE, INCLUDE, ModelMap, NameOptions, NameReport, load_rules, name_filter
 from reshard.plan import Plan
 from reshard.text import format_size, one_line, parse_size
 
@@ -119,9 +120,12 @@ def _console():  # imported lazily: rich is only needed for human output
     return Console(stderr=False, highlight=False)
 
 
-def print_plan(plan: Plan, as_json: bool) -> None:
+def print_plan(plan: Plan, as_json: bool, names: NameReport | None = None) -> None:
     if as_json:
-        print(json.dumps(plan.to_json(), indent=1))
+        doc = plan.to_json()
+        if names is not None:
+            doc["names"] = names.to_json()
+        print(json.dumps(doc, indent=1))
         return
     from rich.table import Table
 
@@ -381,10 +385,75 @@ def _finish(report: api.Report, args: argparse.Namespace, dst: str | None = None
     for bar in _BARS:  # the bar goes (or the last line prints) before the summary
         bar.finish() if isinstance(bar, _ProgressLines) else bar.stop()
     _notes(report.notes, args)
+    _print_names(report.names, args)
     if getattr(args, "dry_run", False) or getattr(args, "json", False):
-        print_plan(report.plan, getattr(args, "json", False))
+        print_plan(report.plan, getattr(args, "json", False), report.names)
     else:
         print(summary(report, dst, time.monotonic() - getattr(args, "started", time.monotonic())))
+
+
+# ------------------------------------------------------------------------------------ names
+
+
+class _NameRule(argparse.Action):
+    """``--include``/``--exclude``: each appends ``(kind, glob)`` to ``name_rules``, keeping the user's order."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option: str | None = None) -> None:
+        kind = INCLUDE if self.dest == "include" else EXCLUDE
+        rules = [*(getattr(namespace, "name_rules", None) or []), (kind, values)]
+        namespace.name_rules = rules
+
+
+def _add_name_flags(p: argparse.ArgumentParser) -> None:
+    """Filters and renames (docs/formats.md §15): every writing command takes them."""
+    p.add_argument(
+        "--include",
+        action=_NameRule,
+        metavar="GLOB",
+        help="keep only tensors whose source name matches (repeatable; with --exclude the last matching rule wins)",
+    )
+    p.add_argument(
+        "--exclude", action=_NameRule, metavar="GLOB", help="drop tensors whose source name matches (repeatable)"
+    )
+    p.add_argument(
+        "--weights-only",
+        action="store_true",
+        help="drop training state: optimizer moments (adam_m., adam_v., accu_grads., ...), global_step, "
+        "learning_rate, ...",
+    )
+    p.add_argument(
+        "--rename", metavar="RULES", help="JSON or YAML file of ordered {match, replace} regex rules (first match wins)"
+    )
+    p.add_argument("--strict", action="store_true", help="with --rename: fail if a name matches no rule")
+    p.set_defaults(name_rules=None)
+
+
+def _names(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``names=`` argument of an operation (rules files are read here, before any checkpoint)."""
+    rules = getattr(args, "name_rules", None) or []
+    weights_only = getattr(args, "weights_only", False)
+    strict = getattr(args, "strict", False)
+    model_map = _model_map(args)
+    if strict and model_map is None:
+        raise UsageError("--strict needs --rename (it refuses names no rule matches)")
+    if not (rules or weights_only or model_map):
+        return {}
+    return {"names": NameOptions(name_filter(order=rules, weights_only=weights_only), model_map, strict)}
+
+
+def _model_map(args: argparse.Namespace) -> ModelMap | None:
+    """The model map the flags give: ``--rename RULES`` (None: names kept)."""
+    rename = getattr(args, "rename", None)
+    return load_rules(rename) if rename else None
+
+
+def _print_names(names: NameReport | None, args: argparse.Namespace) -> None:
+    """The name report on stderr (its counts line only with --quiet; in the JSON with --json)."""
+    if names is None or getattr(args, "json", False):
+        return
+    lines = names.lines()
+    for line in lines[:1] if getattr(args, "quiet", False) else lines:
+        print(f"reshard: {line}", file=sys.stderr)
 
 
 def _count(n: int, word: str) -> str:
@@ -431,6 +500,7 @@ def cmd_transform(args: argparse.Namespace) -> None:
         **_kwargs(args),
         **_hf(args),
         **_checkpoint2(args),
+        **_names(args),
     )
     _finish(report, args, args.dst)
     if args.command == "plan" and getattr(args, "placement", None):
@@ -454,6 +524,10 @@ _NOT_WITH_TOOL = {
     "enc_key_file": "--enc-key-file",
     "enc_key_env": "--enc-key-env",
     "json": "--json",
+    "name_rules": "--include/--exclude",
+    "weights_only": "--weights-only",
+    "rename": "--rename",
+    "strict": "--strict",
 }
 _TOOL_FLAGS = ("tool_src", "tool_dst", "rank_id", "world_size", "transform_process_num", "transform_by_rank")
 
@@ -611,6 +685,7 @@ def cmd_unify(args: argparse.Namespace) -> None:
         dry_run=args.dry_run,
         **_kwargs(args),
         **_hf(args),
+        **_names(args),
     )
     _finish(report, args, args.dst)
 
@@ -628,6 +703,7 @@ def cmd_split(args: argparse.Namespace) -> None:
         run=_run_options(args),
         dry_run=args.dry_run,
         **_kwargs(args),
+        **_names(args),
     )
     _finish(report, args, args.dst)
 
@@ -719,6 +795,7 @@ def cmd_convert(args: argparse.Namespace) -> None:
         dry_run=args.dry_run,
         **_kwargs(args),
         **_hf(args),
+        **_names(args),
     )
     _finish(report, args, args.dst)
 
@@ -1035,6 +1112,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     _add_source_flags(p, src_format=False)
     _add_write_flags(p)
+    _add_name_flags(p)
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("merge-strategies", help="merge per-stage strategy files into one")
@@ -1047,6 +1125,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_transform_ckpt_flags(p)
     p.add_argument("--overwrite", action="store_true", help="replace files in a non-empty destination")
     _add_write_flags(p)
+    _add_name_flags(p)
     p.set_defaults(func=cmd_transform)
 
     p = sub.add_parser("plan", help="print the transform plan without writing anything", epilog=EXIT_CODES)
@@ -1055,6 +1134,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_check_crc_flag(p)
     _add_hf_flags(p)
     _add_placement_flag(p, "print the bytes that would cross nodes: ")
+    _add_name_flags(p)
     p.set_defaults(func=cmd_transform, overwrite=False, resume=False, no_manifest=False, dry_run=True)
 
     p = sub.add_parser("unify", help="merge rank shards into full safetensors parts + param_name_map.json")
@@ -1073,6 +1153,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_flags(p)
     _add_hf_flags(p)
     _add_check_crc_flag(p)
+    _add_name_flags(p)
     p.set_defaults(func=cmd_unify)
 
     p = sub.add_parser("split", help="slice a unified model into per-rank files for a strategy")
@@ -1092,6 +1173,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     _add_run_flags(p)
     _add_crypto_flags(p, read=False)
+    _add_name_flags(p)
     p.set_defaults(func=cmd_split)
 
     p = sub.add_parser("verify", help="compare the full tensors of two checkpoints (exit 0 same, 1 differ)")

@@ -388,6 +388,13 @@ class NameRun:
         self._checked(model.report)
         return model
 
+    def mapped_file(self, sources: Mapping[int, SourceFile]) -> MappedModel | None:
+        """The map applied before planning to a source of one full file (None: no map, or not one file)."""
+        if self.model_map is None or len(sources) != 1:
+            return None
+        (only,) = sources.values()
+        return self.mapped_model({only.path: only}, {n: only.path for n in only.tensors})
+
     def after(self, plan: Plan, sources: Sequence[SourceFile], full: bool) -> Plan:
         """``plan`` with the map applied (unchanged without one).
 
@@ -396,8 +403,8 @@ class NameRun:
         Raises:
             UnsupportedError: Surgery on a plan of sharded tensors.
         """
-        if self.model_map is None:
-            return plan
+        if self.model_map is None or self.mapped is not None:
+            return plan  # no map, or applied before planning
         if not full and not only_renames(self.model_map):
             raise UnsupportedError(
                 f"{self.model_map.name} splits, joins or stacks tensors, which needs full tensors: write a full "
