@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -36,7 +37,8 @@ from reshard.errors import ReshardError, UsageError
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM
 from reshard.execute.options import DEFAULT_MAX_MEMORY, RunOptions, WriteOptions, default_workers
 from reshard.formats.layout_dir import PICKS
-from reshard.naming import EXCLUDE, INCLUDE, ModelMap, NameOptions, NameReport, load_rules, name_filter
+from reshard.naming import EXCLUDE, INCLUDE, ModelMap, NameOptions, NameReport, load_rules, name_filter, presets
+from reshard.naming.presets import PRESETS
 from reshard.plan import Plan
 from reshard.text import format_size, one_line, parse_size
 
@@ -386,6 +388,7 @@ def _finish(report: api.Report, args: argparse.Namespace, dst: str | None = None
         bar.finish() if isinstance(bar, _ProgressLines) else bar.stop()
     _notes(report.notes, args)
     _print_names(report.names, args)
+    _copy_hf_config(report, args)
     if getattr(args, "dry_run", False) or getattr(args, "json", False):
         print_plan(report.plan, getattr(args, "json", False), report.names)
     else:
@@ -426,6 +429,7 @@ def _add_name_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--strict", action="store_true", help="with --rename: fail if a name matches no rule")
     p.set_defaults(name_rules=None)
+    _add_preset_flags(p)
 
 
 def _names(args: argparse.Namespace) -> dict[str, Any]:
@@ -435,16 +439,63 @@ def _names(args: argparse.Namespace) -> dict[str, Any]:
     strict = getattr(args, "strict", False)
     model_map = _model_map(args)
     if strict and model_map is None:
-        raise UsageError("--strict needs --rename (it refuses names no rule matches)")
+        raise UsageError("--strict needs --rename or --preset (it refuses names no rule matches)")
     if not (rules or weights_only or model_map):
         return {}
-    return {"names": NameOptions(name_filter(order=rules, weights_only=weights_only), model_map, strict)}
+    guard = getattr(args, "preset", None) is not None
+    return {"names": NameOptions(name_filter(order=rules, weights_only=weights_only), model_map, strict, guard)}
 
 
 def _model_map(args: argparse.Namespace) -> ModelMap | None:
-    """The model map the flags give: ``--rename RULES`` (None: names kept)."""
+    """The model map the flags give: ``--rename RULES`` or ``--preset NAME`` (None: names kept)."""
     rename = getattr(args, "rename", None)
-    return load_rules(rename) if rename else None
+    if rename and getattr(args, "preset", None):
+        raise UsageError("--rename and --preset are two name maps: give one")
+    preset = _preset_map(args)
+    return load_rules(rename) if rename else preset
+
+
+# ------------------------------------------------------------------------------------ presets
+
+
+def _add_preset_flags(p: argparse.ArgumentParser) -> None:
+    """``--preset NAME`` and ``--hf-config FILE`` (docs/presets.md)."""
+    p.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        help="MindFormers <-> Hugging Face names of a model family, with its tensor surgery (docs/presets.md); "
+        "with --hf: to Hugging Face names",
+    )
+    p.add_argument(
+        "--hf-config",
+        metavar="FILE",
+        help="the model's Hugging Face config.json: gives --preset the sizes its surgery needs; with --hf it is "
+        "copied into the output",
+    )
+
+
+def _preset_map(args: argparse.Namespace) -> ModelMap | None:
+    """The preset's map (read before any checkpoint: a bad config.json fails first, nothing written)."""
+    name, config_path = getattr(args, "preset", None), getattr(args, "hf_config", None)
+    hf = getattr(args, "hf", False)
+    if config_path and not (hf or name):
+        raise UsageError("--hf-config needs --hf (to copy it) or --preset (to take sizes from it)")
+    config = presets.load_hf_config(config_path) if config_path else None
+    if name is None:
+        return None
+    return presets.preset_map(name, None, config, presets.TO_HF if hf else None)
+
+
+def _copy_hf_config(report: api.Report, args: argparse.Namespace) -> None:
+    """With ``--hf --hf-config``: the config.json beside the shards (copied, never invented)."""
+    path = getattr(args, "hf_config", None)
+    if not (path and getattr(args, "hf", False)) or getattr(args, "dry_run", False) or not report.plan.files:
+        return
+    folder = os.path.dirname(report.plan.files[0].path)
+    target = os.path.join(folder, "config.json")
+    temporary = target + ".reshard-tmp"
+    shutil.copyfile(path, temporary)
+    os.replace(temporary, target)
 
 
 def _print_names(names: NameReport | None, args: argparse.Namespace) -> None:
