@@ -20,7 +20,6 @@ import argparse
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -36,6 +35,7 @@ from reshard import __version__, api
 from reshard.errors import ReshardError, UsageError
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM
 from reshard.execute.options import DEFAULT_MAX_MEMORY, RunOptions, WriteOptions, default_workers
+from reshard.formats.base import write_whole
 from reshard.formats.layout_dir import PICKS
 from reshard.naming import EXCLUDE, INCLUDE, ModelMap, NameOptions, NameReport, load_rules, name_filter, presets
 from reshard.naming.presets import PRESETS
@@ -475,12 +475,19 @@ def _add_preset_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _preset_map(args: argparse.Namespace) -> ModelMap | None:
-    """The preset's map (read before any checkpoint: a bad config.json fails first, nothing written)."""
-    name, config_path = getattr(args, "preset", None), getattr(args, "hf_config", None)
+    """The preset's map; ``--hf-config`` is read here, before any checkpoint (bad: nothing written)."""
+    name, path = getattr(args, "preset", None), getattr(args, "hf_config", None)
     hf = getattr(args, "hf", False)
-    if config_path and not (hf or name):
+    if path and not (hf or name):
         raise UsageError("--hf-config needs --hf (to copy it) or --preset (to take sizes from it)")
-    config = presets.load_hf_config(config_path) if config_path else None
+    config = None
+    if path:
+        try:
+            with open(path, "rb") as f:
+                args.hf_config_bytes = f.read()  # the bytes copied beside the shards: the file as read
+        except OSError as e:
+            raise UsageError(f"--hf-config {path}: {e.strerror or e}") from None
+        config = presets.parse_hf_config(args.hf_config_bytes, path)
     if name is None:
         return None
     return presets.preset_map(name, None, config, presets.TO_HF if hf else None)
@@ -488,14 +495,11 @@ def _preset_map(args: argparse.Namespace) -> ModelMap | None:
 
 def _copy_hf_config(report: api.Report, args: argparse.Namespace) -> None:
     """With ``--hf --hf-config``: the config.json beside the shards (copied, never invented)."""
-    path = getattr(args, "hf_config", None)
-    if not (path and getattr(args, "hf", False)) or getattr(args, "dry_run", False) or not report.plan.files:
+    raw = getattr(args, "hf_config_bytes", None)
+    if raw is None or not getattr(args, "hf", False) or getattr(args, "dry_run", False) or not report.plan.files:
         return
     folder = os.path.dirname(report.plan.files[0].path)
-    target = os.path.join(folder, "config.json")
-    temporary = target + ".reshard-tmp"
-    shutil.copyfile(path, temporary)
-    os.replace(temporary, target)
+    write_whole(os.path.join(folder, "config.json"), raw)
 
 
 def _print_names(names: NameReport | None, args: argparse.Namespace) -> None:

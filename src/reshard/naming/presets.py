@@ -24,6 +24,7 @@ that only renames needs no config at all.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -246,23 +247,28 @@ def direction_for(preset: Preset, names: Iterable[str]) -> str:
 
 
 def preset_map(
-    name: str, names: Iterable[str], config: Mapping[str, object] | None = None, direction: str | None = None
+    name: str,
+    names: Iterable[str] | None = None,
+    config: Mapping[str, object] | None = None,
+    direction: str | None = None,
 ) -> ModelMap:
-    """The ``ModelMap`` of preset ``name`` for a checkpoint with tensors ``names``.
+    """The ``ModelMap`` of preset ``name``.
 
     Args:
         name: A preset name (``PRESETS``).
-        names: The input tensor names (they pick the direction when ``direction`` is None, and say
-            which fused tensors are present, hence which config keys are needed).
+        names: The input tensor names, when known: they pick the direction when ``direction`` is
+            None and say which fused tensors are present (so which config keys are needed).
+            None: the map holds both directions (a MindFormers name goes to Hugging Face, a
+            Hugging Face name to MindFormers) and every key its surgery uses must be in ``config``.
         config: The model's Hugging Face ``config.json`` values (``--hf-config``), or None.
-        direction: ``TO_HF`` (MindFormers -> Hugging Face), ``FROM_HF``, or None to choose by the names.
+        direction: ``TO_HF`` (MindFormers -> Hugging Face), ``FROM_HF``, or None (see ``names``).
 
     Returns:
         A ``ModelMap`` named ``"preset NAME"`` with the operations and config values.
 
     Raises:
-        UsageError: An unknown preset, or surgery the names need whose sizes use a key the config
-            does not give (the key and ``--hf-config`` are named).
+        UsageError: An unknown preset, or surgery whose sizes use a key the config does not give
+            (the key and ``--hf-config`` are named).
 
     Example:
         from reshard.naming.presets import TO_HF, preset_map
@@ -270,12 +276,16 @@ def preset_map(
         assert m.name == "preset llama"
     """
     preset = get_preset(name)
-    listed = list(names)
-    chosen = direction or direction_for(preset, listed)
-    ops = preset.ops(chosen)
+    listed = None if names is None else list(names)
+    if direction is not None:
+        ops = preset.ops(direction)
+    elif listed is not None:
+        ops = preset.ops(direction_for(preset, listed))
+    else:
+        ops = preset.ops(TO_HF) + preset.ops(FROM_HF)
     values = model_config(config)
     for op in ops:
-        if isinstance(op, Rename) or not _matched((op,), listed):
+        if isinstance(op, Rename) or (listed is not None and not _matched((op,), listed)):
             continue
         missing = [k for k in _keys(op) if k not in values]
         if missing:
@@ -284,6 +294,32 @@ def preset_map(
                 f"preset {name}: splitting/joining fused tensors needs {missing[0]!r} from the model's config ({given})"
             )
     return ModelMap(ops, values, f"preset {name}")
+
+
+def parse_hf_config(raw: bytes, path: str) -> dict[str, object]:
+    """The values of a Hugging Face ``config.json`` (``--hf-config``), given its bytes.
+
+    Args:
+        raw: The file's bytes.
+        path: Its path, for messages.
+
+    Returns:
+        Its top-level keys and values.
+
+    Raises:
+        UsageError: The bytes are not JSON, or not a JSON object.
+
+    Example:
+        from reshard.naming.presets import parse_hf_config
+        assert parse_hf_config(b'{"head_dim": 64}', "config.json") == {"head_dim": 64}
+    """
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UsageError(f"--hf-config {path}: not a JSON file ({e})") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"--hf-config {path}: a config.json is a JSON object, this is a {type(doc).__name__}")
+    return doc
 
 
 def _patterns(op: Op) -> tuple[str, ...]:
@@ -296,12 +332,10 @@ def _matched(ops: Iterable[Op], names: list[str]) -> int:
 
 
 def _keys(op: Op) -> list[str]:
+    # a join's part lengths come from its inputs: only its groups use the config
     sizes: list[Size | None] = [op.groups] if isinstance(op, Split | Join) else []
     if isinstance(op, Split):
         sizes += list(op.sizes)
-    elif isinstance(op, Join):
-        # a join's part lengths come from its inputs; only its groups use the config
-        pass
     return [w for s in sizes if isinstance(s, str) for w in re.findall(r"[A-Za-z_]\w*", s)]
 
 
@@ -320,5 +354,6 @@ __all__ = [
     "direction_for",
     "get_preset",
     "model_config",
+    "parse_hf_config",
     "preset_map",
 ]
