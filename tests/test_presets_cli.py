@@ -190,6 +190,28 @@ def test_demo_rank_folders_to_hf_with_preset_llama_load_in_transformers(demo, hf
     assert loaded["missing"] == [] and loaded["finite"] and loaded["shape"] == [2, 8, 512]
     assert all(n.startswith(("adam_m.", "adam_v.", "global_step", "learning_rate")) for n in loaded["unexpected"])
 
+    # the README's export: --weights-only leaves exactly the model transformers builds
+    lean = tmp_path / "lean"
+    ok(
+        "transform",
+        "--src",
+        str(demo / "ckpt_8ranks"),
+        "--src-strategy",
+        str(demo / "merged" / "src_strategy.ckpt"),
+        "--dst",
+        str(lean),
+        "--hf",
+        "--preset",
+        "llama",
+        "--weights-only",
+        "--hf-config",
+        str(config),
+    )
+    training = ("adam_", "global_step", "learning_rate")
+    assert sorted(tensors(lean)) == sorted(n for n in got if not n.startswith(training))
+    loaded = hf(DEMO_LOGITS, {"folder": str(lean)})
+    assert loaded["missing"] == [] and loaded["unexpected"] == [] and loaded["finite"]
+
 
 def _one_line_exit_2(proc: subprocess.CompletedProcess[str], text: str) -> None:
     assert proc.returncode == 2, proc.stderr

@@ -190,7 +190,7 @@ def test_mindformers_own_conversion_agrees(tiny, oracle, tmp_path):
         folder = tiny[preset]
         out = tmp_path / f"{preset}.safetensors"
         args = {"preset": preset, "hf": str(folder / "model.safetensors"), "out": str(out), "config": _config(folder)}
-        oracle(ORACLE_CONVERT, args)
+        oracle(ORACLE_CONVERT, args, cwd=str(tmp_path))  # MindFormers writes ./output/log there
         theirs = load_file(str(out))
         ours = _to_mindformers(preset, folder)
         assert sorted(ours) == sorted(theirs), preset
