@@ -94,16 +94,24 @@ def make_models(run, specs: dict[str, tuple[str, dict[str, Any]]], root: Path) -
     return folders
 
 
-# from_pretrained on a folder; its logits compared with a saved array (exactly).
+# from_pretrained on folders; their logits compared with saved arrays (exactly). ARGS: {"loads": [{folder, logits}]}.
 LOAD_MODEL = """
-model, info = transformers.AutoModelForCausalLM.from_pretrained(
-    ARGS["folder"], torch_dtype=torch.float32, output_loading_info=True)
-model.eval()
-ids = torch.arange(24).reshape(2, 12) % model.config.vocab_size
-with torch.no_grad():
-    logits = model(ids).logits
-want = torch.from_numpy(np.load(ARGS["logits"]))
-out({"equal": bool(torch.equal(logits, want)), "max_diff": float((logits - want).abs().max()),
-     "missing": sorted(info["missing_keys"]), "unexpected": sorted(info["unexpected_keys"]),
-     "mismatched": [str(m) for m in info.get("mismatched_keys", [])]})
+results = []
+for load in ARGS["loads"]:
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        load["folder"], torch_dtype=torch.float32, output_loading_info=True)
+    model.eval()
+    ids = torch.arange(24).reshape(2, 12) % model.config.vocab_size
+    with torch.no_grad():
+        logits = model(ids).logits
+    want = torch.from_numpy(np.load(load["logits"]))
+    results.append({"equal": bool(torch.equal(logits, want)), "max_diff": float((logits - want).abs().max()),
+                    "missing": sorted(info["missing_keys"]), "unexpected": sorted(info["unexpected_keys"]),
+                    "mismatched": [str(m) for m in info.get("mismatched_keys", [])]})
+out(results)
 """
+
+
+def load_models(run, loads: list[tuple[Path, Path]]) -> list[dict[str, Any]]:
+    """``from_pretrained`` on each (folder, logits.npy), in one process: loading info, logits equal or not."""
+    return run(LOAD_MODEL, {"loads": [{"folder": str(f), "logits": str(lg)} for f, lg in loads]})

@@ -18,9 +18,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from tests.hf import LOAD_MODEL, make_models
+from tests.hf import load_models, make_models
 
-CASES = {"qwen3": ("qwen3", {"head_dim": 24}), "llama-qkv-concat": ("llama", {})}
+CASES = {"qwen3": ("qwen3", {"head_dim": 24}), "llama-qkv-concat": ("llama", {}), "qwen2.5": ("qwen2", {})}
+MINDFORMERS_NAME = {  # a MindFormers name of layer 0 each preset's output must hold
+    "qwen3": "decoder.layers.0.self_attention.linear_qkv.weight",
+    "llama-qkv-concat": "model.layers.0.attention.w_qkv.weight",
+    "qwen2.5": "decoder.layers.0.self_attention.linear_q.bias",
+}
 
 
 def reshard(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -72,7 +77,7 @@ def test_hf_to_mindformers_to_hf_with_the_original_logits(tiny, hf, tmp_path, pr
     [mf_file] = sorted((tmp_path / "mf").glob("*.ckpt"))
     mf = ckpt_tensors(mf_file, tmp_path / "mf_read")
     assert not any(".self_attn." in n or ".mlp.gate_proj." in n for n in mf)
-    assert any(("linear_qkv" if preset == "qwen3" else "w_qkv") in n for n in mf)
+    assert MINDFORMERS_NAME[preset] in mf
 
     # MindFormers names -> Hugging Face shards + the config, loaded by transformers: the original logits
     proc = ok(
@@ -87,10 +92,10 @@ def test_hf_to_mindformers_to_hf_with_the_original_logits(tiny, hf, tmp_path, pr
         "--hf-config",
         config,
     )
-    assert "split" in proc.stderr  # the name report
+    assert ("split" if preset != "qwen2.5" else "renamed") in proc.stderr  # the name report
     out = tmp_path / "hf"
     assert json.loads((out / "config.json").read_text()) == json.loads((src / "config.json").read_text())
-    got = hf(LOAD_MODEL, {"folder": str(out), "logits": str(src / "logits.npy")})
+    [got] = load_models(hf, [(out, src / "logits.npy")])
     assert got["missing"] == [] and got["unexpected"] == [] and got["mismatched"] == []
     assert got["equal"], got["max_diff"]
     original = tensors(src)
@@ -285,3 +290,24 @@ def test_bad_input(tiny, demo, tmp_path):
     proc = reshard("convert", str(mf_file), str(tmp_path / "x"), "--to", "safetensors", "--preset", "mistral")
     assert proc.returncode == 2 and "llama" in proc.stderr and not (tmp_path / "x").exists()
     assert os.listdir(tmp_path / "mf")  # the inputs are untouched
+
+
+def test_strict_refuses_what_the_preset_leaves_unmatched(demo, tmp_path):
+    full = str(demo / "full" / "model.ckpt")
+    proc = reshard("convert", full, str(tmp_path / "a"), "--to", "safetensors", "--hf", "--preset", "llama", "--strict")
+    _one_line_exit_2(proc, "--strict")
+    assert "global_step" in proc.stderr and not (tmp_path / "a").exists()
+    # without training state every name is the preset's
+    ok(
+        "convert",
+        full,
+        str(tmp_path / "b"),
+        "--to",
+        "safetensors",
+        "--hf",
+        "--preset",
+        "llama",
+        "--strict",
+        "--weights-only",
+    )
+    assert "model.layers.3.mlp.down_proj.weight" in tensors(tmp_path / "b")

@@ -21,7 +21,7 @@ from safetensors.numpy import load_file, save_file
 from reshard.errors import UsageError
 from reshard.naming import TensorInfo, apply, check_family
 from reshard.naming.presets import FROM_HF, PRESETS, TO_HF, direction_for, preset_map
-from tests.hf import LOAD_MODEL, make_models
+from tests.hf import load_models, make_models
 
 # preset -> (transformers family, config overrides)
 FAMILIES = {
@@ -205,16 +205,25 @@ def _write_hf(folder: Path, weights: dict[str, np.ndarray], config_from: Path) -
     shutil.copy(config_from / "config.json", folder / "config.json")
 
 
+@pytest.fixture(scope="module")
+def exported(tiny, hf, tmp_path_factory):
+    """preset -> transformers' loading info and logits check of its MindFormers -> Hugging Face export."""
+    loads = []
+    for preset, folder in tiny.items():
+        mf = _to_mindformers(preset, folder)
+        model_map = preset_map(preset, mf, _config(folder))
+        assert direction_for(PRESETS[preset], mf) == TO_HF
+        back, report = materialize(model_map, mf)
+        assert report.unmatched == ()
+        out = tmp_path_factory.mktemp("export")
+        _write_hf(out, back, folder)
+        loads.append((out, folder / "logits.npy"))
+    return dict(zip(tiny, load_models(hf, loads), strict=True))
+
+
 @pytest.mark.parametrize("preset", list(FAMILIES))
-def test_mindformers_to_hf_loads_with_the_original_logits(tiny, hf, tmp_path, preset):
-    folder = tiny[preset]
-    mf = _to_mindformers(preset, folder)
-    model_map = preset_map(preset, mf, _config(folder))
-    assert direction_for(PRESETS[preset], mf) == TO_HF
-    back, report = materialize(model_map, mf)
-    assert report.unmatched == ()
-    _write_hf(tmp_path / "out", back, folder)
-    got = hf(LOAD_MODEL, {"folder": str(tmp_path / "out"), "logits": str(folder / "logits.npy")})
+def test_mindformers_to_hf_loads_with_the_original_logits(exported, preset):
+    got = exported[preset]
     assert got["missing"] == [] and got["unexpected"] == [] and got["mismatched"] == []
     assert got["equal"], got["max_diff"]
 
