@@ -25,6 +25,7 @@ from reshard.naming import (
     Split,
     Stack,
     TensorInfo,
+    Transpose,
     Unstack,
     apply,
     evaluate,
@@ -47,9 +48,9 @@ def materialise(d: Derived, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
         src = inputs[p.source]
         if p.view is not None:
             src = src.reshape(p.view)
-        sbox = tuple(slice(s, s + n) for s, n in zip(p.src_start, p.lengths, strict=True))
+        sbox = tuple(slice(s, s + n) for s, n in zip(p.src_start, p.src_lengths, strict=True))
         dbox = tuple(slice(s, s + n) for s, n in zip(p.dst_start, p.lengths, strict=True))
-        out[dbox] = src[sbox]
+        out[dbox] = src[sbox] if p.perm is None else src[sbox].transpose(p.perm)
         seen[dbox] += 1
     assert (seen == 1).all(), f"{d.name}: pieces do not cover it exactly once"
     return out
@@ -209,3 +210,52 @@ def test_expressions() -> None:
         evaluate("a/2", {"a": 3})
     with pytest.raises(UsageError, match="only integers"):
         evaluate("__import__('os')", {})
+
+
+def test_model_config_files(tmp_path) -> None:
+    from reshard.naming import load_config
+
+    hf = tmp_path / "config.json"
+    hf.write_text('{"num_attention_heads": 32, "head_dim": 128, "rope_scaling": {"factor": 8}}')
+    assert load_config(str(hf))["num_attention_heads"] == 32 and load_config(str(hf))["factor"] == 8
+    mf = tmp_path / "model.yaml"
+    mf.write_text("model:\n  model_config:\n    num_heads: 8\n    hidden_size: 64\n")
+    config = load_config(str(mf))
+    assert evaluate("hidden_size//num_heads", config) == 8
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(UsageError, match="mapping"):
+        load_config(str(bad))
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.integers(1, 3), min_size=1, max_size=3), st.integers(1, 3), st.data())
+def test_permuted_and_folded_stacks_match_numpy(shape: list[int], experts: int, data: st.DataObject) -> None:
+    """MindFormers' grouped experts: each expert transposed, then stacked or concatenated (folded)."""
+    perm = tuple(data.draw(st.permutations(range(len(shape)))))
+    fold = data.draw(st.booleans())
+    axis = data.draw(st.integers(0, len(shape) - 1 if fold else len(shape)))
+    catalogue = {f"x.{e}.w": info(*shape) for e in range(experts)}
+    stack = ModelMap((Stack(r"x\.(?P<expert>\d+)\.w", "s", axis, perm, fold),))
+    got = run(stack, catalogue)["s"]
+    inputs = arrays(catalogue)
+    parts = [inputs[f"x.{e}.w"].transpose(perm) for e in range(experts)]
+    want = np.concatenate(parts, axis) if fold else np.stack(parts, axis)
+    np.testing.assert_array_equal(got, want)
+    inverse = tuple(int(a) for a in np.argsort(perm))
+    if fold:
+        unstack = Unstack("s", "x.{expert}.w", axis, inverse, "n")
+    elif axis < want.ndim - 1:
+        unstack = Unstack("s", "x.{expert}.w", axis, inverse)
+    else:
+        return
+    back = apply(ModelMap((unstack,), {"n": experts}), {"s": info(*want.shape)})
+    for d in back.outputs:
+        np.testing.assert_array_equal(materialise(d, {"s": want}), inputs[d.name])
+
+
+def test_transpose() -> None:
+    got = run(ModelMap((Transpose("w", "wt", (1, 0)),)), {"w": info(2, 3)})
+    np.testing.assert_array_equal(got["wt"], np.arange(6).reshape(2, 3).T)
+    with pytest.raises(UsageError, match="not a permutation"):
+        apply(ModelMap((Transpose("w", "wt", (0, 0)),)), {"w": info(2, 3)})

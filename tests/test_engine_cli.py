@@ -372,3 +372,60 @@ def test_filter_unit_rules() -> None:
     assert f.dropped_by("a.bc") is None
     assert f.dropped_by("z") == "matches no --include"
     assert f.dropped_by("adam_m.a.x") == "--weights-only"
+
+
+def test_unify_hf_packs_the_mapped_tensors(d: Path, tmp_path: Path, full: dict[str, np.ndarray]) -> None:
+    """Surgery happens before the shards are packed: sizes and the index are the mapped tensors'."""
+    out = tmp_path / "hf"
+    names = NameOptions(NameFilter(weights_only=True), surgery_map())
+    api.unify(str(d / "st_8ranks"), str(d / "strategy_8"), str(out), hf=True, max_shard_size="400KB", names=names)
+    got = load(out)
+    check_surgery(got, full)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == {n for n in got if n not in ("global_step", "learning_rate")}
+    for shard in out.glob("model-*.safetensors"):
+        tensors = open_checkpoint(str(shard)).entries
+        assert shard.stat().st_size <= 400_000 or len(tensors) == 1
+
+
+def test_grouped_experts_like_mindformers_and_back(d: Path, tmp_path: Path, full: dict[str, np.ndarray]) -> None:
+    """MindFormers' ``weight1``: the experts' fc1 transposed and concatenated (here: layers as experts)."""
+    layers = sum(1 for n in full if n.startswith("model.layers.") and n.endswith("feed_forward.w1.weight"))
+    group = ModelMap(
+        (Stack(r"model\.layers\.(?P<expert>\d+)\.feed_forward\.w1\.weight", "moe.weight1", 0, (1, 0), True),)
+    )
+    ungroup = ModelMap((Unstack(r"moe\.weight1", "model.layers.{expert}.feed_forward.w1.weight", 0, (1, 0), "n"),))
+    grouped, back = tmp_path / "grouped", tmp_path / "back"
+    api.transform(str(d / "ckpt_8ranks"), str(grouped), str(d / "strategy_8"), None, names=NameOptions(model_map=group))
+    want = np.concatenate([full[f"model.layers.{n}.feed_forward.w1.weight"].T for n in range(layers)], 0)
+    np.testing.assert_array_equal(load(grouped)["moe.weight1"], want)
+    ungroup = ModelMap(ungroup.ops, {"n": layers})
+    api.transform(str(grouped / "rank_0"), str(back), None, None, names=NameOptions(model_map=ungroup))
+    got = load(back)
+    assert set(got) == set(full)
+    for name, value in full.items():
+        np.testing.assert_array_equal(got[name], value)
+
+
+def test_hugging_face_folder_mapped_then_sliced_for_a_strategy(
+    d: Path, tmp_path: Path, full: dict[str, np.ndarray]
+) -> None:
+    """A Hugging Face model: the map comes first, then the destination strategy slices its outputs."""
+    hf, plain, mapped = tmp_path / "hf", tmp_path / "plain", tmp_path / "mapped"
+    strategy = str(d / "merged" / "dst_strategy.ckpt")
+    api.convert(str(d / "full" / "model.ckpt"), str(hf), "safetensors", hf=True, max_shard_size="300KB")
+    join = ModelMap((Join((r"(.*)\.w1\.weight", r"(.*)\.w3\.weight"), r"\1.w13.weight", 0),), name="join")
+    api.transform(str(hf), str(plain), None, strategy)
+    report = api.transform(str(hf), str(mapped), None, strategy, names=NameOptions(model_map=join))
+    assert report.names is not None and {op for op, _, _ in report.names.surgery} == {"join"}
+    for rank in range(4):
+        got, want = load(mapped / f"rank_{rank}"), load(plain / f"rank_{rank}")
+        for name, value in got.items():
+            if name.endswith("w13.weight"):
+                base = name[: -len("w13.weight")]
+                np.testing.assert_array_equal(
+                    value, np.concatenate([full[base + "w1.weight"], full[base + "w3.weight"]])
+                )
+            else:
+                np.testing.assert_array_equal(value, want[name])
+        assert {n for n in want if not n.endswith(("w1.weight", "w3.weight"))} <= set(got)

@@ -362,6 +362,9 @@ def transform(
         full = api.transform("demo/ckpt_4ranks", "full", "demo/strategy_4", None, output_format="safetensors")
         mf2 = api.transform("demo/ckpt_8ranks", "mf2", "demo/strategy_8", "demo/strategy_4",
                             output_format="checkpoint2", iteration=100, common={"global_step": 100})
+        from reshard.naming import NameFilter, NameOptions
+        weights = api.transform("demo/ckpt_8ranks", "weights", "demo/strategy_8", None,
+                                names=NameOptions(NameFilter(weights_only=True)))
     """
     cp2_out = output_format == checkpoint2.CHECKPOINT2
     _check_checkpoint2_options(cp2_out, hf, max_shard_size, iteration, common, optimizer_prefixes)
@@ -834,11 +837,15 @@ def unify(
     _check_unify_ranks(src_dir, sources, sf)
     naming = NameRun(names)
     sources = naming.narrow(sources)
-    if shard_size is not None:
-        plan = plan_unify_hf(sources, sf, dst_dir, choice_func, shard_size)
+    narrowed = list(sources.values())
+
+    def mapped(whole: Plan) -> Plan:
+        return naming.after(whole, narrowed, full=True)
+
+    if shard_size is not None:  # mapped before the shards are packed
+        plan = plan_unify_hf(sources, sf, dst_dir, choice_func, shard_size, mapped)
     else:
-        plan = plan_unify(sources, sf, dst_dir, choice_func, split_dst_file)
-    plan = naming.after(plan, list(sources.values()), full=True)
+        plan = mapped(plan_unify(sources, sf, dst_dir, choice_func, split_dst_file))
     kept: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [src_dir], overwrite, resume)

@@ -145,7 +145,8 @@ def file_fingerprint(file: FilePlan, plan: Plan, facts: dict[str, Any], stats: d
     for t in file.tensors:
         copies = [
             [plan.sources[c.source], c.tensor, c.src_start, c.dst_start, c.lengths]
-            + ([c.src_view] if c.src_view is not None else [])
+            + ([c.src_view] if c.src_view is not None or c.src_perm is not None else [])
+            + ([c.src_perm] if c.src_perm is not None else [])
             for c in t.copies
         ]
         used.update(plan.sources[c.source] for c in t.copies)

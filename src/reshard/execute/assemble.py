@@ -45,8 +45,17 @@ def copy_boxes(dst: np.ndarray, t: TensorPlan, first_row: int, source_array: Sou
         src = source_array(c.source, c.tensor)
         if c.src_view is not None:
             src = src.reshape(c.src_view)  # a view of a C-order map: no copy
-        src_box = _box(c.src_start[0] + lo - c.dst_start[0], hi - lo, c.src_start[1:], c.lengths[1:])
-        np.copyto(dst[_box(lo - r0, hi - lo, c.dst_start[1:], c.lengths[1:])], src[src_box])
+        dst_box = dst[_box(lo - r0, hi - lo, c.dst_start[1:], c.lengths[1:])]
+        if c.src_perm is None:
+            src_box = _box(c.src_start[0] + lo - c.dst_start[0], hi - lo, c.src_start[1:], c.lengths[1:])
+            np.copyto(dst_box, src[src_box])
+        else:  # destination rows lo:hi are a range of source axis src_perm[0]
+            lengths = list(c.src_lengths)
+            starts = list(c.src_start)
+            starts[c.src_perm[0]] += lo - c.dst_start[0]
+            lengths[c.src_perm[0]] = hi - lo
+            box = tuple(slice(s, s + n) for s, n in zip(starts, lengths, strict=True))
+            np.copyto(dst_box, src[box].transpose(c.src_perm))
 
 
 def tensor_rows(t: TensorPlan, r0: int, r1: int, source_array: SourceArray) -> np.ndarray:

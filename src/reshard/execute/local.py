@@ -223,6 +223,8 @@ def _byte_runs(
     """
     runs = []
     for c in t.copies:
+        if c.src_perm is not None:
+            return False  # a transposed box is never one byte run on both sides: staged
         src_shape = c.src_view or sources.get(plan.sources[c.source]).entries[c.tensor].shape
         if not (_contiguous(c.src_start, c.lengths, src_shape) and _contiguous(c.dst_start, c.lengths, t.shape)):
             return False

@@ -158,7 +158,8 @@ def file_runs(tensor: TensorFacts, copy: Copy) -> list[Run]:
     if copy.whole_source or not tensor.shape:
         return [r for r in tensor.segments if r[1]]
     runs: list[Run] = []
-    for offset, length in box_runs(copy.src_view or tensor.shape, tensor.itemsize, copy.src_start, copy.lengths):
+    shape = copy.src_view or tensor.shape
+    for offset, length in box_runs(shape, tensor.itemsize, copy.src_start, copy.src_lengths):
         runs.extend(segment_pieces(tensor.segments, offset, length))
     return runs
 

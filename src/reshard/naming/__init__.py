@@ -4,15 +4,18 @@ Pure data and pure functions over names and shapes (layer 1: no numpy, no files'
 planners compose them onto box copies and the executors stream them like any other copy:
 
 * ``filters`` — ``NameFilter``: ``--include``/``--exclude`` globs, ``--weights-only``;
-* ``ops`` — the tensor-surgery vocabulary (``Rename``, ``Split``, ``Join``, ``Stack``, ``Unstack``),
+* ``ops`` — the tensor-surgery vocabulary (``Rename``, ``Transpose``, ``Split``, ``Join``, ``Stack``,
+  ``Unstack``),
   a ``ModelMap`` (ordered ops + model config) and ``apply`` (input catalogue -> output tensors as
   pieces of input tensors);
-* ``expr`` — sizes as arithmetic over the model config;
+* ``expr`` — sizes as arithmetic over the model config; ``config`` — reading that config
+  (``config.json`` or a MindFormers YAML);
 * ``rules`` — ``--rename`` rules files (JSON or YAML);
 * ``options`` — ``NameOptions``, what an operation's ``names=`` takes;
 * ``report`` — the name report, ``--strict`` and the "map for another model family" guard.
 """
 
+from reshard.naming.config import flatten, load_config
 from reshard.naming.expr import Size, evaluate
 from reshard.naming.filters import EXCLUDE, INCLUDE, NameFilter, name_filter
 from reshard.naming.ops import (
@@ -26,6 +29,7 @@ from reshard.naming.ops import (
     Split,
     Stack,
     TensorInfo,
+    Transpose,
     Unstack,
     apply,
 )
@@ -51,11 +55,14 @@ __all__ = [
     "Split",
     "Stack",
     "TensorInfo",
+    "Transpose",
     "Unstack",
     "apply",
     "check_family",
     "check_strict",
     "evaluate",
+    "flatten",
+    "load_config",
     "load_rules",
     "name_filter",
     "parse_rules",

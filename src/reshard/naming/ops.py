@@ -78,24 +78,48 @@ class Join:
 
 
 @dataclass(frozen=True)
+class Transpose:
+    """``match`` renamed to ``replace`` with its axes permuted: output axis j is input axis ``perm[j]``."""
+
+    match: str
+    replace: str
+    perm: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Stack:
-    """Per-expert tensors (``match`` with a named group ``expert``) stacked into ``output`` on a new ``axis``."""
+    """Per-expert tensors (``match`` with a named group ``expert``) stacked into ``output``.
+
+    Each expert is first permuted by ``perm`` (None: as it is); then the experts are stacked on a
+    new ``axis``, or with ``fold=True`` concatenated along the existing ``axis`` (MindFormers'
+    grouped experts: ``weight1`` is the experts' ``linear_fc1`` transposed and concatenated on
+    axis 0, ``perm=(1, 0), fold=True``).
+    """
 
     match: str
     output: str
     axis: int = 0
+    perm: tuple[int, ...] | None = None
+    fold: bool = False
 
 
 @dataclass(frozen=True)
 class Unstack:
-    """One stacked tensor matching ``match`` into per-expert ``output`` tensors (``{expert}`` in the template)."""
+    """One stacked tensor matching ``match`` into per-expert ``output`` tensors (``{expert}`` in the template).
+
+    Without ``experts`` the ``axis`` is the expert axis and is removed; with ``experts`` (a size)
+    the ``axis`` holds that many equal blocks, one per expert (the inverse of a folded stack).
+    Each expert's part is then permuted by ``perm`` (None: as it is).
+    """
 
     match: str
     output: str
     axis: int = 0
+    perm: tuple[int, ...] | None = None
+    experts: Size | None = None
 
 
-Op = Rename | Split | Join | Stack | Unstack
+Op = Rename | Transpose | Split | Join | Stack | Unstack
 
 
 @dataclass(frozen=True)
@@ -124,6 +148,14 @@ class Piece:
     dst_start: Shape
     lengths: Shape
     view: Shape | None = None  # the C-order shape the input is viewed as (None: its own shape)
+    # Output axis j is (viewed) input axis perm[j]; ``src_start`` is in the input's axis order,
+    # ``dst_start`` and ``lengths`` in the output's (None: same axes).
+    perm: Shape | None = None
+
+    @property
+    def src_lengths(self) -> Shape:
+        """The box's lengths in the input's axis order."""
+        return _unpermute(self.lengths, self.perm)
 
 
 @dataclass(frozen=True)
@@ -252,10 +284,12 @@ def _outputs_of(
 ) -> Made:
     if isinstance(op, Rename):
         return [((n,), [_kept(_expand(m, op.replace), catalogue[n], n)]) for n, m in claimed]
+    if isinstance(op, Transpose):
+        return [((n,), [_transposed(op, n, m, catalogue[n])]) for n, m in claimed]
     if isinstance(op, Split):
         return [((n,), _split(op, n, m, catalogue[n], config)) for n, m in claimed]
     if isinstance(op, Unstack):
-        return [((n,), _unstack(op, n, m, catalogue[n])) for n, m in claimed]
+        return [((n,), _unstack(op, n, m, catalogue[n], config)) for n, m in claimed]
     if isinstance(op, Join):
         return _joins(op, claimed, catalogue, config)
     return _stacks(op, claimed, catalogue)
@@ -411,33 +445,109 @@ def _stack(op: Stack, target: str, inputs: tuple[str, ...], catalogue: Mapping[s
                 f"stack into {target!r}: {name!r} is {info.dtype} {list(info.shape)}, "
                 f"{inputs[0]!r} {first.dtype} {list(first.shape)}"
             )
-    axis = _axis(op.axis, len(first.shape) + 1, f"stack into {target!r}")
-    view = (*first.shape[:axis], 1, *first.shape[axis:])
-    shape = _with(view, axis, len(inputs))
-    zeros = (0,) * len(view)
+    what = f"stack into {target!r}"
+    ndim = len(first.shape)
+    perm = _perm(op.perm, ndim, what)
+    part = tuple(first.shape[a] for a in perm)  # one expert, permuted
+    if op.fold:
+        axis = _axis(op.axis, ndim, what)
+        shape = _with(part, axis, part[axis] * len(inputs))
+        zeros, folded = (0,) * ndim, _nontrivial(perm)
+        pieces = tuple(
+            Piece(name, zeros, _box_along(shape, axis, e * part[axis], part[axis])[0], part, perm=folded)
+            for e, name in enumerate(inputs)
+        )
+        return Derived(target, shape, first.dtype, pieces)
+    axis = _axis(op.axis, ndim + 1, what)
+    shape = (*part[:axis], len(inputs), *part[axis:])
+    lengths = (*part[:axis], 1, *part[axis:])
+    if _nontrivial(perm) is None:  # a unit axis inserted at ``axis``: no permutation (byte runs stay possible)
+        view, full_perm = lengths, None
+    else:  # the unit axis first; the permutation puts it at ``axis``
+        view = (1, *first.shape)
+        full_perm = (*(1 + a for a in perm[:axis]), 0, *(1 + a for a in perm[axis:]))
+    zeros = (0,) * (ndim + 1)
     pieces = tuple(
-        Piece(name, zeros, _box_along(shape, axis, e, 1)[0], view, view=view) for e, name in enumerate(inputs)
+        Piece(name, zeros, _box_along(shape, axis, e, 1)[0], lengths, view, full_perm) for e, name in enumerate(inputs)
     )
     return Derived(target, shape, first.dtype, pieces)
 
 
-def _unstack(op: Unstack, name: str, m: re.Match[str], info: TensorInfo) -> list[Derived]:
+def _unstack(op: Unstack, name: str, m: re.Match[str], info: TensorInfo, config: Mapping[str, object]) -> list[Derived]:
     what = f"unstack of {name!r}"
     axis = _axis(op.axis, len(info.shape), what)
-    if axis == len(info.shape) - 1:
-        raise UnsupportedError(f"{what}: unstacking along the last axis is not a box copy; stack on an earlier axis")
     template = _expand(m, op.output)
     if "{expert}" not in template:
         raise UsageError(f"{what}: output template {op.output!r} needs {{expert}} where the expert index goes")
-    shape = info.shape[:axis] + info.shape[axis + 1 :]
+    if op.experts is not None:  # folded: ``experts`` equal blocks along ``axis``
+        experts = evaluate(op.experts, config)
+        if experts < 1 or info.shape[axis] % experts:
+            raise UsageError(f"{what}: axis {axis} of length {info.shape[axis]} is not {experts} equal blocks")
+        block = info.shape[axis] // experts
+        part = _with(info.shape, axis, block)
+        perm = _perm(op.perm, len(part), what)
+        shape = tuple(part[a] for a in perm)
+        return [
+            Derived(
+                template.replace("{expert}", str(e)),
+                shape,
+                info.dtype,
+                (
+                    Piece(
+                        name,
+                        _box_along(part, axis, e * block, block)[0],
+                        (0,) * len(shape),
+                        shape,
+                        perm=_nontrivial(perm),
+                    ),
+                ),
+            )
+            for e in range(experts)
+        ]
+    if axis == len(info.shape) - 1:
+        raise UnsupportedError(f"{what}: unstacking along the last axis is not a box copy; stack on an earlier axis")
+    part = info.shape[:axis] + info.shape[axis + 1 :]
+    perm = _perm(op.perm, len(part), what)
+    shape = tuple(part[a] for a in perm)
     inner = info.shape[axis + 1]
     view = (*info.shape[:axis], info.shape[axis] * inner, *info.shape[axis + 2 :])
     out = []
     for e in range(info.shape[axis]):
         src_start, _ = _box_along(view, axis, e * inner, inner)
-        piece = Piece(name, src_start, (0,) * len(shape), shape, view=view)
+        piece = Piece(name, src_start, (0,) * len(shape), shape, view=view, perm=_nontrivial(perm))
         out.append(Derived(template.replace("{expert}", str(e)), shape, info.dtype, (piece,)))
     return out
+
+
+def _transposed(op: Transpose, name: str, m: re.Match[str], info: TensorInfo) -> Derived:
+    perm = _perm(op.perm, len(info.shape), f"transpose of {name!r}")
+    shape = tuple(info.shape[a] for a in perm)
+    zeros = (0,) * len(shape)
+    return Derived(
+        _expand(m, op.replace), shape, info.dtype, (Piece(name, zeros, zeros, shape, perm=_nontrivial(perm)),)
+    )
+
+
+def _perm(perm: Sequence[int] | None, ndim: int, what: str) -> Shape:
+    if perm is None:
+        return tuple(range(ndim))
+    if sorted(perm) != list(range(ndim)):
+        raise UsageError(f"{what}: {list(perm)} is not a permutation of its {ndim} axes")
+    return tuple(perm)
+
+
+def _nontrivial(perm: Shape) -> Shape | None:
+    return None if perm == tuple(range(len(perm))) else perm
+
+
+def _unpermute(lengths: Shape, perm: Shape | None) -> Shape:
+    """Lengths given in output axis order, in the input's axis order."""
+    if perm is None:
+        return lengths
+    out = [0] * len(lengths)
+    for j, axis in enumerate(perm):
+        out[axis] = lengths[j]
+    return tuple(out)
 
 
 def _check_unique(outputs: Iterable[Derived]) -> None:
@@ -460,6 +570,7 @@ __all__ = [
     "Split",
     "Stack",
     "TensorInfo",
+    "Transpose",
     "Unstack",
     "apply",
 ]

@@ -24,6 +24,7 @@ The modules, each importing only the ones before it:
 * ``convert`` — ``plan_convert`` (whole files, other format) and the Hugging Face side of full
   models (shards, ``plan_unify_hf``, ``plan_transform_full``);
 * ``validate`` — ``validate_plan``: every output filled exactly once, inside all bounds.
+* ``surgery`` — filters and model maps (``reshard.naming``) composed onto plans: ``NameRun``.
 
 Everything other modules use is importable from ``reshard.plan`` itself.
 """

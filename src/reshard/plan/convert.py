@@ -12,7 +12,7 @@ of the same tensors held in one file, from shared tables with a reference loop b
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from reshard import dtypes
 from reshard.errors import LayoutError, UnsupportedError, UsageError
@@ -128,14 +128,19 @@ def plan_unify_hf(
     dst_dir: str,
     choice_func: ChoiceFunc | None = None,
     max_shard_size: int = hf_index.DEFAULT_MAX_SHARD_SIZE,
+    mapped: Callable[[Plan], Plan] | None = None,
 ) -> Plan:
     """``plan_unify`` with the full tensors as Hugging Face shards + index instead of parts.
+
+    ``mapped`` (a model map, ``reshard.plan.surgery``) is applied to the full tensors before they
+    are packed into shards, so shard sizes and the index are those of the mapped tensors.
 
     The same tensors as ``unified_safetensors`` (same choice, same renames), in the order they
     first appear in the rank files (rank order); the parameters outside the strategy stay in
     ``hyper_param.safetensors`` beside the shards, outside the index, as in a unified folder.
     """
     whole = plan_unify(sources, src, dst_dir, choice_func, (), part_bytes=_ONE_PART)
+    whole = mapped(whole) if mapped is not None else whole
     part0 = os.path.join(dst_dir, "part0.safetensors")
     (part,) = [f for f in whole.files if f.path == part0]
     others = tuple(f for f in whole.files if f.path != part0)

@@ -40,6 +40,19 @@ class Copy:
     # The C-order shape the source tensor is viewed as before the box is taken (None: its own
     # shape). Free on a memory map; model maps use it where stacking changes the number of dims.
     src_view: tuple[int, ...] | None = None
+    # Axes permutation: destination axis j is source axis src_perm[j] (numpy's transpose); then
+    # ``src_start`` is in source axis order and ``lengths``/``dst_start`` in destination order.
+    src_perm: tuple[int, ...] | None = None
+
+    @property
+    def src_lengths(self) -> tuple[int, ...]:
+        """The box's lengths in the source's axis order."""
+        if self.src_perm is None:
+            return self.lengths
+        out = [0] * len(self.lengths)
+        for j, axis in enumerate(self.src_perm):
+            out[axis] = self.lengths[j]
+        return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -57,7 +70,7 @@ class TensorPlan:
         if len(self.copies) != 1:
             return False
         c = self.copies[0]
-        return c.whole_source and c.src_view is None and c.lengths == self.shape
+        return c.whole_source and c.src_view is None and c.src_perm is None and c.lengths == self.shape
 
     @property
     def bytes_read(self) -> int:
@@ -224,7 +237,13 @@ class Plan:
                                     list(c.src_start),
                                     list(c.dst_start),
                                     list(c.lengths),
-                                    *([list(c.src_view)] if c.src_view is not None else []),
+                                    *(
+                                        [list(c.src_view) if c.src_view else None, list(c.src_perm)]
+                                        if c.src_perm is not None
+                                        else [list(c.src_view)]
+                                        if c.src_view is not None
+                                        else []
+                                    ),
                                 ]
                                 for c in t.copies
                             ],

@@ -6,7 +6,7 @@ Two compositions, because a model map's sizes are about FULL tensors:
   (transform to one file, unify). The planner first builds each full tensor under its input name
   from the ranks' boxes; each output tensor of the map is then pieces of those full tensors, so
   every planned copy is seen through the piece's view (unit axis inserted by a stack, expert axis
-  merged with the next one by an unstack; docs/formats.md §15.4) and intersected with the piece.
+  merged with the next one by an unstack; docs/naming.md §4) and intersected with the piece.
 * **map before planning** (``mapped_source`` + ``resolve_mapped``): a full model as the source
   (a Hugging Face model, a unified folder, one full file). The map's outputs become one *virtual*
   full source file; any planner (to one full file, or sliced for a destination strategy) plans
@@ -75,14 +75,46 @@ def intersect(c: Copy, start: Shape, lengths: Shape, at: Shape) -> Copy | None:
     if any(h <= low for low, h in zip(lo, hi, strict=True)):
         return None
     new_lengths = tuple(h - low for low, h in zip(lo, hi, strict=True))
+    perm = c.src_perm or tuple(range(len(lo)))
+    src_start = list(c.src_start)
+    for j, axis in enumerate(perm):
+        src_start[axis] += lo[j] - c.dst_start[j]
     return Copy(
         c.source,
         c.tensor,
-        tuple(s + low - d for s, low, d in zip(c.src_start, lo, c.dst_start, strict=True)),
+        tuple(src_start),
         tuple(t + low - b for t, low, b in zip(at, lo, start, strict=True)),
         new_lengths,
         whole_source=c.whole_source and new_lengths == c.lengths,
         src_view=c.src_view,
+        src_perm=c.src_perm,
+    )
+
+
+def through_piece(c: Copy, p: Piece) -> Copy | None:
+    """The part of copy ``c`` (filling a region of an input, no permutation) that piece ``p`` moves to its
+    output; None if the piece reads none of it. ``c``'s region and ``p``'s source box are both in the
+    input's (viewed) coordinates."""
+    if c.src_perm is not None:
+        raise UnsupportedError("a model map cannot compose onto a copy that already permutes axes")
+    if p.perm is None:
+        return intersect(c, p.src_start, p.lengths, p.dst_start)
+    p_lengths = p.src_lengths
+    lo = tuple(max(a, b) for a, b in zip(c.dst_start, p.src_start, strict=True))
+    hi = tuple(min(a + n, b + m) for a, n, b, m in zip(c.dst_start, c.lengths, p.src_start, p_lengths, strict=True))
+    if any(h <= low for low, h in zip(lo, hi, strict=True)):
+        return None
+    return Copy(
+        c.source,
+        c.tensor,
+        tuple(s + low - d for s, low, d in zip(c.src_start, lo, c.dst_start, strict=True)),
+        tuple(p.dst_start[j] + lo[axis] - p.src_start[axis] for j, axis in enumerate(p.perm)),
+        tuple(hi[axis] - lo[axis] for axis in p.perm),
+        whole_source=c.whole_source
+        and lo == c.dst_start
+        and tuple(hi) == tuple(d + n for d, n in zip(c.dst_start, c.lengths, strict=True)),
+        src_view=c.src_view,
+        src_perm=p.perm,
     )
 
 
@@ -203,7 +235,7 @@ def _composed(d: Derived, by_name: Mapping[str, TensorPlan], source_shape: Sourc
         for c in t.copies:
             shape = c.lengths if c.whole_source and c.src_view is None else source_shape(c.source, c.tensor)
             for v in _viewed(c, t.shape, p.view, shape):
-                hit = intersect(v, p.src_start, p.lengths, p.dst_start)
+                hit = through_piece(v, p)
                 if hit is not None:
                     copies.append(hit)
     return TensorPlan(d.name, first.dtype, d.shape, tuple(copies), math.prod(d.shape) * first.dtype.itemsize)
@@ -211,7 +243,7 @@ def _composed(d: Derived, by_name: Mapping[str, TensorPlan], source_shape: Sourc
 
 def _unchanged(d: Derived, t: TensorPlan) -> bool:
     (p,) = d.pieces if len(d.pieces) == 1 else (None,)
-    return p is not None and p.view is None and d.shape == t.shape and p.lengths == t.shape
+    return p is not None and p.view is None and p.perm is None and d.shape == t.shape and p.lengths == t.shape
 
 
 def _merged(reports: Sequence[NameReport]) -> NameReport:
@@ -309,12 +341,14 @@ class MappedModel:
     def _piece_copy(self, p: Piece, interned: SourcePaths) -> Copy:
         sf = self.real[p.source]
         shape = sf.tensors[p.source].shape
-        whole = p.lengths == (p.view or shape) and not any(p.src_start)
-        return Copy(interned.id(sf.path_of(p.source)), p.source, p.src_start, p.dst_start, p.lengths, whole, p.view)
+        whole = p.src_lengths == (p.view or shape) and not any(p.src_start)
+        source = interned.id(sf.path_of(p.source))
+        return Copy(source, p.source, p.src_start, p.dst_start, p.lengths, whole, p.view, p.perm)
 
 
 def _whole_rename(d: Derived, shape: Shape) -> bool:
-    return len(d.pieces) == 1 and d.pieces[0].view is None and d.shape == shape
+    p = d.pieces[0]
+    return len(d.pieces) == 1 and p.view is None and p.perm is None and d.shape == shape
 
 
 # --------------------------------------------------------------------------------------------
@@ -428,4 +462,13 @@ class NameRun:
             check_strict(report, what)
 
 
-__all__ = ["MAPPED_SOURCE", "MappedModel", "NameRun", "compose_after", "intersect", "narrowed", "only_renames"]
+__all__ = [
+    "MAPPED_SOURCE",
+    "MappedModel",
+    "NameRun",
+    "compose_after",
+    "intersect",
+    "narrowed",
+    "only_renames",
+    "through_piece",
+]

@@ -86,6 +86,13 @@ def _check_tensor(path: str, t: TensorPlan, n_sources: int, source_shape: Source
             if src is not None and math.prod(c.src_view) != math.prod(src):
                 raise PlanError(f"{where}: copy {k} views its source {list(src)} as {list(c.src_view)}")
             src = c.src_view
+        if c.src_perm is not None:
+            if sorted(c.src_perm) != list(range(len(c.lengths))):
+                raise PlanError(f"{where}: copy {k} permutes axes by {list(c.src_perm)}, not a permutation")
+            if src is not None and (len(src) != len(c.lengths) or not _inside(c.src_start, c.src_lengths, src)):
+                box = _box_text(c.src_start, c.src_lengths)
+                raise PlanError(f"{where}: copy {k} reads {box}, outside its source tensor's shape {list(src)}")
+            src = None  # checked above, in the source's axis order
         _check_bounds(where, k, c.src_start, c.dst_start, c.lengths, t.shape, src)
         boxes.append((c.dst_start, c.lengths))
     _check_cover(where, t.shape, boxes)
