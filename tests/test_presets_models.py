@@ -33,7 +33,7 @@ FAMILIES = {
 
 
 def materialize(model_map, tensors: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], object]:
-    """The outputs of ``model_map`` on ``tensors``, each filled piece by piece (boxes of views)."""
+    """The outputs of ``model_map`` on ``tensors``, each filled piece by piece (boxes of views, permuted)."""
     catalogue = {n: TensorInfo(tuple(a.shape), str(a.dtype)) for n, a in tensors.items()}
     applied = apply(model_map, catalogue)
     out: dict[str, np.ndarray] = {}
@@ -44,9 +44,9 @@ def materialize(model_map, tensors: dict[str, np.ndarray]) -> tuple[dict[str, np
         for p in d.pieces:
             src = tensors[p.source]
             src = src.reshape(p.view) if p.view is not None else src
-            box = tuple(slice(s, s + n) for s, n in zip(p.src_start, p.lengths, strict=True))
+            box = tuple(slice(s, s + n) for s, n in zip(p.src_start, p.src_lengths, strict=True))
             dst = tuple(slice(s, s + n) for s, n in zip(p.dst_start, p.lengths, strict=True))
-            arr[dst] = src[box]
+            arr[dst] = src[box] if p.perm is None else src[box].transpose(p.perm)
             filled += int(np.prod(p.lengths))
         assert filled == arr.size, d.name
         out[d.name] = arr
