@@ -23,12 +23,21 @@ from reshard.naming import TensorInfo, apply, check_family
 from reshard.naming.presets import FROM_HF, PRESETS, TO_HF, direction_for, preset_map
 from tests.hf import load_models, make_models
 
+MOE = {
+    "num_experts": 4,
+    "moe_intermediate_size": 32,
+    "num_experts_per_tok": 2,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "head_dim": 16,
+}
 # preset -> (transformers family, config overrides)
 FAMILIES = {
     "llama": ("llama", {}),
     "llama-qkv-concat": ("llama", {}),
     "qwen2.5": ("qwen2", {}),
     "qwen3": ("qwen3", {"head_dim": 24}),  # head_dim * heads != hidden: the config's head_dim is used
+    "qwen3-moe": ("qwen3_moe", MOE),
 }
 
 
@@ -120,6 +129,17 @@ EXPECTED_LAYER0 = {  # MindFormers names of layer 0 and their shapes (hidden 64,
         "decoder.layers.0.input_layernorm.weight": (64,),
         "decoder.layers.0.pre_mlp_layernorm.weight": (64,),
     },
+    "qwen3-moe": {
+        "decoder.layers.0.self_attention.linear_qkv.weight": (128, 64),
+        "decoder.layers.0.self_attention.linear_proj.weight": (64, 64),
+        "decoder.layers.0.self_attention.q_layernorm.weight": (16,),
+        "decoder.layers.0.self_attention.k_layernorm.weight": (16,),
+        "decoder.layers.0.mlp.router.weight": (4, 64),
+        "decoder.layers.0.mlp.experts.weight1": (4 * 64, 2 * 32),
+        "decoder.layers.0.mlp.experts.weight2": (4 * 32, 64),
+        "decoder.layers.0.input_layernorm.weight": (64,),
+        "decoder.layers.0.pre_mlp_layernorm.weight": (64,),
+    },
 }
 TOP = {
     "llama": ("model.tok_embeddings.embedding_weight", "model.norm_out.weight", "lm_head.weight"),
@@ -163,6 +183,30 @@ elif preset == "qwen2.5":
     mapping = Qwen2PreTrainedModel.weight_mapping
     for n, a in hf.items():
         for old, new in mapping:
+            n = n.replace(old, new)
+        mf[n] = a
+elif preset == "qwen3-moe":  # MindFormers' own convert ops: QKVConvertOp, ExpertsConvertOp, the weight mapping
+    from mindformers.checkpoint.converter.convert_op import ExpertsConvertOp, QKVConvertOp
+    from mindformers.models.qwen3_moe.utils import Qwen3MoePreTrainedModel
+    experts, moe_ffn = cfg.get("num_experts") or cfg["num_local_experts"], cfg["moe_intermediate_size"]
+    qkv = QKVConvertOp(hf_names=["q", "k", "v"], mf_names=["qkv"])
+    qkv.num_attention_heads, qkv.num_query_groups, qkv.kv_channels, qkv.hidden_size = heads, kv, head_dim, hidden
+    qkv.tensor_model_parallel_size = qkv.optimizer_parallel_size = 1
+    def experts_op(parts):
+        op = ExpertsConvertOp(hf_names=parts, mf_names=["w"])
+        op.num_moe_experts, op.hidden_size, op.moe_ffn_hidden_size = experts, hidden, moe_ffn
+        op.expert_parallel_size = op.optimizer_parallel_size = 1
+        return op
+    for i in range(cfg["num_hidden_layers"]):
+        p, d = f"model.layers.{i}.", f"decoder.layers.{i}."
+        mf[d + "self_attention.linear_qkv.weight"] = qkv._hf_to_mf(
+            [hf.pop(p + f"self_attn.{x}_proj.weight") for x in "qkv"])[0]
+        stacked = {x: np.stack([hf.pop(p + f"mlp.experts.{e}.{x}_proj.weight") for e in range(experts)])
+                   for x in ("gate", "up", "down")}
+        mf[d + "mlp.experts.weight1"] = experts_op(["g", "u"])._hf_to_mf([stacked["gate"], stacked["up"]])[0]
+        mf[d + "mlp.experts.weight2"] = experts_op(["d"])._hf_to_mf([stacked["down"]])[0]
+    for n, a in hf.items():
+        for old, new in Qwen3MoePreTrainedModel.weight_mapping:
             n = n.replace(old, new)
         mf[n] = a
 else:  # qwen3: the training model's mixin concatenations (interleaved QKV per group, interleaved fc1)

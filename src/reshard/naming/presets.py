@@ -31,13 +31,14 @@ from dataclasses import dataclass
 
 from reshard.errors import UsageError
 from reshard.naming.expr import Size
-from reshard.naming.ops import Join, ModelMap, Op, Rename, Split
+from reshard.naming.ops import Join, ModelMap, Op, Rename, Split, Stack, Unstack
 
 # Optimizer-state prefixes a weight's name may carry; the state is mapped with its weight.
 OPTIMIZER_PREFIXES = ("adam_m.", "adam_v.", "accu_grads.")
 _PREFIX = "(?P<prefix>(?:" + "|".join(re.escape(p) for p in OPTIMIZER_PREFIXES) + ")?)"
 # Placeholders of the name templates below, and what each matches.
 _FIELDS = {"L": r"\d+", "P": "weight|bias"}
+_EXPERT = "(?P<expert>\\d+)"  # {E} in a pattern; Stack and Unstack want this group name
 
 TO_HF = "to-hf"
 FROM_HF = "from-hf"
@@ -66,7 +67,21 @@ class Fused:
     groups: Size | None = None
 
 
-Entry = Same | Fused
+@dataclass(frozen=True)
+class Experts:
+    """A layer's routed experts: one MindFormers tensor that is every expert's Hugging Face parts.
+
+    MindFormers' grouped experts fold the experts on axis 0, each expert's parts transposed and
+    joined on axis 1 (``weight1`` = gate.T | up.T, ``weight2`` = down.T). ``hf`` are per-expert
+    templates with ``{E}`` (the expert index); ``experts`` is the config key of their number.
+    """
+
+    mf: str
+    hf: tuple[str, ...]
+    experts: Size
+
+
+Entry = Same | Fused | Experts
 
 
 @dataclass(frozen=True)
@@ -88,20 +103,27 @@ def _regex(template: str) -> str:
     out = _PREFIX + re.escape(template)
     for key, pattern in _FIELDS.items():
         out = out.replace(re.escape("{" + key + "}"), f"(?P<{key}>{pattern})")
-    return out
+    return out.replace(re.escape("{E}"), _EXPERT)
 
 
 def _replacement(template: str) -> str:
     out = r"\g<prefix>" + template
     for key in _FIELDS:
         out = out.replace("{" + key + "}", rf"\g<{key}>")
-    return out
+    return out.replace("{E}", "{expert}")
 
 
 def _op(entry: Entry, direction: str) -> Op:
     if isinstance(entry, Same):
         src, dst = (entry.mf, entry.hf) if direction == TO_HF else (entry.hf, entry.mf)
         return Rename(_regex(src), _replacement(dst))
+    if isinstance(entry, Experts):
+        first, *rest = entry.hf
+        if direction == TO_HF:
+            outputs = tuple(_replacement(h) for h in rest)
+            return Unstack(_regex(entry.mf), _replacement(first), 0, (1, 0), entry.experts, outputs, part_axis=0)
+        parts = tuple(_regex(h) for h in rest)
+        return Stack(_regex(first), _replacement(entry.mf), 0, (1, 0), fold=True, parts=parts, part_axis=1)
     if direction == TO_HF:
         outputs = tuple(_replacement(h) for h in entry.hf)
         return Split(_regex(entry.mf), outputs, entry.axis, entry.sizes, entry.groups)
@@ -205,7 +227,29 @@ QWEN3 = Preset(
     ),
 )
 
-PRESETS: Mapping[str, Preset] = {p.name: p for p in (LLAMA, LLAMA_QKV_CONCAT, QWEN2_5, QWEN3)}
+_HF_EXPERT = _HF_LAYER + "mlp.experts.{E}."
+
+QWEN3_MOE = Preset(
+    "qwen3-moe",
+    "Qwen3-MoE, MindFormers training names: linear_qkv (grouped per kv head), grouped experts weight1/weight2, router",
+    (
+        *_MCORE_COMMON,
+        Fused(_MCORE_LAYER + "self_attention.linear_qkv.weight", _QKV_PARTS, 0, (_Q, _KV, _KV), "num_key_value_heads"),
+        Same(_MCORE_LAYER + "self_attention.q_layernorm.weight", _HF_LAYER + "self_attn.q_norm.weight"),
+        Same(_MCORE_LAYER + "self_attention.k_layernorm.weight", _HF_LAYER + "self_attn.k_norm.weight"),
+        Same(_MCORE_LAYER + "mlp.router.weight", _HF_LAYER + "mlp.gate.weight"),
+        Experts(
+            _MCORE_LAYER + "mlp.experts.weight1",
+            (_HF_EXPERT + "gate_proj.weight", _HF_EXPERT + "up_proj.weight"),
+            "num_experts",
+        ),
+        Experts(_MCORE_LAYER + "mlp.experts.weight2", (_HF_EXPERT + "down_proj.weight",), "num_experts"),
+        # dense layers (mlp_only_layers): gate and up end to end, as the MoE model's loader joins them
+        Fused(_MCORE_LAYER + "mlp.linear_fc1.weight", _GATE_UP, 0, ("intermediate_size", "intermediate_size")),
+    ),
+)
+
+PRESETS: Mapping[str, Preset] = {p.name: p for p in (LLAMA, LLAMA_QKV_CONCAT, QWEN2_5, QWEN3, QWEN3_MOE)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -227,8 +271,10 @@ def model_config(config: Mapping[str, object] | None) -> dict[str, object]:
     """A ``config.json``'s values with the defaults Hugging Face itself applies when a key is absent.
 
     ``head_dim`` defaults to ``hidden_size // num_attention_heads`` and ``num_key_value_heads`` to
-    ``num_attention_heads`` (as ``transformers``' Llama, Qwen2 and Qwen3 configs do). Nothing else
-    is invented: a key a size needs and the config lacks is an error when the size is used.
+    ``num_attention_heads`` (as ``transformers``' Llama, Qwen2 and Qwen3 configs do), and
+    ``num_experts`` is ``num_local_experts`` where only that is given (``transformers`` 5 saves
+    Qwen3-MoE's expert count under that name). Nothing else is invented: a key a size needs and the
+    config lacks is an error when the size is used.
     """
     values = dict(config or {})
     heads, hidden = values.get("num_attention_heads"), values.get("hidden_size")
@@ -236,6 +282,8 @@ def model_config(config: Mapping[str, object] | None) -> dict[str, object]:
         values["num_key_value_heads"] = heads
     if values.get("head_dim") is None and isinstance(heads, int) and isinstance(hidden, int) and heads:
         values["head_dim"] = hidden // heads
+    if values.get("num_experts") is None and values.get("num_local_experts") is not None:
+        values["num_experts"] = values["num_local_experts"]  # transformers 5 writes Qwen3-MoE's under this name
     return values
 
 
@@ -323,7 +371,9 @@ def parse_hf_config(raw: bytes, path: str) -> dict[str, object]:
 
 
 def _patterns(op: Op) -> tuple[str, ...]:
-    return op.inputs if isinstance(op, Join) else (op.match,)
+    if isinstance(op, Join):
+        return op.inputs
+    return (op.match, *op.parts) if isinstance(op, Stack) else (op.match,)
 
 
 def _matched(ops: Iterable[Op], names: list[str]) -> int:
@@ -334,6 +384,8 @@ def _matched(ops: Iterable[Op], names: list[str]) -> int:
 def _keys(op: Op) -> list[str]:
     # a join's part lengths come from its inputs: only its groups use the config
     sizes: list[Size | None] = [op.groups] if isinstance(op, Split | Join) else []
+    if isinstance(op, Unstack):
+        sizes.append(op.experts)
     if isinstance(op, Split):
         sizes += list(op.sizes)
     return [w for s in sizes if isinstance(s, str) for w in re.findall(r"[A-Za-z_]\w*", s)]
@@ -347,7 +399,9 @@ __all__ = [
     "PRESETS",
     "QWEN2_5",
     "QWEN3",
+    "QWEN3_MOE",
     "TO_HF",
+    "Experts",
     "Fused",
     "Preset",
     "Same",
