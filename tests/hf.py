@@ -67,7 +67,7 @@ def run_hf(code: str, args: Any = None, timeout: float = 600) -> Any:
 # Tiny random models of the preset families, saved with save_pretrained (safetensors), and their logits.
 MAKE_MODEL = """
 classes = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
-           "qwen3_moe": transformers.Qwen3MoeConfig}
+           "qwen3_moe": transformers.Qwen3MoeConfig, "deepseek_v3": transformers.DeepseekV3Config}
 for spec in ARGS["models"]:
     torch.manual_seed(0)
     common = dict(vocab_size=96, hidden_size=64, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,

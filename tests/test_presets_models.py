@@ -31,6 +31,21 @@ MOE = {
     "mlp_only_layers": [],
     "head_dim": 16,
 }
+DEEPSEEK = {
+    "moe_intermediate_size": 32,
+    "n_routed_experts": 4,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 2,
+    "n_group": 1,
+    "topk_group": 1,
+    "first_k_dense_replace": 1,
+    "num_key_value_heads": 4,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 16,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+}
 # preset -> (transformers family, config overrides)
 FAMILIES = {
     "llama": ("llama", {}),
@@ -38,6 +53,7 @@ FAMILIES = {
     "qwen2.5": ("qwen2", {}),
     "qwen3": ("qwen3", {"head_dim": 24}),  # head_dim * heads != hidden: the config's head_dim is used
     "qwen3-moe": ("qwen3_moe", MOE),
+    "deepseek-v3": ("deepseek_v3", DEEPSEEK),
 }
 
 
@@ -140,6 +156,20 @@ EXPECTED_LAYER0 = {  # MindFormers names of layer 0 and their shapes (hidden 64,
         "decoder.layers.0.input_layernorm.weight": (64,),
         "decoder.layers.0.pre_mlp_layernorm.weight": (64,),
     },
+    "deepseek-v3": {  # layer 0 is dense (first_k_dense_replace 1)
+        "decoder.layers.0.self_attention.linear_q_down_proj.weight": (32, 64),
+        "decoder.layers.0.self_attention.q_layernorm.weight": (32,),
+        "decoder.layers.0.self_attention.linear_q_up_proj.weight": (4 * 24, 32),
+        "decoder.layers.0.self_attention.linear_kv_down_proj.weight": (16 + 8, 64),
+        "decoder.layers.0.self_attention.kv_layernorm.weight": (16,),
+        "decoder.layers.0.self_attention.linear_kv_up_proj.weight": (4 * (16 + 16), 16),
+        "decoder.layers.0.self_attention.linear_proj.weight": (64, 4 * 16),
+        "decoder.layers.0.mlp.gating.weight": (80, 64),
+        "decoder.layers.0.mlp.hidden.weight": (80, 64),
+        "decoder.layers.0.mlp.linear_fc2.weight": (64, 80),
+        "decoder.layers.0.input_layernorm.weight": (64,),
+        "decoder.layers.0.pre_mlp_layernorm.weight": (64,),
+    },
 }
 TOP = {
     "llama": ("model.tok_embeddings.embedding_weight", "model.norm_out.weight", "lm_head.weight"),
@@ -154,7 +184,18 @@ def test_hf_to_mindformers_names_and_shapes(tiny, preset):
     assert layer0 == EXPECTED_LAYER0[preset]
     top = TOP["llama" if preset.startswith("llama") else "qwen"]
     assert set(top) <= set(mf)
-    assert len([n for n in mf if ".layers.1." in n]) == len(layer0)
+    layer1 = [n for n in mf if ".layers.1." in n]
+    if preset == "deepseek-v3":  # layer 1 is a MoE layer: router, shared experts, grouped experts
+        assert {
+            "decoder.layers.1.mlp.router.weight",
+            "decoder.layers.1.mlp.router.expert_bias",
+            "decoder.layers.1.mlp.shared_experts.gating.weight",
+            "decoder.layers.1.mlp.experts.weight1",
+            "decoder.layers.1.mlp.experts.weight2",
+        } <= set(layer1)
+        assert mf["decoder.layers.1.mlp.experts.weight1"].shape == (4 * 64, 2 * 32)
+    else:
+        assert len(layer1) == len(layer0)
 
 
 # MindFormers 2.1.0's own conversion functions on the same Hugging Face weights (oracle venv).
@@ -185,10 +226,14 @@ elif preset == "qwen2.5":
         for old, new in mapping:
             n = n.replace(old, new)
         mf[n] = a
-elif preset == "qwen3-moe":  # MindFormers' own convert ops: QKVConvertOp, ExpertsConvertOp, the weight mapping
+elif preset in ("qwen3-moe", "deepseek-v3"):  # MindFormers' own ops: QKVConvertOp, ExpertsConvertOp, weight mapping
     from mindformers.checkpoint.converter.convert_op import ExpertsConvertOp, QKVConvertOp
     from mindformers.models.qwen3_moe.utils import Qwen3MoePreTrainedModel
-    experts, moe_ffn = cfg.get("num_experts") or cfg["num_local_experts"], cfg["moe_intermediate_size"]
+    from mindformers.models.deepseek3.utils import DeepseekV3PreTrainedModel
+    deepseek = preset == "deepseek-v3"
+    mapping = (DeepseekV3PreTrainedModel if deepseek else Qwen3MoePreTrainedModel).weight_mapping
+    experts = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg["num_local_experts"]
+    moe_ffn = cfg["moe_intermediate_size"]
     qkv = QKVConvertOp(hf_names=["q", "k", "v"], mf_names=["qkv"])
     qkv.num_attention_heads, qkv.num_query_groups, qkv.kv_channels, qkv.hidden_size = heads, kv, head_dim, hidden
     qkv.tensor_model_parallel_size = qkv.optimizer_parallel_size = 1
@@ -199,15 +244,19 @@ elif preset == "qwen3-moe":  # MindFormers' own convert ops: QKVConvertOp, Exper
         return op
     for i in range(cfg["num_hidden_layers"]):
         p, d = f"model.layers.{i}.", f"decoder.layers.{i}."
-        mf[d + "self_attention.linear_qkv.weight"] = qkv._hf_to_mf(
-            [hf.pop(p + f"self_attn.{x}_proj.weight") for x in "qkv"])[0]
+        if not deepseek:
+            mf[d + "self_attention.linear_qkv.weight"] = qkv._hf_to_mf(
+                [hf.pop(p + f"self_attn.{x}_proj.weight") for x in "qkv"])[0]
+        if p + "mlp.experts.0.gate_proj.weight" not in hf:
+            continue
         stacked = {x: np.stack([hf.pop(p + f"mlp.experts.{e}.{x}_proj.weight") for e in range(experts)])
                    for x in ("gate", "up", "down")}
         mf[d + "mlp.experts.weight1"] = experts_op(["g", "u"])._hf_to_mf([stacked["gate"], stacked["up"]])[0]
         mf[d + "mlp.experts.weight2"] = experts_op(["d"])._hf_to_mf([stacked["down"]])[0]
     for n, a in hf.items():
-        for old, new in Qwen3MoePreTrainedModel.weight_mapping:
-            n = n.replace(old, new)
+        for old, new in mapping:
+            if old in n:  # as MindFormers' convert_name: each pair replaced where it occurs
+                n = n.replace(old, new)
         mf[n] = a
 else:  # qwen3: the training model's mixin concatenations (interleaved QKV per group, interleaved fc1)
     mapping = Qwen3.weight_mapping

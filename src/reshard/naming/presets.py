@@ -249,7 +249,44 @@ QWEN3_MOE = Preset(
     ),
 )
 
-PRESETS: Mapping[str, Preset] = {p.name: p for p in (LLAMA, LLAMA_QKV_CONCAT, QWEN2_5, QWEN3, QWEN3_MOE)}
+_MLA = _MCORE_LAYER + "self_attention."
+_HF_MLA = _HF_LAYER + "self_attn."
+
+DEEPSEEK_V3 = Preset(
+    "deepseek-v3",
+    "DeepSeek-V3, MindFormers names: MLA projections, dense and shared-expert MLPs, router, grouped experts",
+    (
+        Same("embedding.word_embeddings.weight", "model.embed_tokens.weight"),
+        Same("output_layer.weight", "lm_head.weight"),
+        Same("decoder.final_layernorm.weight", "model.norm.weight"),
+        Same(_MCORE_LAYER + "input_layernorm.weight", _HF_LAYER + "input_layernorm.weight"),
+        Same(_MCORE_LAYER + "pre_mlp_layernorm.weight", _HF_LAYER + "post_attention_layernorm.weight"),
+        Same(_MLA + "linear_q_down_proj.{P}", _HF_MLA + "q_a_proj.{P}"),
+        Same(_MLA + "q_layernorm.weight", _HF_MLA + "q_a_layernorm.weight"),
+        Same(_MLA + "linear_q_up_proj.{P}", _HF_MLA + "q_b_proj.{P}"),
+        Same(_MLA + "linear_q_proj.{P}", _HF_MLA + "q_proj.{P}"),  # q_lora_rank null: no down/up
+        Same(_MLA + "linear_kv_down_proj.{P}", _HF_MLA + "kv_a_proj_with_mqa.{P}"),
+        Same(_MLA + "kv_layernorm.weight", _HF_MLA + "kv_a_layernorm.weight"),
+        Same(_MLA + "linear_kv_up_proj.{P}", _HF_MLA + "kv_b_proj.{P}"),
+        Same(_MLA + "linear_proj.{P}", _HF_MLA + "o_proj.{P}"),
+        Same(_MCORE_LAYER + "mlp.router.weight", _HF_LAYER + "mlp.gate.weight"),
+        Same(_MCORE_LAYER + "mlp.router.expert_bias", _HF_LAYER + "mlp.gate.e_score_correction_bias"),
+        Same(_MCORE_LAYER + "mlp.shared_experts.gating.weight", _HF_LAYER + "mlp.shared_experts.gate_proj.weight"),
+        Same(_MCORE_LAYER + "mlp.shared_experts.hidden.weight", _HF_LAYER + "mlp.shared_experts.up_proj.weight"),
+        Same(_MCORE_LAYER + "mlp.shared_experts.linear_fc2.weight", _HF_LAYER + "mlp.shared_experts.down_proj.weight"),
+        Same(_MCORE_LAYER + "mlp.gating.weight", _HF_LAYER + "mlp.gate_proj.weight"),  # dense layers
+        Same(_MCORE_LAYER + "mlp.hidden.weight", _HF_LAYER + "mlp.up_proj.weight"),
+        Same(_MCORE_LAYER + "mlp.linear_fc2.weight", _HF_LAYER + "mlp.down_proj.weight"),
+        Experts(
+            _MCORE_LAYER + "mlp.experts.weight1",
+            (_HF_EXPERT + "gate_proj.weight", _HF_EXPERT + "up_proj.weight"),
+            "n_routed_experts",
+        ),
+        Experts(_MCORE_LAYER + "mlp.experts.weight2", (_HF_EXPERT + "down_proj.weight",), "n_routed_experts"),
+    ),
+)
+
+PRESETS: Mapping[str, Preset] = {p.name: p for p in (LLAMA, LLAMA_QKV_CONCAT, QWEN2_5, QWEN3, QWEN3_MOE, DEEPSEEK_V3)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -392,6 +429,7 @@ def _keys(op: Op) -> list[str]:
 
 
 __all__ = [
+    "DEEPSEEK_V3",
     "FROM_HF",
     "LLAMA",
     "LLAMA_QKV_CONCAT",
