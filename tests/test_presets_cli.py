@@ -20,11 +20,18 @@ from safetensors.numpy import load_file
 
 from tests.hf import load_models, make_models
 
-CASES = {"qwen3": ("qwen3", {"head_dim": 24}), "llama-qkv-concat": ("llama", {}), "qwen2.5": ("qwen2", {})}
+MOE = {"num_experts": 4, "moe_intermediate_size": 32, "num_experts_per_tok": 2, "head_dim": 16}
+CASES = {
+    "qwen3": ("qwen3", {"head_dim": 24}),
+    "llama-qkv-concat": ("llama", {}),
+    "qwen2.5": ("qwen2", {}),
+    "qwen3-moe": ("qwen3_moe", MOE),
+}
 MINDFORMERS_NAME = {  # a MindFormers name of layer 0 each preset's output must hold
     "qwen3": "decoder.layers.0.self_attention.linear_qkv.weight",
     "llama-qkv-concat": "model.layers.0.attention.w_qkv.weight",
     "qwen2.5": "decoder.layers.0.self_attention.linear_q.bias",
+    "qwen3-moe": "decoder.layers.1.mlp.experts.weight1",
 }
 
 
@@ -92,7 +99,7 @@ def test_hf_to_mindformers_to_hf_with_the_original_logits(tiny, hf, tmp_path, pr
         "--hf-config",
         config,
     )
-    assert ("split" if preset != "qwen2.5" else "renamed") in proc.stderr  # the name report
+    assert ("renamed" if preset == "qwen2.5" else "unstack" if preset == "qwen3-moe" else "split") in proc.stderr
     out = tmp_path / "hf"
     assert json.loads((out / "config.json").read_text()) == json.loads((src / "config.json").read_text())
     [got] = load_models(hf, [(out, src / "logits.npy")])

@@ -13,6 +13,9 @@ What each family needs — and where in MindFormers 2.1.0 it was read — is in 
   self_attention.linear_q``, ``mlp.gating``, ...; pure renames, biases included).
 * ``qwen3`` — Qwen3 as MindFormers' training model holds it: fused ``linear_qkv`` (grouped per
   key-value head) and ``linear_fc1`` (gate and up rows interleaved), ``q_layernorm``/``k_layernorm``.
+* ``qwen3-moe`` / ``deepseek-v3`` — plus the routed experts as MindFormers' grouped ``weight1``
+  (each expert's gate and up, transposed, side by side) and ``weight2`` (down, transposed), the
+  router, shared experts and (DeepSeek-V3) multi-head latent attention's projections.
 
 Each family is ONE table of (MindFormers, Hugging Face) name pairs and fused tensors; both
 directions are made from it, so they cannot drift apart. Every name may carry an optimizer prefix
