@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -429,3 +430,64 @@ def test_hugging_face_folder_mapped_then_sliced_for_a_strategy(
             else:
                 np.testing.assert_array_equal(value, want[name])
         assert {n for n in want if not n.endswith(("w1.weight", "w3.weight"))} <= set(got)
+
+
+def test_auto_transform_keys_its_cache_by_the_filters(d: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    common = [str(d / "ckpt_8ranks"), "--dst-strategy", str(d / "strategy_4"), "--src-strategy", str(d / "strategy_8")]
+    common += ["--cache-dir", str(cache), "--rank-id", "0", "--quiet"]
+    plain = run_cli("auto-transform", *common)
+    weights = run_cli("auto-transform", *common, "--weights-only")
+    assert plain.returncode == 0 and weights.returncode == 0, weights.stderr
+    a, b = plain.stdout.strip(), weights.stdout.strip()
+    assert os.path.dirname(os.path.dirname(a)) != os.path.dirname(os.path.dirname(b))  # two cache entries
+    assert any(n.startswith("adam_") for n in open_checkpoint(a).entries)
+    assert not any(n.startswith(STATE) for n in open_checkpoint(b).entries)
+    entry = json.loads((Path(b).parent.parent / "entry.json").read_text())
+    assert entry["names"]["weights_only"] is True
+
+
+SURGERY_YAML = r"""
+config: {heads: 4}
+rules:
+  - op: join
+    inputs: ['(.*)\.wq\.weight', '(.*)\.wk\.weight', '(.*)\.wv\.weight']
+    output: '\1.wqkv.weight'
+    axis: 0
+    groups: heads
+  - {op: stack, match: 'model\.layers\.(?P<expert>\d+)\.attention\.wo\.weight', output: stacked.wo, axis: 1}
+  - {op: stack, match: 'model\.layers\.(?P<expert>\d+)\.feed_forward\.w2\.weight', output: stacked.w2}
+  - {match: 'model\.(.*)', replace: 'm.\1'}
+"""
+
+
+def test_a_rules_file_with_surgery_ops(d: Path, tmp_path: Path, full: dict[str, np.ndarray]) -> None:
+    rules = tmp_path / "surgery.yaml"
+    rules.write_text(SURGERY_YAML)
+    out = tmp_path / "out"
+    proc = run_cli(
+        "transform", "--src", str(d / "ckpt_8ranks"), "--src-strategy", str(d / "strategy_8"), "--dst", str(out),
+        "--output-format", "safetensors", "--rename", str(rules), "--quiet",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "14 split/joined/stacked" in proc.stderr  # --quiet: the counts line only
+    check_surgery(load(out), full)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[{op: shuffle, match: a}]", "unknown op 'shuffle'"),
+        ("[{op: split, match: a, outputs: [b, c], axis: 0}]", "(split) lacks sizes"),
+        ("[{op: stack, match: a, output: b, colour: red}]", "unknown keys colour"),
+        ("[{op: join, inputs: ['('], output: b, axis: 0}]", "bad regular expression"),
+        ("[{op: unstack, match: a, output: b, fold: true}]", "unknown keys fold"),
+        ("[{op: transpose, match: a, replace: b, perm: one}]", "perm must be a list of integers"),
+        ("{rules: [{match: a, replace: b}], config: [1]}", "config is a mapping"),
+    ],
+)
+def test_bad_surgery_rules(tmp_path: Path, text: str, message: str) -> None:
+    from reshard.naming import parse_map
+
+    with pytest.raises(UsageError, match=re.escape(message)):
+        parse_map(text, "rules.yaml")

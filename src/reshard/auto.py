@@ -53,6 +53,7 @@ from reshard.formats.strategy import (
     read_strategy,
 )
 from reshard.layout import device_num, stage_count
+from reshard.naming import NameOptions
 from reshard.sources import CHECKPOINT2, HUGGING_FACE, UNIFIED, identify
 from reshard.sources.conventions import find_source_strategy, needs_strategy
 from reshard.text import parse_size
@@ -289,12 +290,21 @@ def file_identity(path: str, root: str) -> str:
 
 
 def cache_key(
-    checkpoint: str, src: StrategyFile | None, dst: StrategyFile, output_format: str | None
+    checkpoint: str,
+    src: StrategyFile | None,
+    dst: StrategyFile,
+    output_format: str | None,
+    names: NameOptions | None = None,
 ) -> tuple[str, dict[str, object]]:
-    """The entry name (32 hex digits) and the facts it was computed from (kept in ``entry.json``)."""
+    """The entry name (32 hex digits) and the facts it was computed from (kept in ``entry.json``).
+
+    Filters and maps (``names``) are part of the key when given (without them the key is unchanged).
+    """
     files = source_files(checkpoint)
     root = os.path.dirname(os.path.abspath(checkpoint))
     digest = hashlib.sha256(f"reshard-auto 1 {__version__} {output_format}\n".encode())
+    if names is not None and names.active:
+        digest.update(f"names {names.fingerprint()}\n".encode())
     for path in files:
         digest.update(file_identity(path, root).encode("utf-8", "surrogateescape") + b"\n")
     for sf in (src, dst):
@@ -308,6 +318,8 @@ def cache_key(
         "src_strategy": src.path if src is not None else None,
         "dst_strategy": dst.path,
     }
+    if names is not None and names.active:
+        facts["names"] = json.loads(names.fingerprint())
     return digest.hexdigest()[:32], facts
 
 
@@ -392,6 +404,7 @@ class Conversion:
     output_format: str | None
     entry: str
     say: Callable[[str], None]
+    names: NameOptions | None = None
 
     def rank(self, rank: int) -> str:
         """Convert ``rank`` into the entry (the caller holds its lock) and return its file."""
@@ -410,6 +423,7 @@ class Conversion:
             output_format=self.output_format,
             ranks=[rank],
             manifest=False,
+            names=self.names,
         )
         produced = os.path.join(work, f"rank_{rank}")
         names = sorted(os.listdir(produced))
@@ -662,6 +676,7 @@ def auto_transform(
     local_ranks: Sequence[int] | None = None,
     max_cache_bytes: int | str | None = None,
     on_note: Callable[[str], None] | None = None,
+    names: NameOptions | None = None,
 ) -> str:
     """The file rank ``rank_id`` of a starting job must load, converted once for all callers.
 
@@ -693,6 +708,8 @@ def auto_transform(
             (``$RESHARD_CACHE_MAX_AGE_DAYS``) are removed too.
         on_note: Called with each note for the user as it arises (waiting, converting, the source
             strategy found; None: dropped).
+        names: Which tensors to keep and what to call them (``NameOptions``, as ``api.transform``
+            takes; part of the cache key). None: every tensor, names kept.
 
     Returns:
         The path of the file rank ``rank_id`` loads; its folder's parent is the entry, which holds
@@ -728,11 +745,11 @@ def auto_transform(
         raise LayoutError(
             f"rank {ranks[-1]} is outside the {total} ranks of the destination strategy{hint}", dst_strategy
         )
-    key, facts = cache_key(checkpoint, src, dst, output_format)
+    key, facts = cache_key(checkpoint, src, dst, output_format, names)
     entry = os.path.join(cache, key)
     with entry_in_use(entry):
         _describe_entry(entry, facts)
-        files = ensure_ranks(Conversion(checkpoint, src, dst, output_format, entry, say), ranks)
+        files = ensure_ranks(Conversion(checkpoint, src, dst, output_format, entry, say, names), ranks)
         _touch(os.path.join(entry, LAST_USED))
         evict(cache, policy, keep=[entry])
     return files[rank_id]

@@ -712,6 +712,7 @@ def cmd_auto_transform(args: argparse.Namespace) -> None:
         local_ranks=args.local_ranks,
         max_cache_bytes=args.max_cache_bytes,
         on_note=lambda note: _notes([note], args),
+        **_names(args),
     )
     print(path)
 
@@ -1274,6 +1275,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local-ranks", type=_parse_ranks, help="this node's ranks (e.g. 0-7), converted together")
     p.add_argument("--max-cache-bytes", help="evict the oldest unused entries beyond this size (e.g. 500GB)")
     p.add_argument("--quiet", action="store_true", help="no notes on stderr")
+    _add_name_flags(p)
     p.set_defaults(func=cmd_auto_transform)
 
     p = sub.add_parser("rank-list", help="source ranks a destination rank needs")

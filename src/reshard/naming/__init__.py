@@ -10,7 +10,7 @@ planners compose them onto box copies and the executors stream them like any oth
   pieces of input tensors);
 * ``expr`` — sizes as arithmetic over the model config; ``config`` — reading that config
   (``config.json`` or a MindFormers YAML);
-* ``rules`` — ``--rename`` rules files (JSON or YAML);
+* ``rules`` — ``--rename`` rules files (JSON or YAML; renames, and any operation with ``op:``);
 * ``options`` — ``NameOptions``, what an operation's ``names=`` takes;
 * ``report`` — the name report, ``--strict`` and the "map for another model family" guard.
 """
@@ -35,7 +35,7 @@ from reshard.naming.ops import (
 )
 from reshard.naming.options import NameOptions
 from reshard.naming.report import FOREIGN_FAMILY_THRESHOLD, NameReport, check_family, check_strict
-from reshard.naming.rules import load_rules, parse_rules
+from reshard.naming.rules import load_rules, parse_map, parse_rules
 
 __all__ = [
     "EXCLUDE",
@@ -65,5 +65,6 @@ __all__ = [
     "load_config",
     "load_rules",
     "name_filter",
+    "parse_map",
     "parse_rules",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from reshard.naming.filters import NameFilter
@@ -27,6 +28,20 @@ class NameOptions:
     @property
     def active(self) -> bool:
         return self.filter.active or self.model_map is not None
+
+    def fingerprint(self) -> str:
+        """Text that is the same exactly when the options keep and name the same tensors (a cache key's part)."""
+        state = self.filter.state
+        doc = {
+            "rules": [list(rule) for rule in self.filter.rules],
+            "weights_only": self.filter.weights_only,
+            "state": [sorted(state.prefixes), sorted(state.names)] if self.filter.weights_only else None,
+            "map": repr(self.model_map.ops) if self.model_map is not None else None,
+            "config": json.dumps(dict(self.model_map.config), sort_keys=True, default=str) if self.model_map else None,
+            "strict": self.strict,
+            "guard_family": self.guard_family,
+        }
+        return json.dumps(doc, sort_keys=True)
 
 
 __all__ = ["NameOptions"]
