@@ -247,6 +247,10 @@ def test_bad_input(tiny, demo, tmp_path):
         config,
     )
     [mf_file] = sorted((tmp_path / "mf").glob("*.ckpt"))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"num_attention_heads": 4,')
+    yaml_config = tmp_path / "model.yaml"  # a MindFormers YAML gives sizes, but is no config.json to copy
+    yaml_config.write_text("model:\n  model_config:\n    num_attention_heads: 4\n")
     cases = [
         # a preset for another family: most names unmatched
         (["convert", str(mf_file), "--to", "safetensors", "--hf", "--preset", "llama"], "another model family"),
@@ -263,12 +267,26 @@ def test_bad_input(tiny, demo, tmp_path):
             ],
             "another model family",
         ),
+        (
+            [
+                "convert",
+                str(mf_file),
+                "--to",
+                "safetensors",
+                "--hf",
+                "--preset",
+                "qwen3",
+                "--hf-config",
+                str(yaml_config),
+            ],
+            "must be a JSON object",
+        ),
         # surgery without the config's sizes
         (["convert", str(mf_file), "--to", "safetensors", "--hf", "--preset", "qwen3"], "'num_key_value_heads'"),
         # a config.json that is not one
         (
-            ["convert", str(mf_file), "--to", "safetensors", "--hf", "--preset", "qwen3", "--hf-config", str(mf_file)],
-            "not a JSON file",
+            ["convert", str(mf_file), "--to", "safetensors", "--hf", "--preset", "qwen3", "--hf-config", str(bad)],
+            "does not parse",
         ),
         (
             [
@@ -282,7 +300,7 @@ def test_bad_input(tiny, demo, tmp_path):
                 "--hf-config",
                 str(tmp_path / "absent.json"),
             ],
-            "--hf-config",
+            "cannot read model config",
         ),
         # --hf-config with neither --hf nor --preset: nothing would use it
         (["convert", str(mf_file), "--to", "safetensors", "--hf-config", config], "--hf-config"),

@@ -38,6 +38,7 @@ from reshard.execute.options import DEFAULT_MAX_MEMORY, RunOptions, WriteOptions
 from reshard.formats.base import write_whole
 from reshard.formats.layout_dir import PICKS
 from reshard.naming import EXCLUDE, INCLUDE, ModelMap, NameOptions, NameReport, load_rules, name_filter, presets
+from reshard.naming.config import load_config
 from reshard.naming.presets import PRESETS
 from reshard.plan import Plan
 from reshard.text import format_size, one_line, parse_size
@@ -482,15 +483,24 @@ def _preset_map(args: argparse.Namespace) -> ModelMap | None:
         raise UsageError("--hf-config needs --hf (to copy it) or --preset (to take sizes from it)")
     config = None
     if path:
+        config = load_config(path)  # names what is wrong with the file, before any checkpoint is read
         try:
             with open(path, "rb") as f:
-                args.hf_config_bytes = f.read()  # the bytes copied beside the shards: the file as read
+                args.hf_config_bytes = f.read()  # copied beside the shards as it is
         except OSError as e:
             raise UsageError(f"--hf-config {path}: {e.strerror or e}") from None
-        config = presets.parse_hf_config(args.hf_config_bytes, path)
+        if hf and not _is_json_object(args.hf_config_bytes):
+            raise UsageError(f"--hf-config {path}: with --hf it is copied as config.json, so it must be a JSON object")
     if name is None:
         return None
     return presets.preset_map(name, None, config, presets.TO_HF if hf else None)
+
+
+def _is_json_object(raw: bytes) -> bool:
+    try:
+        return isinstance(json.loads(raw), dict)
+    except ValueError:
+        return False
 
 
 def _copy_hf_config(report: api.Report, args: argparse.Namespace) -> None:

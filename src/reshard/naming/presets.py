@@ -27,7 +27,6 @@ that only renames needs no config at all.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -384,32 +383,6 @@ def preset_map(
     return ModelMap(ops, values, f"preset {name}")
 
 
-def parse_hf_config(raw: bytes, path: str) -> dict[str, object]:
-    """The values of a Hugging Face ``config.json`` (``--hf-config``), given its bytes.
-
-    Args:
-        raw: The file's bytes.
-        path: Its path, for messages.
-
-    Returns:
-        Its top-level keys and values.
-
-    Raises:
-        UsageError: The bytes are not JSON, or not a JSON object.
-
-    Example:
-        from reshard.naming.presets import parse_hf_config
-        assert parse_hf_config(b'{"head_dim": 64}', "config.json") == {"head_dim": 64}
-    """
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UsageError(f"--hf-config {path}: not a JSON file ({e})") from None
-    if not isinstance(doc, dict):
-        raise UsageError(f"--hf-config {path}: a config.json is a JSON object, this is a {type(doc).__name__}")
-    return doc
-
-
 def _patterns(op: Op) -> tuple[str, ...]:
     if isinstance(op, Join):
         return op.inputs
@@ -449,6 +422,5 @@ __all__ = [
     "direction_for",
     "get_preset",
     "model_config",
-    "parse_hf_config",
     "preset_map",
 ]
