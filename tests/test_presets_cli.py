@@ -336,3 +336,15 @@ def test_strict_refuses_what_the_preset_leaves_unmatched(demo, tmp_path):
         "--weights-only",
     )
     assert "model.layers.3.mlp.down_proj.weight" in tensors(tmp_path / "b")
+
+
+def test_demo_round_trip_through_hf_names_without_a_config(demo, tmp_path):
+    """The README's commands: llama only renames, so no config; optimizer states and step counters come back too."""
+    full = demo / "full" / "model.ckpt"
+    ok("convert", str(full), str(tmp_path / "hf"), "--to", "safetensors", "--hf", "--preset", "llama")
+    ok("convert", str(tmp_path / "hf" / "model.safetensors"), str(tmp_path / "mf"), "--to", "ckpt", "--preset", "llama")
+    original = ckpt_tensors(full, tmp_path / "a")
+    again = ckpt_tensors(tmp_path / "mf" / "model.ckpt", tmp_path / "b")
+    assert sorted(again) == sorted(original)
+    for name, array in original.items():
+        assert again[name].dtype == array.dtype and again[name].tobytes() == array.tobytes(), name
