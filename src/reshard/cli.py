@@ -35,8 +35,11 @@ from reshard import __version__, api, cli_help
 from reshard.errors import ReshardError, UsageError
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM
 from reshard.execute.options import DEFAULT_MAX_MEMORY, RunOptions, WriteOptions, default_workers
+from reshard.formats.base import write_whole
 from reshard.formats.layout_dir import PICKS
-from reshard.naming import EXCLUDE, INCLUDE, ModelMap, NameOptions, NameReport, load_rules, name_filter
+from reshard.naming import EXCLUDE, INCLUDE, ModelMap, NameOptions, NameReport, load_rules, name_filter, presets
+from reshard.naming.config import load_config
+from reshard.naming.presets import PRESETS
 from reshard.plan import Plan
 from reshard.text import format_size, one_line, parse_size
 
@@ -415,6 +418,7 @@ def _finish(report: api.Report, args: argparse.Namespace, dst: str | None = None
     _end_progress()
     _notes(report.notes, args)
     _print_names(report.names, args)
+    _copy_hf_config(report, args)
     if getattr(args, "dry_run", False) or getattr(args, "json", False):
         print_plan(report.plan, getattr(args, "json", False), report.names)
     else:
@@ -461,6 +465,7 @@ def _add_name_flags(p: argparse.ArgumentParser) -> None:
         f"stderr lists the first {NAME_REPORT_LINES} of each kind",
     )
     p.set_defaults(name_rules=None)
+    _add_preset_flags(p)
 
 
 def _names(args: argparse.Namespace) -> dict[str, Any]:
@@ -473,16 +478,76 @@ def _names(args: argparse.Namespace) -> dict[str, Any]:
     strict = getattr(args, "strict", False)
     model_map = _model_map(args)
     if strict and model_map is None:
-        raise UsageError("--strict needs --rename (it refuses names no rule matches)")
+        raise UsageError("--strict needs --rename or --preset (it refuses names no rule matches)")
     if not (rules or weights_only or model_map):
         return {}
-    return {"names": NameOptions(name_filter(order=rules, weights_only=weights_only), model_map, strict)}
+    guard = getattr(args, "preset", None) is not None
+    return {"names": NameOptions(name_filter(order=rules, weights_only=weights_only), model_map, strict, guard)}
 
 
 def _model_map(args: argparse.Namespace) -> ModelMap | None:
-    """The model map the flags give: ``--rename RULES`` (None: names kept)."""
+    """The model map the flags give: ``--rename RULES`` or ``--preset NAME`` (None: names kept)."""
     rename = getattr(args, "rename", None)
-    return load_rules(rename) if rename else None
+    if rename and getattr(args, "preset", None):
+        raise UsageError("--rename and --preset are two name maps: give one")
+    preset = _preset_map(args)
+    return load_rules(rename) if rename else preset
+
+
+# ------------------------------------------------------------------------------------ presets
+
+
+def _add_preset_flags(p: argparse.ArgumentParser) -> None:
+    """``--preset NAME`` and ``--hf-config FILE`` (docs/presets.md)."""
+    p.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        help="MindFormers <-> Hugging Face names of a model family, with its tensor surgery (docs/presets.md); "
+        "with --hf: to Hugging Face names",
+    )
+    p.add_argument(
+        "--hf-config",
+        metavar="FILE",
+        help="the model's Hugging Face config.json: gives --preset the sizes its surgery needs; with --hf it is "
+        "copied into the output",
+    )
+
+
+def _preset_map(args: argparse.Namespace) -> ModelMap | None:
+    """The preset's map; ``--hf-config`` is read here, before any checkpoint (bad: nothing written)."""
+    name, path = getattr(args, "preset", None), getattr(args, "hf_config", None)
+    hf = getattr(args, "hf", False)
+    if path and not (hf or name):
+        raise UsageError("--hf-config needs --hf (to copy it) or --preset (to take sizes from it)")
+    config = None
+    if path:
+        config = load_config(path)  # names what is wrong with the file, before any checkpoint is read
+        try:
+            with open(path, "rb") as f:
+                args.hf_config_bytes = f.read()  # copied beside the shards as it is
+        except OSError as e:
+            raise UsageError(f"--hf-config {path}: {e.strerror or e}") from None
+        if hf and not _is_json_object(args.hf_config_bytes):
+            raise UsageError(f"--hf-config {path}: with --hf it is copied as config.json, so it must be a JSON object")
+    if name is None:
+        return None
+    return presets.preset_map(name, None, config, presets.TO_HF if hf else None)
+
+
+def _is_json_object(raw: bytes) -> bool:
+    try:
+        return isinstance(json.loads(raw), dict)
+    except ValueError:
+        return False
+
+
+def _copy_hf_config(report: api.Report, args: argparse.Namespace) -> None:
+    """With ``--hf --hf-config``: the config.json beside the shards (copied, never invented)."""
+    raw = getattr(args, "hf_config_bytes", None)
+    if raw is None or not getattr(args, "hf", False) or getattr(args, "dry_run", False) or not report.plan.files:
+        return
+    folder = os.path.dirname(report.plan.files[0].path)
+    write_whole(os.path.join(folder, "config.json"), raw)
 
 
 NAME_REPORT_LINES = 10  # names listed per kind on stderr; --names-report FILE keeps every one

@@ -101,6 +101,11 @@ class Stack:
     axis: int = 0
     perm: tuple[int, ...] | None = None
     fold: bool = False
+    # Further parts of each expert (folded stacks): ``parts[k]`` matches part k+1 of the same
+    # experts; each expert's parts, permuted, are joined along ``part_axis`` of the output
+    # (MindFormers' ``weight1`` is gate.T | up.T per expert: ``parts=(up,), part_axis=1``).
+    parts: tuple[str, ...] = ()
+    part_axis: int = -1
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,10 @@ class Unstack:
     axis: int = 0
     perm: tuple[int, ...] | None = None
     experts: Size | None = None
+    # Further parts of each expert (with ``experts``): each permuted block is split into
+    # ``1 + len(outputs)`` equal parts along ``part_axis`` of the outputs; ``outputs[k]`` names part k+1.
+    outputs: tuple[str, ...] = ()
+    part_axis: int = 0
 
 
 Op = Rename | Transpose | Split | Join | Stack | Unstack
@@ -249,8 +258,12 @@ def _compile(op: Op) -> list[re.Pattern[str]]:
             raise UsageError(f"join into {op.output!r} names no inputs")
         return [_regex(p) for p in op.inputs]
     regex = _regex(op.match)
-    if isinstance(op, Stack) and "expert" not in regex.groupindex:
-        raise UsageError(f"stack pattern {op.match!r} needs a named group (?P<expert>...) for the expert index")
+    if isinstance(op, Stack):
+        regexes = [regex, *(_regex(p) for p in op.parts)]
+        for r in regexes:
+            if "expert" not in r.groupindex:
+                raise UsageError(f"stack pattern {r.pattern!r} needs a named group (?P<expert>...), the expert index")
+        return regexes
     return [regex]
 
 
@@ -419,6 +432,8 @@ def _join(
 
 
 def _stacks(op: Stack, claimed: list[tuple[str, re.Match[str]]], catalogue: Mapping[str, TensorInfo]) -> Made:
+    if op.parts:
+        return _part_stacks(op, claimed, catalogue)
     groups: dict[str, dict[int, str]] = {}
     for name, m in claimed:
         target = _expand(m, op.output)
@@ -434,6 +449,59 @@ def _stacks(op: Stack, claimed: list[tuple[str, re.Match[str]]], catalogue: Mapp
         inputs = tuple(experts[e] for e in range(len(experts)))
         made.append((inputs, [_stack(op, target, inputs, catalogue)]))
     return made
+
+
+def _part_stacks(op: Stack, claimed: list[tuple[str, re.Match[str]]], catalogue: Mapping[str, TensorInfo]) -> Made:
+    """Stacks whose experts have several parts (``op.parts``): ``[(expert, part) -> name]`` per output."""
+    patterns = [op.match, *op.parts]
+    groups: dict[str, dict[tuple[int, int], str]] = {}
+    for name, m in claimed:
+        target = _expand(m, op.output)
+        slots = groups.setdefault(target, {})
+        key = (int(m.group("expert")), patterns.index(m.re.pattern))
+        if key in slots:
+            raise UsageError(f"{slots[key]!r} and {name!r} are both part {key[1]} of expert {key[0]} of {target!r}")
+        slots[key] = name
+    made: Made = []
+    for target, slots in groups.items():
+        experts = sorted({e for e, _ in slots})
+        if experts != list(range(len(experts))):
+            raise UsageError(f"stack into {target!r}: expert indices {experts} are not 0..{len(experts) - 1}")
+        missing = [(e, p) for e in experts for p in range(len(patterns)) if (e, p) not in slots]
+        if missing:
+            e, p = missing[0]
+            raise UsageError(f"stack into {target!r}: expert {e} has no tensor matching {patterns[p]!r}")
+        grid = [[slots[(e, p)] for p in range(len(patterns))] for e in experts]
+        inputs = tuple(n for row in grid for n in row)
+        made.append((inputs, [_part_stack(op, target, grid, catalogue)]))
+    return made
+
+
+def _part_stack(op: Stack, target: str, grid: list[list[str]], catalogue: Mapping[str, TensorInfo]) -> Derived:
+    what = f"stack into {target!r}"
+    if not op.fold:
+        raise UnsupportedError(f"{what}: experts with several parts are stacked with fold=True only")
+    first = catalogue[grid[0][0]]
+    for name in (n for row in grid for n in row):
+        if catalogue[name] != first:
+            info = catalogue[name]
+            raise UsageError(
+                f"{what}: {name!r} is {info.dtype} {list(info.shape)}, {grid[0][0]!r} {first.dtype} {list(first.shape)}"
+            )
+    ndim = len(first.shape)
+    perm = _perm(op.perm, ndim, what)
+    part = tuple(first.shape[a] for a in perm)  # one part of one expert, permuted
+    axis, part_axis = _axis(op.axis, ndim, what), _axis(op.part_axis, ndim, what)
+    block = _with(part, part_axis, part[part_axis] * len(grid[0]))  # one expert, its parts joined
+    shape = _with(block, axis, block[axis] * len(grid))
+    zeros, folded = (0,) * ndim, _nontrivial(perm)
+    pieces = []
+    for e, row in enumerate(grid):
+        for p, name in enumerate(row):
+            dst = list(_box_along(shape, axis, e * block[axis], block[axis])[0])
+            dst[part_axis] += p * part[part_axis]
+            pieces.append(Piece(name, zeros, tuple(dst), part, perm=folded))
+    return Derived(target, shape, first.dtype, tuple(pieces))
 
 
 def _stack(op: Stack, target: str, inputs: tuple[str, ...], catalogue: Mapping[str, TensorInfo]) -> Derived:
@@ -479,6 +547,8 @@ def _unstack(op: Unstack, name: str, m: re.Match[str], info: TensorInfo, config:
     template = _expand(m, op.output)
     if "{expert}" not in template:
         raise UsageError(f"{what}: output template {op.output!r} needs {{expert}} where the expert index goes")
+    if op.outputs:
+        return _part_unstack(op, name, m, info, config)
     if op.experts is not None:  # folded: ``experts`` equal blocks along ``axis``
         experts = evaluate(op.experts, config)
         if experts < 1 or info.shape[axis] % experts:
@@ -516,6 +586,38 @@ def _unstack(op: Unstack, name: str, m: re.Match[str], info: TensorInfo, config:
         src_start, _ = _box_along(view, axis, e * inner, inner)
         piece = Piece(name, src_start, (0,) * len(shape), shape, view=view, perm=_nontrivial(perm))
         out.append(Derived(template.replace("{expert}", str(e)), shape, info.dtype, (piece,)))
+    return out
+
+
+def _part_unstack(
+    op: Unstack, name: str, m: re.Match[str], info: TensorInfo, config: Mapping[str, object]
+) -> list[Derived]:
+    """The inverse of a stack with parts: each expert's permuted block split into equal parts."""
+    what = f"unstack of {name!r}"
+    if op.experts is None:
+        raise UnsupportedError(f"{what}: experts with several parts are unstacked from folded blocks (experts=...)")
+    templates = [_expand(m, t) for t in (op.output, *op.outputs)]
+    if any("{expert}" not in t for t in templates):
+        raise UsageError(f"{what}: every output template needs {{expert}} where the expert index goes")
+    ndim = len(info.shape)
+    axis, part_axis = _axis(op.axis, ndim, what), _axis(op.part_axis, ndim, what)
+    experts = evaluate(op.experts, config)
+    if experts < 1 or info.shape[axis] % experts:
+        raise UsageError(f"{what}: axis {axis} of length {info.shape[axis]} is not {experts} equal blocks")
+    block = _with(info.shape, axis, info.shape[axis] // experts)
+    perm = _perm(op.perm, ndim, what)
+    permuted = tuple(block[a] for a in perm)
+    n = len(templates)
+    if permuted[part_axis] % n:
+        raise UsageError(f"{what}: axis {part_axis} of each expert ({permuted[part_axis]}) is not {n} equal parts")
+    shape = _with(permuted, part_axis, permuted[part_axis] // n)
+    out = []
+    for e in range(experts):
+        for p, template in enumerate(templates):
+            src = list(_box_along(block, axis, e * block[axis], block[axis])[0])
+            src[perm[part_axis]] += p * shape[part_axis]
+            piece = Piece(name, tuple(src), (0,) * ndim, shape, perm=_nontrivial(perm))
+            out.append(Derived(template.replace("{expert}", str(e)), shape, info.dtype, (piece,)))
     return out
 
 
