@@ -163,8 +163,8 @@ def demo(tmp_path_factory):
 
 
 def test_demo_rank_folders_to_hf_with_preset_llama_load_in_transformers(demo, hf, tmp_path):
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps(DEMO_CONFIG))
+    config = demo / "config.json"  # the demo writes its model's config for --hf-config
+    assert json.loads(config.read_text()) == DEMO_CONFIG
     out = tmp_path / "hf"
     proc = ok(
         "transform",

@@ -2,8 +2,8 @@
 
 Each guide under "## Guides" with a ``bash`` block is run in a fresh folder holding only ``demo``
 (what ``reshard demo --dir demo`` wrote), with ``reshard`` meaning this checkout's command; its
-outputs are then checked. The README keeps its first two commands first, the placeholder of the
-Hugging Face export guide, and links that land on real headings.
+outputs are then checked. The README keeps its first two commands first and links that land on
+real headings.
 """
 
 from __future__ import annotations
@@ -21,7 +21,13 @@ from reshard import cli
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 GUIDES = README.split("\n## Guides\n", 1)[1].split("\n## ", 1)[0]
-RUNNABLE = ("Merge for inference", "Reshard for a new cluster", "Encrypted weights", "A node without a shared disk")
+RUNNABLE = (
+    "Merge for inference",
+    "Hugging Face export with a preset",
+    "Reshard for a new cluster",
+    "Encrypted weights",
+    "A node without a shared disk",
+)
 
 
 def _guides() -> dict[str, str]:
@@ -71,10 +77,27 @@ def test_the_first_two_commands_stay_first() -> None:
     assert README.index("## Guides") > README.index("```bash\n")
 
 
-def test_the_guides_are_there_with_the_hf_export_placeholder() -> None:
+def test_hugging_face_export_with_a_preset(demo_root: Path, tmp_path: Path) -> None:
+    import json
+
+    from reshard.formats.safetensors import read_safetensors
+
+    proc = _run_guide("Hugging Face export with a preset", demo_root, tmp_path)
+    entries = read_safetensors(str(tmp_path / "hf_llama" / "model.safetensors")).entries
+    names = set(entries)
+    assert "model.layers.0.self_attn.q_proj.weight" in names and "model.embed_tokens.weight" in names
+    assert not any(n.startswith(("adam_", "global_step", "learning_rate")) for n in names)
+    assert {e.dtype.ms_name for e in entries.values()} == {"BFloat16"}
+    assert json.loads((tmp_path / "hf_llama" / "config.json").read_text())["model_type"] == "llama"
+    report = json.loads((tmp_path / "names.json").read_text())
+    assert report["counts"]["renamed"] == 39 and report["counts"]["dropped"] == 80
+    assert "SAME: 39 match" in proc.stdout
+
+
+def test_the_guides_are_there() -> None:
     titles = list(_guides())
     assert titles[: len(RUNNABLE)] == list(RUNNABLE) and "MindFormers 2.x" in titles
-    assert README.count("<!-- guide: hf-export -->") == 1 and "<!-- guide: hf-export -->" in GUIDES
+    assert "<!-- guide:" not in README  # no placeholder left
 
 
 def test_links_of_the_guides_land_on_headings() -> None:
@@ -112,6 +135,6 @@ def test_encrypted_weights(demo_root: Path, tmp_path: Path) -> None:
 
 def test_a_node_without_a_shared_disk(demo_root: Path, tmp_path: Path) -> None:
     proc = _run_guide("A node without a shared disk", demo_root, tmp_path)
-    assert sorted(p.name for p in (tmp_path / "node0" / "ckpt").iterdir()) == ["rank_0", "rank_2", "rank_4", "rank_6"]
+    assert sorted(p.name for p in (tmp_path / "node0" / "ckpt").iterdir()) == ["rank_0", "rank_2", "rank_4"]
     assert [p.name for p in (tmp_path / "node0" / "out").iterdir() if p.is_dir()] == ["rank_0"]
     assert "SAME: 59 match" in proc.stdout

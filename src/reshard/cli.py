@@ -37,7 +37,17 @@ from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM
 from reshard.execute.options import DEFAULT_MAX_MEMORY, RunOptions, WriteOptions, default_workers
 from reshard.formats.base import write_whole
 from reshard.formats.layout_dir import PICKS
-from reshard.naming import EXCLUDE, INCLUDE, ModelMap, NameOptions, NameReport, load_rules, name_filter, presets
+from reshard.naming import (
+    EXCLUDE,
+    INCLUDE,
+    ModelMap,
+    NameFilter,
+    NameOptions,
+    NameReport,
+    load_rules,
+    name_filter,
+    presets,
+)
 from reshard.naming.config import load_config
 from reshard.naming.presets import PRESETS
 from reshard.plan import Plan
@@ -945,6 +955,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         atol=args.atol,
         max_memory=args.max_memory,
         dtype=args.dtype,
+        names=_verify_names(args),
         **_progress_hooks(args, "comparing"),
     )
     _end_progress()
@@ -954,6 +965,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         verify.print_report(report, _console(), all_rows=args.all)
     return 0 if report.ok else verify.EXIT_DIFFER
+
+
+def _verify_names(args: argparse.Namespace) -> NameFilter | None:
+    """verify's ``--include``/``--exclude``/``--weights-only``: the names compared on both sides."""
+    rules = getattr(args, "name_rules", None) or []
+    if not (rules or args.weights_only):
+        return None
+    return name_filter(order=rules, weights_only=args.weights_only)
 
 
 def cmd_merge_strategies(args: argparse.Namespace) -> None:
@@ -1413,7 +1432,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="read floating tensors of both sides as bf16, fp16 or fp32 before comparing them exactly "
         "(checks an output written with --dtype against its source)",
     )
-    p.set_defaults(func=cmd_verify)
+    p.add_argument(
+        "--include", action=_NameRule, metavar="GLOB", help="compare only names that match (repeatable, both sides)"
+    )
+    p.add_argument("--exclude", action=_NameRule, metavar="GLOB", help="leave out names that match (repeatable)")
+    p.add_argument(
+        "--weights-only",
+        action="store_true",
+        help="compare model weights only (an export written with --weights-only against its source)",
+    )
+    p.set_defaults(func=cmd_verify, name_rules=None)
 
     p = sub.add_parser(
         "auto-transform",

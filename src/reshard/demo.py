@@ -9,6 +9,7 @@ full tensors.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -78,6 +79,8 @@ def main(work_dir: str | None = None) -> None:
 
     def build_full_model() -> str:
         save_ckpt(full_path, model)
+        with open(os.path.join(root, "config.json"), "w", encoding="utf-8") as fh:  # for --hf-config
+            json.dump(shape.hf_config(), fh, indent=2)
         return f"{len(model)} tensors, {os.path.getsize(full_path) / 2**20:.1f} MiB"
 
     step("build full model", build_full_model)

@@ -29,6 +29,7 @@ class ModelShape:
     hidden: int = 128
     ffn: int = 256
     layers: int = 4
+    heads: int = 4  # attention heads (no weight's shape shows them; the Hugging Face config says them)
 
     @classmethod
     def for_bytes(cls, target: int, itemsize: int = 4, with_optimizer: bool = True) -> ModelShape:
@@ -40,6 +41,27 @@ class ModelShape:
             if shape.param_count() * itemsize * copies >= target:
                 return shape
             hidden += 128
+
+    def hf_config(self) -> dict[str, object]:
+        """This model as a Hugging Face ``LlamaForCausalLM`` config (the ``llama`` preset's names).
+
+        The demo writes it as ``config.json`` so that a Hugging Face export of its model
+        (``--hf --preset llama --hf-config DIR/config.json``) loads in ``transformers`` as it is.
+        """
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": self.vocab,
+            "hidden_size": self.hidden,
+            "intermediate_size": self.ffn,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.heads,
+            "max_position_embeddings": 64,
+            "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": False,
+            "torch_dtype": "float32",
+        }
 
     def param_count(self) -> int:
         return sum(int(np.prod(s)) for s, _, _ in self.params().values())

@@ -31,9 +31,9 @@ Why it is built this way:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -44,6 +44,7 @@ from reshard.execute.local import SourceCache
 from reshard.formats import layout_dir
 from reshard.formats.base import decode_string
 from reshard.formats.strategy import StrategyFile
+from reshard.naming import NameFilter
 from reshard.plan import Plan, TensorPlan, plan_convert
 from reshard.plan.cast import cast_files, cast_rule
 from reshard.sources import (
@@ -364,6 +365,16 @@ def _need_strategy(path: str, strategy: str | StrategyFile | None, side: str) ->
         )
 
 
+T = TypeVar("T")
+
+
+def _kept(tensors: Mapping[str, T], names: NameFilter | None) -> Mapping[str, T]:
+    """``tensors`` without the names ``names`` drops (all of them without a filter)."""
+    if names is None or not names.active:
+        return tensors
+    return {n: t for n, t in tensors.items() if names.dropped_by(n) is None}
+
+
 def verify(
     a: str,
     b: str,
@@ -375,6 +386,7 @@ def verify(
     atol: float = 0.0,
     max_memory: int = DEFAULT_MAX_MEMORY,
     dtype: str | None = None,
+    names: NameFilter | None = None,
     on_start: Callable[[int], None] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> VerifyReport:
@@ -394,6 +406,8 @@ def verify(
         atol: values within this absolute difference count as equal.
         max_memory: bound on the tensor blocks compared at once.
         dtype: read both sides' floating tensors as this dtype before comparing (None: as stored).
+        names: compare only the names this filter keeps, on both sides (``--include``/``--exclude``/
+            ``--weights-only``: an export without optimizer states against its source); None: all.
         on_start: called once, before the first comparison, with the bytes to compare (A's size of
             the names both sides hold), as ``RunOptions.on_start`` is for a transform.
         progress: called with the bytes of each block compared (they add up to ``on_start``'s).
@@ -417,18 +431,20 @@ def verify(
     side_b = _open_side(b, b_strategy, read, notes, dtype)
     results: list[TensorResult] = []
     meter = _Meter(progress)
+    tensors_a = _kept(side_a.tensors, names)
+    tensors_b = _kept(side_b.tensors, names)
     if on_start is not None:
-        on_start(sum(ta.nbytes for name, ta in side_a.tensors.items() if name in side_b.tensors))
+        on_start(sum(ta.nbytes for name, ta in tensors_a.items() if name in tensors_b))
     try:
-        for name, ta in side_a.tensors.items():
-            tb = side_b.tensors.get(name)
+        for name, ta in tensors_a.items():
+            tb = tensors_b.get(name)
             if tb is None:
                 results.append(TensorResult(name, MISSING, ta.dtype.ms_name, ta.shape, None, "only in A"))
             else:
                 results.append(_compare(name, side_a, ta, side_b, tb, atol, max_memory, meter))
                 meter.tensor_done(ta.nbytes)
-        for name, tb in side_b.tensors.items():
-            if name not in side_a.tensors:
+        for name, tb in tensors_b.items():
+            if name not in tensors_a:
                 results.append(TensorResult(name, UNEXPECTED, tb.dtype.ms_name, tb.shape, None, "only in B"))
     finally:
         side_a.cache.close()
