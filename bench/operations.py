@@ -248,6 +248,19 @@ def operations(w: Workload) -> list[Operation]:
             extra_flags=("--dtype", "bf16"),
             cast="bf16",
         ),
+        Operation(
+            "hf_llama",
+            "export 8 ranks→Hugging Face names, weights only, bf16 (--preset llama)",
+            (w.ranks8_st, s8),
+            lambda out: ["transform", "--src", w.ranks8_st, "--src-strategy", s8, "--dst", out, "--hf"],
+            None,
+            "— (MindFormers' convert_reversed.py needs torch and MindSpore)",
+            0.0,
+            lambda: w.full_ckpt,
+            "model",
+            extra_flags=("--preset", "llama", "--weights-only", "--dtype", "bf16"),
+            cast="bf16",
+        ),
     ]
 
 
@@ -263,4 +276,5 @@ OPERATION_KEYS = (
     "ranks_to_cp2",
     "cp2_8to4",
     "hf_bf16",
+    "hf_llama",
 )

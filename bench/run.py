@@ -195,7 +195,11 @@ class Runner:
             runs["cp"].append(self._run(measure.cp_argv(out, copy), f"{logs}/{op.key}-cp-{rep}"))
             if rep == 0 and self.args.verify:
                 weights_only = "--weights-only" in op.extra_flags
-                result["verified_tensors"] = verify_output(out, op.reference(), op.grouping, op.cast, weights_only)
+                flags = list(op.extra_flags)
+                preset = flags[flags.index("--preset") + 1] if "--preset" in flags else None
+                result["verified_tensors"] = verify_output(
+                    out, op.reference(), op.grouping, op.cast, weights_only, preset
+                )
             measure.remove(copy)
             measure.remove(out)
             if with_ms and op.mindspore is not None and ms_error is None:

@@ -261,7 +261,12 @@ def _expected(name: str, value: object, cast: Cast | None) -> object:
 
 
 def verify_output(
-    output: str, reference: str, grouping: str, cast: str | None = None, weights_only: bool = False
+    output: str,
+    reference: str,
+    grouping: str,
+    cast: str | None = None,
+    weights_only: bool = False,
+    preset: str | None = None,
 ) -> int:
     """Check ``output`` against ``reference``; return the number of tensors compared.
 
@@ -271,12 +276,15 @@ def verify_output(
     the output's files together must hold exactly the reference's tensors (a merged or unified
     model against the full one). ``cast`` (``"bf16"``...): the output was written with ``--dtype``,
     so the reference's model weights are cast the same way first; ``weights_only``: the output holds
-    no training state (``reshard.statenames``), so the reference's is left out.
+    no training state (``reshard.statenames``), so the reference's is left out; ``preset``: the
+    output has that preset's Hugging Face names, so the reference's names are mapped the same way
+    (renames only: the demo-like workload's llama names).
     Raises ``AssertionError`` naming the first difference.
     """
     from reshard.api import open_checkpoint
 
     rule = cast_rule(cast)
+    renamed = _preset_names(reference, preset)
 
     def groups(root: str) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
@@ -295,7 +303,7 @@ def verify_output(
             for index in handles[: len(want_files)]:
                 ref.update(
                     {
-                        name: _expected(name, index.value(name), rule)
+                        renamed.get(name, name): _expected(name, index.value(name), rule)
                         for name in index
                         if not (weights_only and statenames.DEFAULT.is_state(name))
                     }
@@ -315,6 +323,27 @@ def verify_output(
             for index in handles:
                 index.close()
     return compared
+
+
+def _preset_names(reference: str, preset: str | None) -> dict[str, str]:
+    """Reference name -> output name under ``preset`` (MindFormers -> Hugging Face renames)."""
+    if preset is None:
+        return {}
+    from reshard.api import open_checkpoint
+    from reshard.naming import TensorInfo, apply
+    from reshard.naming.presets import TO_HF, preset_map
+
+    catalogue: dict[str, TensorInfo] = {}
+    for path in _checkpoint_files(reference):
+        index = open_checkpoint(path)
+        try:
+            catalogue.update({n: TensorInfo(index.entries[n].shape, index.entries[n].dtype.ms_name) for n in index})
+        finally:
+            index.close()
+    report = apply(preset_map(preset, list(catalogue), direction=TO_HF), catalogue).report
+    if report.surgery:
+        raise AssertionError(f"preset {preset}: verification maps renames only, not {report.surgery[0][0]}")
+    return dict(report.renamed)
 
 
 def main() -> int:

@@ -28,6 +28,7 @@ OPERATIONS = {
     "ranks_to_cp2",
     "cp2_8to4",
     "hf_bf16",
+    "hf_llama",
 }
 
 pytest.importorskip("psutil")  # in the [test] extra; matplotlib ([bench]) is optional: no charts without it
