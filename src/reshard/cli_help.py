@@ -94,6 +94,11 @@ EXAMPLES: dict[str, tuple[Example, ...]] = {
             "8 ranks -> one full file (no destination strategy)",
         ),
         Example(
+            "reshard transform --src demo/ckpt_8ranks --src-strategy demo/strategy_8 --dst hf_llama --hf "
+            "--preset llama --weights-only --dtype bf16 --hf-config demo/config.json",
+            "8 ranks -> Hugging Face names and shards, weights only, bf16, with the model's config.json",
+        ),
+        Example(
             "reshard transform --src_ckpt_dir demo/ckpt_8ranks --src_ckpt_strategy demo/merged/src_strategy.ckpt "
             "--dst_ckpt_dir ckpt_4ranks_mf --dst_ckpt_strategy demo/merged/dst_strategy.ckpt",
             "MindFormers' transform_ckpt.py flags, verbatim",
