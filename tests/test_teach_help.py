@@ -161,17 +161,17 @@ def test_help_command_prints_a_commands_help() -> None:
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["transfrom", "--src", "x"], "reshard: unknown command 'transfrom' (did you mean transform?)"),
-        (["verfy", "a", "b"], "reshard: unknown command 'verfy' (did you mean verify?)"),
-        (["frobnicate"], "reshard: unknown command 'frobnicate' (see reshard --help)"),
+        (["transfrom", "--src", "x"], "reshard: error: unknown command 'transfrom' (did you mean transform?)"),
+        (["verfy", "a", "b"], "reshard: error: unknown command 'verfy' (did you mean verify?)"),
+        (["frobnicate"], "reshard: error: unknown command 'frobnicate' (see reshard --help)"),
         (["transform", "--srcc", "x"], "reshard transform: unknown flag --srcc (did you mean --src?)"),
         (["transform", "--src", "in", "--dts", "out"], "reshard transform: unknown flag --dts (did you mean --dst?)"),
         (["convert", "x.ckpt", "--too", "safetensors"], "reshard convert: unknown flag --too (did you mean --to?)"),
         (["verify", "a", "b", "--a-strategyy=s"], "reshard verify: unknown flag --a-strategyy (did you mean"),
         (["rank-list", "0", "--fils"], "reshard rank-list: unknown flag --fils (did you mean --files?)"),
         (["plan", "--resume"], "reshard plan: unknown flag --resume (a flag of convert, split, transform, unify)"),
-        (["help", "transfrom"], "reshard: help: unknown command 'transfrom' (did you mean transform?)"),
-        (["--verison"], "reshard: unknown flag --verison (did you mean --version?)"),
+        (["help", "transfrom"], "reshard: error: help: unknown command 'transfrom' (did you mean transform?)"),
+        (["--verison"], "reshard: error: unknown flag --verison (did you mean --version?)"),
         (["demo", "--zzz"], "reshard demo: unknown flag --zzz (see reshard demo --help)"),
     ],
 )

@@ -1262,7 +1262,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (``reshard: error: ...``) and exit code 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"reshard: error: {self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
+        where = "" if self.prog == "reshard" else f"{self.prog}: "  # "reshard: error: reshard: ..." says it twice
+        print(f"reshard: error: {where}{message} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
 
 
