@@ -190,6 +190,8 @@ class TransformPlanner:
         """
         read_paths = set(read)
         present = {r: f for r, f in self.files.items() if r not in self.stood_in}
+        if any(f.homes for f in present.values()):
+            return []  # virtual rank files (a Checkpoint 2.0): metadata.json names every tensor of every stage
         extra: dict[str, None] = {}
         for rank in wanted:
             needed = self.needed(rank)
