@@ -8,13 +8,10 @@ Scripts receive JSON on argv[1] and print JSON on the last line of stdout (as ``
 
 from __future__ import annotations
 
-import functools
-import json
-import os
-import subprocess
-import textwrap
 from pathlib import Path
 from typing import Any
+
+from tests.subvenv import run_script, venv_python
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV_SCRIPT = ROOT / "scripts" / "hf_env.sh"
@@ -35,33 +32,14 @@ def out(obj):
 """
 
 
-@functools.cache
 def hf_python() -> str:
     """Path of the Hugging Face venv's python, creating the venv on first use (a few minutes)."""
-    proc = subprocess.run(["bash", str(ENV_SCRIPT)], capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        raise RuntimeError(f"hf venv set-up failed:\n{proc.stderr[-4000:]}")
-    return proc.stdout.strip().splitlines()[-1]
+    return venv_python(ENV_SCRIPT)
 
 
 def run_hf(code: str, args: Any = None, timeout: float = 600) -> Any:
     """Run ``code`` (with PRELUDE: torch, transformers, np, ARGS, out()) in the hf venv; return what it out()s."""
-    script = PRELUDE + textwrap.dedent(code)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    env["HF_HUB_OFFLINE"] = "1"
-    proc = subprocess.run(
-        [hf_python(), "-c", script, json.dumps(args if args is not None else {})],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"hf script failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
-    marker = proc.stdout.rfind("@@HF@@")
-    if marker < 0:
-        return None
-    return json.loads(proc.stdout[marker + len("@@HF@@") :].strip())
+    return run_script(hf_python(), PRELUDE, "@@HF@@", code, args, timeout=timeout, env={"HF_HUB_OFFLINE": "1"})
 
 
 # Tiny random models of the preset families, saved with save_pretrained (safetensors), and their logits.

@@ -8,13 +8,10 @@ line of stdout.
 
 from __future__ import annotations
 
-import functools
-import json
-import os
-import subprocess
-import textwrap
 from pathlib import Path
 from typing import Any
+
+from tests.subvenv import run_script, venv_python
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV_SCRIPT = ROOT / "scripts" / "oracle_env.sh"
@@ -31,13 +28,9 @@ def out(obj):
 """
 
 
-@functools.cache
 def oracle_python() -> str:
     """Path of the oracle venv's python, creating the venv on first use (several minutes)."""
-    proc = subprocess.run(["bash", str(ENV_SCRIPT)], capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        raise RuntimeError(f"oracle venv set-up failed:\n{proc.stderr[-4000:]}")
-    return proc.stdout.strip().splitlines()[-1]
+    return venv_python(ENV_SCRIPT)
 
 
 def run_oracle(code: str, args: Any = None, timeout: float = 900, cwd: str | None = None) -> Any:
@@ -45,20 +38,4 @@ def run_oracle(code: str, args: Any = None, timeout: float = 900, cwd: str | Non
 
     ``cwd`` is the subprocess's working directory (MindFormers writes ./output/log there).
     """
-    script = PRELUDE + textwrap.dedent(code)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    env["GLOG_v"] = "3"
-    proc = subprocess.run(
-        [oracle_python(), "-c", script, json.dumps(args if args is not None else {})],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=cwd,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"oracle script failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
-    marker = proc.stdout.rfind("@@ORACLE@@")
-    if marker < 0:
-        return None
-    return json.loads(proc.stdout[marker + len("@@ORACLE@@") :].strip())
+    return run_script(oracle_python(), PRELUDE, "@@ORACLE@@", code, args, timeout=timeout, env={"GLOG_v": "3"}, cwd=cwd)

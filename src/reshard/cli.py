@@ -447,23 +447,36 @@ class _NameRule(argparse.Action):
         namespace.name_rules = rules
 
 
-def _add_name_flags(p: argparse.ArgumentParser) -> None:
-    """Filters and renames (docs/naming.md): every writing command takes them."""
+def _add_filter_flags(p: argparse.ArgumentParser, verb: str = "keep only", drop: str = "drop") -> None:
+    """``--include`` / ``--exclude`` / ``--weights-only``: which tensors a command takes (by source name)."""
     p.add_argument(
         "--include",
         action=_NameRule,
         metavar="GLOB",
-        help="keep only tensors whose source name matches (repeatable; with --exclude the last matching rule wins)",
+        help=f"{verb} tensors whose source name matches (repeatable; with --exclude the last matching rule wins)",
     )
     p.add_argument(
-        "--exclude", action=_NameRule, metavar="GLOB", help="drop tensors whose source name matches (repeatable)"
+        "--exclude", action=_NameRule, metavar="GLOB", help=f"{drop} tensors whose source name matches (repeatable)"
     )
     p.add_argument(
         "--weights-only",
         action="store_true",
-        help="drop training state: optimizer moments (adam_m., adam_v., accu_grads., ...), global_step, "
+        help=f"{drop} training state: optimizer moments (adam_m., adam_v., accu_grads., ...), global_step, "
         "learning_rate, ...",
     )
+    p.set_defaults(name_rules=None)
+
+
+def _name_filter(args: argparse.Namespace) -> NameFilter | None:
+    """The filter the flags of ``_add_filter_flags`` give (None: every tensor)."""
+    rules = getattr(args, "name_rules", None) or []
+    weights_only = getattr(args, "weights_only", False)
+    return name_filter(order=rules, weights_only=weights_only) if rules or weights_only else None
+
+
+def _add_name_flags(p: argparse.ArgumentParser) -> None:
+    """Filters and renames (docs/naming.md): every writing command takes them."""
+    _add_filter_flags(p)
     p.add_argument(
         "--rename", metavar="RULES", help="JSON or YAML file of ordered {match, replace} regex rules (first match wins)"
     )
@@ -474,7 +487,6 @@ def _add_name_flags(p: argparse.ArgumentParser) -> None:
         help=f"write the whole name report (every renamed, dropped and unmatched name) as JSON to FILE; "
         f"stderr lists the first {NAME_REPORT_LINES} of each kind",
     )
-    p.set_defaults(name_rules=None)
     _add_preset_flags(p)
 
 
@@ -483,16 +495,15 @@ def _names(args: argparse.Namespace) -> dict[str, Any]:
     report = getattr(args, "names_report", None)
     if report and not os.path.isdir(os.path.dirname(os.path.abspath(report))):
         raise UsageError("no such folder for --names-report", report)
-    rules = getattr(args, "name_rules", None) or []
-    weights_only = getattr(args, "weights_only", False)
     strict = getattr(args, "strict", False)
     model_map = _model_map(args)
     if strict and model_map is None:
         raise UsageError("--strict needs --rename or --preset (it refuses names no rule matches)")
-    if not (rules or weights_only or model_map):
+    keep = _name_filter(args)
+    if keep is None and model_map is None:
         return {}
     guard = getattr(args, "preset", None) is not None
-    return {"names": NameOptions(name_filter(order=rules, weights_only=weights_only), model_map, strict, guard)}
+    return {"names": NameOptions(keep or name_filter(), model_map, strict, guard)}
 
 
 def _model_map(args: argparse.Namespace) -> ModelMap | None:
@@ -955,7 +966,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         atol=args.atol,
         max_memory=args.max_memory,
         dtype=args.dtype,
-        names=_verify_names(args),
+        names=_name_filter(args),
         **_progress_hooks(args, "comparing"),
     )
     _end_progress()
@@ -965,14 +976,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         verify.print_report(report, _console(), all_rows=args.all)
     return 0 if report.ok else verify.EXIT_DIFFER
-
-
-def _verify_names(args: argparse.Namespace) -> NameFilter | None:
-    """verify's ``--include``/``--exclude``/``--weights-only``: the names compared on both sides."""
-    rules = getattr(args, "name_rules", None) or []
-    if not (rules or args.weights_only):
-        return None
-    return name_filter(order=rules, weights_only=args.weights_only)
 
 
 def cmd_merge_strategies(args: argparse.Namespace) -> None:
@@ -1433,16 +1436,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="read floating tensors of both sides as bf16, fp16 or fp32 before comparing them exactly "
         "(checks an output written with --dtype against its source)",
     )
-    p.add_argument(
-        "--include", action=_NameRule, metavar="GLOB", help="compare only names that match (repeatable, both sides)"
-    )
-    p.add_argument("--exclude", action=_NameRule, metavar="GLOB", help="leave out names that match (repeatable)")
-    p.add_argument(
-        "--weights-only",
-        action="store_true",
-        help="compare model weights only (an export written with --weights-only against its source)",
-    )
-    p.set_defaults(func=cmd_verify, name_rules=None)
+    _add_filter_flags(p, verb="compare only", drop="leave out")
+    p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser(
         "auto-transform",
