@@ -31,9 +31,9 @@ Why it is built this way:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -44,9 +44,10 @@ from reshard.execute.local import SourceCache
 from reshard.formats import layout_dir
 from reshard.formats.base import decode_string
 from reshard.formats.strategy import StrategyFile
-from reshard.naming import NameFilter
+from reshard.naming import NameFilter, NameOptions
 from reshard.plan import Plan, TensorPlan, plan_convert
 from reshard.plan.cast import cast_files, cast_rule
+from reshard.plan.surgery import NameRun
 from reshard.sources import (
     CHECKPOINT2,
     FULL_MODELS,
@@ -188,9 +189,16 @@ def _side_kinds(path: str) -> tuple[Kind, ...]:
 
 
 def side_plan(
-    path: str, strategy: str | StrategyFile | None, read: ReadOptions, notes: list[str], dtype: str | None = None
+    path: str,
+    strategy: str | StrategyFile | None,
+    read: ReadOptions,
+    notes: list[str],
+    dtype: str | None = None,
+    names: NameFilter | None = None,
 ) -> Plan:
-    """A plan whose tensors are the full tensors of one side (never executed), floats read as ``dtype``."""
+    """A plan whose tensors are the full tensors of one side (never executed), floats read as ``dtype``,
+    only the names ``names`` keeps (filtered where every operation filters: once, before planning)."""
+    options = NameOptions(names) if names is not None else None
     kind = identify(path, _side_kinds(path))
     if kind is CHECKPOINT2 and strategy is not None:
         raise UsageError("a MindFormers Checkpoint 2.0 carries its layouts in metadata.json: give no strategy", path)
@@ -205,6 +213,7 @@ def side_plan(
             dry_run=True,
             dtype=dtype,
             dtype_all=dtype is not None,
+            names=options,
         )
         notes.extend(f"{path}: {note}" for note in report.notes)
         return report.plan
@@ -216,16 +225,22 @@ def side_plan(
     parts = [*opened.files.values(), *([opened.hyper] if opened.hyper is not None else [])]
     cast = cast_rule(dtype, dtype_all=dtype is not None)
     cast_notes: list[str] = []
-    parts = list(cast_files(dict(enumerate(parts)), cast, cast_notes).values())
+    kept = NameRun(options).narrow(dict(enumerate(parts)))
+    parts = list(cast_files(kept, cast, cast_notes).values())
     notes.extend(f"{path}: {note}" for note in cast_notes)
     return plan_convert([(sf, _VIRTUAL_OUT, "ckpt") for sf in parts])
 
 
 def _open_side(
-    path: str, strategy: str | StrategyFile | None, read: ReadOptions, notes: list[str], dtype: str | None
+    path: str,
+    strategy: str | StrategyFile | None,
+    read: ReadOptions,
+    notes: list[str],
+    dtype: str | None,
+    names: NameFilter | None,
 ) -> _Side:
     read = _side_read(path, read)
-    plan = side_plan(path, strategy, read, notes, dtype)
+    plan = side_plan(path, strategy, read, notes, dtype, names)
     opened = replace(read, verify_crc=False)  # trailers were checked while planning
     side = _Side(path, plan, SourceCache(lambda p: open_checkpoint(p, opened)))
     for f in plan.files:
@@ -365,16 +380,6 @@ def _need_strategy(path: str, strategy: str | StrategyFile | None, side: str) ->
         )
 
 
-T = TypeVar("T")
-
-
-def _kept(tensors: Mapping[str, T], names: NameFilter | None) -> Mapping[str, T]:
-    """``tensors`` without the names ``names`` drops (all of them without a filter)."""
-    if names is None or not names.active:
-        return tensors
-    return {n: t for n, t in tensors.items() if names.dropped_by(n) is None}
-
-
 def verify(
     a: str,
     b: str,
@@ -427,24 +432,22 @@ def verify(
     _need_strategy(a, a_strategy, "a")
     _need_strategy(b, b_strategy, "b")
     cast_rule(dtype)  # an unknown dtype is refused before anything is read
-    side_a = _open_side(a, a_strategy, read, notes, dtype)
-    side_b = _open_side(b, b_strategy, read, notes, dtype)
+    side_a = _open_side(a, a_strategy, read, notes, dtype, names)
+    side_b = _open_side(b, b_strategy, read, notes, dtype, names)
     results: list[TensorResult] = []
     meter = _Meter(progress)
-    tensors_a = _kept(side_a.tensors, names)
-    tensors_b = _kept(side_b.tensors, names)
     if on_start is not None:
-        on_start(sum(ta.nbytes for name, ta in tensors_a.items() if name in tensors_b))
+        on_start(sum(ta.nbytes for name, ta in side_a.tensors.items() if name in side_b.tensors))
     try:
-        for name, ta in tensors_a.items():
-            tb = tensors_b.get(name)
+        for name, ta in side_a.tensors.items():
+            tb = side_b.tensors.get(name)
             if tb is None:
                 results.append(TensorResult(name, MISSING, ta.dtype.ms_name, ta.shape, None, "only in A"))
             else:
                 results.append(_compare(name, side_a, ta, side_b, tb, atol, max_memory, meter))
                 meter.tensor_done(ta.nbytes)
-        for name, tb in tensors_b.items():
-            if name not in tensors_a:
+        for name, tb in side_b.tensors.items():
+            if name not in side_a.tensors:
                 results.append(TensorResult(name, UNEXPECTED, tb.dtype.ms_name, tb.shape, None, "only in B"))
     finally:
         side_a.cache.close()
