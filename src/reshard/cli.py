@@ -18,24 +18,25 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import signal
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 # numpy's OpenBLAS starts a spinning thread per core at import; reshard never multiplies matrices,
 # and on a 2-core box those threads took 6.6% of a transform's CPU (perf). The command sets this
 # before numpy loads (a value the user set wins); library users keep their own setting.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from reshard import __version__, api, cli_help
+from reshard import __version__, cli_help
 from reshard.errors import ReshardError, UsageError
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM
 from reshard.execute.options import DEFAULT_MAX_MEMORY, RunOptions, WriteOptions, default_workers
-from reshard.formats.base import write_whole
 from reshard.formats.layout_dir import PICKS
 from reshard.naming import (
     EXCLUDE,
@@ -50,8 +51,36 @@ from reshard.naming import (
 )
 from reshard.naming.config import load_config
 from reshard.naming.presets import PRESETS
-from reshard.plan import Plan
 from reshard.text import format_size, one_line, parse_size
+
+
+def _loaded_on_first_use(name: str) -> ModuleType:
+    """Module ``name``, executed when one of its attributes is first read (``importlib.util.LazyLoader``).
+
+    Why: everything above is numpy-free, so ``reshard --version`` and every ``--help`` build the parser
+    and exit without loading numpy or the operations; a command that runs loads ``reshard.api`` (and
+    numpy with it) at its first ``api.<name>``. The module is registered as a normal import would be,
+    so ``import reshard.api`` elsewhere gets the same object.
+    """
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no module named {name!r}")
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    parent, _, child = name.rpartition(".")
+    setattr(sys.modules[parent], child, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+if TYPE_CHECKING:
+    from reshard import api
+    from reshard.plan import Plan
+else:
+    api = _loaded_on_first_use("reshard.api")
 
 EXIT_USAGE = 2
 EXIT_BUG = 3
@@ -130,6 +159,7 @@ def _parse_split(text: str) -> tuple[int, int]:
 def _console():  # imported lazily: rich is only needed for human output
     from rich.console import Console
 
+    _rich_raises_broken_pipe()
     return Console(stderr=False, highlight=False)
 
 
@@ -567,6 +597,8 @@ def _copy_hf_config(report: api.Report, args: argparse.Namespace) -> None:
     raw = getattr(args, "hf_config_bytes", None)
     if raw is None or not getattr(args, "hf", False) or getattr(args, "dry_run", False) or not report.plan.files:
         return
+    from reshard.formats.base import write_whole
+
     folder = os.path.dirname(report.plan.files[0].path)
     write_whole(os.path.join(folder, "config.json"), raw)
 
@@ -1483,7 +1515,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> object:
     _BARS.clear()
     _ASSUMED_KEYS.clear()
-    _rich_raises_broken_pipe()
+    if args.func in _OWN_CONSOLES:
+        _rich_raises_broken_pipe()
     try:
         return args.func(args)
     finally:
@@ -1538,6 +1571,11 @@ def interrupted(exc: KeyboardInterrupt) -> int:
         )
     print(f"reshard: interrupted ({signal.Signals(signum).name}): {detail}", file=sys.stderr)
     return 128 + int(signum)
+
+
+# Commands that print through rich consoles of their own (inspect.py, demo.py); every other rich
+# console on stdout comes from ``_console``, which patches it. Other runs never import rich (40 ms).
+_OWN_CONSOLES = (cmd_inspect, cmd_demo)
 
 
 def _rich_raises_broken_pipe() -> None:

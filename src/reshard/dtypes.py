@@ -1,9 +1,20 @@
 """The one dtype table: MindSpore tensor_type names <-> safetensors codes <-> numpy dtypes.
 
 MindSpore writes ``str(mindspore_dtype)`` into ``.ckpt`` files ("Float32", "BFloat16", ...);
-safetensors uses short codes ("F32", "BF16", ...). bf16 and fp8 have no numpy builtin, so they
-come from ``ml_dtypes``. ``Int4`` (MindSpore qint4x2: two 4-bit values per byte) is carried as raw
-bytes (int8); safetensors files mark it with a ``"<name>": "Int4"`` metadata entry, as MindSpore does.
+safetensors uses short codes ("F32", "BF16", ...). bf16 and fp8 have no numpy builtin, so their
+numeric type comes from ``ml_dtypes``. ``Int4`` (MindSpore qint4x2: two 4-bit values per byte) is
+carried as raw bytes (int8); safetensors files mark it with a ``"<name>": "Int4"`` metadata entry, as
+MindSpore does.
+
+Why the table names numpy types instead of holding them: moving bytes never needs a numeric type.
+A bf16 or fp8 tensor copied, sliced or checksummed is items of a known size, so each row states its
+``itemsize`` and the executors move items through ``DType.carrier`` (the same dtype for numpy's
+builtins, an unsigned integer of the same size for the ``ml_dtypes`` ones). ``DType.numpy``, the
+numeric type, is resolved on first use: only casts, ``verify``'s numeric comparisons and arrays
+handed to a user import ``ml_dtypes`` (whose 0.7.0 release takes about a second to import, which
+every reshard process used to pay at start; importing this module needs neither it nor numpy).
+A new row is one line: ``_d`` for a numpy builtin, ``_ext`` for an ``ml_dtypes`` type, with the
+numpy name and the item size (``tests/test_startup.py`` checks both against the real types).
 
 Float8 and complex names are read and written like the rest, though MindSpore 2.10's
 ``load_checkpoint`` refuses them (docs/formats.md §1.3).
@@ -19,62 +30,85 @@ refuses them with one line naming the tensor). The sub-byte codes ``F4``, ``F6_E
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any
-
-import ml_dtypes
-import numpy as np
+from typing import TYPE_CHECKING
 
 from reshard.errors import FormatError, UsageError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
 class DType:
     ms_name: str  # tensor_type in .ckpt files
     st_code: str | None  # safetensors dtype code (None: not representable)
-    numpy: np.dtype  # element type of numpy views
+    numpy_name: str  # numpy's name of the element type ("float32", "bfloat16"; "<U1" for STR)
+    itemsize: int  # bytes per element, known without importing numpy or ml_dtypes
     in_ckpt: bool = True  # MindSpore 2.10 has a tensor_type name for it (ms_name), so .ckpt can hold it
+    from_ml_dtypes: bool = False  # the numeric type is ml_dtypes' (bf16, fp8), not a numpy builtin
 
-    @property
-    def itemsize(self) -> int:
-        return self.numpy.itemsize
+    @functools.cached_property
+    def numpy(self) -> np.dtype:
+        """The numeric element type of numpy views (imports ``ml_dtypes`` for bf16/fp8, on first use)."""
+        import numpy as np
+
+        if self.from_ml_dtypes:
+            import ml_dtypes
+
+            return np.dtype(getattr(ml_dtypes, self.numpy_name))
+        return np.dtype(self.numpy_name)
+
+    @functools.cached_property
+    def carrier(self) -> np.dtype:
+        """A numpy builtin of ``itemsize`` bytes holding the elements' bits: what byte moves copy."""
+        import numpy as np
+
+        return np.dtype(f"u{self.itemsize}") if self.from_ml_dtypes else self.numpy
 
     def __str__(self) -> str:
         return self.ms_name
 
 
-def _d(ms: str, st: str | None, np_type: Any) -> DType:
-    return DType(ms, st, np.dtype(np_type))
+def _d(ms: str, st: str | None, numpy_name: str, itemsize: int) -> DType:
+    """A dtype numpy has as a builtin."""
+    return DType(ms, st, numpy_name, itemsize)
 
 
-def _st_only(st: str, np_type: Any) -> DType:
-    """A safetensors dtype MindSpore 2.10 has no name for: shown under its safetensors code."""
-    return DType(st, st, np.dtype(np_type), in_ckpt=False)
+def _ext(ms: str, st: str, numpy_name: str, itemsize: int, in_ckpt: bool = True) -> DType:
+    """A dtype whose numeric type is ``ml_dtypes.<numpy_name>``."""
+    return DType(ms, st, numpy_name, itemsize, in_ckpt=in_ckpt, from_ml_dtypes=True)
 
 
-BOOL = _d("Bool", "BOOL", np.bool_)
-INT8 = _d("Int8", "I8", np.int8)
-UINT8 = _d("UInt8", "U8", np.uint8)
-INT16 = _d("Int16", "I16", np.int16)
-UINT16 = _d("UInt16", "U16", np.uint16)
-INT32 = _d("Int32", "I32", np.int32)
-UINT32 = _d("UInt32", "U32", np.uint32)
-INT64 = _d("Int64", "I64", np.int64)
-UINT64 = _d("UInt64", "U64", np.uint64)
-FLOAT16 = _d("Float16", "F16", np.float16)
-FLOAT32 = _d("Float32", "F32", np.float32)
-FLOAT64 = _d("Float64", "F64", np.float64)
-BFLOAT16 = _d("BFloat16", "BF16", ml_dtypes.bfloat16)
-INT4 = _d("Int4", "I8", np.int8)  # qint4x2 bytes; see module docstring
-FLOAT8_E4M3 = _d("Float8E4M3FN", "F8_E4M3", ml_dtypes.float8_e4m3fn)
-FLOAT8_E5M2 = _d("Float8E5M2", "F8_E5M2", ml_dtypes.float8_e5m2)
-FLOAT8_E8M0 = _st_only("F8_E8M0", ml_dtypes.float8_e8m0fnu)
-FLOAT8_E4M3FNUZ = _st_only("F8_E4M3FNUZ", ml_dtypes.float8_e4m3fnuz)
-FLOAT8_E5M2FNUZ = _st_only("F8_E5M2FNUZ", ml_dtypes.float8_e5m2fnuz)
-COMPLEX64 = _d("Complex64", "C64", np.complex64)
-COMPLEX128 = _d("Complex128", None, np.complex128)
+def _st_only(st: str, numpy_name: str, itemsize: int) -> DType:
+    """A safetensors dtype MindSpore 2.10 has no name for (an ``ml_dtypes`` type): shown under its code."""
+    return _ext(st, st, numpy_name, itemsize, in_ckpt=False)
+
+
+BOOL = _d("Bool", "BOOL", "bool", 1)
+INT8 = _d("Int8", "I8", "int8", 1)
+UINT8 = _d("UInt8", "U8", "uint8", 1)
+INT16 = _d("Int16", "I16", "int16", 2)
+UINT16 = _d("UInt16", "U16", "uint16", 2)
+INT32 = _d("Int32", "I32", "int32", 4)
+UINT32 = _d("UInt32", "U32", "uint32", 4)
+INT64 = _d("Int64", "I64", "int64", 8)
+UINT64 = _d("UInt64", "U64", "uint64", 8)
+FLOAT16 = _d("Float16", "F16", "float16", 2)
+FLOAT32 = _d("Float32", "F32", "float32", 4)
+FLOAT64 = _d("Float64", "F64", "float64", 8)
+BFLOAT16 = _ext("BFloat16", "BF16", "bfloat16", 2)
+INT4 = _d("Int4", "I8", "int8", 1)  # qint4x2 bytes; see module docstring
+FLOAT8_E4M3 = _ext("Float8E4M3FN", "F8_E4M3", "float8_e4m3fn", 1)
+FLOAT8_E5M2 = _ext("Float8E5M2", "F8_E5M2", "float8_e5m2", 1)
+FLOAT8_E8M0 = _st_only("F8_E8M0", "float8_e8m0fnu", 1)
+FLOAT8_E4M3FNUZ = _st_only("F8_E4M3FNUZ", "float8_e4m3fnuz", 1)
+FLOAT8_E5M2FNUZ = _st_only("F8_E5M2FNUZ", "float8_e5m2fnuz", 1)
+COMPLEX64 = _d("Complex64", "C64", "complex64", 8)
+COMPLEX128 = _d("Complex128", None, "complex128", 16)
 # A python string: .ckpt stores it with dims [0] and UTF-32-LE code points; never a numpy view.
-STR = _d("str", None, np.dtype("<U1"))
+STR = _d("str", None, "<U1", 4)
 
 ALL: tuple[DType, ...] = (
     BOOL,
@@ -105,7 +139,8 @@ _BY_MS = {d.ms_name: d for d in ALL if d.in_ckpt}
 # INT4 shares I8 with INT8: the code maps back to INT8 (Int4 is restored from metadata).
 _BY_ST = {d.st_code: d for d in reversed(ALL) if d.st_code is not None}
 _BY_ST["I8"] = INT8
-_BY_NUMPY = {d.numpy: d for d in reversed(ALL) if d not in (INT4, STR)}
+# Keyed by numpy's name of the type, so a lookup needs no ml_dtypes ("bfloat16" names ml_dtypes.bfloat16).
+_BY_NUMPY_NAME = {d.numpy_name: d for d in reversed(ALL) if d not in (INT4, STR)}
 
 
 def from_ms_name(name: str, path: str | None = None) -> DType:
@@ -125,12 +160,14 @@ def from_st_code(code: str, path: str | None = None) -> DType:
 
 
 def from_numpy(dtype: np.dtype | type, path: str | None = None) -> DType:
-    """The dtype of a numpy array (bf16/fp8 via ml_dtypes)."""
+    """The dtype of a numpy array (bf16/fp8 via ml_dtypes); either byte order."""
+    import numpy as np
+
     key = np.dtype(dtype)
     if key.kind == "U":
         return STR
     try:
-        return _BY_NUMPY[key.newbyteorder("=") if key.byteorder == ">" else key]
+        return _BY_NUMPY_NAME[key.name]
     except KeyError:
         raise FormatError(f"numpy dtype {key} has no MindSpore equivalent", path) from None
 
@@ -183,6 +220,8 @@ def cast_target(name: str) -> DType:
 
 def largest_finite(dtype: DType) -> float:
     """The largest finite value of a floating dtype (65504 for Float16)."""
+    import ml_dtypes
+
     return float(ml_dtypes.finfo(dtype.numpy).max)
 
 

@@ -16,13 +16,16 @@ differs from the plan's, the copy converts element by element, exactly as numpy'
 float16) is refused with a ``UsageError`` naming the tensor, its largest magnitude and the target's
 largest finite value; this can only be known while the data streams, so a run stops there (and
 rolls back like any failed run).
+
+Without a cast, bf16/fp8 boxes arrive as their ``DType.carrier`` (unsigned integers of the same
+size) and are copied as such; only a cast needs their numeric types, so only a cast imports
+``ml_dtypes``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import ml_dtypes
 import numpy as np
 
 from reshard import dtypes
@@ -100,6 +103,8 @@ def needs_cast(source: np.dtype, target: np.dtype) -> bool:
 
 def _may_overflow(source: np.dtype, target: np.dtype) -> bool:
     """Whether some finite ``source`` value exceeds ``target``'s range (narrowing: fp32 -> bf16/fp16, bf16 -> fp16)."""
+    import ml_dtypes  # a cast only: byte moves never get here
+
     try:
         return bool(ml_dtypes.finfo(source).max > ml_dtypes.finfo(target).max)
     except ValueError:  # not floating on one side: no infinities to make

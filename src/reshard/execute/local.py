@@ -263,16 +263,19 @@ def _fill_tensor(
     row_bytes = t.nbytes // t.shape[0] if t.shape and t.shape[0] else 0
 
     arrays: dict[tuple[int, str], np.ndarray] = {}  # each source tensor's view made once, not per block
+    # A byte move copies items as their carrier (bf16 as uint16: no ml_dtypes); a cast needs the numbers.
+    element = t.dtype.numpy if cast else t.dtype.carrier
 
     def source_array(source: int, tensor: str) -> np.ndarray:
         key = (source, tensor)
         if key not in arrays:
-            arrays[key] = sources.get(plan.sources[source]).array(tensor)
+            index = sources.get(plan.sources[source])
+            arrays[key] = index.array(tensor) if cast else index.items(tensor)
         return arrays[key]
 
     for r0, r1 in _row_blocks(t, budget):
         block_shape = (r1 - r0, *t.shape[1:]) if t.shape else ()
-        staging = _staging(math.prod(block_shape) * t.dtype.itemsize).view(t.dtype.numpy).reshape(block_shape)
+        staging = _staging(math.prod(block_shape) * t.dtype.itemsize).view(element).reshape(block_shape)
         assemble.copy_boxes(staging, t, r0, source_array)
         _write_at(out.fd, segments, r0 * row_bytes, staging.reshape(-1).view(np.uint8).data)
 
@@ -283,10 +286,7 @@ def _casts(t: TensorPlan, sources: SourceCache, plan: Plan) -> bool:
     Then no byte is copied as it is: every box goes through the staging buffer, where
     ``assemble.copy_boxes`` converts it (and checks for overflow).
     """
-    return any(
-        assemble.needs_cast(sources.get(plan.sources[c.source]).entries[c.tensor].dtype.numpy, t.dtype.numpy)
-        for c in t.copies
-    )
+    return any(sources.get(plan.sources[c.source]).entries[c.tensor].dtype != t.dtype for c in t.copies)
 
 
 _THREAD = threading.local()

@@ -13,10 +13,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from reshard.execute.digest import DEFAULT_ALGORITHM
-from reshard.formats.ckpt import SLICE_BYTES
-from reshard.plan import FilePlan
+
+if TYPE_CHECKING:
+    from reshard.plan import FilePlan
 
 # An executor's error with this attribute set to True (a lost Ray node) keeps the finished outputs
 # journaled for ``--resume`` instead of rolling the run back.
@@ -35,6 +37,14 @@ def default_workers() -> int:
     return max(MIN_DEFAULT_WORKERS, min(MAX_DEFAULT_WORKERS, os.cpu_count() or 1))
 
 
+def _mindspore_chunk_bytes() -> int:
+    """``formats.ckpt.SLICE_BYTES``, read when options are made: this module stays numpy-free, so the
+    command's parser (which shows these defaults) does not load numpy for ``--help``."""
+    from reshard.formats.ckpt import SLICE_BYTES
+
+    return SLICE_BYTES
+
+
 @dataclass(frozen=True)
 class WriteOptions:
     """How outputs are written: what ends up in their bytes, and the checksum recorded for them."""
@@ -42,7 +52,8 @@ class WriteOptions:
     write_crc: bool = False  # append MindSpore's crc trailer to .ckpt outputs
     enc_key: bytes | None = field(default=None, repr=False)  # encrypt .ckpt outputs (never printed)
     enc_mode: str = "AES-GCM"
-    chunk_bytes: int = SLICE_BYTES  # .ckpt record size of large tensors (MindSpore's 512 MiB)
+    # .ckpt record size of large tensors (MindSpore's 512 MiB)
+    chunk_bytes: int = field(default_factory=_mindspore_chunk_bytes)
     checksum: str = DEFAULT_ALGORITHM  # of the manifest: "blake3" or "sha256" (execute.digest says why)
 
 

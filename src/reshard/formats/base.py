@@ -103,6 +103,16 @@ class TensorIndex:
         data = np.frombuffer(self.raw(name), dtype=entry.dtype.numpy)
         return data.reshape(entry.shape)
 
+    def items(self, name: str) -> np.ndarray:
+        """The tensor's elements as their ``DType.carrier``: what a byte move copies, no ``ml_dtypes`` needed.
+
+        Identical to ``array`` for numpy's builtin dtypes; bf16/fp8 come as unsigned integers of their size.
+        """
+        entry = self.entries[name]
+        if entry.is_string:
+            raise UsageError(f"{name!r} is a string, not a tensor", self.path)
+        return np.frombuffer(self.raw(name), dtype=entry.dtype.carrier).reshape(entry.shape)
+
     def value(self, name: str) -> np.ndarray | str:
         """A tensor as numpy, or a string entry as ``str``."""
         entry = self.entries[name]

@@ -39,9 +39,9 @@ import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
+from reshard import dtypes
 from reshard.errors import FormatError, LayoutError, UnsupportedError, UsageError
 from reshard.formats.strategy import message_classes
 from reshard.layout import ParamLayout, tensor_strategy
@@ -255,7 +255,7 @@ def _check_alike(slices: list[tuple[str, np.ndarray, Any]]) -> None:
 
 def _widened(array: np.ndarray) -> np.ndarray:
     """MindSpore merges bf16 slices as float32 (it casts them before ``asnumpy``)."""
-    return array.astype(np.float32) if array.dtype == ml_dtypes.bfloat16 else array
+    return array.astype(np.float32) if array.dtype.name == dtypes.BFLOAT16.numpy_name else array
 
 
 def _strategy_fields(layout: Any, name: str) -> tuple[list[int], list[int], list[int], int]:

@@ -1,0 +1,200 @@
+"""Start-up does only what the run needs (issue 19): which modules a process loads, not how long it takes.
+
+A dependency's release once added a second to every reshard process (``ml_dtypes`` 0.7.0 takes about
+1 s to import, and ``reshard --version`` imported it through the whole API). These tests run each
+case in a fresh interpreter and read its ``sys.modules`` at exit, so they hold whatever the installed
+versions and however loaded the machine: ``--version`` and every ``--help`` load no numpy; importing
+the CLI or the drop-in loads no optional dependency; moving fp32 or bf16 bytes (transform, convert,
+unify) loads no ``ml_dtypes``, and only a cast does. The timings themselves are the bench's
+(``bench/run.py --startup``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reshard import dtypes
+
+# Loaded only when a run needs them: bf16/fp8 numbers, encryption, human output, rules files, PNG
+# pictures, the cluster executor, checksums.
+OPTIONAL = ("ml_dtypes", "cryptography", "rich", "yaml", "matplotlib", "ray", "blake3")
+WATCHED = ("numpy", *OPTIONAL)
+
+# Runs the ``reshard`` command (or imports a module) in this interpreter and prints, at exit, which
+# of the watched packages it loaded. ``atexit`` sees --help/--version, which end in SystemExit.
+_PROBE = """
+import atexit, json, sys
+watched = {watched!r}
+def _report():
+    print("LOADED=" + json.dumps([m for m in watched if m in sys.modules]), file=sys.__stderr__)
+atexit.register(_report)
+mode, rest = sys.argv[1], sys.argv[2:]
+if mode == "import":
+    __import__(rest[0])
+else:
+    from reshard import cli
+    sys.exit(cli.main(rest))
+"""
+
+
+def loaded(*argv: str, cwd: str | None = None, exit_code: int = 0) -> list[str]:
+    """The watched packages a fresh process loaded for ``argv`` (``import MODULE`` or ``cli ARGS...``)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS",)}
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(watched=WATCHED), *argv],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=300,
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("LOADED=")]
+    assert proc.returncode == exit_code and lines, f"{argv}: exit {proc.returncode}\n{proc.stderr[-2000:]}"
+    return list(json.loads(lines[-1].removeprefix("LOADED=")))
+
+
+def test_import_cli_loads_nothing_heavy() -> None:
+    assert loaded("import", "reshard.cli") == []
+
+
+def test_import_dropin_loads_no_optional_dependency() -> None:
+    assert loaded("import", "reshard.mindspore") == ["numpy"]
+    assert loaded("import", "reshard.mindspore.parallel") == ["numpy"]
+
+
+def test_import_api_loads_no_optional_dependency() -> None:
+    assert loaded("import", "reshard.api") == ["numpy"]
+
+
+def test_version_loads_no_numpy() -> None:
+    assert loaded("cli", "--version") == []
+
+
+def test_every_help_loads_no_numpy() -> None:
+    from reshard import cli
+
+    commands = sorted(cli.build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+    assert "transform" in commands
+    assert loaded("cli", "--help") == []
+    assert loaded("cli", exit_code=2) == []  # the overview (a usage error: no command)
+    for command in commands:
+        assert loaded("cli", command, "--help") == [], command
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's files, plus its 8-rank checkpoint cast to bf16 (weights bf16, optimizer states fp32)."""
+    root = tmp_path_factory.mktemp("startup")
+    subprocess.run(
+        [sys.executable, "-m", "reshard.cli", "demo", "--dir", str(root / "demo")],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    demo = root / "demo"
+    assert loaded(
+        "cli",
+        "transform",
+        "--src",
+        "ckpt_8ranks",
+        "--dst",
+        str(root / "bf16_8"),
+        "--src-strategy",
+        "merged/src_strategy.ckpt",
+        "--dst-strategy",
+        "merged/src_strategy.ckpt",
+        "--dtype",
+        "bf16",
+        "-q",
+        cwd=str(demo),
+    ) == ["numpy", "ml_dtypes", "blake3"]  # a cast needs bf16's numbers: the one case that loads ml_dtypes
+    return root
+
+
+def _transform(demo: Path, src: str, dst: Path) -> list[str]:
+    return loaded(
+        "cli",
+        "transform",
+        "--src",
+        src,
+        "--dst",
+        str(dst),
+        "--src-strategy",
+        "merged/src_strategy.ckpt",
+        "--dst-strategy",
+        "merged/dst_strategy.ckpt",
+        "-q",
+        cwd=str(demo / "demo"),
+    )
+
+
+def test_fp32_transform_loads_only_numpy_and_its_checksum(demo: Path) -> None:
+    assert _transform(demo, "ckpt_8ranks", demo / "fp32_4") == ["numpy", "blake3"]
+
+
+def test_bf16_byte_moves_load_no_ml_dtypes(demo: Path) -> None:
+    bf16 = str(demo / "bf16_8")
+    assert _transform(demo, bf16, demo / "bf16_4") == ["numpy", "blake3"]
+    convert = ["cli", "convert", bf16, str(demo / "bf16_st"), "--to", "safetensors", "-q"]
+    assert loaded(*convert) == ["numpy", "blake3"]
+    unify = ["cli", "unify", str(demo / "bf16_st"), str(demo / "bf16_full"), "--strategy", "merged/src_strategy.ckpt"]
+    assert loaded(*unify, cwd=str(demo / "demo")) == ["numpy", "blake3"]
+    # and the bytes are right: verify compares numbers, so it may load ml_dtypes
+    check = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reshard.cli",
+            "verify",
+            bf16,
+            str(demo / "bf16_4"),
+            "--a_strategy",
+            "merged/src_strategy.ckpt",
+            "--b_strategy",
+            "merged/dst_strategy.ckpt",
+        ],
+        cwd=str(demo / "demo"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "SAME" in check.stdout
+
+
+def test_dtype_table_rows_match_the_real_types() -> None:
+    """Each row's numpy name and item size (stated so byte moves need no ml_dtypes) are the real type's."""
+    for d in dtypes.ALL:
+        assert d.numpy.itemsize == d.itemsize, d
+        assert d.carrier.itemsize == d.itemsize, d
+        assert d is dtypes.STR or (d.carrier.kind in "biufc" and d.carrier.isbuiltin), d
+        if d not in (dtypes.INT4, dtypes.STR):
+            assert d.numpy.name == d.numpy_name, d
+            assert dtypes.from_numpy(d.numpy) is d, d
+            assert dtypes.from_numpy(d.numpy.newbyteorder(">")) is d or d.itemsize == 1, d
+    assert dtypes.BFLOAT16.carrier == np.uint16 and dtypes.FLOAT32.carrier == np.float32
+
+
+def test_byte_view_of_bf16_is_its_bits(tmp_path: Path) -> None:
+    """``TensorIndex.items`` hands out bf16 as uint16 holding the same bits ``array`` gives as numbers."""
+    import ml_dtypes
+
+    from reshard.formats import safetensors
+
+    values = np.array([[1.5, -2.0], [3.25, 65280.0]], dtype=ml_dtypes.bfloat16)
+    path = str(tmp_path / "m.safetensors")
+    safetensors.save_safetensors(path, {"w": values})
+    index = safetensors.read_safetensors(path)
+    try:
+        assert index.items("w").dtype == np.uint16
+        assert np.array_equal(index.items("w"), values.view(np.uint16))
+        assert np.array_equal(index.array("w"), values)
+    finally:
+        index.close()
