@@ -53,6 +53,12 @@ from reshard.plan import FilePlan, Plan, TensorPlan
 from reshard.plan.validate import validate_plan
 
 _PAGE = mmap.PAGESIZE
+# Largest row block a thread assembles at once. Peak RSS grows by about two blocks per thread (the
+# staging buffer and the source pages the block read), so the block is bounded whatever the memory
+# bound allows: with one block per tensor (up to max_memory / threads), a merge to one full .ckpt on
+# 4 threads peaked at 294 MB on a model whose largest tensor is 144 MiB (130 MB on 1 thread).
+# At 16 MiB the per-block costs (one pwrite, one numpy call per box) stay negligible.
+STAGING_BLOCK_BYTES = 16 * 1024 * 1024
 
 
 Opener = Callable[[str], TensorIndex]
@@ -273,11 +279,22 @@ def _fill_tensor(
             arrays[key] = index.array(tensor) if cast else index.items(tensor)
         return arrays[key]
 
-    for r0, r1 in _row_blocks(t, budget):
+    blocks = list(_row_blocks(t, budget))
+    for r0, r1 in blocks:
         block_shape = (r1 - r0, *t.shape[1:]) if t.shape else ()
         staging = _staging(math.prod(block_shape) * t.dtype.itemsize).view(element).reshape(block_shape)
         assemble.copy_boxes(staging, t, r0, source_array)
         _write_at(out.fd, segments, r0 * row_bytes, staging.reshape(-1).view(np.uint8).data)
+        if len(blocks) > 1:  # the next block reads other source rows: drop this block's pages now
+            _release_row_sources(t, sources, plan)
+
+
+def _release_row_sources(t: TensorPlan, sources: SourceCache, plan: Plan) -> None:
+    """Unmap the source pages ``t``'s copies touched so far, except transposed ones (every block reads
+    all of their pages again). Keeps resident source pages to about one row block per thread."""
+    for c in t.copies:
+        if c.src_perm is None:
+            sources.release(plan.sources[c.source], c.tensor)
 
 
 def _casts(t: TensorPlan, sources: SourceCache, plan: Plan) -> bool:
@@ -452,7 +469,7 @@ def run_plan(plan: Plan, opener: Opener, write: WriteOptions | None = None, run:
     # to one full file, a unify into one part).
     workers = max(1, min(run.workers, len(plan.files) or 1))
     tensor_workers = max(1, run.workers // workers)
-    budget = max(_PAGE, run.max_memory // (workers * tensor_workers))
+    budget = max(_PAGE, min(STAGING_BLOCK_BYTES, run.max_memory // (workers * tensor_workers)))
     if run.on_start is not None:
         run.on_start(sum(f.nbytes for f in plan.files))
     with contextlib.ExitStack() as stack:
