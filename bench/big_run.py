@@ -44,6 +44,7 @@ sys.path.insert(0, BENCH_DIR)
 sys.path.insert(1, os.path.join(os.path.dirname(BENCH_DIR), "src"))
 
 import measure  # noqa: E402
+import versions  # noqa: E402
 
 from reshard import dtypes, layout  # noqa: E402
 from reshard.formats.base import TensorSpec  # noqa: E402
@@ -253,6 +254,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "lowest_free_disk_bytes": watch.lowest,
             "loadavg_after": load,
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "versions": versions.dependency_versions(),
             "command": "python3 bench/big_run.py " + " ".join(sys.argv[1:]),
         }
     finally:

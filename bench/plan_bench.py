@@ -46,6 +46,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import versions  # bench/ is on sys.path: this file runs as a script
+
 from reshard import dtypes, layout
 from reshard.formats.strategy import StrategyFile, make_strategy
 from reshard.layout import ParamLayout, layout_map
@@ -410,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(MODES[args.one](args)))
         return 0
     result = run(args)
+    result["versions"] = versions.dependency_versions()
     if args.json:
         print(json.dumps(result))
     else:

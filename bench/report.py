@@ -178,6 +178,10 @@ def markdown(results: dict[str, Any]) -> str:
             "",
             *scaling_table(results["scaling"]),
         ]
+    if results.get("startup"):
+        import startup  # bench/ is on sys.path
+
+        out += ["", *startup.markdown(results["startup"])]
     plan = results.get("plan")
     if plan and "plan_seconds" in plan:
         out += [

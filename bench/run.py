@@ -4,6 +4,7 @@
     python3 bench/run.py                      # 1 GiB fp32 model, best of 5, MindSpore included
     python3 bench/run.py --size 2G --dtype bf16 --repeat 5 --work /data/bench
     python3 bench/run.py --scaling 0.5G,1G,2G # + time and peak RSS vs model size (reshard and cp)
+    python3 bench/startup.py                  # the start-up rows alone (run.py includes them)
 
 Writes ``bench/out/results.json``, ``bench/out/chart.png`` (and ``scaling.png``) and prints a
 markdown table. How it measures, and why (details in the module docstrings of ``measure.py``,
@@ -24,6 +25,10 @@ markdown table. How it measures, and why (details in the module docstrings of ``
 * ``cp -r`` copies the folder reshard just produced (cache state set the same way), so it moves
   exactly the output bytes. Each reshard output is checked tensor by tensor against a reference
   after timing (``--no-verify`` skips it).
+* Start-up rows (``startup.py``: ``reshard --version``, ``import reshard.cli``, ``import
+  reshard.mindspore``, a small transform, beside ``python -c "import numpy"``) are measured after
+  the operations, warm, best of ``--startup-repeat``; ``meta.versions`` records Python's and every dependency's
+  version (MindSpore's venv too), so each figure can be traced to what produced it.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ sys.path.insert(1, os.path.join(os.path.dirname(BENCH_DIR), "src"))
 import measure  # noqa: E402
 import profiling  # noqa: E402
 import report  # noqa: E402
+import startup  # noqa: E402
+import versions  # noqa: E402
 from operations import CP_TARGET, OPERATION_KEYS, Operation, operations  # noqa: E402
 from workload import DTYPES, Workload, verify_output  # noqa: E402
 
@@ -298,6 +305,7 @@ def machine_facts(args: argparse.Namespace, ms_python: str | None) -> dict[str, 
         "repeat": args.repeat,
         "ms_procs": args.ms_procs,
         "poll_seconds": measure.POLL_SECONDS,
+        "versions": versions.dependency_versions(ms_python),
     }
     if ms_python:
         facts["mindspore_python"] = ms_python
@@ -381,6 +389,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-plan", action="store_true", help="skip the planning micro-benchmark")
     p.add_argument(
+        "--startup-repeat",
+        type=int,
+        default=10,
+        help="runs per start-up row (reshard --version, imports, a small transform); 0 skips them (default 10)",
+    )
+    p.add_argument(
         "--no-profile",
         dest="profile",
         action="store_false",
@@ -394,11 +408,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     keys = [k for k in args.ops.split(",") if k]
     unknown = sorted(set(keys) - set(OPERATION_KEYS))
-    if unknown or args.repeat < 1:
+    if unknown or args.repeat < 1 or args.startup_repeat < 0:
         _log(
             f"bench: error: unknown operation(s) {unknown}; choose from {','.join(OPERATION_KEYS)}"
             if unknown
-            else "bench: error: --repeat must be at least 1"
+            else "bench: error: --repeat must be at least 1 and --startup-repeat at least 0"
         )
         return 2
     try:
@@ -436,6 +450,11 @@ def _main(args: argparse.Namespace, keys: list[str]) -> int:
         results["scaling"] = series
     if not args.keep:
         measure.remove(main_w.root)
+    if args.startup_repeat:
+        _log(f"start-up rows (best of {args.startup_repeat}) ...")
+        results["startup"] = startup.measure_startup(args.startup_repeat, os.path.join(args.work, "startup"))
+        if not args.keep:
+            measure.remove(os.path.join(args.work, "startup"))
     results["plan"] = run_plan_bench(args, env)
     results["meta"]["total_seconds"] = time.perf_counter() - started
     results["meta"]["load_average_at_end"] = os.getloadavg()

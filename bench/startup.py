@@ -177,7 +177,7 @@ def markdown(startup: dict[str, Any]) -> list[str]:
         "",
         f"Targets: `reshard --version` ≤ `import numpy`: {t['version_vs_numpy']:.2f}× "
         f"({'met' if t['version_vs_numpy'] <= 1 else 'MISSED'}); importing the CLI / the drop-in ≤ numpy + 0.15 s: "
-        f"+{t['cli_import_minus_numpy']:.3f} s / +{t['dropin_import_minus_numpy']:.3f} s "
+        f"{t['cli_import_minus_numpy']:+.3f} s / {t['dropin_import_minus_numpy']:+.3f} s "
         f"({'met' if max(t['cli_import_minus_numpy'], t['dropin_import_minus_numpy']) <= 0.15 else 'MISSED'}).",
     ]
     return lines

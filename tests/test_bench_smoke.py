@@ -63,6 +63,8 @@ def test_run_tiny_model_reshard_and_cp(tmp_path: Path) -> None:
             str(out),
             "--scaling",
             "4M,8M",
+            "--startup-repeat",
+            "1",
         ]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -83,6 +85,15 @@ def test_run_tiny_model_reshard_and_cp(tmp_path: Path) -> None:
         assert (out / "chart.png").stat().st_size > 0 and (out / "scaling.png").stat().st_size > 0
     assert "| transform 8→4 ranks (.ckpt) |" in proc.stdout
     assert not (tmp_path / "work" / "model-8M-fp32").exists()  # inputs removed without --keep
+    versions = results["meta"]["versions"]  # every figure traceable to what produced it (issue 19)
+    assert {"python", "numpy", "ml_dtypes", "protobuf", "cryptography", "rich", "blake3", "pyyaml"} <= set(versions)
+    assert versions["numpy"] and versions["ml_dtypes"]
+    rows = results["startup"]["rows"]
+    for row in ('python -c "import numpy"', "reshard --version", "import reshard.cli", "import reshard.mindspore"):
+        assert rows[row]["best"] > 0, row
+    assert 0 < rows["small transform: first output file"]["best"] <= rows["small transform: whole run (10 MB)"]["best"]
+    assert "Start-up (fresh processes" in proc.stdout
+    assert not (tmp_path / "work" / "startup").exists()
 
 
 def test_run_refuses_without_disk(tmp_path: Path) -> None:
@@ -108,5 +119,6 @@ def test_plan_bench_small() -> None:
     proc = _run([str(BENCH / "plan_bench.py"), "--params", "20", "--ranks", "32", "--repeat", "1", "--json"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["versions"]["numpy"]
     assert result["tensors"] == 20 * 32 and result["copies"] >= result["tensors"]
     assert result["plan_seconds"] > 0 and result["layout_seconds"] > 0
