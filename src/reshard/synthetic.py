@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
+from reshard import dtypes
 from reshard.formats.strategy import StrategyFile, make_strategy, write_strategy
 from reshard.layout import ParamLayout
 
@@ -92,7 +92,7 @@ def full_model(
 ) -> dict[str, np.ndarray]:
     """Full (unsharded) weights, Adam moments and scalars, in training-checkpoint order."""
     rng = np.random.default_rng(seed)
-    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    np_dtype = dtypes.BFLOAT16.numpy if dtype == "bfloat16" else np.dtype(dtype)  # ml_dtypes for bf16 only
     weights: dict[str, np.ndarray] = {}
     for name, (full, _, _) in shape.params().items():
         weights[name] = rng.standard_normal(full, dtype=np.float32).astype(np_dtype)
