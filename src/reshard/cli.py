@@ -405,10 +405,52 @@ def _add_dtype_flags(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --dtype: cast optimizer states too (default: they keep their dtype)",
     )
+    _add_precision_flags(p)
+
+
+def _add_precision_flags(p: argparse.ArgumentParser) -> None:
+    """``--dequantize`` / ``--block-size``: block-scaled FP8 and MXFP4 pairs (docs/low-precision.md)."""
+    p.add_argument(
+        "--dequantize",
+        metavar="DTYPE",
+        help="turn every FP8 block pair (X + X_scale_inv) and MXFP4 pair (P_blocks + P_scales) into one "
+        "bf16, fp16 or fp32 tensor while copying; the scales are consumed",
+    )
+    p.add_argument(
+        "--block-size",
+        "--block_size",
+        dest="block_size",
+        metavar="ROWSxCOLS",
+        help="with --dequantize: the FP8 block size, e.g. 128x128 (default: config.json's "
+        "quantization_config.weight_block_size)",
+    )
+
+
+def _precision(args: argparse.Namespace) -> Any:
+    from reshard.plan.quantized import Precision, parse_block
+
+    block = getattr(args, "block_size", None)
+    if getattr(args, "dequantize", None) is None and block is None:
+        return None
+    return Precision(args.dequantize, parse_block(block) if block is not None else _config_block(args))
+
+
+def _config_block(args: argparse.Namespace) -> tuple[int, int] | None:
+    """``--hf-config``'s FP8 block size, when it has one (else the source's config.json decides)."""
+    from reshard.plan.quantized import block_from_config
+
+    raw = getattr(args, "hf_config_bytes", None)
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    return block_from_config(doc) if isinstance(doc, dict) else None
 
 
 def _dtype(args: argparse.Namespace) -> dict[str, Any]:
-    return {"dtype": args.dtype, "dtype_all": args.dtype_all}
+    return {"dtype": args.dtype, "dtype_all": args.dtype_all, "precision": _precision(args)}
 
 
 def _notes(notes: Sequence[str], args: argparse.Namespace) -> None:
@@ -568,6 +610,10 @@ def _copy_hf_config(report: api.Report, args: argparse.Namespace) -> None:
     if raw is None or not getattr(args, "hf", False) or getattr(args, "dry_run", False) or not report.plan.files:
         return
     folder = os.path.dirname(report.plan.files[0].path)
+    if getattr(args, "dequantize", None) is not None:  # the weights are no longer quantized
+        doc = json.loads(raw)
+        if doc.pop("quantization_config", None) is not None:
+            raw = (json.dumps(doc, indent=2) + "\n").encode()
     write_whole(os.path.join(folder, "config.json"), raw)
 
 
@@ -677,6 +723,8 @@ _NOT_WITH_TOOL = {
     "strict": "--strict",
     "dtype": "--dtype",
     "dtype_all": "--dtype-all",
+    "dequantize": "--dequantize",
+    "block_size": "--block-size",
 }
 _TOOL_FLAGS = ("tool_src", "tool_dst", "rank_id", "world_size", "transform_process_num", "transform_by_rank")
 

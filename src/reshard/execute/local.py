@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reshard.execute import assemble
+from reshard.execute import assemble, dequant
 from reshard.execute.digest import StreamingDigest, hash_pool
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats import base, ckpt, safetensors
@@ -261,6 +261,8 @@ def _fill_tensor(
     # Strided boxes: assemble row blocks in a reused staging buffer, then one pwrite per block
     # (measured 15% faster than copying into a map of the output, which faults every page).
     row_bytes = t.nbytes // t.shape[0] if t.shape and t.shape[0] else 0
+    if plan.quantized and _dequantizes(t, plan):
+        budget = max(1, budget // dequant.EXPANSION)  # float32 boxes and block padding beside the staging
 
     arrays: dict[tuple[int, str], np.ndarray] = {}  # each source tensor's view made once, not per block
 
@@ -275,6 +277,12 @@ def _fill_tensor(
         staging = _staging(math.prod(block_shape) * t.dtype.itemsize).view(t.dtype.numpy).reshape(block_shape)
         assemble.copy_boxes(staging, t, r0, source_array)
         _write_at(out.fd, segments, r0 * row_bytes, staging.reshape(-1).view(np.uint8).data)
+
+
+def _dequantizes(t: TensorPlan, plan: Plan) -> bool:
+    """Whether a copy of ``t`` reads a tensor dequantized while copying (``--dequantize``)."""
+    made = {(q.path, q.name) for q in plan.quantized}
+    return any((plan.sources[c.source], c.tensor) in made for c in t.copies)
 
 
 def _casts(t: TensorPlan, sources: SourceCache, plan: Plan) -> bool:
@@ -442,9 +450,11 @@ def _run_files_fail_fast(
 def run_plan(plan: Plan, opener: Opener, write: WriteOptions | None = None, run: RunOptions | None = None) -> None:
     """Execute every output of ``plan``; text outputs (index JSON) are written last."""
     write, run = write or WriteOptions(), run or RunOptions()
-    sources = SourceCache(opener)
+    sources = SourceCache(dequant.wrapped_opener(plan, opener))
     try:
         validate_plan(plan, lambda i, name: sources.shape(plan.sources[i], name))  # before any byte
+        if plan.quantized:
+            dequant.check_scales(plan, opener)
     except BaseException:
         sources.close()
         raise

@@ -184,11 +184,32 @@ class TextOutput:
 
 
 @dataclass(frozen=True)
+class QuantizedSource:
+    """One tensor a plan reads dequantized: the file and name its copies read, and the stored pair.
+
+    ``path``/``name``: what the plan's copies name (the values' file; ``X.weight`` or ``P``).
+    ``weight``: the stored values in ``path``; ``scale`` in ``scale_path``. ``block``: FP8 ``(b0, b1)``;
+    MXFP4 ``(32,)``.
+    """
+
+    path: str
+    name: str
+    kind: str  # FP8_BLOCK | MXFP4
+    weight: str
+    scale_path: str
+    scale: str
+    block: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Plan:
     operation: str
     sources: tuple[str, ...]
     files: tuple[FilePlan, ...]
     texts: tuple[TextOutput, ...] = ()
+    # Tensors the copies read dequantized (``--dequantize``, reshard.plan.quantized): keyed by
+    # (source path, tensor name), so re-interning the sources keeps them valid.
+    quantized: tuple[QuantizedSource, ...] = ()
 
     @property
     def bytes_written(self) -> int:
@@ -391,6 +412,7 @@ __all__ = [
     "FileStats",
     "LazyTensors",
     "Plan",
+    "QuantizedSource",
     "Role",
     "SourceFile",
     "SourcePaths",

@@ -1,0 +1,190 @@
+"""Block-scaled low precision (docs/low-precision.md): the dtype table, and ``--dequantize`` on every writing command.
+
+The dequantized values are checked bit for bit against the CPU references run in the transformers
+venv on the very files the test made: torch's ``QuantizedHuggingFaceStorageReader`` (FP8 blocks, edge
+blocks partial, F32 and BF16 scales) and transformers' ``convert_moe_packed_tensors`` (MXFP4). The one
+documented difference: a NaN weight written as bf16 is numpy's quiet NaN (0x7FC0), torch writes 0xFFFF.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from reshard import api, dtypes
+from reshard.execute import dequant
+from reshard.formats.safetensors import read_safetensors, save_safetensors
+from reshard.formats.strategy import make_strategy, write_strategy
+from reshard.layout import ParamLayout
+from reshard.plan.quantized import Precision, parse_block
+from tests.lowprec_fixtures import EXPERTS, NORM, REFERENCES, K, Q, fp8_model, fp8_tensors
+from tests.trust_helpers import run_cli
+
+TARGETS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _arrays(path: Path) -> dict[str, np.ndarray]:
+    with read_safetensors(str(path)) as index:
+        return {n: index.array(n).copy() for n in index.entries}
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray, nan_free: bool = False) -> None:
+    """Equal bit for bit; with ``nan_free`` NaNs need only be NaN on both sides (bf16's NaN pattern)."""
+    assert a.shape == b.shape and a.dtype == b.dtype
+    bits = np.dtype(f"u{a.dtype.itemsize}")
+    if nan_free:
+        a_nan, b_nan = np.isnan(a.astype(np.float32)), np.isnan(b.astype(np.float32))
+        assert (a_nan == b_nan).all()
+        assert (a.view(bits)[~a_nan] == b.view(bits)[~b_nan]).all()
+    else:
+        assert (a.view(bits) == b.view(bits)).all()
+
+
+# ------------------------------------------------------------------------------------------ the table
+
+
+def test_low_precision_table() -> None:
+    table = dtypes.LOW_PRECISION
+    assert [
+        (n, lp.storage.st_code, lp.storage.itemsize, lp.values_per_item, lp.in_ckpt) for n, lp in table.items()
+    ] == [
+        ("F8_E4M3", "F8_E4M3", 1, 1, True),
+        ("F8_E5M2", "F8_E5M2", 1, 1, True),
+        ("F8_E8M0", "F8_E8M0", 1, 1, False),
+        ("MXFP4", "U8", 1, 2, True),
+    ]
+    e2m1 = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)  # ml_dtypes' E2M1
+    assert np.array_equal(np.array(dtypes.FP4_E2M1_VALUES, dtype=np.float32).view(np.uint32), e2m1.view(np.uint32))
+    assert float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max) == dtypes.FP8_E4M3_LARGEST
+
+
+def test_e8m0_into_ckpt_is_refused_naming_the_tensor(tmp_path: Path) -> None:
+    src = tmp_path / "scales.safetensors"
+    save_safetensors(src, {"w.weight_scale": np.arange(6, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu)})
+    proc = run_cli("convert", str(src), str(tmp_path / "out"), "--to", "ckpt")
+    assert proc.returncode == 2, proc.stderr
+    assert "w.weight_scale" in proc.stderr and "F8_E8M0" in proc.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.ckpt"))
+
+
+# ------------------------------------------------------------------------------------------ dequantize
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fp8_model(tmp_path_factory.mktemp("lowprec") / "fp8")
+
+
+@pytest.fixture(scope="module")
+def small_exponents(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """MXFP4 scales that stay inside float16's range, for the fp16 comparison."""
+    return fp8_model(tmp_path_factory.mktemp("lowprec") / "fp8_fp16", fp8_tensors(mxfp4_exponents=(118, 130)))
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_dequantize_matches_the_references(hf, model: Path, small_exponents: Path, tmp_path: Path, target: str) -> None:
+    src = small_exponents if target == "fp16" else model
+    ref = tmp_path / "ref.safetensors"
+    made = hf(REFERENCES, {"src": str(src), "out": str(ref), "dtype": TARGETS[target]})
+    assert made["tensors"] == sorted([Q, K, EXPERTS])
+    out = tmp_path / "out"
+    proc = run_cli("transform", "--src", str(src), "--dst", str(out), "--hf", "--dequantize", target)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 FP8 block pair(s), 1 MXFP4 pair(s)" in proc.stderr
+    got, want = _arrays(out / "model.safetensors"), _arrays(ref)
+    assert sorted(got) == sorted([Q, K, EXPERTS, NORM])  # scales consumed, the norm as it was
+    for name in want:
+        _same_bits(got[name], want[name], nan_free=target == "bf16")
+    assert got[EXPERTS].shape == (2, 96, 6)  # transformers' layout: [experts, 2 * intermediate, hidden]
+    _same_bits(got[NORM], fp8_tensors()[NORM])
+
+
+def test_dequantize_rule_without_torch(model: Path, tmp_path: Path) -> None:
+    """The rule spelled out in numpy (float32 multiply per block, edge blocks partial, then fp32 as is)."""
+    out = tmp_path / "out"
+    api.transform(str(model), str(out), hf=True, precision=Precision("fp32"))
+    got = _arrays(out / "model.safetensors")
+    t = fp8_tensors()
+    w = t[Q].astype(np.float32)
+    s = np.repeat(np.repeat(t[Q + "_scale_inv"], 128, 0), 128, 1)[:300, :260]
+    finite = np.isfinite(w)
+    assert (got[Q][finite] == (w * s)[finite]).all()
+    blocks, exps = t[EXPERTS + "_blocks"], t[EXPERTS + "_scales"].astype(np.int32) - 127
+    lut = np.array(dtypes.FP4_E2M1_VALUES, dtype=np.float32)
+    vals = np.stack([lut[blocks & 15], lut[blocks >> 4]], -1).reshape(2, 6, 3, 32) * np.exp2(exps)[..., None]
+    assert (got[EXPERTS] == vals.reshape(2, 6, 96).transpose(0, 2, 1)).all()
+
+
+def test_dequantize_streams_row_blocks(model: Path, tmp_path: Path) -> None:
+    """A tiny --max-memory cuts every tensor into row blocks (boxes across block edges): same bytes."""
+    whole, rows = tmp_path / "whole", tmp_path / "rows"
+    for out, extra in ((whole, []), (rows, ["--max-memory", "4KiB", "--workers", "1"])):
+        proc = run_cli("transform", "--src", str(model), "--dst", str(out), "--hf", "--dequantize", "bf16", *extra)
+        assert proc.returncode == 0, proc.stderr
+    assert (whole / "model.safetensors").read_bytes() == (rows / "model.safetensors").read_bytes()
+
+
+def test_dequantize_split_to_ranks_slices_exactly(model: Path, tmp_path: Path) -> None:
+    """split to 2 ranks (rows cut at 150 and 65, inside a block): each rank holds its rows of the full result."""
+    full, ranks = tmp_path / "full", tmp_path / "ranks"
+    api.transform(str(model), str(full), hf=True, precision=Precision("bf16"))
+    strategy = tmp_path / "s2.ckpt"
+    layouts = {Q: ParamLayout((2,), (0, -1)), K: ParamLayout((2,), (0, -1))}
+    write_strategy(strategy, make_strategy(layouts))
+    api.split(str(model), str(strategy), str(ranks), precision=Precision("bf16"))
+    whole = _arrays(full / "model.safetensors")
+    for r in range(2):
+        (part,) = (ranks / f"rank_{r}").glob("*.safetensors")
+        got = _arrays(part)
+        for name in (Q, K):
+            rows = whole[name].shape[0] // 2
+            _same_bits(got[name], whole[name][r * rows : (r + 1) * rows], nan_free=True)
+        assert sorted(got) == sorted([Q, K])  # the strategy's tensors, no scale
+
+
+def test_dequantize_hf_config_loses_quantization_config(model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    config = model / "config.json"
+    proc = run_cli(
+        "transform", "--src", str(model), "--dst", str(out), "--hf", "--hf-config", str(config), "--dequantize", "bf16"
+    )
+    assert proc.returncode == 0, proc.stderr
+    written = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in written and written["model_type"] == "tiny"
+
+
+def test_block_size_flag_replaces_the_config(tmp_path: Path) -> None:
+    src = fp8_model(tmp_path / "noblock", block=None)
+    out = tmp_path / "out"
+    proc = run_cli(
+        "transform", "--src", str(src), "--dst", str(out), "--hf", "--dequantize", "fp32", "--block-size", "128"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert parse_block("128") == parse_block("128x128") == (128, 128)
+
+
+def test_dry_run_refuses_a_nan_scale_before_any_byte(tmp_path: Path) -> None:
+    t = fp8_tensors()
+    t[K + "_scale_inv"] = t[K + "_scale_inv"].copy()
+    t[K + "_scale_inv"][1, 0] = np.inf
+    src = fp8_model(tmp_path / "nan", t)
+    with pytest.raises(Exception, match="NaN or infinite"):
+        api.transform(str(src), str(tmp_path / "out"), hf=True, dry_run=True, precision=Precision("bf16"))
+
+
+def test_viewed_dequantized_boxes_equal_the_reshaped_tensor(model: Path) -> None:
+    """Model maps read through C-order views: a viewed box is the box of the reshaped full tensor."""
+    from reshard.plan.model import QuantizedSource
+
+    t = fp8_tensors()
+    q = QuantizedSource("x", Q, "fp8-block", Q, "x", Q + "_scale_inv", (128, 128))
+    d = dequant.Dequantized(q, t[Q], t[Q + "_scale_inv"], (300, 260))
+    full = d[(slice(0, 300), slice(0, 260))]
+    view = d.reshape((300 * 260 // 100, 100))
+    box = (slice(7, 311), slice(13, 77))
+    got, want = view[box], np.ascontiguousarray(full).reshape(780, 100)[box]
+    assert np.array_equal(got, want, equal_nan=True)
