@@ -188,3 +188,58 @@ def test_viewed_dequantized_boxes_equal_the_reshaped_tensor(model: Path) -> None
     box = (slice(7, 311), slice(13, 77))
     got, want = view[box], np.ascontiguousarray(full).reshape(780, 100)[box]
     assert np.array_equal(got, want, equal_nan=True)
+
+
+def test_verify_dequantize_compares_a_quantized_source_with_its_export(model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert run_cli("transform", "--src", str(model), "--dst", str(out), "--hf", "--dequantize", "bf16").returncode == 0
+    same = run_cli("verify", str(model), str(out), "--dequantize", "bf16")
+    assert same.returncode == 0 and "SAME: 4 match" in same.stdout, same.stdout + same.stderr
+    other = run_cli("verify", str(model), str(out), "--dequantize", "fp32")
+    assert other.returncode == 1, other.stdout + other.stderr  # bf16 written, fp32 read: they differ
+
+
+def test_convert_one_file_dequantizes_into_ckpt(model: Path, tmp_path: Path) -> None:
+    """convert works file by file: a pair inside the file is dequantized; .ckpt holds the bf16 result."""
+    out = tmp_path / "out"
+    proc = run_cli("convert", str(model / "model.safetensors"), str(out), "--to", "ckpt", "--dequantize", "bf16")
+    assert proc.returncode == 0, proc.stderr
+    (ckpt_file,) = out.glob("*.ckpt")
+    back = tmp_path / "back"
+    assert run_cli("convert", str(ckpt_file), str(back), "--to", "safetensors").returncode == 0
+    (st,) = back.glob("*.safetensors")
+    ref = tmp_path / "ref"
+    api.transform(str(model), str(ref), hf=True, precision=Precision("bf16"))
+    got, want = _arrays(st), _arrays(ref / "model.safetensors")
+    assert sorted(got) == sorted(want)
+    for name in want:
+        _same_bits(got[name], want[name])
+
+
+def test_sharded_sources_are_refused_naming_the_pair(tmp_path: Path) -> None:
+    """Two rank files each holding a slice of a pair: a rank alone cannot tell whether its cut is on a block edge."""
+    t = fp8_tensors()
+    for r in range(2):
+        folder = tmp_path / "ranks" / f"rank_{r}"
+        folder.mkdir(parents=True)
+        save_safetensors(
+            folder / f"checkpoint_{r}.safetensors",
+            {K: t[K][r * 65 : (r + 1) * 65], K + "_scale_inv": t[K + "_scale_inv"][r : r + 1]},
+        )
+    strategy = tmp_path / "s2.ckpt"
+    write_strategy(
+        strategy, make_strategy({K: ParamLayout((2,), (0, -1)), K + "_scale_inv": ParamLayout((2,), (0, -1))})
+    )
+    proc = run_cli(
+        "unify",
+        str(tmp_path / "ranks"),
+        str(tmp_path / "out"),
+        "--strategy",
+        str(strategy),
+        "--dequantize",
+        "bf16",
+        "--block-size",
+        "128",
+    )
+    assert proc.returncode == 2 and K in proc.stderr and "merge the ranks first" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()

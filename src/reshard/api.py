@@ -269,7 +269,9 @@ def _with_dequantized(
         return plan
     from reshard.execute import dequant
 
-    notes.append(dequantizer.note())
+    note = dequantizer.note()
+    if note is not None:
+        notes.append(note)
     plan = dequantizer.attach(plan)
     opened = replace(read, verify_crc=False) if read is not None else None
     dequant.check_scales(plan, lambda path: open_checkpoint(path, opened))

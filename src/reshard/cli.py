@@ -1015,6 +1015,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         max_memory=args.max_memory,
         dtype=args.dtype,
         names=_name_filter(args),
+        dequantize=args.dequantize,
         **_progress_hooks(args, "comparing"),
     )
     _end_progress()
@@ -1483,6 +1484,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DTYPE",
         help="read floating tensors of both sides as bf16, fp16 or fp32 before comparing them exactly "
         "(checks an output written with --dtype against its source)",
+    )
+    p.add_argument(
+        "--dequantize",
+        metavar="DTYPE",
+        help="read FP8 block pairs and MXFP4 pairs of both sides as bf16, fp16 or fp32 (checks an output "
+        "written with --dequantize against its quantized source)",
     )
     _add_filter_flags(p, verb="compare only", drop="leave out")
     p.set_defaults(func=cmd_verify)

@@ -168,11 +168,21 @@ class Dequantizer:
         out: dict[K, SourceFile] = {}
         for key, sf in sources.items():
             catalogue = dict.fromkeys(sf.tensors, sf)
-            out[key] = self._rewritten(sf, self._changes(catalogue))
+            changes = self._changes(catalogue)
+            if changes.made and len(sources) > 1:
+                # A rank's slice of a pair is only exact when its cut falls on a block boundary, which
+                # a rank's file alone cannot tell: merge the pairs first (unify copies them as bytes).
+                raise UnsupportedError(
+                    f"{next(iter(changes.made))}: --dequantize reads full models and one-rank checkpoints; "
+                    "merge the ranks first (unify or transform without --dequantize), then dequantize that"
+                )
+            out[key] = self._rewritten(sf, changes)
         return out
 
-    def note(self) -> str:
-        """``--dequantize: 12 FP8 block pair(s), 2 MXFP4 pair(s) -> BFloat16 (scales consumed)``."""
+    def note(self) -> str | None:
+        """``--dequantize: 12 FP8 block pair(s), 2 MXFP4 pair(s) -> BFloat16 (scales consumed)``; None: no pair."""
+        if not any(self.pairs.values()):
+            return None
         return (
             f"--dequantize: {self.pairs[FP8_BLOCK]} FP8 block pair(s), {self.pairs[MXFP4]} MXFP4 pair(s) "
             f"-> {self.rule.target.ms_name} (scale tensors consumed)"
