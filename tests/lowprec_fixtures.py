@@ -82,3 +82,68 @@ for stem in [k[: -len("_blocks")] for k in raw if k.endswith("_blocks")]:
 save_file({k: v.contiguous() for k, v in fp8.items()}, ARGS["out"])
 out({"tensors": sorted(fp8)})
 """
+
+
+BF16_Q = "model.layers.0.self_attn.q_proj.weight"  # quantized: 300 x 260, partial edge blocks, one all-zero block
+NOT_Q = ("model.embed_tokens.weight", "model.layers.0.mlp.gate.weight", "model.norm.weight", "lm_head.weight")
+
+
+def bf16_model(folder: Path, seed: int = 1) -> Path:
+    """A Hugging Face folder of bf16 tensors for ``--quantize``: one linear weight and the kinds the rule skips."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((300, 260)) * 0.05
+    q[:128, 128:256] = 0  # an all-zero block: scale 1, values 0
+    q[5, 7] = 40.0  # one large value: its block's scale follows it, the rest of the block rounds to small values
+    t = {
+        NOT_Q[0]: rng.standard_normal((50, 64)),
+        BF16_Q: q,
+        NOT_Q[1]: rng.standard_normal((8, 64)),
+        NOT_Q[2]: rng.standard_normal(64),
+        NOT_Q[3]: rng.standard_normal((50, 64)),
+    }
+    save_safetensors(
+        folder / "model.safetensors", {k: v.astype(ml_dtypes.bfloat16) for k, v in t.items()}, {"format": "pt"}
+    )
+    (folder / "config.json").write_text(json.dumps({"model_type": "tiny"}))
+    return folder
+
+
+# Run in the transformers venv: DeepSeek's rule computed in torch. ARGS = {"src", "out", "name", "block"}.
+QUANTIZE_RULE = """
+from safetensors.torch import load_file
+raw = load_file(os.path.join(ARGS["src"], "model.safetensors"))
+got = load_file(os.path.join(ARGS["out"], "model.safetensors"))
+name, (b0, b1) = ARGS["name"], ARGS["block"]
+w = raw[name].float()
+rows, cols = w.shape
+n0, n1 = -(-rows // b0), -(-cols // b1)
+padded = torch.zeros(n0 * b0, n1 * b1)
+padded[:rows, :cols] = w
+grid = padded.reshape(n0, b0, n1, b1)
+amax = grid.abs().amax(dim=(1, 3))
+scale = torch.where(amax == 0, torch.ones_like(amax), amax / 448.0)
+values = (grid / scale[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn).reshape(n0 * b0, n1 * b1)
+values = values[:rows, :cols]
+out({"values": torch.equal(values.view(torch.uint8), got[name].view(torch.uint8)),
+     "scales": torch.equal(scale.view(torch.int32), got[name + "_scale_inv"].view(torch.int32)),
+     "dtypes": [str(got[name].dtype), str(got[name + "_scale_inv"].dtype)]})
+"""
+
+# Run in the transformers venv: load ARGS["quantized"] with FineGrainedFP8Config(dequantize=True) and compare its
+# weights with ARGS["dequantized"] (reshard's --dequantize bf16 of the same files). transformers checks that
+# `accelerate` is installed before loading any FP8 model, though dequantizing on CPU never uses it: the check is
+# skipped when accelerate is absent.
+LOAD_FP8 = """
+import importlib.util
+from safetensors.torch import load_file
+from transformers.quantizers import quantizer_finegrained_fp8 as fp8
+if importlib.util.find_spec("accelerate") is None:
+    fp8.FineGrainedFP8HfQuantizer.validate_environment = lambda self, *a, **k: None
+model = transformers.AutoModelForCausalLM.from_pretrained(
+    ARGS["quantized"], quantization_config=transformers.FineGrainedFP8Config(dequantize=True), dtype=torch.bfloat16)
+state = model.state_dict()
+ref = load_file(os.path.join(ARGS["dequantized"], "model.safetensors"))
+differ = [k for k, v in ref.items() if not torch.equal(state[k].view(torch.int16), v.view(torch.int16))]
+out({"compared": len(ref), "differ": differ})
+"""

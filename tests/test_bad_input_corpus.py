@@ -24,6 +24,7 @@ import pytest
 from reshard import api
 from reshard.formats import ckpt
 from reshard.formats.ckpt import save_ckpt
+from reshard.formats.safetensors import save_safetensors
 from reshard.formats.strategy import load_strategy, make_strategy, write_strategy
 from reshard.layout import ParamLayout
 from reshard.synthetic import ModelShape
@@ -692,7 +693,35 @@ def dequantize_unknown_dtype(tmp: Path, job: dict[str, str]) -> tuple[list[str],
     return [*_dequantize(fp8_model(tmp / "m"))[:-1], "int8"], "unknown --dequantize 'int8'"
 
 
+def quantize_nan_weight(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = tmp / "m"
+    src.mkdir()
+    w = np.ones((200, 200), dtype=np.float32)
+    w[150, 3] = np.nan
+    save_safetensors(src / "model.safetensors", {"a.weight": w})
+    args = ["transform", "--src", str(src), "--dst", OUT, "--hf", "--quantize", "fp8-block"]
+    return args, "a.weight: block [1, 0] holds NaN or infinite values"
+
+
+def quantize_a_quantized_model(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    args = ["transform", "--src", str(fp8_model(tmp / "m")), "--dst", OUT, "--hf", "--quantize", "fp8-block"]
+    return args, "already block-quantized"
+
+
+def quantize_unknown_scheme(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    args = ["transform", "--src", str(fp8_model(tmp / "m")), "--dst", OUT, "--hf", "--quantize", "int4"]
+    return args, "unknown --quantize 'int4'"
+
+
+def quantize_and_dequantize(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return [*_dequantize(fp8_model(tmp / "m")), "--quantize", "fp8-block"], "exclude each other"
+
+
 CASES += [
+    quantize_nan_weight,
+    quantize_a_quantized_model,
+    quantize_unknown_scheme,
+    quantize_and_dequantize,
     fp8_weight_without_scale,
     fp8_scale_without_weight,
     fp8_scale_wrong_shape,

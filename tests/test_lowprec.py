@@ -21,7 +21,20 @@ from reshard.formats.safetensors import read_safetensors, save_safetensors
 from reshard.formats.strategy import make_strategy, write_strategy
 from reshard.layout import ParamLayout
 from reshard.plan.quantized import Precision, parse_block
-from tests.lowprec_fixtures import EXPERTS, NORM, REFERENCES, K, Q, fp8_model, fp8_tensors
+from tests.lowprec_fixtures import (
+    BF16_Q,
+    EXPERTS,
+    LOAD_FP8,
+    NORM,
+    NOT_Q,
+    QUANTIZE_RULE,
+    REFERENCES,
+    K,
+    Q,
+    bf16_model,
+    fp8_model,
+    fp8_tensors,
+)
 from tests.trust_helpers import run_cli
 
 TARGETS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -243,3 +256,79 @@ def test_sharded_sources_are_refused_naming_the_pair(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2 and K in proc.stderr and "merge the ranks first" in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------ quantize
+
+
+@pytest.fixture(scope="module")
+def bf16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return bf16_model(tmp_path_factory.mktemp("lowprec") / "bf16")
+
+
+@pytest.mark.parametrize("block", [(128, 128), (64, 32)])
+def test_quantize_matches_deepseeks_rule_in_torch(hf, bf16: Path, tmp_path: Path, block: tuple[int, int]) -> None:
+    out = tmp_path / "out"
+    size = f"{block[0]}x{block[1]}"
+    proc = run_cli(
+        "transform", "--src", str(bf16), "--dst", str(out), "--hf", "--quantize", "fp8-block", "--block-size", size,
+        "--hf-config", str(bf16 / "config.json"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    got = hf(QUANTIZE_RULE, {"src": str(bf16), "out": str(out), "name": BF16_Q, "block": list(block)})
+    assert got == {"values": True, "scales": True, "dtypes": ["torch.float8_e4m3fn", "torch.float32"]}
+    written = _arrays(out / "model.safetensors")
+    assert sorted(written) == sorted([*NOT_Q, BF16_Q, BF16_Q + "_scale_inv"])
+    source = _arrays(bf16 / "model.safetensors")
+    for name in NOT_Q:  # the rule leaves embeddings, routers, norms and the head alone
+        _same_bits(written[name], source[name])
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"] == {
+        "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(block),
+    }  # fmt: skip
+
+
+def test_quantize_streams_row_blocks(bf16: Path, tmp_path: Path) -> None:
+    whole, rows = tmp_path / "whole", tmp_path / "rows"
+    for out, extra in ((whole, []), (rows, ["--max-memory", "4KiB", "--workers", "1"])):
+        proc = run_cli("transform", "--src", str(bf16), "--dst", str(out), "--hf", "--quantize", "fp8-block", *extra)
+        assert proc.returncode == 0, proc.stderr
+    assert (whole / "model.safetensors").read_bytes() == (rows / "model.safetensors").read_bytes()
+
+
+def test_quantize_rule_and_its_overrides(bf16: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    precision = Precision(quantize="fp8-block", quantize_include=("lm_head.weight",), quantize_exclude=(BF16_Q,))
+    api.transform(str(bf16), str(out), hf=True, precision=precision)
+    written = _arrays(out / "model.safetensors")
+    assert written["lm_head.weight"].dtype == ml_dtypes.float8_e4m3fn and "lm_head.weight_scale_inv" in written
+    assert written[BF16_Q].dtype == ml_dtypes.bfloat16 and BF16_Q + "_scale_inv" not in written
+
+
+def test_quantize_then_dequantize_round_trips_within_fp8(bf16: Path, tmp_path: Path) -> None:
+    q, back = tmp_path / "q", tmp_path / "back"
+    api.transform(str(bf16), str(q), hf=True, precision=Precision(quantize="fp8-block"))
+    (q / "config.json").write_text(json.dumps({"quantization_config": {"weight_block_size": [128, 128]}}))
+    api.transform(str(q), str(back), hf=True, precision=Precision("fp32"))
+    source = _arrays(bf16 / "model.safetensors")[BF16_Q].astype(np.float32)
+    again = _arrays(back / "model.safetensors")[BF16_Q]
+    assert again[:128, 128:256].max() == 0 and again[5, 7] == 40.0
+    mask = np.abs(source) > 1e-2  # away from the scale's flush region: E4M3's 3 mantissa bits
+    assert np.allclose(again[mask], source[mask], rtol=2**-4)
+
+
+def test_quantized_output_loads_in_transformers(hf, tmp_path: Path) -> None:
+    """transformers' FineGrainedFP8Config(dequantize=True) reads reshard's FP8 blocks as reshard --dequantize does."""
+    from tests.hf import make_models
+
+    (src,) = make_models(hf, {"llama": ("llama", {"hidden_size": 256, "intermediate_size": 384})}, tmp_path).values()
+    q, deq = tmp_path / "q", tmp_path / "deq"
+    proc = run_cli(
+        "transform", "--src", str(src), "--dst", str(q), "--hf", "--quantize", "fp8-block", "--dtype", "bf16",
+        "--hf-config", str(src / "config.json"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("transform", "--src", str(q), "--dst", str(deq), "--hf", "--dequantize", "bf16")
+    assert proc.returncode == 0, proc.stderr
+    loaded = hf(LOAD_FP8, {"quantized": str(q), "dequantized": str(deq)})
+    assert loaded["differ"] == [] and loaded["compared"] > 10

@@ -421,8 +421,28 @@ def _add_precision_flags(p: argparse.ArgumentParser) -> None:
         "--block_size",
         dest="block_size",
         metavar="ROWSxCOLS",
-        help="with --dequantize: the FP8 block size, e.g. 128x128 (default: config.json's "
-        "quantization_config.weight_block_size)",
+        help="the FP8 block size, e.g. 128x128: with --dequantize (default: config.json's "
+        "quantization_config.weight_block_size), with --quantize (default: 128x128)",
+    )
+    p.add_argument(
+        "--quantize",
+        metavar="SCHEME",
+        help="fp8-block: write 2-D float *.weight tensors as F8_E4M3 plus an F32 *.weight_scale_inv per block "
+        "(DeepSeek's rule; embeddings, norms, lm_head and routers stay as they are)",
+    )
+    p.add_argument(
+        "--quantize-include",
+        dest="quantize_include",
+        metavar="GLOB",
+        action="append",
+        help="with --quantize: also quantize the 2-D float tensors these names match (repeatable)",
+    )
+    p.add_argument(
+        "--quantize-exclude",
+        dest="quantize_exclude",
+        metavar="GLOB",
+        action="append",
+        help="with --quantize: never quantize the tensors these names match (repeatable)",
     )
 
 
@@ -430,9 +450,13 @@ def _precision(args: argparse.Namespace) -> Any:
     from reshard.plan.quantized import Precision, parse_block
 
     block = getattr(args, "block_size", None)
-    if getattr(args, "dequantize", None) is None and block is None:
+    include = tuple(getattr(args, "quantize_include", None) or ())
+    exclude = tuple(getattr(args, "quantize_exclude", None) or ())
+    quantize = getattr(args, "quantize", None)
+    if getattr(args, "dequantize", None) is None and quantize is None and block is None and not include + exclude:
         return None
-    return Precision(args.dequantize, parse_block(block) if block is not None else _config_block(args))
+    size = parse_block(block) if block is not None else None if quantize is not None else _config_block(args)
+    return Precision(args.dequantize, size, quantize, include, exclude)
 
 
 def _config_block(args: argparse.Namespace) -> tuple[int, int] | None:
@@ -614,6 +638,13 @@ def _copy_hf_config(report: api.Report, args: argparse.Namespace) -> None:
         doc = json.loads(raw)
         if doc.pop("quantization_config", None) is not None:
             raw = (json.dumps(doc, indent=2) + "\n").encode()
+    elif getattr(args, "quantize", None) is not None:  # the config says how the weights are stored now
+        from reshard.plan.quantized import DEFAULT_BLOCK, parse_block, quantization_config
+
+        block = parse_block(args.block_size) if args.block_size is not None else DEFAULT_BLOCK
+        doc = json.loads(raw)
+        doc["quantization_config"] = quantization_config(block)
+        raw = (json.dumps(doc, indent=2) + "\n").encode()
     write_whole(os.path.join(folder, "config.json"), raw)
 
 
@@ -725,6 +756,9 @@ _NOT_WITH_TOOL = {
     "dtype_all": "--dtype-all",
     "dequantize": "--dequantize",
     "block_size": "--block-size",
+    "quantize": "--quantize",
+    "quantize_include": "--quantize-include",
+    "quantize_exclude": "--quantize-exclude",
 }
 _TOOL_FLAGS = ("tool_src", "tool_dst", "rank_id", "world_size", "transform_process_num", "transform_by_rank")
 

@@ -34,13 +34,15 @@ from reshard.errors import UsageError
 from reshard.formats.base import TensorEntry, TensorIndex
 from reshard.plan import Plan
 from reshard.plan.model import QuantizedSource
-from reshard.plan.quantized import FP8_BLOCK
+from reshard.plan.quantized import FP8_BLOCK, QUANTIZE, QUANTIZE_SCALE
 
 Opener = Callable[[str], TensorIndex]
 Box = tuple[slice, ...]
 
 E8M0_NAN = 255
 EXPANSION = 4  # a dequantized row block holds float32 values and one block of padding: a quarter of the budget
+QUANTIZE_EXPANSION = 16  # a quantized row block (1 byte an element) needs three float32 temporaries
+SCALE_CHUNK = 1 << 22  # weight elements read at once to compute a --quantize scale tensor
 
 
 # The float32 bits torch gives F8_E4M3's two NaN bytes (numpy's would be 0x7FC00000): a NaN weight
@@ -142,6 +144,66 @@ class Dequantized:
         return flat.transpose(0, 2, 1)
 
 
+class Quantized:
+    """A weight quantized by DeepSeek's rule, box by box: its F8_E4M3 values, or its F32 ``weight_scale_inv``.
+
+    Per ``b0 x b1`` block (edge blocks partial): ``scale = amax(|w|) / 448`` in float32 (1.0 for an
+    all-zero block, whose values are zeros), ``value = w / scale`` clamped to +-448 and rounded to
+    the nearest even F8_E4M3. Every box is computed from whole blocks, so any cut gives the same bytes.
+    """
+
+    def __init__(self, source: QuantizedSource, weight: np.ndarray, scales: bool) -> None:
+        import ml_dtypes
+
+        self.source = source
+        self.weight = weight
+        self.scales = scales
+        b0, b1 = source.block
+        rows, cols = weight.shape
+        self.shape = (-(-rows // b0), -(-cols // b1)) if scales else (rows, cols)
+        self.ndim = 2
+        self.dtype = np.dtype(np.float32) if scales else np.dtype(ml_dtypes.float8_e4m3fn)
+
+    def reshape(self, view: Sequence[int]) -> Viewed:
+        raise UsageError(f"{self.source.weight}: --quantize cannot be combined with a model map that reshapes it")
+
+    def __getitem__(self, box: Box) -> np.ndarray:
+        (a0, a1), (c0, c1) = _bounds(box if isinstance(box, tuple) else (box,), self.shape)
+        b0, b1 = self.source.block
+        if self.scales:
+            step = max(1, SCALE_CHUNK // max(1, b0 * self.weight.shape[1]))
+            parts = [self._blocks(i, min(a1, i + step), c0, c1)[1] for i in range(a0, a1, step)]
+            return np.concatenate(parts) if parts else np.empty((0, c1 - c0), dtype=np.float32)
+        i0, i1, j0, j1 = a0 // b0, -(-a1 // b0), c0 // b1, -(-c1 // b1)
+        values, _ = self._blocks(i0, i1, j0, j1)
+        return values[a0 - i0 * b0 : a1 - i0 * b0, c0 - j0 * b1 : c1 - j0 * b1]
+
+    def _blocks(self, i0: int, i1: int, j0: int, j1: int) -> tuple[np.ndarray, np.ndarray]:
+        """Values (F8_E4M3, padded to whole blocks) and scales (F32) of block rows i0:i1, columns j0:j1."""
+        import ml_dtypes
+
+        b0, b1 = self.source.block
+        rows, cols = self.weight.shape
+        r1, c1 = min(i1 * b0, rows), min(j1 * b1, cols)
+        padded = np.zeros(((i1 - i0) * b0, (j1 - j0) * b1), dtype=np.float32)
+        padded[: r1 - i0 * b0, : c1 - j0 * b1] = self.weight[i0 * b0 : r1, j0 * b1 : c1]
+        grid = padded.reshape(i1 - i0, b0, j1 - j0, b1)
+        amax = np.abs(grid).max(axis=(1, 3))
+        if not np.isfinite(amax).all():
+            i, j = (int(k) for k in np.argwhere(~np.isfinite(amax))[0])
+            raise UsageError(
+                f"{self.source.weight}: block [{i0 + i}, {j0 + j}] holds NaN or infinite values, "
+                "which --quantize cannot scale"
+            )
+        scale = amax / np.float32(dtypes.FP8_E4M3_LARGEST)
+        scale[amax == 0] = 1.0
+        if self.scales:
+            return padded, scale
+        grid /= scale[:, None, :, None]
+        np.clip(padded, -dtypes.FP8_E4M3_LARGEST, dtypes.FP8_E4M3_LARGEST, out=padded)
+        return padded.astype(ml_dtypes.float8_e4m3fn), scale
+
+
 class Viewed:
     """A ``Dequantized`` tensor seen through a C-order reshape (model maps' stacked views): gathered element-wise."""
 
@@ -222,16 +284,25 @@ def wrapped_opener(plan: Plan, opener: Opener) -> Opener:
 
 
 def _shape(q: QuantizedSource, stored: tuple[int, ...]) -> tuple[int, ...]:
-    if q.kind == FP8_BLOCK:
+    if q.kind in (FP8_BLOCK, QUANTIZE):
         return stored
+    if q.kind == QUANTIZE_SCALE:
+        return (-(-stored[0] // q.block[0]), -(-stored[1] // q.block[1]))
     e, r, g, _ = stored
     return (e, g * dtypes.MXFP4_BLOCK, r)
 
 
 def _dequantized(
     q: QuantizedSource, index: TensorIndex, scale_index: Callable[[str], TensorIndex], shape: tuple[int, ...]
-) -> Dequantized:
+) -> Dequantized | Quantized:
+    if q.kind in (QUANTIZE, QUANTIZE_SCALE):
+        return Quantized(q, index.array(q.weight), scales=q.kind == QUANTIZE_SCALE)
     return Dequantized(q, index.array(q.weight), scale_index(q.scale_path).array(q.scale), shape)
+
+
+def expansion(kinds: set[str]) -> int:
+    """How much smaller a row block is for a tensor read through these kinds (temporaries beside the staging)."""
+    return QUANTIZE_EXPANSION if kinds & {QUANTIZE, QUANTIZE_SCALE} else EXPANSION
 
 
 def check_scales(plan: Plan, opener: Opener) -> None:
@@ -243,6 +314,8 @@ def check_scales(plan: Plan, opener: Opener) -> None:
     opened: dict[str, TensorIndex] = {}
     try:
         for q in plan.quantized:
+            if q.kind in (QUANTIZE, QUANTIZE_SCALE):  # scales made by this run, not read
+                continue
             if q.scale_path not in opened:
                 opened[q.scale_path] = opener(q.scale_path)
             scale = _scale_f32(opened[q.scale_path].array(q.scale))
@@ -258,4 +331,13 @@ def check_scales(plan: Plan, opener: Opener) -> None:
             index.close()
 
 
-__all__ = ["EXPANSION", "Dequantized", "QuantizedIndex", "Viewed", "check_scales", "wrapped_opener"]
+__all__ = [
+    "EXPANSION",
+    "Dequantized",
+    "Quantized",
+    "QuantizedIndex",
+    "Viewed",
+    "check_scales",
+    "expansion",
+    "wrapped_opener",
+]

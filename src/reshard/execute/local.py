@@ -251,7 +251,8 @@ def _fill_tensor(
     if t.literal is not None:
         _write_at(out.fd, segments, 0, memoryview(t.literal))
         return
-    cast = _casts(t, sources, plan)
+    made = _made_kinds(t, plan) if plan.quantized else set()
+    cast = bool(made) or _casts(t, sources, plan)  # a tensor computed while copying is never a byte copy
     if t.whole_copy and not cast:  # one unchanged source tensor: a kernel-side copy
         c = t.copies[0]
         _copy_bytes(out, segments, 0, sources, plan.sources[c.source], c.tensor, 0, t.nbytes)
@@ -261,8 +262,8 @@ def _fill_tensor(
     # Strided boxes: assemble row blocks in a reused staging buffer, then one pwrite per block
     # (measured 15% faster than copying into a map of the output, which faults every page).
     row_bytes = t.nbytes // t.shape[0] if t.shape and t.shape[0] else 0
-    if plan.quantized and _dequantizes(t, plan):
-        budget = max(1, budget // dequant.EXPANSION)  # float32 boxes and block padding beside the staging
+    if made:
+        budget = max(1, budget // dequant.expansion(made))  # float32 temporaries beside the staging
 
     arrays: dict[tuple[int, str], np.ndarray] = {}  # each source tensor's view made once, not per block
 
@@ -279,10 +280,10 @@ def _fill_tensor(
         _write_at(out.fd, segments, r0 * row_bytes, staging.reshape(-1).view(np.uint8).data)
 
 
-def _dequantizes(t: TensorPlan, plan: Plan) -> bool:
-    """Whether a copy of ``t`` reads a tensor dequantized while copying (``--dequantize``)."""
-    made = {(q.path, q.name) for q in plan.quantized}
-    return any((plan.sources[c.source], c.tensor) in made for c in t.copies)
+def _made_kinds(t: TensorPlan, plan: Plan) -> set[str]:
+    """How the copies of ``t`` read tensors computed while copying (``--dequantize``/``--quantize``; empty: none)."""
+    made = {(q.path, q.name): q.kind for q in plan.quantized}
+    return {made[key] for c in t.copies if (key := (plan.sources[c.source], c.tensor)) in made}
 
 
 def _casts(t: TensorPlan, sources: SourceCache, plan: Plan) -> bool:

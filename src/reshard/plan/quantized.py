@@ -37,6 +37,8 @@ K = TypeVar("K")
 
 FP8_BLOCK = "fp8-block"
 MXFP4 = "mxfp4"
+QUANTIZE = "fp8-block-quantize"  # the F8_E4M3 values of a weight --quantize writes
+QUANTIZE_SCALE = "fp8-block-quantize-scale"  # the F32 weight_scale_inv beside them
 SCALE_INV = "_scale_inv"  # X -> X_scale_inv (X.weight -> X.weight_scale_inv)
 BLOCKS, SCALES = "_blocks", "_scales"  # P_blocks + P_scales -> P
 DEFAULT_BLOCK = (128, 128)  # --quantize fp8-block: DeepSeek-V3's block
@@ -75,20 +77,31 @@ class Precision:
 
     dequantize: str | None = None
     block_size: tuple[int, int] | None = None
+    quantize: str | None = None  # "fp8-block"
+    quantize_include: tuple[str, ...] = ()
+    quantize_exclude: tuple[str, ...] = ()
 
     @property
     def active(self) -> bool:
-        return self.dequantize is not None
+        return self.dequantize is not None or self.quantize is not None
 
     def dequantizer(self, config: Mapping[str, object] | None) -> Dequantizer | None:
-        """The run's ``Dequantizer`` (None without ``dequantize``); ``config``: the source's config.json.
+        """The run's ``Dequantizer`` or ``Quantizer`` (None without either); ``config``: the source's config.json.
 
         Raises:
-            UsageError: An unknown dtype, ``block_size`` without ``dequantize``, a bad config block size.
+            UsageError: An unknown dtype or scheme, both at once, ``block_size`` alone, a bad config block size.
         """
+        if self.quantize is not None:
+            if self.dequantize is not None:
+                raise UsageError("--quantize and --dequantize exclude each other")
+            if self.quantize != FP8_BLOCK:
+                raise UsageError(f"unknown --quantize {self.quantize!r} (choose fp8-block)")
+            return Quantizer(self.block_size or DEFAULT_BLOCK, self.quantize_include, self.quantize_exclude)
+        if self.quantize_include or self.quantize_exclude:
+            raise UsageError("--quantize-include/--quantize-exclude need --quantize")
         if self.dequantize is None:
             if self.block_size is not None:
-                raise UsageError("--block-size needs --dequantize")
+                raise UsageError("--block-size needs --dequantize or --quantize")
             return None
         target = dequantize_target(self.dequantize)
         return Dequantizer(Dequantize(target, self.block_size), block_from_config(config))
@@ -144,6 +157,8 @@ class Dequantizer:
         self.records: dict[tuple[str, str], QuantizedSource] = {}
         self.pairs = {FP8_BLOCK: 0, MXFP4: 0}
 
+    flag = "--dequantize"
+
     # ---- full models: names unique across files, a pair may span two files
 
     def full(
@@ -159,6 +174,8 @@ class Dequantizer:
                 continue
             out = changes.renamed.get(n, n)
             mapping[out] = f
+            for added, _ in changes.added.get(n, ()):
+                mapping[added] = f
         return new_files, mapping
 
     # ---- sharded sources: each file holds its own pairs
@@ -173,8 +190,8 @@ class Dequantizer:
                 # A rank's slice of a pair is only exact when its cut falls on a block boundary, which
                 # a rank's file alone cannot tell: merge the pairs first (unify copies them as bytes).
                 raise UnsupportedError(
-                    f"{next(iter(changes.made))}: --dequantize reads full models and one-rank checkpoints; "
-                    "merge the ranks first (unify or transform without --dequantize), then dequantize that"
+                    f"{next(iter(changes.made))}: {self.flag} reads full models and one-rank checkpoints; "
+                    f"merge the ranks first (unify or transform without {self.flag}), then run {self.flag} on that"
                 )
             out[key] = self._rewritten(sf, changes)
         return out
@@ -279,7 +296,7 @@ class Dequantizer:
             self.records[key] = QuantizedSource(path, out, kind, weight, sf.path_of(scale), scale, block)
 
     def _rewritten(self, sf: SourceFile, changes: _Changes) -> SourceFile:
-        if not any(n in changes.made or n in changes.dropped for n in sf.tensors):
+        if not any(n in changes.made or n in changes.dropped or n in changes.added for n in sf.tensors):
             return sf
         tensors: dict[str, SourceTensor] = {}
         homes = dict(sf.homes) if sf.homes else {}
@@ -293,6 +310,10 @@ class Dequantizer:
                     homes[out] = homes.pop(name)
             else:
                 tensors[name] = t
+            for added, facts in changes.added.get(name, ()):
+                tensors[added] = facts
+                if name in homes:
+                    homes[added] = homes[name]
         return replace(sf, tensors=tensors, homes=homes if sf.homes else sf.homes)
 
 
@@ -301,9 +322,81 @@ class _Changes:
     made: dict[str, tuple[str, SourceTensor]]  # stored values -> (output name, its planning facts)
     dropped: set[str]  # scales consumed
     renamed: dict[str, str]  # P_blocks -> P
+    added: dict[str, list[tuple[str, SourceTensor]]]  # stored tensor -> tensors made beside it (scales)
 
     def __init__(self) -> None:
-        self.made, self.dropped, self.renamed = {}, set(), {}
+        self.made, self.dropped, self.renamed, self.added = {}, set(), {}, {}
+
+
+# --------------------------------------------------------------------------------------------
+# quantizing (--quantize fp8-block)
+
+# Names the quantizing rule leaves alone (DeepSeek-V3's and transformers' own choice): embeddings,
+# norms, the output head and MoE routers. Matched as substrings of the name, lower case.
+NOT_QUANTIZED = ("embed", "norm", "lm_head", "router", ".gate.weight", "output_layer")
+
+
+class Quantizer(Dequantizer):
+    """``--quantize fp8-block``: every 2-D floating ``*.weight`` (but ``NOT_QUANTIZED``) becomes an F8_E4M3
+    weight and an F32 ``*.weight_scale_inv`` beside it (DeepSeek's rule, ``reshard.execute.dequant``).
+
+    ``include``/``exclude``: globs that override the rule (a name matching ``include`` is quantized if it is
+    a 2-D float, one matching ``exclude`` never is).
+    """
+
+    flag = "--quantize"
+
+    def __init__(self, block: tuple[int, int], include: Sequence[str] = (), exclude: Sequence[str] = ()) -> None:
+        super().__init__(Dequantize(dtypes.FLOAT8_E4M3, block))
+        self.include, self.exclude = tuple(include), tuple(exclude)
+        self.pairs = {QUANTIZE: 0}
+
+    def eligible(self, name: str, t: SourceTensor) -> bool:
+        """Whether ``name`` (of ``t``) is quantized: the documented rule, then the user's globs."""
+        import fnmatch
+
+        if t.dtype not in dtypes.CASTABLE or len(t.shape) != 2 or 0 in t.shape:
+            return False
+        if any(fnmatch.fnmatchcase(name, g) for g in self.exclude):
+            return False
+        if any(fnmatch.fnmatchcase(name, g) for g in self.include):
+            return True
+        lower = name.lower()
+        return name.endswith(".weight") and not any(part in lower for part in NOT_QUANTIZED)
+
+    def note(self) -> str | None:
+        if not self.pairs[QUANTIZE]:
+            return None
+        b0, b1 = self.block or DEFAULT_BLOCK
+        return f"--quantize: {self.pairs[QUANTIZE]} weight(s) -> F8_E4M3 with F32 {b0}x{b1} block scales"
+
+    def _changes(self, catalogue: Mapping[str, SourceFile]) -> _Changes:
+        changes = _Changes()
+        b0, b1 = self.block or DEFAULT_BLOCK
+        for name, sf in catalogue.items():
+            t = sf.tensors[name]
+            if name.endswith(SCALE_INV) or t.dtype in dtypes.FP8_WEIGHTS:
+                raise UsageError(f"{name}: already block-quantized (--quantize takes a checkpoint of floats)")
+            if not self.eligible(name, t):
+                continue
+            scale = name + SCALE_INV
+            if scale in catalogue:
+                raise UsageError(f"{scale}: --quantize would write this name, which the source already holds")
+            grid = (math.ceil(t.shape[0] / b0), math.ceil(t.shape[1] / b1))
+            f8, f32 = dtypes.FLOAT8_E4M3, dtypes.FLOAT32
+            changes.made[name] = (name, SourceTensor(f8, t.shape, math.prod(t.shape) * f8.itemsize))
+            changes.added[name] = [(scale, SourceTensor(f32, grid, math.prod(grid) * f32.itemsize))]
+            path = sf.path_of(name)
+            if (path, name) not in self.records:
+                self.pairs[QUANTIZE] += 1
+            self.records[(path, name)] = QuantizedSource(path, name, QUANTIZE, name, path, scale, (b0, b1))
+            self.records[(path, scale)] = QuantizedSource(path, scale, QUANTIZE_SCALE, name, path, scale, (b0, b1))
+        return changes
+
+
+def quantization_config(block: tuple[int, int]) -> dict[str, object]:
+    """The ``config.json`` ``quantization_config`` of a ``--quantize fp8-block`` output (DeepSeek-V3's keys)."""
+    return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(block)}
 
 
 def quantized_names(sources: Sequence[SourceFile]) -> bool:
@@ -316,14 +409,19 @@ __all__ = [
     "DEFAULT_BLOCK",
     "FP8_BLOCK",
     "MXFP4",
+    "NOT_QUANTIZED",
+    "QUANTIZE",
+    "QUANTIZE_SCALE",
     "SCALES",
     "SCALE_INV",
     "Dequantize",
     "Dequantizer",
     "Precision",
     "QuantizedSource",
+    "Quantizer",
     "block_from_config",
     "dequantize_target",
     "parse_block",
+    "quantization_config",
     "quantized_names",
 ]
