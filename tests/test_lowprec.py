@@ -332,3 +332,64 @@ def test_quantized_output_loads_in_transformers(hf, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     loaded = hf(LOAD_FP8, {"quantized": str(q), "dequantized": str(deq)})
     assert loaded["differ"] == [] and loaded["compared"] > 10
+
+
+def test_preset_deepseek_v3_sees_through_fp8_blocks(hf, tmp_path: Path) -> None:
+    """An FP8 DeepSeek-V3 release to MindFormers names in one command: --preset deepseek-v3 --dequantize bf16
+    writes the bytes the preset writes from the dequantized model (stacked experts included)."""
+    from tests.hf import make_models
+    from tests.test_presets_models import DEEPSEEK
+
+    config = {**DEEPSEEK, "hidden_size": 256, "intermediate_size": 384}
+    (src,) = make_models(hf, {"ds": ("deepseek_v3", config)}, tmp_path).values()
+    fp8, deq, direct, via = (tmp_path / n for n in ("fp8", "deq", "direct", "via"))
+    steps = [
+        (
+            "--src",
+            src,
+            "--dst",
+            fp8,
+            "--hf",
+            "--quantize",
+            "fp8-block",
+            "--dtype",
+            "bf16",
+            "--hf-config",
+            src / "config.json",
+        ),
+        ("--src", fp8, "--dst", deq, "--hf", "--dequantize", "bf16"),
+        (
+            "--src",
+            fp8,
+            "--dst",
+            direct,
+            "--preset",
+            "deepseek-v3",
+            "--dequantize",
+            "bf16",
+            "--hf-config",
+            fp8 / "config.json",
+        ),
+        ("--src", deq, "--dst", via, "--preset", "deepseek-v3", "--hf-config", src / "config.json"),
+    ]
+    for step in steps:
+        proc = run_cli("transform", *map(str, step), "--output_format", "safetensors")
+        assert proc.returncode == 0, proc.stderr
+    assert "weight_scale_inv" in " ".join(_arrays(fp8 / "model.safetensors"))
+    (a,), (b,) = (direct / "rank_0").glob("*.safetensors"), (via / "rank_0").glob("*.safetensors")
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_plan_json_states_the_pairs_before_writing(model: Path, tmp_path: Path) -> None:
+    proc = run_cli(
+        "plan", "--src", str(model), "--dst", str(tmp_path / "out"), "--hf", "--dequantize", "bf16", "--json"
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    kinds = {q["tensor"]: (q["kind"], q["scale"], q["block"]) for q in doc["quantized"]}
+    assert kinds == {
+        Q: ("fp8-block", Q + "_scale_inv", [128, 128]),
+        K: ("fp8-block", K + "_scale_inv", [128, 128]),
+        EXPERTS: ("mxfp4", EXPERTS + "_scales", [32]),
+    }
+    assert not (tmp_path / "out").exists()

@@ -275,7 +275,21 @@ class Plan:
                 for f in self.files
             ],
             "texts": [t.path for t in self.texts],
+            **({"quantized": [_quantized_json(q) for q in self.quantized]} if self.quantized else {}),
         }
+
+
+def _quantized_json(q: QuantizedSource) -> dict[str, object]:
+    """How a plan's tensor is computed while copying (``--dequantize``/``--quantize``), for ``reshard plan --json``."""
+    return {
+        "tensor": q.name,
+        "file": q.path,
+        "kind": q.kind,
+        "values": q.weight,
+        "scale": q.scale,
+        "scale_file": q.scale_path,
+        "block": list(q.block),
+    }
 
 
 # --------------------------------------------------------------------------------------------
