@@ -199,6 +199,7 @@ class QuantizedSource:
     scale_path: str
     scale: str
     block: tuple[int, ...]
+    target: str | None = None  # safetensors code of the dtype --dequantize writes (None: --quantize)
 
 
 @dataclass(frozen=True)

@@ -293,7 +293,9 @@ class Dequantizer:
         key = (path, out)
         if key not in self.records:
             self.pairs[kind] += 1
-            self.records[key] = QuantizedSource(path, out, kind, weight, sf.path_of(scale), scale, block)
+            self.records[key] = QuantizedSource(
+                path, out, kind, weight, sf.path_of(scale), scale, block, self.rule.target.st_code
+            )
 
     def _rewritten(self, sf: SourceFile, changes: _Changes) -> SourceFile:
         if not any(n in changes.made or n in changes.dropped or n in changes.added for n in sf.tensors):
