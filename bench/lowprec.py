@@ -83,7 +83,7 @@ def make_fp8_model(folder: str, size: int) -> int:
 def timed(argv: list[str], inputs: list[str], log: str, env: dict[str, str] | None = None) -> dict[str, float]:
     measure.prepare_cache("cold", measure.files_under(inputs))
     m = measure.run_measured(argv, log, env=env)
-    return {"wall": m.wall, "call": m.call, "peak_rss": m.peak_rss}
+    return {"wall": m.wall, "call": m.call, "peak_rss": m.peak_rss, "cpu_pressure": m.cpu_pressure}
 
 
 def main() -> int:

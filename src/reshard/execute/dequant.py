@@ -45,6 +45,7 @@ QUANTIZE_EXPANSION = 16  # a quantized row block (1 byte an element) needs three
 # Largest row block of a computed tensor, in output bytes: its float32 temporaries are 2-12x that, and
 # larger blocks are no faster (measured), so peak memory stays near 100 MB a worker whatever --max-memory.
 ROW_BLOCK_CAP = 16 * 1024**2
+QUANTIZE_ROW_BLOCK_CAP = 4 * 1024**2  # F8 output bytes: 4 Mi elements, 16 MB a float32 temporary
 SCALE_CHUNK = 1 << 22  # weight elements read at once to compute a --quantize scale tensor
 
 
@@ -67,6 +68,30 @@ def _fp8_table(code: str) -> np.ndarray:
 @functools.cache
 def _fp4_table() -> np.ndarray:
     return np.array(dtypes.FP4_E2M1_VALUES, dtype=np.float32)
+
+
+@functools.cache
+def _mxfp4_products() -> np.ndarray:
+    """float32 ``FP4[nibble] * 2 ** (byte - 127)`` for every scale byte and nibble, flat (byte * 16 + nibble)."""
+    exps = np.arange(256, dtype=np.int32) - dtypes.E8M0_BIAS
+    with np.errstate(over="ignore", invalid="ignore"):
+        powers = np.ldexp(np.float32(1.0), exps).astype(np.float32)
+        out = (powers[:, None] * _fp4_table()[None, :]).astype(np.float32)
+    out[E8M0_NAN] = np.nan
+    return out.reshape(-1)
+
+
+@functools.cache
+def _mxfp4_table(code: str) -> np.ndarray:
+    """``_mxfp4_products`` rounded once to the target dtype: what the float32 path writes, one lookup a value."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _mxfp4_products().astype(dtypes.from_st_code(code).numpy)
+
+
+def _mxfp4_overflows(code: str, largest_byte: int) -> bool:
+    """Whether a scale byte up to ``largest_byte`` makes a finite value infinite in the target (fp16)."""
+    made = _mxfp4_table(code)[: (largest_byte + 1) * 16]
+    return _overflows(made, _mxfp4_products()[: (largest_byte + 1) * 16])
 
 
 def _scale_f32(scale: np.ndarray) -> np.ndarray:
@@ -179,6 +204,16 @@ class Dequantized:
         block = dtypes.MXFP4_BLOCK
         g0, g1 = k0 // block, -(-k1 // block)
         stored = self.values[e0:e1, r0:r1, g0:g1, :]
+        exps = self.scale[e0:e1, r0:r1, g0:g1].view(np.uint8)
+        if self.source.target is not None and exps.size:
+            table = _mxfp4_table(str(self.source.target))
+            if not _mxfp4_overflows(str(self.source.target), int(exps.max())):
+                rows = exps.astype(np.uint16)[..., None] << 4  # [e, r, g, 1]: the exponent's 16 entries
+                out = np.empty((*stored.shape, 2), dtype=table.dtype)
+                out[..., 0] = table[rows + (stored & 0x0F)]
+                out[..., 1] = table[rows + (stored >> 4)]
+                flat = out.reshape(e1 - e0, r1 - r0, (g1 - g0) * block)[:, :, k0 - g0 * block : k1 - g0 * block]
+                return flat.transpose(0, 2, 1)
         table = _fp4_table()
         out = np.empty((*stored.shape, 2), dtype=np.float32)  # [e, r, g, 16, 2]: low nibble first
         out[..., 0] = table[stored & 0x0F]
@@ -345,9 +380,15 @@ def _dequantized(
     return Dequantized(q, index.array(q.weight), scale_index(q.scale_path).array(q.scale), shape)
 
 
-def expansion(kinds: set[str]) -> int:
-    """How much smaller a row block is for a tensor read through these kinds (temporaries beside the staging)."""
-    return QUANTIZE_EXPANSION if kinds & {QUANTIZE, QUANTIZE_SCALE} else EXPANSION
+def row_block_bytes(kinds: set[str], budget: int) -> int:
+    """The row block (output bytes) of a tensor read through these kinds, out of a worker's ``budget``.
+
+    Smaller than a copy's: float32 temporaries sit beside the staging buffer, and a cap keeps each
+    worker near 100 MB whatever ``--max-memory`` (larger blocks were measured no faster).
+    """
+    if kinds & {QUANTIZE, QUANTIZE_SCALE}:
+        return max(1, min(budget // QUANTIZE_EXPANSION, QUANTIZE_ROW_BLOCK_CAP))
+    return max(1, min(budget // EXPANSION, ROW_BLOCK_CAP))
 
 
 def check_scales(plan: Plan, opener: Opener) -> None:
@@ -383,6 +424,6 @@ __all__ = [
     "QuantizedIndex",
     "Viewed",
     "check_scales",
-    "expansion",
+    "row_block_bytes",
     "wrapped_opener",
 ]

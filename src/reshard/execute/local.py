@@ -263,7 +263,7 @@ def _fill_tensor(
     # (measured 15% faster than copying into a map of the output, which faults every page).
     row_bytes = t.nbytes // t.shape[0] if t.shape and t.shape[0] else 0
     if made:
-        budget = max(1, min(budget // dequant.expansion(made), dequant.ROW_BLOCK_CAP))  # float32 temporaries
+        budget = dequant.row_block_bytes(made, budget)  # float32 temporaries beside the staging
 
     arrays: dict[tuple[int, str], np.ndarray] = {}  # each source tensor's view made once, not per block
 
