@@ -24,12 +24,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import measure  # noqa: E402
-import ml_dtypes  # noqa: E402
-import numpy as np  # noqa: E402
+import measure
+import ml_dtypes
+import numpy as np
 
-from reshard.formats.safetensors import save_safetensors  # noqa: E402
-from reshard.text import format_size, parse_size  # noqa: E402
+from reshard.formats.safetensors import save_safetensors
+from reshard.text import format_size, parse_size
 
 ROWS, COLS = 7168, 2048  # one linear weight: 14 MiB of F8_E4M3 (DeepSeek-V3's hidden size on one axis)
 BLOCK = 128
