@@ -24,10 +24,12 @@ import pytest
 from reshard import api
 from reshard.formats import ckpt
 from reshard.formats.ckpt import save_ckpt
+from reshard.formats.safetensors import save_safetensors
 from reshard.formats.strategy import load_strategy, make_strategy, write_strategy
 from reshard.layout import ParamLayout
 from reshard.synthetic import ModelShape
 from tests import checkpoint2_fixtures as fx
+from tests.lowprec_fixtures import EXPERTS, Q, fp8_model, fp8_tensors
 from tests.test_cp2_read_format import BAD as CHECKPOINT2_BAD
 from tests.test_cp2_read_format import ITER as CHECKPOINT2_ITERATION
 from tests.trust_helpers import make_job, run_cli, snapshot, temp_files
@@ -641,6 +643,93 @@ CASES += [
     checkpoint2_output_with_hf,
     checkpoint2_negative_iteration,
     checkpoint2_iteration_of_rank_folders,
+]
+
+
+# ------------------------------------------------------------------------------------ block-scaled low precision
+
+
+def _dequantize(src: Path) -> list[str]:
+    return ["transform", "--src", str(src), "--dst", OUT, "--hf", "--dequantize", "bf16"]
+
+
+def fp8_weight_without_scale(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _dequantize(fp8_model(tmp / "m", drop=(Q + "_scale_inv",))), f"{Q}: a Float8E4M3FN weight without"
+
+
+def fp8_scale_without_weight(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _dequantize(fp8_model(tmp / "m", drop=(Q,))), f"{Q}_scale_inv: a block scale without its weight"
+
+
+def fp8_scale_wrong_shape(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    t = fp8_tensors()
+    t[Q + "_scale_inv"] = np.ones((2, 3), dtype=np.float32)
+    return _dequantize(fp8_model(tmp / "m", t)), f"{Q}_scale_inv: shape [2, 3] does not fit"
+
+
+def fp8_block_size_unknown(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _dequantize(fp8_model(tmp / "m", block=None)), "block size unknown"
+
+
+def fp8_nan_scale(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    t = fp8_tensors()
+    t[Q + "_scale_inv"] = t[Q + "_scale_inv"].copy()
+    t[Q + "_scale_inv"][2, 1] = np.nan
+    return _dequantize(fp8_model(tmp / "m", t)), f"{Q}_scale_inv: 1 block scale(s) are NaN or infinite"
+
+
+def mxfp4_nan_scale(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    t = fp8_tensors()
+    t[EXPERTS + "_scales"] = t[EXPERTS + "_scales"].copy()
+    t[EXPERTS + "_scales"][0, 0, 0] = 255  # E8M0's NaN
+    return _dequantize(fp8_model(tmp / "m", t)), f"{EXPERTS}_scales: 1 block scale(s) are NaN or infinite"
+
+
+def mxfp4_blocks_without_scales(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _dequantize(fp8_model(tmp / "m", drop=(EXPERTS + "_scales",))), "MXFP4 blocks without their scales"
+
+
+def dequantize_unknown_dtype(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return [*_dequantize(fp8_model(tmp / "m"))[:-1], "int8"], "unknown --dequantize 'int8'"
+
+
+def quantize_nan_weight(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = tmp / "m"
+    src.mkdir()
+    w = np.ones((200, 200), dtype=np.float32)
+    w[150, 3] = np.nan
+    save_safetensors(src / "model.safetensors", {"a.weight": w})
+    args = ["transform", "--src", str(src), "--dst", OUT, "--hf", "--quantize", "fp8-block"]
+    return args, "a.weight: block [1, 0] holds NaN or infinite values"
+
+
+def quantize_a_quantized_model(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    args = ["transform", "--src", str(fp8_model(tmp / "m")), "--dst", OUT, "--hf", "--quantize", "fp8-block"]
+    return args, "already block-quantized"
+
+
+def quantize_unknown_scheme(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    args = ["transform", "--src", str(fp8_model(tmp / "m")), "--dst", OUT, "--hf", "--quantize", "int4"]
+    return args, "unknown --quantize 'int4'"
+
+
+def quantize_and_dequantize(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return [*_dequantize(fp8_model(tmp / "m")), "--quantize", "fp8-block"], "exclude each other"
+
+
+CASES += [
+    quantize_nan_weight,
+    quantize_a_quantized_model,
+    quantize_unknown_scheme,
+    quantize_and_dequantize,
+    fp8_weight_without_scale,
+    fp8_scale_without_weight,
+    fp8_scale_wrong_shape,
+    fp8_block_size_unknown,
+    fp8_nan_scale,
+    mxfp4_nan_scale,
+    mxfp4_blocks_without_scales,
+    dequantize_unknown_dtype,
 ]
 
 try:

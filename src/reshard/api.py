@@ -49,6 +49,7 @@ from reshard.plan import (
 )
 from reshard.plan.cast import cast_files, cast_rule
 from reshard.plan.checkpoint2 import plan_checkpoint2
+from reshard.plan.quantized import Dequantizer, Precision
 from reshard.plan.surgery import MAPPED_SOURCE, NameRun
 from reshard.sources import (
     CHECKPOINT2,
@@ -202,6 +203,8 @@ def execute(
     if executor not in ("local", "ray"):
         raise UsageError(f"unknown executor {executor!r} (choose local or ray)")
     if executor == "ray" or isinstance(run, ray_executor.RayOptions):
+        if plan.quantized:
+            raise UnsupportedError("--dequantize runs on the local executor only (not on Ray yet)")
         run = run or ray_executor.RayOptions()
         return _manifest.run_recorded(
             plan,
@@ -224,6 +227,55 @@ def execute(
         manifest=manifest,
         remove=remove,
     )
+
+
+def _dequantizer(precision: Precision | None, src: str) -> Dequantizer | None:
+    """The run's dequantization (None without one), with the block size of the source's config.json."""
+    if precision is None or not precision.active:
+        return precision.dequantizer(None) if precision is not None else None
+    return precision.dequantizer(_source_config(src))
+
+
+def _source_config(src: str) -> dict[str, object] | None:
+    """The ``config.json`` beside a source (a Hugging Face folder's own), or None."""
+    import json
+
+    folder = model_folder(src)
+    folder = folder if os.path.isdir(folder) else os.path.dirname(os.path.abspath(folder))
+    path = os.path.join(folder, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot read {path}: {e}") from None
+    return doc if isinstance(doc, dict) else None
+
+
+def _dequantized(sources: dict[int, SourceFile], dequantizer: Dequantizer | None) -> dict[int, SourceFile]:
+    return dequantizer.ranks(sources) if dequantizer is not None else sources
+
+
+def _with_dequantized(
+    plan: Plan, dequantizer: Dequantizer | None, notes: list[str], read: ReadOptions | None = None
+) -> Plan:
+    """``plan`` carrying what its dequantized tensors are read from (a note says how many).
+
+    Raises:
+        UsageError: A NaN or infinite block scale (read now: planning refuses it, nothing is written).
+    """
+    if dequantizer is None:
+        return plan
+    from reshard.execute import dequant
+
+    note = dequantizer.note()
+    if note is not None:
+        notes.append(note)
+    plan = dequantizer.attach(plan)
+    opened = replace(read, verify_crc=False) if read is not None else None
+    dequant.check_scales(plan, lambda path: open_checkpoint(path, opened))
+    return plan
 
 
 def superseded(dst: str, plan: Plan, dst_strategy: StrategyFile | None, overwrite: bool, manifest: bool) -> list[str]:
@@ -287,6 +339,7 @@ def transform(
     names: NameOptions | None = None,
     dtype: str | None = None,
     dtype_all: bool = False,
+    precision: Precision | None = None,
 ) -> Report:
     """Move a distributed (or full) checkpoint to another layout: full->N, N->M, N->full.
 
@@ -346,6 +399,9 @@ def transform(
             the source's own names, weights only, a ``ModelMap`` of renames and tensor surgery,
             strict). None: every tensor, names kept. Surgery (split, join, stack) needs full tensors
             on one side: a full source, or no destination strategy.
+        precision: Block-scaled low precision (``Precision``): ``dequantize="bf16"`` turns every FP8
+            block pair and MXFP4 pair into one tensor of that dtype while copying, the scales
+            consumed (docs/low-precision.md). None: pairs are copied as they are.
 
     Returns:
         A ``Report``: the plan, notes for the user (files passed over, merged strategy files ignored),
@@ -395,6 +451,7 @@ def transform(
     plan_dst: LayoutTable | None = dst_sf
     rule = statenames.DEFAULT.with_prefixes(optimizer_prefixes)
     cast = cast_rule(dtype, dtype_all, optimizer_prefixes)
+    dequantizer = _dequantizer(precision, src)
     if cp2_out:
         _check_checkpoint2_write(write)
         output_format = "safetensors"
@@ -408,6 +465,8 @@ def transform(
             files[HYPER_NAME] = hyper
             mapping = {**mapping, **{n: HYPER_NAME for n in hyper.tensors if n not in mapping}}
         files, mapping, _ = naming.narrow_full(files, mapping)
+        if dequantizer is not None:
+            files, mapping = dequantizer.full(files, mapping)
         files = cast_files(files, cast, notes)
         model = naming.mapped_model(files, mapping)
         if model is not None:
@@ -422,7 +481,10 @@ def transform(
             )
     else:
         opened = kind.open(src, read, notes)
-        fmt, sources = opened.fmt or "ckpt", cast_files(naming.narrow(opened.ranks), cast, notes)
+        fmt, sources = (
+            opened.fmt or "ckpt",
+            cast_files(_dequantized(naming.narrow(opened.ranks), dequantizer), cast, notes),
+        )
         src_sf = (
             _checkpoint2_strategy(src, src_strategy, opened) if kind is CHECKPOINT2 else _strategy(src_strategy, notes)
         )
@@ -448,6 +510,7 @@ def transform(
         plan = _checkpoint2_plan(plan, src_sf, plan_dst, dst_dir, iteration, common, prefix, rule, everyone, notes)
     if shard_size is not None:
         plan = hf_sharded(plan, dst_dir, shard_size)
+    plan = _with_dequantized(plan, dequantizer, notes, read)
     kept: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [model_folder(src)], overwrite, resume)
@@ -773,6 +836,7 @@ def unify(
     names: NameOptions | None = None,
     dtype: str | None = None,
     dtype_all: bool = False,
+    precision: Precision | None = None,
 ) -> Report:
     """Merge N rank shards into full tensors: ``part<j>.safetensors`` + ``param_name_map.json``.
 
@@ -817,6 +881,9 @@ def unify(
             finite value that would overflow to infinity is a ``UsageError`` (docs/formats.md §16).
         dtype_all: With ``dtype``: cast training state (optimizer moments, ``reshard.statenames``)
             too (False: it keeps its dtype).
+        precision: Block-scaled low precision (``Precision``): ``dequantize="bf16"`` turns every FP8
+            block pair and MXFP4 pair into one tensor of that dtype while copying, the scales
+            consumed (docs/low-precision.md). None: pairs are copied as they are.
 
     Returns:
         A ``Report``: the plan, notes (files passed over), the files a resumed run kept and the
@@ -855,7 +922,8 @@ def unify(
         raise UsageError("unify needs the source strategy")
     _check_unify_ranks(src_dir, sources, sf)
     naming = NameRun(names)
-    sources = cast_files(naming.narrow(sources), cast, notes)
+    dequantizer = _dequantizer(precision, src_dir)
+    sources = cast_files(_dequantized(naming.narrow(sources), dequantizer), cast, notes)
     narrowed = list(sources.values())
 
     def mapped(whole: Plan) -> Plan:
@@ -865,6 +933,7 @@ def unify(
         plan = plan_unify_hf(sources, sf, dst_dir, choice_func, shard_size, mapped)
     else:
         plan = mapped(plan_unify(sources, sf, dst_dir, choice_func, split_dst_file))
+    plan = _with_dequantized(plan, dequantizer, notes, read)
     kept: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [src_dir], overwrite, resume)
@@ -937,6 +1006,7 @@ def split(
     names: NameOptions | None = None,
     dtype: str | None = None,
     dtype_all: bool = False,
+    precision: Precision | None = None,
 ) -> Report:
     """Slice a unified (full) model into ``dst_dir/rank_<r>/net.<fmt>`` for a target strategy.
 
@@ -969,6 +1039,9 @@ def split(
             finite value that would overflow to infinity is a ``UsageError`` (docs/formats.md §16).
         dtype_all: With ``dtype``: cast training state (optimizer moments, ``reshard.statenames``)
             too (False: it keeps its dtype).
+        precision: Block-scaled low precision (``Precision``): ``dequantize="bf16"`` turns every FP8
+            block pair and MXFP4 pair into one tensor of that dtype while copying, the scales
+            consumed (docs/low-precision.md). None: pairs are copied as they are.
 
     Returns:
         A ``Report``: the plan, notes, the files a resumed run kept and the name report.
@@ -995,6 +1068,9 @@ def split(
         raise UsageError("split needs the destination strategy")
     naming = NameRun(names)
     files, mapping, hyper = naming.narrow_full(files, mapping, hyper)
+    dequantizer = _dequantizer(precision, unified_dir)
+    if dequantizer is not None:
+        files, mapping = dequantizer.full(files, mapping)
     files = cast_files(files, cast, notes)
     if hyper is not None:
         hyper = cast_files({0: hyper}, cast)[0]
@@ -1003,6 +1079,7 @@ def split(
         files, mapping = {MAPPED_SOURCE: model.source}, model.name_to_file
     plan = plan_split(files, mapping, hyper, sf, dst_dir, output_format, ranks, name_map)
     plan = model.resolve(plan) if model is not None else plan
+    plan = _with_dequantized(plan, dequantizer, notes)
     kept: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [model_folder(unified_dir)], overwrite, resume)
@@ -1086,6 +1163,7 @@ def convert(
     names: NameOptions | None = None,
     dtype: str | None = None,
     dtype_all: bool = False,
+    precision: Precision | None = None,
 ) -> Report:
     """Convert ``.ckpt`` <-> ``.safetensors`` for one file or a folder of ``rank*`` folders.
 
@@ -1126,6 +1204,9 @@ def convert(
             finite value that would overflow to infinity is a ``UsageError`` (docs/formats.md §16).
         dtype_all: With ``dtype``: cast training state (optimizer moments, ``reshard.statenames``)
             too (False: it keeps its dtype).
+        precision: Block-scaled low precision (``Precision``): ``dequantize="bf16"`` turns every FP8
+            block pair and MXFP4 pair into one tensor of that dtype while copying, the scales
+            consumed (docs/low-precision.md). None: pairs are copied as they are.
 
     Returns:
         A ``Report``: the plan, notes (files passed over), the files a resumed run kept and the
@@ -1153,8 +1234,9 @@ def convert(
     cast = cast_rule(dtype, dtype_all)
     src = _convert_source(src)
     naming = NameRun(names)
+    dequantizer = _dequantizer(precision, src)
     if to == "ckpt" and shard_size is None and holds_only_ckpt(src):
-        if naming.active:
+        if naming.active or dequantizer is not None:
             raise UsageError("filters and renames apply when converting between ckpt and safetensors, not to recrypt")
         if cast is not None:
             raise UsageError(
@@ -1178,12 +1260,14 @@ def convert(
         raise UsageError("Hugging Face output converts one full .ckpt file to safetensors", src)
     notes: list[str] = []
     pairs = convert_targets(src, dst, to, file_regex, read, notes)
-    inputs = cast_files(naming.narrow({k: source_file(i, 0, read) for k, (i, _) in enumerate(pairs)}), cast, notes)
+    opened = naming.narrow({k: source_file(i, 0, read) for k, (i, _) in enumerate(pairs)})
+    inputs = cast_files(_dequantized(opened, dequantizer), cast, notes)
     plan = plan_convert([(inputs[k], o, to) for k, (_, o) in enumerate(pairs)], name_map)
     plan = naming.after(plan, list(inputs.values()), full=len(pairs) == 1)
     if shard_size is not None:
         out_dir = os.path.dirname(pairs[0][1]) if pairs else (dst or os.path.dirname(os.path.abspath(src)))
         plan = hf_sharded(plan, out_dir, shard_size)
+    plan = _with_dequantized(plan, dequantizer, notes, read)
     kept: list[str] = []
     if not dry_run:
         root = dst if dst else (src if os.path.isdir(src) else os.path.dirname(os.path.abspath(src)))

@@ -435,10 +435,76 @@ def _add_dtype_flags(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --dtype: cast optimizer states too (default: they keep their dtype)",
     )
+    _add_precision_flags(p)
+
+
+def _add_precision_flags(p: argparse.ArgumentParser) -> None:
+    """``--dequantize`` / ``--block-size``: block-scaled FP8 and MXFP4 pairs (docs/low-precision.md)."""
+    p.add_argument(
+        "--dequantize",
+        metavar="DTYPE",
+        help="turn every FP8 block pair (X + X_scale_inv) and MXFP4 pair (P_blocks + P_scales) into one "
+        "bf16, fp16 or fp32 tensor while copying; the scales are consumed",
+    )
+    p.add_argument(
+        "--block-size",
+        "--block_size",
+        dest="block_size",
+        metavar="ROWSxCOLS",
+        help="the FP8 block size, e.g. 128x128: with --dequantize (default: config.json's "
+        "quantization_config.weight_block_size), with --quantize (default: 128x128)",
+    )
+    p.add_argument(
+        "--quantize",
+        metavar="SCHEME",
+        help="fp8-block: write 2-D float *.weight tensors as F8_E4M3 plus an F32 *.weight_scale_inv per block "
+        "(DeepSeek's rule; embeddings, norms, lm_head and routers stay as they are)",
+    )
+    p.add_argument(
+        "--quantize-include",
+        dest="quantize_include",
+        metavar="GLOB",
+        action="append",
+        help="with --quantize: also quantize the 2-D float tensors these names match (repeatable)",
+    )
+    p.add_argument(
+        "--quantize-exclude",
+        dest="quantize_exclude",
+        metavar="GLOB",
+        action="append",
+        help="with --quantize: never quantize the tensors these names match (repeatable)",
+    )
+
+
+def _precision(args: argparse.Namespace) -> Any:
+    from reshard.plan.quantized import Precision, parse_block
+
+    block = getattr(args, "block_size", None)
+    include = tuple(getattr(args, "quantize_include", None) or ())
+    exclude = tuple(getattr(args, "quantize_exclude", None) or ())
+    quantize = getattr(args, "quantize", None)
+    if getattr(args, "dequantize", None) is None and quantize is None and block is None and not include + exclude:
+        return None
+    size = parse_block(block) if block is not None else None if quantize is not None else _config_block(args)
+    return Precision(args.dequantize, size, quantize, include, exclude)
+
+
+def _config_block(args: argparse.Namespace) -> tuple[int, int] | None:
+    """``--hf-config``'s FP8 block size, when it has one (else the source's config.json decides)."""
+    from reshard.plan.quantized import block_from_config
+
+    raw = getattr(args, "hf_config_bytes", None)
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    return block_from_config(doc) if isinstance(doc, dict) else None
 
 
 def _dtype(args: argparse.Namespace) -> dict[str, Any]:
-    return {"dtype": args.dtype, "dtype_all": args.dtype_all}
+    return {"dtype": args.dtype, "dtype_all": args.dtype_all, "precision": _precision(args)}
 
 
 def _notes(notes: Sequence[str], args: argparse.Namespace) -> None:
@@ -600,6 +666,17 @@ def _copy_hf_config(report: api.Report, args: argparse.Namespace) -> None:
     from reshard.formats.base import write_whole
 
     folder = os.path.dirname(report.plan.files[0].path)
+    if getattr(args, "dequantize", None) is not None:  # the weights are no longer quantized
+        doc = json.loads(raw)
+        if doc.pop("quantization_config", None) is not None:
+            raw = (json.dumps(doc, indent=2) + "\n").encode()
+    elif getattr(args, "quantize", None) is not None:  # the config says how the weights are stored now
+        from reshard.plan.quantized import DEFAULT_BLOCK, parse_block, quantization_config
+
+        block = parse_block(args.block_size) if args.block_size is not None else DEFAULT_BLOCK
+        doc = json.loads(raw)
+        doc["quantization_config"] = quantization_config(block)
+        raw = (json.dumps(doc, indent=2) + "\n").encode()
     write_whole(os.path.join(folder, "config.json"), raw)
 
 
@@ -709,6 +786,11 @@ _NOT_WITH_TOOL = {
     "strict": "--strict",
     "dtype": "--dtype",
     "dtype_all": "--dtype-all",
+    "dequantize": "--dequantize",
+    "block_size": "--block-size",
+    "quantize": "--quantize",
+    "quantize_include": "--quantize-include",
+    "quantize_exclude": "--quantize-exclude",
 }
 _TOOL_FLAGS = ("tool_src", "tool_dst", "rank_id", "world_size", "transform_process_num", "transform_by_rank")
 
@@ -999,6 +1081,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         max_memory=args.max_memory,
         dtype=args.dtype,
         names=_name_filter(args),
+        dequantize=args.dequantize,
         **_progress_hooks(args, "comparing"),
     )
     _end_progress()
@@ -1467,6 +1550,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DTYPE",
         help="read floating tensors of both sides as bf16, fp16 or fp32 before comparing them exactly "
         "(checks an output written with --dtype against its source)",
+    )
+    p.add_argument(
+        "--dequantize",
+        metavar="DTYPE",
+        help="read FP8 block pairs and MXFP4 pairs of both sides as bf16, fp16 or fp32 (checks an output "
+        "written with --dequantize against its quantized source)",
     )
     _add_filter_flags(p, verb="compare only", drop="leave out")
     p.set_defaults(func=cmd_verify)

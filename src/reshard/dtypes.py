@@ -218,6 +218,48 @@ def cast_target(name: str) -> DType:
     return found
 
 
+# --------------------------------------------------------------------------------------------
+# block-scaled low precision (``--dequantize``, ``--quantize``: reshard.plan.quantized)
+
+
+@dataclass(frozen=True)
+class LowPrecision:
+    """How one low-precision format is stored: the dtype of its bytes, values per item, ``.ckpt`` or not.
+
+    ``storage.itemsize`` bytes hold ``values_per_item`` values: an MXFP4 ``*_blocks`` byte holds two
+    FP4 E2M1 values, every float8 byte one. ``in_ckpt`` is the storage dtype's: a ``.ckpt`` output can
+    hold F8_E4M3 / F8_E5M2 weights and MXFP4's U8 bytes, never F8_E8M0 scales (refused naming the tensor).
+    """
+
+    name: str
+    storage: DType
+    values_per_item: int
+    role: str  # "weight" (values) or "scale" (one per block)
+
+    @property
+    def in_ckpt(self) -> bool:
+        return self.storage.in_ckpt
+
+
+LOW_PRECISION: dict[str, LowPrecision] = {
+    lp.name: lp
+    for lp in (
+        LowPrecision("F8_E4M3", FLOAT8_E4M3, 1, "weight"),
+        LowPrecision("F8_E5M2", FLOAT8_E5M2, 1, "weight"),
+        LowPrecision("F8_E8M0", FLOAT8_E8M0, 1, "scale"),
+        LowPrecision("MXFP4", UINT8, 2, "weight"),  # packed: low nibble first
+    )
+}
+
+FP8_WEIGHTS: frozenset[DType] = frozenset({FLOAT8_E4M3, FLOAT8_E5M2})  # what X.weight of a FP8 pair holds
+FP8_SCALES: frozenset[DType] = frozenset({FLOAT32, BFLOAT16, FLOAT8_E8M0})  # what X.weight_scale_inv holds
+FP8_E4M3_LARGEST = 448.0  # largest finite F8_E4M3 (e4m3fn has no infinities): DeepSeek's quantizing divisor
+MXFP4_BLOCK = 32  # FP4 values sharing one scale: 16 bytes of a *_blocks tensor's last axis
+E8M0_BIAS = 127  # an E8M0 byte b stands for 2 ** (b - 127); 255 is NaN
+# FP4 E2M1 (sign, 2 exponent bits, 1 mantissa bit): the value of each nibble 0..15.
+FP4_E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
 def largest_finite(dtype: DType) -> float:
     """The largest finite value of a floating dtype (65504 for Float16)."""
     import ml_dtypes
@@ -233,6 +275,7 @@ __all__ = [
     "CAST_TARGETS",
     "COMPLEX64",
     "COMPLEX128",
+    "E8M0_BIAS",
     "FLOAT8_E4M3",
     "FLOAT8_E4M3FNUZ",
     "FLOAT8_E5M2",
@@ -241,17 +284,24 @@ __all__ = [
     "FLOAT16",
     "FLOAT32",
     "FLOAT64",
+    "FP4_E2M1_VALUES",
+    "FP8_E4M3_LARGEST",
+    "FP8_SCALES",
+    "FP8_WEIGHTS",
     "INT4",
     "INT8",
     "INT16",
     "INT32",
     "INT64",
+    "LOW_PRECISION",
+    "MXFP4_BLOCK",
     "STR",
     "UINT8",
     "UINT16",
     "UINT32",
     "UINT64",
     "DType",
+    "LowPrecision",
     "cast_target",
     "from_ms_name",
     "from_numpy",

@@ -40,6 +40,7 @@ import numpy as np
 from reshard import api, dtypes
 from reshard.errors import UsageError
 from reshard.execute import assemble
+from reshard.execute.dequant import wrapped_opener
 from reshard.execute.local import SourceCache
 from reshard.formats import layout_dir
 from reshard.formats.base import decode_string
@@ -47,6 +48,7 @@ from reshard.formats.strategy import StrategyFile
 from reshard.naming import NameFilter, NameOptions
 from reshard.plan import Plan, TensorPlan, plan_convert
 from reshard.plan.cast import cast_files, cast_rule
+from reshard.plan.quantized import Precision
 from reshard.plan.surgery import NameRun
 from reshard.sources import (
     CHECKPOINT2,
@@ -195,14 +197,16 @@ def side_plan(
     notes: list[str],
     dtype: str | None = None,
     names: NameFilter | None = None,
+    dequantize: str | None = None,
 ) -> Plan:
     """A plan whose tensors are the full tensors of one side (never executed), floats read as ``dtype``,
-    only the names ``names`` keeps (filtered where every operation filters: once, before planning)."""
+    only the names ``names`` keeps (filtered where every operation filters: once, before planning),
+    block-scaled pairs read as ``dequantize`` (planned as a transform to one full file does)."""
     options = NameOptions(names) if names is not None else None
     kind = identify(path, _side_kinds(path))
     if kind is CHECKPOINT2 and strategy is not None:
         raise UsageError("a MindFormers Checkpoint 2.0 carries its layouts in metadata.json: give no strategy", path)
-    if kind in (RANK_FOLDERS, CHECKPOINT2):
+    if kind in (RANK_FOLDERS, CHECKPOINT2) or dequantize is not None:
         report = api.transform(
             path,
             _VIRTUAL_OUT,
@@ -214,6 +218,7 @@ def side_plan(
             dtype=dtype,
             dtype_all=dtype is not None,
             names=options,
+            precision=Precision(dequantize) if dequantize is not None else None,
         )
         notes.extend(f"{path}: {note}" for note in report.notes)
         return report.plan
@@ -238,11 +243,12 @@ def _open_side(
     notes: list[str],
     dtype: str | None,
     names: NameFilter | None,
+    dequantize: str | None = None,
 ) -> _Side:
     read = _side_read(path, read)
-    plan = side_plan(path, strategy, read, notes, dtype, names)
+    plan = side_plan(path, strategy, read, notes, dtype, names, dequantize)
     opened = replace(read, verify_crc=False)  # trailers were checked while planning
-    side = _Side(path, plan, SourceCache(lambda p: open_checkpoint(p, opened)))
+    side = _Side(path, plan, SourceCache(wrapped_opener(plan, lambda p: open_checkpoint(p, opened))))
     for f in plan.files:
         for t in f.tensors:
             side.tensors.setdefault(t.name, t)
@@ -392,6 +398,7 @@ def verify(
     max_memory: int = DEFAULT_MAX_MEMORY,
     dtype: str | None = None,
     names: NameFilter | None = None,
+    dequantize: str | None = None,
     on_start: Callable[[int], None] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> VerifyReport:
@@ -413,6 +420,8 @@ def verify(
         dtype: read both sides' floating tensors as this dtype before comparing (None: as stored).
         names: compare only the names this filter keeps, on both sides (``--include``/``--exclude``/
             ``--weights-only``: an export without optimizer states against its source); None: all.
+        dequantize: read block-scaled pairs (FP8 blocks, MXFP4) of both sides as this dtype, as
+            ``--dequantize`` writes them (a quantized checkpoint against its dequantized export).
         on_start: called once, before the first comparison, with the bytes to compare (A's size of
             the names both sides hold), as ``RunOptions.on_start`` is for a transform.
         progress: called with the bytes of each block compared (they add up to ``on_start``'s).
@@ -432,8 +441,8 @@ def verify(
     _need_strategy(a, a_strategy, "a")
     _need_strategy(b, b_strategy, "b")
     cast_rule(dtype)  # an unknown dtype is refused before anything is read
-    side_a = _open_side(a, a_strategy, read, notes, dtype, names)
-    side_b = _open_side(b, b_strategy, read, notes, dtype, names)
+    side_a = _open_side(a, a_strategy, read, notes, dtype, names, dequantize)
+    side_b = _open_side(b, b_strategy, read, notes, dtype, names, dequantize)
     results: list[TensorResult] = []
     meter = _Meter(progress)
     if on_start is not None:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reshard.execute import assemble
+from reshard.execute import assemble, dequant
 from reshard.execute.digest import StreamingDigest, hash_pool
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats import base, ckpt, safetensors
@@ -257,7 +257,8 @@ def _fill_tensor(
     if t.literal is not None:
         _write_at(out.fd, segments, 0, memoryview(t.literal))
         return
-    cast = _casts(t, sources, plan)
+    made = _made_kinds(t, plan) if plan.quantized else set()
+    cast = bool(made) or _casts(t, sources, plan)  # a tensor computed while copying is never a byte copy
     if t.whole_copy and not cast:  # one unchanged source tensor: a kernel-side copy
         c = t.copies[0]
         _copy_bytes(out, segments, 0, sources, plan.sources[c.source], c.tensor, 0, t.nbytes)
@@ -267,6 +268,8 @@ def _fill_tensor(
     # Strided boxes: assemble row blocks in a reused staging buffer, then one pwrite per block
     # (measured 15% faster than copying into a map of the output, which faults every page).
     row_bytes = t.nbytes // t.shape[0] if t.shape and t.shape[0] else 0
+    if made:
+        budget = dequant.row_block_bytes(made, budget)  # float32 temporaries beside the staging
 
     arrays: dict[tuple[int, str], np.ndarray] = {}  # each source tensor's view made once, not per block
     # A byte move copies items as their carrier (bf16 as uint16: no ml_dtypes); a cast needs the numbers.
@@ -295,6 +298,12 @@ def _release_row_sources(t: TensorPlan, sources: SourceCache, plan: Plan) -> Non
     for c in t.copies:
         if c.src_perm is None:
             sources.release(plan.sources[c.source], c.tensor)
+
+
+def _made_kinds(t: TensorPlan, plan: Plan) -> set[str]:
+    """How the copies of ``t`` read tensors computed while copying (``--dequantize``/``--quantize``; empty: none)."""
+    made = {(q.path, q.name): q.kind for q in plan.quantized}
+    return {made[key] for c in t.copies if (key := (plan.sources[c.source], c.tensor)) in made}
 
 
 def _casts(t: TensorPlan, sources: SourceCache, plan: Plan) -> bool:
@@ -459,9 +468,11 @@ def _run_files_fail_fast(
 def run_plan(plan: Plan, opener: Opener, write: WriteOptions | None = None, run: RunOptions | None = None) -> None:
     """Execute every output of ``plan``; text outputs (index JSON) are written last."""
     write, run = write or WriteOptions(), run or RunOptions()
-    sources = SourceCache(opener)
+    sources = SourceCache(dequant.wrapped_opener(plan, opener))
     try:
         validate_plan(plan, lambda i, name: sources.shape(plan.sources[i], name))  # before any byte
+        if plan.quantized:
+            dequant.check_scales(plan, opener)
     except BaseException:
         sources.close()
         raise

@@ -27,6 +27,8 @@ The modules, each importing only the ones before it:
 * ``surgery`` — filters and model maps (``reshard.naming``) composed onto plans: ``NameRun``;
 * ``cast`` — ``--dtype``: which entries a cast converts, applied to the planning facts
   (``cast_files``) so that every planner's outputs carry the cast dtype.
+* ``quantized`` — ``--dequantize`` / ``--quantize``: block-scaled pairs (FP8 blocks, MXFP4) rewritten
+  in the planning facts, and the ``QuantizedSource`` facts a plan carries for the executor.
 
 Everything other modules use is importable from ``reshard.plan`` itself.
 """

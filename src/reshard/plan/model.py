@@ -184,11 +184,33 @@ class TextOutput:
 
 
 @dataclass(frozen=True)
+class QuantizedSource:
+    """One tensor a plan reads dequantized: the file and name its copies read, and the stored pair.
+
+    ``path``/``name``: what the plan's copies name (the values' file; ``X.weight`` or ``P``).
+    ``weight``: the stored values in ``path``; ``scale`` in ``scale_path``. ``block``: FP8 ``(b0, b1)``;
+    MXFP4 ``(32,)``.
+    """
+
+    path: str
+    name: str
+    kind: str  # FP8_BLOCK | MXFP4
+    weight: str
+    scale_path: str
+    scale: str
+    block: tuple[int, ...]
+    target: str | None = None  # safetensors code of the dtype --dequantize writes (None: --quantize)
+
+
+@dataclass(frozen=True)
 class Plan:
     operation: str
     sources: tuple[str, ...]
     files: tuple[FilePlan, ...]
     texts: tuple[TextOutput, ...] = ()
+    # Tensors the copies read dequantized (``--dequantize``, reshard.plan.quantized): keyed by
+    # (source path, tensor name), so re-interning the sources keeps them valid.
+    quantized: tuple[QuantizedSource, ...] = ()
 
     @property
     def bytes_written(self) -> int:
@@ -254,7 +276,21 @@ class Plan:
                 for f in self.files
             ],
             "texts": [t.path for t in self.texts],
+            **({"quantized": [_quantized_json(q) for q in self.quantized]} if self.quantized else {}),
         }
+
+
+def _quantized_json(q: QuantizedSource) -> dict[str, object]:
+    """How a plan's tensor is computed while copying (``--dequantize``/``--quantize``), for ``reshard plan --json``."""
+    return {
+        "tensor": q.name,
+        "file": q.path,
+        "kind": q.kind,
+        "values": q.weight,
+        "scale": q.scale,
+        "scale_file": q.scale_path,
+        "block": list(q.block),
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -391,6 +427,7 @@ __all__ = [
     "FileStats",
     "LazyTensors",
     "Plan",
+    "QuantizedSource",
     "Role",
     "SourceFile",
     "SourcePaths",

@@ -1,0 +1,143 @@
+"""Benchmark of block-scaled low precision: FP8 -> bf16 dequantize and bf16 -> FP8 quantize, page cache cold.
+
+Makes an FP8 block-scaled model of ``--size`` (default 1 GiB of F8_E4M3 weights, 128x128 F32 scales,
+DeepSeek-V3-like 7168-wide linears), then times, each in its own process through ``measure.run_measured``
+(wall time, peak RSS of the process tree, inputs evicted from the page cache first):
+
+* ``reshard transform --hf --dequantize bf16`` against ``cp -r`` of the bf16 output it wrote;
+* ``reshard transform --hf --quantize fp8-block`` of that bf16 output against ``cp -r`` of its output;
+* DeepSeek's reference rule computed in torch on the same CPU (``--torch PYTHON``: a venv with torch and
+  safetensors; skipped without it): every weight read whole, ``w.float() * scale`` expanded per block,
+  cast to bf16 and saved with ``safetensors.torch.save_file``. A figure beside ours, not a target.
+
+    python3 bench/lowprec.py --work /tmp/lowprec-bench --json docs/bench/results-lowprec.json \\
+        --torch ~/.cache/reshard/hf-venv/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import measure
+import ml_dtypes
+import numpy as np
+
+from reshard.formats.safetensors import save_safetensors
+from reshard.text import format_size, parse_size
+
+ROWS, COLS = 7168, 2048  # one linear weight: 14 MiB of F8_E4M3 (DeepSeek-V3's hidden size on one axis)
+BLOCK = 128
+SHARD_TENSORS = 16  # tensors per source shard (about 224 MiB of FP8)
+
+TORCH_RULE = r"""
+import json, os, sys, time, torch
+from safetensors.torch import load_file, save_file
+src, dst = sys.argv[1], sys.argv[2]
+start = time.perf_counter()
+os.makedirs(dst, exist_ok=True)
+for shard in sorted(f for f in os.listdir(src) if f.endswith(".safetensors")):
+    raw = load_file(os.path.join(src, shard))
+    out = {}
+    for name, w in raw.items():
+        if name.endswith("_scale_inv"):
+            continue
+        s = raw[name + "_scale_inv"]
+        full = s.repeat_interleave(128, 0)[: w.shape[0]].repeat_interleave(128, 1)[:, : w.shape[1]]
+        out[name] = (w.to(torch.float32) * full).to(torch.bfloat16)
+    save_file(out, os.path.join(dst, shard))
+print("@@BENCH@@" + json.dumps({"call": time.perf_counter() - start}))
+"""
+
+
+def make_fp8_model(folder: str, size: int) -> int:
+    """An FP8 block-scaled Hugging Face folder of about ``size`` bytes of weights; returns the tensor count."""
+    os.makedirs(folder, exist_ok=True)
+    rng = np.random.default_rng(0)
+    count = max(1, round(size / (ROWS * COLS)))
+    grid = (math.ceil(ROWS / BLOCK), math.ceil(COLS / BLOCK))
+    weight_map: dict[str, str] = {}
+    shards = math.ceil(count / SHARD_TENSORS)
+    for s in range(shards):
+        name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        tensors: dict[str, np.ndarray] = {}
+        for k in range(s * SHARD_TENSORS, min(count, (s + 1) * SHARD_TENSORS)):
+            w = f"model.layers.{k}.mlp.down_proj.weight"
+            tensors[w] = rng.integers(0, 0x7E, (ROWS, COLS), dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
+            tensors[w + "_scale_inv"] = (rng.random(grid, dtype=np.float32) * 1e-3).astype(np.float32)
+        save_safetensors(os.path.join(folder, name), tensors, {"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, name))
+    index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w", encoding="utf-8") as fh:
+        json.dump(index, fh)
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as fh:
+        json.dump({"quantization_config": {"quant_method": "fp8", "weight_block_size": [BLOCK, BLOCK]}}, fh)
+    return count
+
+
+def timed(argv: list[str], inputs: list[str], log: str, env: dict[str, str] | None = None) -> dict[str, float]:
+    measure.prepare_cache("cold", measure.files_under(inputs))
+    m = measure.run_measured(argv, log, env=env)
+    return {"wall": m.wall, "call": m.call, "peak_rss": m.peak_rss, "cpu_pressure": m.cpu_pressure}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", required=True, help="scratch folder (needs about 4x --size free)")
+    ap.add_argument("--size", default="1GiB", help="FP8 weight bytes of the model (default 1GiB)")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--torch", help="a python with torch and safetensors, for the reference rule's time")
+    ap.add_argument("--repeat", type=int, default=1)
+    args = ap.parse_args()
+    work = os.path.abspath(args.work)
+    src, bf16, fp8 = (os.path.join(work, n) for n in ("fp8_model", "bf16_out", "fp8_out"))
+    if not os.path.isdir(src):
+        make_fp8_model(src, parse_size(args.size))
+    env = {**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")}
+    cli = [sys.executable, "-m", "reshard.cli", "transform", "--no-progress", "-q"]
+    results: dict[str, object] = {"fp8_bytes": measure.tree_bytes(src), "runs": []}
+    for _ in range(args.repeat):
+        run: dict[str, object] = {}
+        for out in (bf16, fp8, bf16 + "_cp", fp8 + "_cp", bf16 + "_torch"):
+            measure.remove(out)
+        argv = [*cli, "--src", src, "--dst", bf16, "--hf", "--dequantize", "bf16"]
+        run["dequantize"] = timed(argv, [src], os.path.join(work, "dequantize"), env)
+        run["cp_bf16"] = timed(measure.cp_argv(bf16, bf16 + "_cp"), [bf16], os.path.join(work, "cp_bf16"))
+        argv = [*cli, "--src", bf16, "--dst", fp8, "--hf", "--quantize", "fp8-block"]
+        run["quantize"] = timed(argv, [bf16], os.path.join(work, "quantize"), env)
+        run["cp_fp8"] = timed(measure.cp_argv(fp8, fp8 + "_cp"), [fp8], os.path.join(work, "cp_fp8"))
+        if args.torch:
+            script = os.path.join(work, "torch_rule.py")
+            with open(script, "w", encoding="utf-8") as fh:
+                fh.write(TORCH_RULE)
+            argv = [args.torch, script, src, bf16 + "_torch"]
+            run["torch_rule"] = timed(argv, [src], os.path.join(work, "torch_rule"))
+        results["runs"].append(run)  # type: ignore[attr-defined]
+        deq, cp_bf16 = run["dequantize"], run["cp_bf16"]
+        q, cp_fp8 = run["quantize"], run["cp_fp8"]
+        assert isinstance(deq, dict) and isinstance(cp_bf16, dict) and isinstance(q, dict) and isinstance(cp_fp8, dict)
+        line = (
+            f"dequantize {deq['wall']:.2f} s ({deq['wall'] / cp_bf16['wall']:.2f}x cp -r {cp_bf16['wall']:.2f} s), "
+            f"peak {format_size(int(deq['peak_rss']))}; quantize {q['wall']:.2f} s "
+            f"({q['wall'] / cp_fp8['wall']:.2f}x cp -r {cp_fp8['wall']:.2f} s), peak {format_size(int(q['peak_rss']))}"
+        )
+        if "torch_rule" in run:
+            t = run["torch_rule"]
+            assert isinstance(t, dict)
+            line += f"; torch reference rule {t['wall']:.2f} s, peak {format_size(int(t['peak_rss']))}"
+        print(line)
+    results["bf16_bytes"] = measure.tree_bytes(bf16)
+    results["cpu_count"] = os.cpu_count()
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(results, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,429 @@
+"""Dequantizing while copying: a block-scaled pair read box by box as the tensor it stands for.
+
+A plan made with ``--dequantize`` (``reshard.plan.quantized``) names tensors no file holds as such
+(``X.weight`` in bf16, ``P`` of an MXFP4 pair) and lists, in ``Plan.quantized``, the stored pair each
+one comes from. ``wrapped_opener`` gives the executor an opener whose indexes answer for those
+tensors: their entry has the tensor's shape and the *stored* dtype (so the executor always takes its
+converting path, never a byte copy), and ``array(name)`` returns a ``Dequantized`` object that
+computes only the box it is asked for (``copy_boxes`` slices it like a numpy array). Memory is the
+box in float32 plus at most one block of padding per edge; the executor gives dequantized tensors a
+smaller row block (``EXPANSION``).
+
+The arithmetic is the references', reproduced exactly (tests compare bit for bit):
+
+* FP8 blocks, as torch's ``QuantizedHuggingFaceStorageReader``: ``float32(w) * float32(scale)``
+  per block (one float32 multiplication), then rounded to the target dtype (nearest even).
+* MXFP4, as transformers' ``convert_moe_packed_tensors``: the FP4 E2M1 value of each nibble (low
+  nibble first) times ``2 ** (scale - 127)``, axes 1 and 2 swapped at the end.
+
+``check_scales`` reads every scale tensor (small: one value per block) before any output exists and
+refuses a NaN or infinite scale naming the tensor.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from reshard import dtypes
+from reshard.errors import UsageError
+from reshard.formats.base import TensorEntry, TensorIndex
+from reshard.plan import Plan
+from reshard.plan.model import QuantizedSource
+from reshard.plan.quantized import FP8_BLOCK, QUANTIZE, QUANTIZE_SCALE
+
+Opener = Callable[[str], TensorIndex]
+Box = tuple[slice, ...]
+
+E8M0_NAN = 255
+EXPANSION = 4  # a dequantized row block holds float32 values and one block of padding: a quarter of the budget
+QUANTIZE_EXPANSION = 16  # a quantized row block (1 byte an element) needs three float32 temporaries
+# Largest row block of a computed tensor, in output bytes: its float32 temporaries are 2-12x that, and
+# larger blocks are no faster (measured), so peak memory stays near 100 MB a worker whatever --max-memory.
+ROW_BLOCK_CAP = 16 * 1024**2
+QUANTIZE_ROW_BLOCK_CAP = 4 * 1024**2  # F8 output bytes: 4 Mi elements, 16 MB a float32 temporary
+SCALE_CHUNK = 1 << 22  # weight elements read at once to compute a --quantize scale tensor
+
+
+# The float32 bits torch gives F8_E4M3's two NaN bytes (numpy's would be 0x7FC00000): a NaN weight
+# then stays the NaN torch's reference computes through the multiplication.
+_E4M3_NAN_BITS = {0x7F: 0x7FF00000, 0xFF: 0xFFF00000}
+
+
+@functools.cache
+def _fp8_table(code: str) -> np.ndarray:
+    """float32 value of every byte of an F8 dtype (exact: every float8 value is a float32)."""
+    table = np.arange(256, dtype=np.uint8).view(dtypes.from_st_code(code).numpy).astype(np.float32)
+    if code == "F8_E4M3":
+        bits = table.view(np.uint32)
+        for byte, nan in _E4M3_NAN_BITS.items():
+            bits[byte] = nan
+    return table
+
+
+@functools.cache
+def _fp4_table() -> np.ndarray:
+    return np.array(dtypes.FP4_E2M1_VALUES, dtype=np.float32)
+
+
+@functools.cache
+def _mxfp4_products() -> np.ndarray:
+    """float32 ``FP4[nibble] * 2 ** (byte - 127)`` for every scale byte and nibble, flat (byte * 16 + nibble)."""
+    exps = np.arange(256, dtype=np.int32) - dtypes.E8M0_BIAS
+    with np.errstate(over="ignore", invalid="ignore"):
+        powers = np.ldexp(np.float32(1.0), exps).astype(np.float32)
+        out = (powers[:, None] * _fp4_table()[None, :]).astype(np.float32)
+    out[E8M0_NAN] = np.nan
+    return out.reshape(-1)
+
+
+@functools.cache
+def _mxfp4_table(code: str) -> np.ndarray:
+    """``_mxfp4_products`` rounded once to the target dtype: what the float32 path writes, one lookup a value."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _mxfp4_products().astype(dtypes.from_st_code(code).numpy)
+
+
+def _mxfp4_overflows(code: str, largest_byte: int) -> bool:
+    """Whether a scale byte up to ``largest_byte`` makes a finite value infinite in the target (fp16)."""
+    made = _mxfp4_table(code)[: (largest_byte + 1) * 16]
+    return _overflows(made, _mxfp4_products()[: (largest_byte + 1) * 16])
+
+
+def _scale_f32(scale: np.ndarray) -> np.ndarray:
+    """Block scales as float32 (E8M0 / U8 exponent bytes as ``2 ** (b - 127)``, exact)."""
+    if scale.dtype == np.uint8 or scale.dtype.itemsize == 1:
+        raw = scale.view(np.uint8)
+        with np.errstate(over="ignore"):  # byte 255 (2 ** 128) is E8M0's NaN: made NaN below
+            out = np.ldexp(np.float32(1.0), raw.astype(np.int32) - dtypes.E8M0_BIAS).astype(np.float32)
+        out[raw == E8M0_NAN] = np.nan
+        return out
+    return scale.astype(np.float32)
+
+
+def _overflows(made: np.ndarray, exact: np.ndarray) -> bool:
+    """Whether rounding ``exact`` (float32) to ``made`` turned a finite value into an infinity."""
+    if made.dtype == exact.dtype:
+        return False
+    return bool((np.isinf(made.astype(np.float32)) & np.isfinite(exact)).any())
+
+
+def _bounds(box: Box, shape: tuple[int, ...]) -> list[tuple[int, int]]:
+    out = []
+    for s, n in zip(box, shape, strict=False):
+        start, stop, _ = s.indices(n)
+        out.append((start, max(start, stop)))
+    out.extend((0, n) for n in shape[len(box) :])
+    return out
+
+
+class Dequantized:
+    """One dequantized tensor, computed box by box from its stored pair (float32 boxes)."""
+
+    def __init__(self, source: QuantizedSource, values: np.ndarray, scale: np.ndarray, shape: tuple[int, ...]) -> None:
+        self.source = source
+        self.values = values
+        self.scale = scale
+        self.shape = shape
+        self.ndim = len(shape)
+        self.dtype = np.dtype(np.float32)
+
+    def __getitem__(self, box: Box) -> np.ndarray:
+        bounds = _bounds(box if isinstance(box, tuple) else (box,), self.shape)
+        if self.source.kind == FP8_BLOCK:
+            return self._fp8(bounds)
+        return self._mxfp4(bounds)
+
+    def reshape(self, view: Sequence[int]) -> Viewed:
+        return Viewed(self, tuple(view))
+
+    def _fp8(self, bounds: list[tuple[int, int]]) -> np.ndarray:
+        if self.source.target is not None and len(bounds) == 2:
+            fast = self._fp8_tables(bounds)
+            if fast is not None:
+                return fast
+        b0, b1 = self.source.block
+        lead = tuple(slice(a, b) for a, b in bounds[:-2])
+        (r0, r1), (c0, c1) = bounds[-2:]
+        i0, i1 = r0 // b0, -(-r1 // b0)
+        j0, j1 = c0 // b1, -(-c1 // b1)
+        rows, cols = self.shape[-2:]
+        pr0, pr1, pc0, pc1 = i0 * b0, min(i1 * b0, rows), j0 * b1, min(j1 * b1, cols)
+        values_box = (*lead, slice(pr0, pr1), slice(pc0, pc1))
+        stored = self.values[values_box]
+        values = _fp8_table(self.source_code)[stored.view(np.uint8)]  # fancy indexing: 10x np.take(out=)
+        if values.shape[-2:] != ((i1 - i0) * b0, (j1 - j0) * b1):  # a partial block at the tensor's edge
+            padded = np.zeros((*values.shape[:-2], (i1 - i0) * b0, (j1 - j0) * b1), dtype=np.float32)
+            padded[..., : pr1 - pr0, : pc1 - pc0] = values
+            values = padded
+        scale_box = (*lead, slice(i0, i1), slice(j0, j1))
+        scale = _scale_f32(self.scale[scale_box])
+        grid = values.reshape(*values.shape[:-2], i1 - i0, b0, j1 - j0, b1)
+        grid *= scale[..., :, None, :, None]
+        return values[..., r0 - pr0 : r1 - pr0, c0 - pc0 : c1 - pc0]
+
+    def _fp8_tables(self, bounds: list[tuple[int, int]]) -> np.ndarray | None:
+        """The box in the target dtype through one 256-entry table per block (None: a value would overflow).
+
+        Each table holds ``target(float32(byte) * float32(scale))`` for the 256 bytes: the very values
+        the float32 path rounds, so the result is the same bit for bit, at one table lookup an element
+        (measured about twice as fast). Per band of block rows, ``byte + 256 * column block`` indexes the
+        band's tables laid end to end.
+        """
+        (r0, r1), (c0, c1) = bounds
+        b0, b1 = self.source.block
+        j0, j1 = c0 // b1, -(-c1 // b1)
+        if (j1 - j0) * 256 > 1 << 16:  # indexes must fit 16 bits: very wide tensors take the float32 path
+            return None
+        target = dtypes.from_st_code(str(self.source.target)).numpy
+        table = _fp8_table(self.source_code)
+        offsets = ((np.arange(c0, c1) // b1 - j0) * 256).astype(np.uint16)
+        out = np.empty((r1 - r0, c1 - c0), dtype=target)
+        for i in range(r0 // b0, -(-r1 // b0)):
+            lo, hi = max(r0, i * b0), min(r1, (i + 1) * b0)
+            scale = _scale_f32(self.scale[i, j0:j1])
+            with np.errstate(over="ignore", invalid="ignore"):
+                products = table[None, :] * scale[:, None]
+                tables = products.astype(target)
+            if _overflows(tables, products):
+                return None  # the float32 path copies it, and the cast there names the tensor
+            stored = self.values[lo:hi, c0:c1].view(np.uint8)
+            out[lo - r0 : hi - r0] = tables.reshape(-1)[stored + offsets]
+        return out
+
+    @functools.cached_property
+    def source_code(self) -> str:
+        return str(dtypes.from_numpy(self.values.dtype).st_code)
+
+    def _mxfp4(self, bounds: list[tuple[int, int]]) -> np.ndarray:
+        (e0, e1), (k0, k1), (r0, r1) = bounds
+        block = dtypes.MXFP4_BLOCK
+        g0, g1 = k0 // block, -(-k1 // block)
+        stored = self.values[e0:e1, r0:r1, g0:g1, :]
+        exps = self.scale[e0:e1, r0:r1, g0:g1].view(np.uint8)
+        if self.source.target is not None and exps.size:
+            table = _mxfp4_table(str(self.source.target))
+            if not _mxfp4_overflows(str(self.source.target), int(exps.max())):
+                rows = exps.astype(np.uint16)[..., None] << 4  # [e, r, g, 1]: the exponent's 16 entries
+                out = np.empty((*stored.shape, 2), dtype=table.dtype)
+                out[..., 0] = table[rows + (stored & 0x0F)]
+                out[..., 1] = table[rows + (stored >> 4)]
+                flat = out.reshape(e1 - e0, r1 - r0, (g1 - g0) * block)[:, :, k0 - g0 * block : k1 - g0 * block]
+                return flat.transpose(0, 2, 1)
+        table = _fp4_table()
+        out = np.empty((*stored.shape, 2), dtype=np.float32)  # [e, r, g, 16, 2]: low nibble first
+        out[..., 0] = table[stored & 0x0F]
+        out[..., 1] = table[stored >> 4]
+        scaled = out.reshape(e1 - e0, r1 - r0, g1 - g0, block)
+        scaled *= _scale_f32(self.scale[e0:e1, r0:r1, g0:g1])[..., None]
+        flat = scaled.reshape(e1 - e0, r1 - r0, (g1 - g0) * block)[:, :, k0 - g0 * block : k1 - g0 * block]
+        return flat.transpose(0, 2, 1)
+
+
+class Quantized:
+    """A weight quantized by DeepSeek's rule, box by box: its F8_E4M3 values, or its F32 ``weight_scale_inv``.
+
+    Per ``b0 x b1`` block (edge blocks partial): ``scale = amax(|w|) / 448`` in float32 (1.0 for an
+    all-zero block, whose values are zeros), ``value = w / scale`` clamped to +-448 and rounded to
+    the nearest even F8_E4M3. Every box is computed from whole blocks, so any cut gives the same bytes.
+    """
+
+    def __init__(self, source: QuantizedSource, weight: np.ndarray, scales: bool) -> None:
+        import ml_dtypes
+
+        self.source = source
+        self.weight = weight
+        self.scales = scales
+        b0, b1 = source.block
+        rows, cols = weight.shape
+        self.shape = (-(-rows // b0), -(-cols // b1)) if scales else (rows, cols)
+        self.ndim = 2
+        self.dtype = np.dtype(np.float32) if scales else np.dtype(ml_dtypes.float8_e4m3fn)
+
+    def reshape(self, view: Sequence[int]) -> Viewed:
+        raise UsageError(f"{self.source.weight}: --quantize cannot be combined with a model map that reshapes it")
+
+    def __getitem__(self, box: Box) -> np.ndarray:
+        (a0, a1), (c0, c1) = _bounds(box if isinstance(box, tuple) else (box,), self.shape)
+        b0, b1 = self.source.block
+        if self.scales:
+            step = max(1, SCALE_CHUNK // max(1, b0 * self.weight.shape[1]))
+            parts = [self._blocks(i, min(a1, i + step), c0, c1)[1] for i in range(a0, a1, step)]
+            return np.concatenate(parts) if parts else np.empty((0, c1 - c0), dtype=np.float32)
+        i0, i1, j0, j1 = a0 // b0, -(-a1 // b0), c0 // b1, -(-c1 // b1)
+        values, _ = self._blocks(i0, i1, j0, j1)
+        return values[a0 - i0 * b0 : a1 - i0 * b0, c0 - j0 * b1 : c1 - j0 * b1]
+
+    def _blocks(self, i0: int, i1: int, j0: int, j1: int) -> tuple[np.ndarray, np.ndarray]:
+        """Values (F8_E4M3, padded to whole blocks) and scales (F32) of block rows i0:i1, columns j0:j1."""
+        import ml_dtypes
+
+        b0, b1 = self.source.block
+        rows, cols = self.weight.shape
+        r1, c1 = min(i1 * b0, rows), min(j1 * b1, cols)
+        padded = np.zeros(((i1 - i0) * b0, (j1 - j0) * b1), dtype=np.float32)
+        padded[: r1 - i0 * b0, : c1 - j0 * b1] = self.weight[i0 * b0 : r1, j0 * b1 : c1]
+        grid = padded.reshape(i1 - i0, b0, j1 - j0, b1)
+        amax = np.abs(grid).max(axis=(1, 3))
+        if not np.isfinite(amax).all():
+            i, j = (int(k) for k in np.argwhere(~np.isfinite(amax))[0])
+            raise UsageError(
+                f"{self.source.weight}: block [{i0 + i}, {j0 + j}] holds NaN or infinite values, "
+                "which --quantize cannot scale"
+            )
+        scale = amax / np.float32(dtypes.FP8_E4M3_LARGEST)
+        scale[amax == 0] = 1.0
+        if self.scales:
+            return padded, scale
+        grid /= scale[:, None, :, None]
+        np.clip(padded, -dtypes.FP8_E4M3_LARGEST, dtypes.FP8_E4M3_LARGEST, out=padded)
+        return padded.astype(ml_dtypes.float8_e4m3fn), scale
+
+
+class Viewed:
+    """A ``Dequantized`` tensor seen through a C-order reshape (model maps' stacked views): gathered element-wise."""
+
+    def __init__(self, base: Dequantized, shape: tuple[int, ...]) -> None:
+        self.base = base
+        self.shape = shape
+        self.ndim = len(shape)
+        self.dtype = base.dtype
+
+    def reshape(self, view: Sequence[int]) -> Viewed:
+        return Viewed(self.base, tuple(view))
+
+    def __getitem__(self, box: Box) -> np.ndarray:
+        bounds = _bounds(box if isinstance(box, tuple) else (box,), self.shape)
+        lengths = [b - a for a, b in bounds]
+        if 0 in lengths:
+            return np.zeros(lengths, dtype=np.float32)
+        grids = np.ix_(*(np.arange(a, b) for a, b in bounds))
+        flat = np.ravel_multi_index(grids, self.shape)
+        row = int(np.prod(self.base.shape[1:], dtype=np.int64))
+        first, last = int(flat.min()) // row, int(flat.max()) // row + 1
+        rows = self.base[(slice(first, last),)]
+        return np.ascontiguousarray(rows).reshape(-1)[flat - first * row]
+
+
+@dataclass
+class QuantizedIndex(TensorIndex):
+    """A source file's index that also answers for the dequantized tensors read from it."""
+
+    made: dict[str, Callable[[], Any]] = field(default_factory=dict)
+
+    def array(self, name: str) -> np.ndarray:
+        if name in self.made:
+            out: np.ndarray = self.made[name]()  # a Dequantized: sliced like an array by copy_boxes
+            return out
+        return super().array(name)
+
+
+def wrapped_opener(plan: Plan, opener: Opener) -> Opener:
+    """``opener`` whose indexes answer for ``plan``'s dequantized tensors (``opener`` itself without any)."""
+    if not plan.quantized:
+        return opener
+    by_path: dict[str, list[QuantizedSource]] = {}
+    for q in plan.quantized:
+        by_path.setdefault(q.path, []).append(q)
+
+    def open_one(path: str) -> TensorIndex:
+        index = opener(path)
+        records = by_path.get(path)
+        if not records:
+            return index
+        others: dict[str, TensorIndex] = {}
+
+        def scale_index(p: str) -> TensorIndex:
+            if p == path:
+                return index
+            if p not in others:
+                others[p] = opener(p)
+            return others[p]
+
+        def close() -> None:
+            for other in others.values():
+                other.close()
+            index.close()
+
+        entries = dict(index.entries)
+        made: dict[str, Callable[[], Any]] = {}
+        for q in records:
+            stored = index.entries[q.weight]
+            shape = _shape(q, stored.shape)
+            entries[q.name] = TensorEntry(q.name, stored.dtype, shape, stored.segments)
+            made[q.name] = functools.partial(_dequantized, q, index, scale_index, shape)
+        return QuantizedIndex(
+            index.path, index.format, index.buffer, entries, index.metadata, close, index.file_backed, made
+        )
+
+    return open_one
+
+
+def _shape(q: QuantizedSource, stored: tuple[int, ...]) -> tuple[int, ...]:
+    if q.kind in (FP8_BLOCK, QUANTIZE):
+        return stored
+    if q.kind == QUANTIZE_SCALE:
+        return (-(-stored[0] // q.block[0]), -(-stored[1] // q.block[1]))
+    e, r, g, _ = stored
+    return (e, g * dtypes.MXFP4_BLOCK, r)
+
+
+def _dequantized(
+    q: QuantizedSource, index: TensorIndex, scale_index: Callable[[str], TensorIndex], shape: tuple[int, ...]
+) -> Dequantized | Quantized:
+    if q.kind in (QUANTIZE, QUANTIZE_SCALE):
+        return Quantized(q, index.array(q.weight), scales=q.kind == QUANTIZE_SCALE)
+    return Dequantized(q, index.array(q.weight), scale_index(q.scale_path).array(q.scale), shape)
+
+
+def row_block_bytes(kinds: set[str], budget: int) -> int:
+    """The row block (output bytes) of a tensor read through these kinds, out of a worker's ``budget``.
+
+    Smaller than a copy's: float32 temporaries sit beside the staging buffer, and a cap keeps each
+    worker near 100 MB whatever ``--max-memory`` (larger blocks were measured no faster).
+    """
+    if kinds & {QUANTIZE, QUANTIZE_SCALE}:
+        return max(1, min(budget // QUANTIZE_EXPANSION, QUANTIZE_ROW_BLOCK_CAP))
+    return max(1, min(budget // EXPANSION, ROW_BLOCK_CAP))
+
+
+def check_scales(plan: Plan, opener: Opener) -> None:
+    """Refuse a NaN or infinite block scale of ``plan``'s dequantized tensors, before anything is written.
+
+    Raises:
+        UsageError: Naming the scale tensor, how many of its values are not finite, and the first.
+    """
+    opened: dict[str, TensorIndex] = {}
+    try:
+        for q in plan.quantized:
+            if q.kind in (QUANTIZE, QUANTIZE_SCALE):  # scales made by this run, not read
+                continue
+            if q.scale_path not in opened:
+                opened[q.scale_path] = opener(q.scale_path)
+            scale = _scale_f32(opened[q.scale_path].array(q.scale))
+            bad = ~np.isfinite(scale)
+            if bad.any():
+                first = tuple(int(i) for i in np.argwhere(bad)[0])
+                raise UsageError(
+                    f"{q.scale}: {int(bad.sum())} block scale(s) are NaN or infinite (first at {list(first)}): "
+                    f"{q.weight} cannot be dequantized"
+                )
+    finally:
+        for index in opened.values():
+            index.close()
+
+
+__all__ = [
+    "EXPANSION",
+    "Dequantized",
+    "Quantized",
+    "QuantizedIndex",
+    "Viewed",
+    "check_scales",
+    "row_block_bytes",
+    "wrapped_opener",
+]

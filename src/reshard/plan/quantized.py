@@ -1,0 +1,429 @@
+"""Block-scaled low precision while planning (``--dequantize``): which stored pairs become which tensors.
+
+Two stored layouts are understood (docs/low-precision.md):
+
+* **FP8 blocks** (DeepSeek-V3/R1, Kimi-K2, Qwen3-*-FP8): ``X`` is ``F8_E4M3`` (or ``F8_E5M2``)
+  ``[..., rows, cols]`` and ``X_scale_inv`` (``X.weight`` -> ``X.weight_scale_inv``) is ``F32``,
+  ``BF16`` or ``F8_E8M0`` ``[..., ceil(rows / b0), ceil(cols / b1)]``; the value is
+  ``float32(X[i, j]) * float32(scale[i // b0, j // b1])``, edge blocks partial. The block size
+  ``(b0, b1)`` comes from ``--block-size`` or ``config.json``'s ``quantization_config.weight_block_size``.
+* **MXFP4** (gpt-oss): ``P_blocks`` is ``U8`` ``[E, R, G, 16]`` (two FP4 E2M1 values a byte, the
+  low nibble first, 32 values a block) and ``P_scales`` ``U8``/``F8_E8M0`` ``[E, R, G]`` (a power
+  of two, bias 127). ``P`` is ``[E, G * 32, R]``: transformers' own dequantization transposes the
+  last two axes, and reshard writes what transformers holds after loading.
+
+Like a cast (``reshard.plan.cast``), dequantizing rewrites the *planning inputs*: the pair is
+replaced by one tensor of the target dtype (under the weight's name, or ``P``), the scale is gone,
+and every planner sizes its outputs from that. What planners cannot know (how to compute the
+values) is recorded as ``QuantizedSource`` facts that ``attach`` puts into the finished plan; the
+executor (``reshard.execute.dequant``) reads each box of such a tensor from its stored pair, so no
+tensor is ever dequantized whole. Every refusal here names the tensor and happens before any byte
+is written.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+from reshard import dtypes
+from reshard.dtypes import DType
+from reshard.errors import UnsupportedError, UsageError
+from reshard.plan.model import Plan, QuantizedSource, SourceFile, SourceTensor
+
+K = TypeVar("K")
+
+FP8_BLOCK = "fp8-block"
+MXFP4 = "mxfp4"
+QUANTIZE = "fp8-block-quantize"  # the F8_E4M3 values of a weight --quantize writes
+QUANTIZE_SCALE = "fp8-block-quantize-scale"  # the F32 weight_scale_inv beside them
+SCALE_INV = "_scale_inv"  # X -> X_scale_inv (X.weight -> X.weight_scale_inv)
+BLOCKS, SCALES = "_blocks", "_scales"  # P_blocks + P_scales -> P
+DEFAULT_BLOCK = (128, 128)  # --quantize fp8-block: DeepSeek-V3's block
+
+
+@dataclass(frozen=True)
+class Dequantize:
+    """``--dequantize``: every block-scaled pair becomes one tensor of ``target``.
+
+    ``block``: the FP8 block size given by the user (None: the config's, else refused).
+
+    Example:
+        from reshard import dtypes
+        from reshard.plan.quantized import Dequantize
+        rule = Dequantize(dtypes.BFLOAT16, (128, 128))
+        assert rule.block == (128, 128)
+    """
+
+    target: DType
+    block: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What an operation does to block-scaled low precision (what the operations' ``precision=`` takes).
+
+    ``dequantize``: ``"bf16"``, ``"fp16"`` or ``"fp32"``: every FP8 block pair and MXFP4 pair becomes
+    one tensor of that dtype (None: pairs are copied as they are). ``block_size``: the FP8 block
+    ``(rows, cols)`` (None: ``config.json``'s ``quantization_config.weight_block_size``).
+
+    Example:
+        from reshard.plan.quantized import Precision
+        p = Precision(dequantize="bf16", block_size=(128, 128))
+        assert p.active
+    """
+
+    dequantize: str | None = None
+    block_size: tuple[int, int] | None = None
+    quantize: str | None = None  # "fp8-block"
+    quantize_include: tuple[str, ...] = ()
+    quantize_exclude: tuple[str, ...] = ()
+
+    @property
+    def active(self) -> bool:
+        return self.dequantize is not None or self.quantize is not None
+
+    def dequantizer(self, config: Mapping[str, object] | None) -> Dequantizer | None:
+        """The run's ``Dequantizer`` or ``Quantizer`` (None without either); ``config``: the source's config.json.
+
+        Raises:
+            UsageError: An unknown dtype or scheme, both at once, ``block_size`` alone, a bad config block size.
+        """
+        if self.quantize is not None:
+            if self.dequantize is not None:
+                raise UsageError("--quantize and --dequantize exclude each other")
+            if self.quantize != FP8_BLOCK:
+                raise UsageError(f"unknown --quantize {self.quantize!r} (choose fp8-block)")
+            return Quantizer(self.block_size or DEFAULT_BLOCK, self.quantize_include, self.quantize_exclude)
+        if self.quantize_include or self.quantize_exclude:
+            raise UsageError("--quantize-include/--quantize-exclude need --quantize")
+        if self.dequantize is None:
+            if self.block_size is not None:
+                raise UsageError("--block-size needs --dequantize or --quantize")
+            return None
+        target = dequantize_target(self.dequantize)
+        return Dequantizer(Dequantize(target, self.block_size), block_from_config(config))
+
+
+def parse_block(text: str) -> tuple[int, int]:
+    """``128`` or ``128x128`` / ``128,128`` (rows x cols) as a block size.
+
+    Raises:
+        UsageError: Not one or two positive integers.
+    """
+    parts = text.replace("x", ",").replace("X", ",").split(",")
+    try:
+        sizes = [int(p) for p in parts]
+    except ValueError:
+        sizes = []
+    if len(sizes) == 1:
+        sizes *= 2
+    if len(sizes) != 2 or min(sizes) <= 0:
+        raise UsageError(f"--block-size {text!r}: give ROWS or ROWSxCOLS, positive integers (e.g. 128 or 128x128)")
+    return sizes[0], sizes[1]
+
+
+def block_from_config(config: Mapping[str, object] | None) -> tuple[int, int] | None:
+    """``quantization_config.weight_block_size`` of a ``config.json`` (None when absent).
+
+    Raises:
+        UsageError: Present but not two positive integers.
+    """
+    qc = config.get("quantization_config") if config else None
+    value = qc.get("weight_block_size") if isinstance(qc, dict) else None
+    if value is None:
+        return None
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and v > 0 for v in value)):
+        raise UsageError(f"config.json: quantization_config.weight_block_size {value!r} is not two positive integers")
+    return value[0], value[1]
+
+
+def dequantize_target(name: str) -> DType:
+    """The dtype ``--dequantize NAME`` writes (bf16, fp16 or fp32, as ``--dtype`` spells them)."""
+    try:
+        return dtypes.cast_target(name)
+    except UsageError:
+        raise UsageError(f"unknown --dequantize {name!r} (choose bf16, fp16 or fp32)") from None
+
+
+class Dequantizer:
+    """One run's dequantization: rewrites its sources' planning facts, then attaches the recipe to its plan."""
+
+    def __init__(self, rule: Dequantize, config_block: tuple[int, int] | None = None) -> None:
+        self.rule = rule
+        self.block = rule.block or config_block
+        self.records: dict[tuple[str, str], QuantizedSource] = {}
+        self.pairs = {FP8_BLOCK: 0, MXFP4: 0}
+
+    flag = "--dequantize"
+
+    # ---- full models: names unique across files, a pair may span two files
+
+    def full(
+        self, files: Mapping[str, SourceFile], name_to_file: Mapping[str, str]
+    ) -> tuple[dict[str, SourceFile], dict[str, str]]:
+        """A full model's files and name map with every pair replaced by its dequantized tensor."""
+        catalogue = {n: files[f] for n, f in name_to_file.items()}
+        changes = self._changes(catalogue)
+        new_files = {k: self._rewritten(sf, changes) for k, sf in files.items()}
+        mapping: dict[str, str] = {}
+        for n, f in name_to_file.items():
+            if n in changes.dropped:
+                continue
+            out = changes.renamed.get(n, n)
+            mapping[out] = f
+            for added, _ in changes.added.get(n, ()):
+                mapping[added] = f
+        return new_files, mapping
+
+    # ---- sharded sources: each file holds its own pairs
+
+    def ranks(self, sources: Mapping[K, SourceFile]) -> dict[K, SourceFile]:
+        """Per-rank sources with every pair (within one file) replaced by its dequantized tensor."""
+        out: dict[K, SourceFile] = {}
+        for key, sf in sources.items():
+            catalogue = dict.fromkeys(sf.tensors, sf)
+            changes = self._changes(catalogue)
+            if changes.made and len(sources) > 1:
+                # A rank's slice of a pair is only exact when its cut falls on a block boundary, which
+                # a rank's file alone cannot tell: merge the pairs first (unify copies them as bytes).
+                raise UnsupportedError(
+                    f"{next(iter(changes.made))}: {self.flag} reads full models and one-rank checkpoints; "
+                    f"merge the ranks first (unify or transform without {self.flag}), then run {self.flag} on that"
+                )
+            out[key] = self._rewritten(sf, changes)
+        return out
+
+    def note(self) -> str | None:
+        """``--dequantize: 12 FP8 block pair(s), 2 MXFP4 pair(s) -> BFloat16 (scales consumed)``; None: no pair."""
+        if not any(self.pairs.values()):
+            return None
+        return (
+            f"--dequantize: {self.pairs[FP8_BLOCK]} FP8 block pair(s), {self.pairs[MXFP4]} MXFP4 pair(s) "
+            f"-> {self.rule.target.ms_name} (scale tensors consumed)"
+        )
+
+    def attach(self, plan: Plan) -> Plan:
+        """``plan`` carrying the recipe of every dequantized tensor its copies read."""
+        read = {(plan.sources[c.source], c.tensor) for f in plan.files for t in f.tensors for c in t.copies}
+        used = tuple(r for key, r in self.records.items() if key in read)
+        return replace(plan, quantized=used) if used else plan
+
+    # ---- the rules
+
+    def _changes(self, catalogue: Mapping[str, SourceFile]) -> _Changes:
+        changes = _Changes()
+        for name, sf in catalogue.items():
+            t = sf.tensors[name]
+            if name.endswith(SCALE_INV):
+                self._fp8_pair(name[: -len(SCALE_INV)], name, catalogue, changes)
+            elif name.endswith(SCALES) and t.dtype in (dtypes.UINT8, dtypes.FLOAT8_E8M0):
+                self._mxfp4_pair(name[: -len(SCALES)], catalogue, changes)
+            elif name.endswith(BLOCKS) and t.dtype is dtypes.UINT8:
+                if name[: -len(BLOCKS)] + SCALES not in catalogue:
+                    raise UsageError(f"{name}: MXFP4 blocks without their scales {name[: -len(BLOCKS)] + SCALES}")
+            elif t.dtype in dtypes.FP8_WEIGHTS and name + SCALE_INV not in catalogue:
+                raise UsageError(f"{name}: a {t.dtype} weight without its block scale {name + SCALE_INV}")
+        return changes
+
+    def _fp8_pair(self, weight: str, scale: str, catalogue: Mapping[str, SourceFile], changes: _Changes) -> None:
+        if weight not in catalogue:
+            raise UsageError(f"{scale}: a block scale without its weight {weight}")
+        w, s = catalogue[weight].tensors[weight], catalogue[scale].tensors[scale]
+        if w.dtype not in dtypes.FP8_WEIGHTS:
+            raise UsageError(f"{weight}: has a block scale {scale} but is {w.dtype}, not F8_E4M3 or F8_E5M2")
+        if s.dtype not in dtypes.FP8_SCALES:
+            raise UsageError(f"{scale}: a block scale must be F32, BF16 or F8_E8M0, not {s.dtype}")
+        if len(w.shape) < 2:
+            raise UsageError(f"{weight}: a FP8 block-scaled weight needs 2 dimensions or more, not {list(w.shape)}")
+        if self.block is None:
+            raise UsageError(
+                f"{weight}: FP8 block size unknown: config.json has no quantization_config.weight_block_size "
+                "(give --block-size, e.g. 128x128)"
+            )
+        b0, b1 = self.block
+        want = (*w.shape[:-2], math.ceil(w.shape[-2] / b0), math.ceil(w.shape[-1] / b1))
+        if s.shape != want:
+            raise UsageError(
+                f"{scale}: shape {list(s.shape)} does not fit weight {weight} {list(w.shape)} in "
+                f"{b0}x{b1} blocks (expected {list(want)})"
+            )
+        self._record(weight, weight, scale, FP8_BLOCK, w.shape, (b0, b1), catalogue, changes)
+
+    def _mxfp4_pair(self, stem: str, catalogue: Mapping[str, SourceFile], changes: _Changes) -> None:
+        blocks, scales = stem + BLOCKS, stem + SCALES
+        if blocks not in catalogue:
+            raise UsageError(f"{scales}: MXFP4 scales without their blocks {blocks}")
+        b, s = catalogue[blocks].tensors[blocks], catalogue[scales].tensors[scales]
+        if b.dtype is not dtypes.UINT8:
+            raise UsageError(f"{blocks}: MXFP4 blocks must be U8 (two FP4 values a byte), not {b.dtype}")
+        per_block = dtypes.MXFP4_BLOCK // dtypes.LOW_PRECISION["MXFP4"].values_per_item
+        if len(b.shape) != 4 or b.shape[-1] != per_block:
+            raise UnsupportedError(
+                f"{blocks}: MXFP4 blocks of shape {list(b.shape)}: reshard dequantizes [experts, rows, groups, "
+                f"{per_block}] (gpt-oss)"
+            )
+        if s.shape != b.shape[:-1]:
+            raise UsageError(f"{scales}: shape {list(s.shape)} does not fit blocks {blocks} {list(b.shape)}")
+        e, r, g, _ = b.shape
+        self._record(
+            stem, blocks, scales, MXFP4, (e, g * dtypes.MXFP4_BLOCK, r), (dtypes.MXFP4_BLOCK,), catalogue, changes
+        )
+
+    def _record(
+        self,
+        out: str,
+        weight: str,
+        scale: str,
+        kind: str,
+        shape: tuple[int, ...],
+        block: tuple[int, ...],
+        catalogue: Mapping[str, SourceFile],
+        changes: _Changes,
+    ) -> None:
+        wf, sf = catalogue[weight], catalogue[scale]
+        target = self.rule.target
+        changes.made[weight] = (out, SourceTensor(target, shape, math.prod(shape) * target.itemsize))
+        changes.dropped.add(scale)
+        if out != weight:
+            changes.renamed[weight] = out
+        path = wf.path_of(weight)
+        key = (path, out)
+        if key not in self.records:
+            self.pairs[kind] += 1
+            self.records[key] = QuantizedSource(
+                path, out, kind, weight, sf.path_of(scale), scale, block, self.rule.target.st_code
+            )
+
+    def _rewritten(self, sf: SourceFile, changes: _Changes) -> SourceFile:
+        if not any(n in changes.made or n in changes.dropped or n in changes.added for n in sf.tensors):
+            return sf
+        tensors: dict[str, SourceTensor] = {}
+        homes = dict(sf.homes) if sf.homes else {}
+        for name, t in sf.tensors.items():
+            if name in changes.dropped:
+                homes.pop(name, None)
+            elif name in changes.made:
+                out, made = changes.made[name]
+                tensors[out] = made
+                if out != name and name in homes:
+                    homes[out] = homes.pop(name)
+            else:
+                tensors[name] = t
+            for added, facts in changes.added.get(name, ()):
+                tensors[added] = facts
+                if name in homes:
+                    homes[added] = homes[name]
+        return replace(sf, tensors=tensors, homes=homes if sf.homes else sf.homes)
+
+
+@dataclass
+class _Changes:
+    made: dict[str, tuple[str, SourceTensor]]  # stored values -> (output name, its planning facts)
+    dropped: set[str]  # scales consumed
+    renamed: dict[str, str]  # P_blocks -> P
+    added: dict[str, list[tuple[str, SourceTensor]]]  # stored tensor -> tensors made beside it (scales)
+
+    def __init__(self) -> None:
+        self.made, self.dropped, self.renamed, self.added = {}, set(), {}, {}
+
+
+# --------------------------------------------------------------------------------------------
+# quantizing (--quantize fp8-block)
+
+# Names the quantizing rule leaves alone (DeepSeek-V3's and transformers' own choice): embeddings,
+# norms, the output head and MoE routers. Matched as substrings of the name, lower case.
+NOT_QUANTIZED = ("embed", "norm", "lm_head", "router", ".gate.weight", "output_layer")
+
+
+class Quantizer(Dequantizer):
+    """``--quantize fp8-block``: every 2-D floating ``*.weight`` (but ``NOT_QUANTIZED``) becomes an F8_E4M3
+    weight and an F32 ``*.weight_scale_inv`` beside it (DeepSeek's rule, ``reshard.execute.dequant``).
+
+    ``include``/``exclude``: globs that override the rule (a name matching ``include`` is quantized if it is
+    a 2-D float, one matching ``exclude`` never is).
+    """
+
+    flag = "--quantize"
+
+    def __init__(self, block: tuple[int, int], include: Sequence[str] = (), exclude: Sequence[str] = ()) -> None:
+        super().__init__(Dequantize(dtypes.FLOAT8_E4M3, block))
+        self.include, self.exclude = tuple(include), tuple(exclude)
+        self.pairs = {QUANTIZE: 0}
+
+    def eligible(self, name: str, t: SourceTensor) -> bool:
+        """Whether ``name`` (of ``t``) is quantized: the documented rule, then the user's globs."""
+        import fnmatch
+
+        if t.dtype not in dtypes.CASTABLE or len(t.shape) != 2 or 0 in t.shape:
+            return False
+        if any(fnmatch.fnmatchcase(name, g) for g in self.exclude):
+            return False
+        if any(fnmatch.fnmatchcase(name, g) for g in self.include):
+            return True
+        lower = name.lower()
+        return name.endswith(".weight") and not any(part in lower for part in NOT_QUANTIZED)
+
+    def note(self) -> str | None:
+        if not self.pairs[QUANTIZE]:
+            return None
+        b0, b1 = self.block or DEFAULT_BLOCK
+        return f"--quantize: {self.pairs[QUANTIZE]} weight(s) -> F8_E4M3 with F32 {b0}x{b1} block scales"
+
+    def _changes(self, catalogue: Mapping[str, SourceFile]) -> _Changes:
+        changes = _Changes()
+        b0, b1 = self.block or DEFAULT_BLOCK
+        for name, sf in catalogue.items():
+            t = sf.tensors[name]
+            if name.endswith(SCALE_INV) or t.dtype in dtypes.FP8_WEIGHTS:
+                raise UsageError(f"{name}: already block-quantized (--quantize takes a checkpoint of floats)")
+            if not self.eligible(name, t):
+                continue
+            scale = name + SCALE_INV
+            if scale in catalogue:
+                raise UsageError(f"{scale}: --quantize would write this name, which the source already holds")
+            grid = (math.ceil(t.shape[0] / b0), math.ceil(t.shape[1] / b1))
+            f8, f32 = dtypes.FLOAT8_E4M3, dtypes.FLOAT32
+            changes.made[name] = (name, SourceTensor(f8, t.shape, math.prod(t.shape) * f8.itemsize))
+            changes.added[name] = [(scale, SourceTensor(f32, grid, math.prod(grid) * f32.itemsize))]
+            path = sf.path_of(name)
+            if (path, name) not in self.records:
+                self.pairs[QUANTIZE] += 1
+            self.records[(path, name)] = QuantizedSource(path, name, QUANTIZE, name, path, scale, (b0, b1))
+            self.records[(path, scale)] = QuantizedSource(path, scale, QUANTIZE_SCALE, name, path, scale, (b0, b1))
+        return changes
+
+
+def quantization_config(block: tuple[int, int]) -> dict[str, object]:
+    """The ``config.json`` ``quantization_config`` of a ``--quantize fp8-block`` output (DeepSeek-V3's keys)."""
+    return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(block)}
+
+
+def quantized_names(sources: Sequence[SourceFile]) -> bool:
+    """Whether any source holds a block-scaled pair (a ``*_scale_inv`` or MXFP4 ``*_scales`` tensor)."""
+    return any(n.endswith((SCALE_INV, SCALES)) for sf in sources for n in sf.tensors)
+
+
+__all__ = [
+    "BLOCKS",
+    "DEFAULT_BLOCK",
+    "FP8_BLOCK",
+    "MXFP4",
+    "NOT_QUANTIZED",
+    "QUANTIZE",
+    "QUANTIZE_SCALE",
+    "SCALES",
+    "SCALE_INV",
+    "Dequantize",
+    "Dequantizer",
+    "Precision",
+    "QuantizedSource",
+    "Quantizer",
+    "block_from_config",
+    "dequantize_target",
+    "parse_block",
+    "quantization_config",
+    "quantized_names",
+]

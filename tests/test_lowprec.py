@@ -1,0 +1,411 @@
+"""Block-scaled low precision (docs/low-precision.md): the dtype table, and ``--dequantize`` on every writing command.
+
+The dequantized values are checked bit for bit against the CPU references run in the transformers
+venv on the very files the test made: torch's ``QuantizedHuggingFaceStorageReader`` (FP8 blocks, edge
+blocks partial, F32 and BF16 scales) and transformers' ``convert_moe_packed_tensors`` (MXFP4). The one
+documented difference: a NaN weight written as bf16 is numpy's quiet NaN (0x7FC0), torch writes 0xFFFF.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from reshard import api, dtypes
+from reshard.execute import dequant
+from reshard.formats.safetensors import read_safetensors, save_safetensors
+from reshard.formats.strategy import make_strategy, write_strategy
+from reshard.layout import ParamLayout
+from reshard.plan.quantized import Precision, parse_block
+from tests.lowprec_fixtures import (
+    BF16_Q,
+    EXPERTS,
+    LOAD_FP8,
+    NORM,
+    NOT_Q,
+    QUANTIZE_RULE,
+    REFERENCES,
+    K,
+    Q,
+    bf16_model,
+    fp8_model,
+    fp8_tensors,
+)
+from tests.trust_helpers import run_cli
+
+TARGETS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _arrays(path: Path) -> dict[str, np.ndarray]:
+    with read_safetensors(str(path)) as index:
+        return {n: index.array(n).copy() for n in index.entries}
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray, nan_free: bool = False) -> None:
+    """Equal bit for bit; with ``nan_free`` NaNs need only be NaN on both sides (bf16's NaN pattern)."""
+    assert a.shape == b.shape and a.dtype == b.dtype
+    bits = np.dtype(f"u{a.dtype.itemsize}")
+    if nan_free:
+        a_nan, b_nan = np.isnan(a.astype(np.float32)), np.isnan(b.astype(np.float32))
+        assert (a_nan == b_nan).all()
+        assert (a.view(bits)[~a_nan] == b.view(bits)[~b_nan]).all()
+    else:
+        assert (a.view(bits) == b.view(bits)).all()
+
+
+# ------------------------------------------------------------------------------------------ the table
+
+
+def test_low_precision_table() -> None:
+    table = dtypes.LOW_PRECISION
+    assert [
+        (n, lp.storage.st_code, lp.storage.itemsize, lp.values_per_item, lp.in_ckpt) for n, lp in table.items()
+    ] == [
+        ("F8_E4M3", "F8_E4M3", 1, 1, True),
+        ("F8_E5M2", "F8_E5M2", 1, 1, True),
+        ("F8_E8M0", "F8_E8M0", 1, 1, False),
+        ("MXFP4", "U8", 1, 2, True),
+    ]
+    e2m1 = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)  # ml_dtypes' E2M1
+    assert np.array_equal(np.array(dtypes.FP4_E2M1_VALUES, dtype=np.float32).view(np.uint32), e2m1.view(np.uint32))
+    assert float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max) == dtypes.FP8_E4M3_LARGEST
+
+
+def test_e8m0_into_ckpt_is_refused_naming_the_tensor(tmp_path: Path) -> None:
+    src = tmp_path / "scales.safetensors"
+    save_safetensors(src, {"w.weight_scale": np.arange(6, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu)})
+    proc = run_cli("convert", str(src), str(tmp_path / "out"), "--to", "ckpt")
+    assert proc.returncode == 2, proc.stderr
+    assert "w.weight_scale" in proc.stderr and "F8_E8M0" in proc.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.ckpt"))
+
+
+# ------------------------------------------------------------------------------------------ dequantize
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fp8_model(tmp_path_factory.mktemp("lowprec") / "fp8")
+
+
+@pytest.fixture(scope="module")
+def small_exponents(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """MXFP4 scales that stay inside float16's range, for the fp16 comparison."""
+    return fp8_model(tmp_path_factory.mktemp("lowprec") / "fp8_fp16", fp8_tensors(mxfp4_exponents=(118, 130)))
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_dequantize_matches_the_references(hf, model: Path, small_exponents: Path, tmp_path: Path, target: str) -> None:
+    src = small_exponents if target == "fp16" else model
+    ref = tmp_path / "ref.safetensors"
+    made = hf(REFERENCES, {"src": str(src), "out": str(ref), "dtype": TARGETS[target]})
+    assert made["tensors"] == sorted([Q, K, EXPERTS])
+    out = tmp_path / "out"
+    proc = run_cli("transform", "--src", str(src), "--dst", str(out), "--hf", "--dequantize", target)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 FP8 block pair(s), 1 MXFP4 pair(s)" in proc.stderr
+    got, want = _arrays(out / "model.safetensors"), _arrays(ref)
+    assert sorted(got) == sorted([Q, K, EXPERTS, NORM])  # scales consumed, the norm as it was
+    for name in want:
+        _same_bits(got[name], want[name], nan_free=target == "bf16")
+    assert got[EXPERTS].shape == (2, 96, 6)  # transformers' layout: [experts, 2 * intermediate, hidden]
+    _same_bits(got[NORM], fp8_tensors()[NORM])
+
+
+def test_dequantize_rule_without_torch(model: Path, tmp_path: Path) -> None:
+    """The rule spelled out in numpy (float32 multiply per block, edge blocks partial, then fp32 as is)."""
+    out = tmp_path / "out"
+    api.transform(str(model), str(out), hf=True, precision=Precision("fp32"))
+    got = _arrays(out / "model.safetensors")
+    t = fp8_tensors()
+    w = t[Q].astype(np.float32)
+    s = np.repeat(np.repeat(t[Q + "_scale_inv"], 128, 0), 128, 1)[:300, :260]
+    finite = np.isfinite(w)
+    assert (got[Q][finite] == (w * s)[finite]).all()
+    blocks, exps = t[EXPERTS + "_blocks"], t[EXPERTS + "_scales"].astype(np.int32) - 127
+    lut = np.array(dtypes.FP4_E2M1_VALUES, dtype=np.float32)
+    vals = np.stack([lut[blocks & 15], lut[blocks >> 4]], -1).reshape(2, 6, 3, 32) * np.exp2(exps)[..., None]
+    assert (got[EXPERTS] == vals.reshape(2, 6, 96).transpose(0, 2, 1)).all()
+
+
+def test_dequantize_streams_row_blocks(model: Path, tmp_path: Path) -> None:
+    """A tiny --max-memory cuts every tensor into row blocks (boxes across block edges): same bytes."""
+    whole, rows = tmp_path / "whole", tmp_path / "rows"
+    for out, extra in ((whole, []), (rows, ["--max-memory", "4KiB", "--workers", "1"])):
+        proc = run_cli("transform", "--src", str(model), "--dst", str(out), "--hf", "--dequantize", "bf16", *extra)
+        assert proc.returncode == 0, proc.stderr
+    assert (whole / "model.safetensors").read_bytes() == (rows / "model.safetensors").read_bytes()
+
+
+def test_dequantize_split_to_ranks_slices_exactly(model: Path, tmp_path: Path) -> None:
+    """split to 2 ranks (rows cut at 150 and 65, inside a block): each rank holds its rows of the full result."""
+    full, ranks = tmp_path / "full", tmp_path / "ranks"
+    api.transform(str(model), str(full), hf=True, precision=Precision("bf16"))
+    strategy = tmp_path / "s2.ckpt"
+    layouts = {Q: ParamLayout((2,), (0, -1)), K: ParamLayout((2,), (0, -1))}
+    write_strategy(strategy, make_strategy(layouts))
+    api.split(str(model), str(strategy), str(ranks), precision=Precision("bf16"))
+    whole = _arrays(full / "model.safetensors")
+    for r in range(2):
+        (part,) = (ranks / f"rank_{r}").glob("*.safetensors")
+        got = _arrays(part)
+        for name in (Q, K):
+            rows = whole[name].shape[0] // 2
+            _same_bits(got[name], whole[name][r * rows : (r + 1) * rows], nan_free=True)
+        assert sorted(got) == sorted([Q, K])  # the strategy's tensors, no scale
+
+
+def test_dequantize_hf_config_loses_quantization_config(model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    config = model / "config.json"
+    proc = run_cli(
+        "transform", "--src", str(model), "--dst", str(out), "--hf", "--hf-config", str(config), "--dequantize", "bf16"
+    )
+    assert proc.returncode == 0, proc.stderr
+    written = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in written and written["model_type"] == "tiny"
+
+
+def test_block_size_flag_replaces_the_config(tmp_path: Path) -> None:
+    src = fp8_model(tmp_path / "noblock", block=None)
+    out = tmp_path / "out"
+    proc = run_cli(
+        "transform", "--src", str(src), "--dst", str(out), "--hf", "--dequantize", "fp32", "--block-size", "128"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert parse_block("128") == parse_block("128x128") == (128, 128)
+
+
+def test_dry_run_refuses_a_nan_scale_before_any_byte(tmp_path: Path) -> None:
+    t = fp8_tensors()
+    t[K + "_scale_inv"] = t[K + "_scale_inv"].copy()
+    t[K + "_scale_inv"][1, 0] = np.inf
+    src = fp8_model(tmp_path / "nan", t)
+    with pytest.raises(Exception, match="NaN or infinite"):
+        api.transform(str(src), str(tmp_path / "out"), hf=True, dry_run=True, precision=Precision("bf16"))
+
+
+def test_viewed_dequantized_boxes_equal_the_reshaped_tensor(model: Path) -> None:
+    """Model maps read through C-order views: a viewed box is the box of the reshaped full tensor."""
+    from reshard.plan.model import QuantizedSource
+
+    t = fp8_tensors()
+    q = QuantizedSource("x", Q, "fp8-block", Q, "x", Q + "_scale_inv", (128, 128))
+    d = dequant.Dequantized(q, t[Q], t[Q + "_scale_inv"], (300, 260))
+    full = d[(slice(0, 300), slice(0, 260))]
+    view = d.reshape((300 * 260 // 100, 100))
+    box = (slice(7, 311), slice(13, 77))
+    got, want = view[box], np.ascontiguousarray(full).reshape(780, 100)[box]
+    assert np.array_equal(got, want, equal_nan=True)
+
+
+def test_verify_dequantize_compares_a_quantized_source_with_its_export(model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert run_cli("transform", "--src", str(model), "--dst", str(out), "--hf", "--dequantize", "bf16").returncode == 0
+    same = run_cli("verify", str(model), str(out), "--dequantize", "bf16")
+    assert same.returncode == 0 and "SAME: 4 match" in same.stdout, same.stdout + same.stderr
+    other = run_cli("verify", str(model), str(out), "--dequantize", "fp32")
+    assert other.returncode == 1, other.stdout + other.stderr  # bf16 written, fp32 read: they differ
+
+
+def test_convert_one_file_dequantizes_into_ckpt(model: Path, tmp_path: Path) -> None:
+    """convert works file by file: a pair inside the file is dequantized; .ckpt holds the bf16 result."""
+    out = tmp_path / "out"
+    proc = run_cli("convert", str(model / "model.safetensors"), str(out), "--to", "ckpt", "--dequantize", "bf16")
+    assert proc.returncode == 0, proc.stderr
+    (ckpt_file,) = out.glob("*.ckpt")
+    back = tmp_path / "back"
+    assert run_cli("convert", str(ckpt_file), str(back), "--to", "safetensors").returncode == 0
+    (st,) = back.glob("*.safetensors")
+    ref = tmp_path / "ref"
+    api.transform(str(model), str(ref), hf=True, precision=Precision("bf16"))
+    got, want = _arrays(st), _arrays(ref / "model.safetensors")
+    assert sorted(got) == sorted(want)
+    for name in want:
+        _same_bits(got[name], want[name])
+
+
+def test_sharded_sources_are_refused_naming_the_pair(tmp_path: Path) -> None:
+    """Two rank files each holding a slice of a pair: a rank alone cannot tell whether its cut is on a block edge."""
+    t = fp8_tensors()
+    for r in range(2):
+        folder = tmp_path / "ranks" / f"rank_{r}"
+        folder.mkdir(parents=True)
+        save_safetensors(
+            folder / f"checkpoint_{r}.safetensors",
+            {K: t[K][r * 65 : (r + 1) * 65], K + "_scale_inv": t[K + "_scale_inv"][r : r + 1]},
+        )
+    strategy = tmp_path / "s2.ckpt"
+    write_strategy(
+        strategy, make_strategy({K: ParamLayout((2,), (0, -1)), K + "_scale_inv": ParamLayout((2,), (0, -1))})
+    )
+    proc = run_cli(
+        "unify",
+        str(tmp_path / "ranks"),
+        str(tmp_path / "out"),
+        "--strategy",
+        str(strategy),
+        "--dequantize",
+        "bf16",
+        "--block-size",
+        "128",
+    )
+    assert proc.returncode == 2 and K in proc.stderr and "merge the ranks first" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------ quantize
+
+
+@pytest.fixture(scope="module")
+def bf16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return bf16_model(tmp_path_factory.mktemp("lowprec") / "bf16")
+
+
+@pytest.mark.parametrize("block", [(128, 128), (64, 32)])
+def test_quantize_matches_deepseeks_rule_in_torch(hf, bf16: Path, tmp_path: Path, block: tuple[int, int]) -> None:
+    out = tmp_path / "out"
+    size = f"{block[0]}x{block[1]}"
+    proc = run_cli(
+        "transform", "--src", str(bf16), "--dst", str(out), "--hf", "--quantize", "fp8-block", "--block-size", size,
+        "--hf-config", str(bf16 / "config.json"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    got = hf(QUANTIZE_RULE, {"src": str(bf16), "out": str(out), "name": BF16_Q, "block": list(block)})
+    assert got == {"values": True, "scales": True, "dtypes": ["torch.float8_e4m3fn", "torch.float32"]}
+    written = _arrays(out / "model.safetensors")
+    assert sorted(written) == sorted([*NOT_Q, BF16_Q, BF16_Q + "_scale_inv"])
+    source = _arrays(bf16 / "model.safetensors")
+    for name in NOT_Q:  # the rule leaves embeddings, routers, norms and the head alone
+        _same_bits(written[name], source[name])
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"] == {
+        "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(block),
+    }  # fmt: skip
+
+
+def test_quantize_streams_row_blocks(bf16: Path, tmp_path: Path) -> None:
+    whole, rows = tmp_path / "whole", tmp_path / "rows"
+    for out, extra in ((whole, []), (rows, ["--max-memory", "4KiB", "--workers", "1"])):
+        proc = run_cli("transform", "--src", str(bf16), "--dst", str(out), "--hf", "--quantize", "fp8-block", *extra)
+        assert proc.returncode == 0, proc.stderr
+    assert (whole / "model.safetensors").read_bytes() == (rows / "model.safetensors").read_bytes()
+
+
+def test_quantize_rule_and_its_overrides(bf16: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    precision = Precision(quantize="fp8-block", quantize_include=("lm_head.weight",), quantize_exclude=(BF16_Q,))
+    api.transform(str(bf16), str(out), hf=True, precision=precision)
+    written = _arrays(out / "model.safetensors")
+    assert written["lm_head.weight"].dtype == ml_dtypes.float8_e4m3fn and "lm_head.weight_scale_inv" in written
+    assert written[BF16_Q].dtype == ml_dtypes.bfloat16 and BF16_Q + "_scale_inv" not in written
+
+
+def test_quantize_then_dequantize_round_trips_within_fp8(bf16: Path, tmp_path: Path) -> None:
+    q, back = tmp_path / "q", tmp_path / "back"
+    api.transform(str(bf16), str(q), hf=True, precision=Precision(quantize="fp8-block"))
+    (q / "config.json").write_text(json.dumps({"quantization_config": {"weight_block_size": [128, 128]}}))
+    api.transform(str(q), str(back), hf=True, precision=Precision("fp32"))
+    source = _arrays(bf16 / "model.safetensors")[BF16_Q].astype(np.float32)
+    again = _arrays(back / "model.safetensors")[BF16_Q]
+    assert again[:128, 128:256].max() == 0 and again[5, 7] == 40.0
+    mask = np.abs(source) > 1e-2  # away from the scale's flush region: E4M3's 3 mantissa bits
+    assert np.allclose(again[mask], source[mask], rtol=2**-4)
+
+
+def test_quantized_output_loads_in_transformers(hf, tmp_path: Path) -> None:
+    """transformers' FineGrainedFP8Config(dequantize=True) reads reshard's FP8 blocks as reshard --dequantize does."""
+    from tests.hf import make_models
+
+    (src,) = make_models(hf, {"llama": ("llama", {"hidden_size": 256, "intermediate_size": 384})}, tmp_path).values()
+    q, deq = tmp_path / "q", tmp_path / "deq"
+    proc = run_cli(
+        "transform", "--src", str(src), "--dst", str(q), "--hf", "--quantize", "fp8-block", "--dtype", "bf16",
+        "--hf-config", str(src / "config.json"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("transform", "--src", str(q), "--dst", str(deq), "--hf", "--dequantize", "bf16")
+    assert proc.returncode == 0, proc.stderr
+    loaded = hf(LOAD_FP8, {"quantized": str(q), "dequantized": str(deq)})
+    assert loaded["differ"] == [] and loaded["compared"] > 10
+
+
+def test_preset_deepseek_v3_sees_through_fp8_blocks(hf, tmp_path: Path) -> None:
+    """An FP8 DeepSeek-V3 release to MindFormers names in one command: --preset deepseek-v3 --dequantize bf16
+    writes the bytes the preset writes from the dequantized model (stacked experts included)."""
+    from tests.hf import make_models
+    from tests.test_presets_models import DEEPSEEK
+
+    config = {**DEEPSEEK, "hidden_size": 256, "intermediate_size": 384}
+    (src,) = make_models(hf, {"ds": ("deepseek_v3", config)}, tmp_path).values()
+    fp8, deq, direct, via = (tmp_path / n for n in ("fp8", "deq", "direct", "via"))
+    steps = [
+        (
+            "--src",
+            src,
+            "--dst",
+            fp8,
+            "--hf",
+            "--quantize",
+            "fp8-block",
+            "--dtype",
+            "bf16",
+            "--hf-config",
+            src / "config.json",
+        ),
+        ("--src", fp8, "--dst", deq, "--hf", "--dequantize", "bf16"),
+        (
+            "--src",
+            fp8,
+            "--dst",
+            direct,
+            "--preset",
+            "deepseek-v3",
+            "--dequantize",
+            "bf16",
+            "--hf-config",
+            fp8 / "config.json",
+        ),
+        ("--src", deq, "--dst", via, "--preset", "deepseek-v3", "--hf-config", src / "config.json"),
+    ]
+    for step in steps:
+        proc = run_cli("transform", *map(str, step), "--output_format", "safetensors")
+        assert proc.returncode == 0, proc.stderr
+    assert "weight_scale_inv" in " ".join(_arrays(fp8 / "model.safetensors"))
+    (a,), (b,) = (direct / "rank_0").glob("*.safetensors"), (via / "rank_0").glob("*.safetensors")
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_plan_json_states_the_pairs_before_writing(model: Path, tmp_path: Path) -> None:
+    proc = run_cli(
+        "plan", "--src", str(model), "--dst", str(tmp_path / "out"), "--hf", "--dequantize", "bf16", "--json"
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    kinds = {q["tensor"]: (q["kind"], q["scale"], q["block"]) for q in doc["quantized"]}
+    assert kinds == {
+        Q: ("fp8-block", Q + "_scale_inv", [128, 128]),
+        K: ("fp8-block", K + "_scale_inv", [128, 128]),
+        EXPERTS: ("mxfp4", EXPERTS + "_scales", [32]),
+    }
+    assert not (tmp_path / "out").exists()
+
+
+def test_ray_executor_refuses_computed_tensors(model: Path, tmp_path: Path) -> None:
+    from reshard.errors import UnsupportedError
+
+    report = api.transform(str(model), str(tmp_path / "out"), hf=True, dry_run=True, precision=Precision("bf16"))
+    with pytest.raises(UnsupportedError, match="local executor only"):
+        api.execute(report.plan, root=str(tmp_path / "out"), executor="ray")
+    assert not (tmp_path / "out").exists()
+
+
+def test_mindformers_tool_flags_refuse_dequantize(model: Path, tmp_path: Path) -> None:
+    proc = run_cli(
+        "transform", "--src_checkpoint", str(model), "--dst_checkpoint_dir", str(tmp_path / "o"), "--dequantize", "bf16"
+    )
+    assert proc.returncode == 2 and "--dequantize does not combine" in proc.stderr, proc.stderr
