@@ -16,6 +16,11 @@ says how to read a key file whose text is also a valid raw key).
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # ``python -m reshard.cli`` is ``python -m reshard``: handlers before any import
+    import runpy
+
+    runpy.run_module("reshard", run_name="__main__")  # reshard.entry ends the process
+
 import argparse
 import dataclasses
 import json
@@ -24,11 +29,6 @@ import sys
 import time
 from collections.abc import Sequence
 from typing import Any
-
-if __name__ == "__main__":  # ``python -m reshard.cli`` is ``python -m reshard``: handlers before the imports
-    import runpy
-
-    runpy.run_module("reshard", run_name="__main__")  # reshard.entry ends the process
 
 # numpy's OpenBLAS starts a spinning thread per core at import; reshard never multiplies matrices,
 # and on a 2-core box those threads took 6.6% of a transform's CPU (perf). The command sets this

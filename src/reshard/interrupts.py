@@ -32,7 +32,6 @@ points are listed in ``POINTS``.
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
 import os
 import signal
 import sys
@@ -240,8 +239,11 @@ def _pause(point: str) -> None:
     check()  # a deferred signal lands here too, exactly at the point
 
 
-class _PauseAtImport(importlib.abc.MetaPathFinder):
-    """``import:MODULE``: pause as the import of MODULE begins (then let the real finders find it)."""
+class _PauseAtImport:
+    """``import:MODULE``: pause as the import of MODULE begins (then let the real finders find it).
+
+    A meta path finder (``importlib.abc.MetaPathFinder``'s protocol; importing that module would
+    cost the start-up it guards)."""
 
     def __init__(self, module: str) -> None:
         self.module = module
