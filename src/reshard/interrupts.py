@@ -180,6 +180,8 @@ def handling() -> Iterator[None]:
         yield
     finally:
         _DEPTH.pop()
+        if outermost:
+            _COMPLETED.clear()  # the command is over: its notes mean nothing to the next one
         for replaced, handler in previous.items():
             with contextlib.suppress(ValueError, OSError, TypeError):
                 signal.signal(replaced, handler if handler is not None else signal.SIG_DFL)
