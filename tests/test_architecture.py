@@ -21,7 +21,7 @@ SRC = ROOT / "src"
 
 # Lowest first. A module belongs to the first layer one of whose prefixes it equals or lies under.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("reshard", "reshard.errors", "reshard.dtypes", "reshard.text", "reshard.statenames"),
+    ("reshard", "reshard.errors", "reshard.dtypes", "reshard.text", "reshard.statenames", "reshard.interrupts"),
     ("reshard.layout", "reshard.naming"),
     ("reshard.formats",),
     ("reshard.plan",),
@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "reshard.demo",
         "reshard.synthetic",
         "reshard.__main__",
+        "reshard.entry",
     ),
 )
 

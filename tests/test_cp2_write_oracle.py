@@ -124,10 +124,10 @@ def specs_for(lays: Mapping[str, ParamLayout], full: Mapping[str, np.ndarray], r
     return {n: spec(lays.get(n), a, dtype_name(a), ranks) for n, a in full.items()}
 
 
-@pytest.mark.parametrize("optimizer", [False, True])
-def test_metadata_json_is_byte_identical_to_mindformers(oracle: Any, tmp_path: Any, optimizer: bool) -> None:
-    job = write_job(str(tmp_path / "job"), optimizer=optimizer)
-    out = str(tmp_path / "out")
+def _metadata_case(root: str, optimizer: bool) -> tuple[dict[str, Any], str]:
+    """MindFormers' job and the metadata.json reshard writes for an 8-rank layout."""
+    job = write_job(os.path.join(root, "job"), optimizer=optimizer)
+    out = os.path.join(root, "out")
     api.transform(job["full"], out, None, job["strategy"], output_format="checkpoint2", iteration=3, prefix="p")
     full = full_tensors(optimizer)
     lays = with_states(layouts()) if optimizer else layouts()
@@ -141,17 +141,15 @@ def test_metadata_json_is_byte_identical_to_mindformers(oracle: Any, tmp_path: A
         "model_keys": [n for n in names if not DEFAULT.is_state(n)],
         "prefix": "p",
     }
-    (theirs,) = oracle(SCRIPT, {"cwd": str(tmp_path), "jobs": [args]})
-    with open(os.path.join(out, "iteration_00000003", "metadata.json"), encoding="utf-8") as fh:
-        assert fh.read() == theirs
+    return args, os.path.join(out, "iteration_00000003", "metadata.json")
 
 
-def test_metadata_json_of_a_pipeline_is_mindformers(oracle: Any, tmp_path: Any) -> None:
+def _pipeline_metadata_case(root: str) -> tuple[dict[str, Any], str]:
     lay = layouts((1, 2))
     stage0 = {EMB: lay[EMB], PROJ: lay[PROJ], NORM: lay[NORM]}
     stage1 = {FC1: lay[FC1], EMB: lay[EMB]}
-    job = write_job(str(tmp_path / "job"), stages=[stage0, stage1], optimizer=False)
-    out = str(tmp_path / "out")
+    job = write_job(os.path.join(root, "job"), stages=[stage0, stage1], optimizer=False)
+    out = os.path.join(root, "out")
     api.transform(job["full"], out, None, job["strategy"], output_format="checkpoint2", iteration=3)
     full = full_tensors(False)
     elsewhere = [n for n in full if n not in stage0 and n not in stage1]  # in no strategy: whole, on every rank
@@ -161,52 +159,88 @@ def test_metadata_json_of_a_pipeline_is_mindformers(oracle: Any, tmp_path: Any) 
     specs[FC1] = spec(lay[FC1], full[FC1], "Float32", (2, 3))
     args = {"op": "metadata", "world": 4, "holdings": [s0, s0, s1, s1], "specs": specs, "model_keys": list(full)}
     args["prefix"] = None
-    (theirs,) = oracle(SCRIPT, {"cwd": str(tmp_path), "jobs": [args]})
-    with open(os.path.join(out, "iteration_00000003", "metadata.json"), encoding="utf-8") as fh:
-        assert fh.read() == theirs
+    return args, os.path.join(out, "iteration_00000003", "metadata.json")
 
 
-def _load(oracle: Any, tmp_path: Any, src: str, lays: Mapping[str, ParamLayout], world: int) -> dict[int, Any]:
-    full = full_tensors()
-    loaded = tmp_path / "loaded"
-    loaded.mkdir()
-    args = {"op": "load", "src": src, "world": world, "specs": specs_for(lays, full, range(world)), "out": str(loaded)}
-    (result,) = oracle(SCRIPT, {"cwd": str(tmp_path), "jobs": [args]})
-    assert result["root"].endswith("iteration_00000009")  # followed the tracker
-    arrays = {}
-    for rank in range(world):
-        with np.load(loaded / f"rank_{rank}.npz") as data:
-            arrays[rank] = {k: data[k] for k in data.files}
-        assert sorted(arrays[rank]) == sorted(full)
-        for name, array in arrays[rank].items():
-            expected = block(full[name], model_parallel(lays[name]) if name in lays else None, rank)
-            assert np.array_equal(array, expected.astype(array.dtype)), (rank, name)
-    return arrays
+def _load_args(root: str, src: str, lays: Mapping[str, ParamLayout], world: int) -> dict[str, Any]:
+    loaded = os.path.join(root, "loaded")
+    os.makedirs(loaded)
+    specs = specs_for(lays, full_tensors(), range(world))
+    return {"op": "load", "src": src, "world": world, "specs": specs, "out": loaded, "lays": lays}
 
 
-def test_mindformers_loads_reshard_output_from_rank_folders_into_another_layout(oracle: Any, tmp_path: Any) -> None:
+def _rank_folders_load_case(root: str) -> dict[str, Any]:
     """8-rank rank folders + strategy -> reshard Checkpoint 2.0 -> MindFormers loads it on dp2 x tp2."""
-    job = write_job(str(tmp_path / "job"))
-    ranks8 = str(tmp_path / "ranks8")
+    job = write_job(os.path.join(root, "job"))
+    ranks8 = os.path.join(root, "ranks8")
     api.transform(job["full"], ranks8, None, job["strategy"], output_format="ckpt")
-    out = str(tmp_path / "out")
+    out = os.path.join(root, "out")
     api.transform(ranks8, out, job["strategy"], job["strategy"], output_format="checkpoint2", iteration=9)
-    _load(oracle, tmp_path, out, with_states(layouts((2, 2))), 4)
+    return _load_args(root, out, with_states(layouts((2, 2))), 4)
 
 
-def test_mindformers_loads_reshard_output_from_a_full_model_with_optimizer_shards(oracle: Any, tmp_path: Any) -> None:
+def _optimizer_shards_load_case(root: str) -> dict[str, Any]:
     """A full model -> reshard Checkpoint 2.0 on an optimizer-sharded strategy -> MindFormers loads it on tp4."""
-    job = write_job(str(tmp_path / "job"), stages=[with_states(layouts(opt=True))])
-    out = str(tmp_path / "out")
+    job = write_job(os.path.join(root, "job"), stages=[with_states(layouts(opt=True))])
+    out = os.path.join(root, "out")
     api.transform(job["full"], out, None, job["strategy"], output_format="checkpoint2", iteration=9)
-    _load(oracle, tmp_path, out, with_states(layouts((1, 4))), 4)
+    return _load_args(root, out, with_states(layouts((1, 4))), 4)
 
 
-def test_mindformers_loads_a_reshard_pipeline_output(oracle: Any, tmp_path: Any) -> None:
+def _pipeline_load_case(root: str) -> dict[str, Any]:
     lay = layouts((1, 2))
     stage0 = {EMB: lay[EMB], PROJ: lay[PROJ], NORM: lay[NORM], FC1: lay[FC1]}
     stage1 = {n: lay[n] for n in lay if n not in stage0} | {EMB: lay[EMB]}
-    job = write_job(str(tmp_path / "job"), stages=[with_states(stage0), with_states(stage1)])
-    out = str(tmp_path / "out")
+    job = write_job(os.path.join(root, "job"), stages=[with_states(stage0), with_states(stage1)])
+    out = os.path.join(root, "out")
     api.transform(job["full"], out, None, job["strategy"], output_format="checkpoint2", iteration=9)
-    _load(oracle, tmp_path, out, with_states(layouts((2, 2))), 4)
+    return _load_args(root, out, with_states(layouts((2, 2))), 4)
+
+
+LOAD_CASES = {
+    "rank folders": _rank_folders_load_case,
+    "optimizer shards": _optimizer_shards_load_case,
+    "pipeline": _pipeline_load_case,
+}
+
+
+@pytest.fixture(scope="module")
+def mindformers_ran(oracle: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every case's job run by MindFormers in one oracle process (importing it costs seconds; one
+    process per case was most of this module's time). id -> (MindFormers' result, what to compare)."""
+    root = str(tmp_path_factory.mktemp("cp2"))
+    cases: dict[str, tuple[dict[str, Any], Any]] = {}
+    for optimizer in (False, True):
+        args, ours = _metadata_case(os.path.join(root, f"metadata-{optimizer}"), optimizer)
+        cases[f"metadata-{optimizer}"] = (args, ours)
+    args, ours = _pipeline_metadata_case(os.path.join(root, "metadata-pipeline"))
+    cases["metadata-pipeline"] = (args, ours)
+    for name, make in LOAD_CASES.items():
+        args = make(os.path.join(root, name))
+        cases[name] = ({k: v for k, v in args.items() if k != "lays"}, args)
+    results = oracle(SCRIPT, {"cwd": root, "jobs": [job for job, _ in cases.values()]})
+    return {name: (result, extra) for (name, (_, extra)), result in zip(cases.items(), results, strict=True)}
+
+
+@pytest.mark.parametrize("case", ["metadata-False", "metadata-True", "metadata-pipeline"])
+def test_metadata_json_is_byte_identical_to_mindformers(mindformers_ran: dict[str, Any], case: str) -> None:
+    """Without and with optimizer states on 8 ranks, and a 2-stage pipeline (a tied embedding)."""
+    theirs, ours = mindformers_ran[case]
+    with open(ours, encoding="utf-8") as fh:
+        assert fh.read() == theirs
+
+
+@pytest.mark.parametrize("case", list(LOAD_CASES))
+def test_mindformers_loads_reshard_output(mindformers_ran: dict[str, Any], case: str) -> None:
+    """reshard's Checkpoint 2.0 (from rank folders, from a full model on optimizer shards, of a
+    pipeline) as MindFormers' ReshardLoader loads it into another layout: every rank's blocks."""
+    result, args = mindformers_ran[case]
+    full, lays, world = full_tensors(), args["lays"], args["world"]
+    assert result["root"].endswith("iteration_00000009")  # followed the tracker
+    for rank in range(world):
+        with np.load(os.path.join(args["out"], f"rank_{rank}.npz")) as data:
+            arrays = {k: data[k] for k in data.files}
+        assert sorted(arrays) == sorted(full)
+        for name, array in arrays.items():
+            expected = block(full[name], model_parallel(lays[name]) if name in lays else None, rank)
+            assert np.array_equal(array, expected.astype(array.dtype)), (rank, name)

@@ -132,16 +132,18 @@ def _prepare(tmp: str, case: Case) -> dict[str, str]:
     return paths
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_transform_chain_matches_mindspore(oracle, tmp_path, case: Case) -> None:
-    p = _prepare(str(tmp_path), case)
-    steps = [  # (name, src under side root or full, dst, src strategy, dst strategy, output format)
+def _chain_steps(p: dict[str, str]) -> list[tuple[str, str | None, str, str | None, str | None, str]]:
+    """(name, src under a side's root or None for the full model, dst, src strategy, dst strategy, format)."""
+    return [
         ("full_a", None, "a_ckpt", None, p["a"], "ckpt"),
         ("a_b", "a_ckpt", "b_ckpt", p["a"], p["b"], "ckpt"),
         ("b_full", "b_ckpt", "full_ckpt", p["b"], None, "ckpt"),
     ]
+
+
+def _chain_jobs(p: dict[str, str]) -> list[dict[str, object]]:
     jobs = []
-    for _, src, dst, s, d, fmt in steps:
+    for _, src, dst, s, d, fmt in _chain_steps(p):
         src_dir = p["full"] if src is None else os.path.join(p["ms"], src)
         jobs.append(
             {
@@ -154,19 +156,12 @@ def test_transform_chain_matches_mindspore(oracle, tmp_path, case: Case) -> None
                 "output_format": fmt,
             }
         )
-    run_ms_jobs(oracle, jobs)
-    for _, src, dst, s, d, fmt in steps:
-        src_dir = p["full"] if src is None else os.path.join(p["rs"], src)
-        api.transform(src_dir, os.path.join(p["rs"], dst), s, d, prefix="checkpoint_", output_format=fmt)
-        assert_same_tree(os.path.join(p["rs"], dst), os.path.join(p["ms"], dst))
+    return jobs
 
 
-@pytest.mark.parametrize("case", CASES[:2] + CASES[4:5], ids=[c.name for c in CASES[:2] + CASES[4:5]])
-def test_safetensors_flows_match_mindspore(oracle, tmp_path, case: Case) -> None:
-    """ckpt->safetensors convert, safetensors transform (both outputs), unify, split."""
-    p = _prepare(str(tmp_path), case)
-    ms_root, rs_root = p["ms"], p["rs"]
-    jobs = [
+def _safetensors_jobs(p: dict[str, str]) -> list[dict[str, object]]:
+    ms_root = p["ms"]
+    return [
         {
             "op": "transform",
             "src_checkpoints_dir": p["full"],
@@ -202,7 +197,45 @@ def test_safetensors_flows_match_mindspore(oracle, tmp_path, case: Case) -> None
             "dst_safetensors_dir": f"{ms_root}/split",
         },
     ]
+
+
+SAFETENSORS_CASES = CASES[:2] + CASES[4:5]
+
+
+@pytest.fixture(scope="module")
+def mindspore_ran(oracle, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], dict[str, str]]:
+    """Every case's inputs, and MindSpore's outputs of all of them from one oracle process (importing
+    MindSpore costs seconds; one process per case was most of this module's time)."""
+    root = str(tmp_path_factory.mktemp("transform_oracle"))
+    prepared: dict[tuple[str, str], dict[str, str]] = {}
+    jobs: list[dict[str, object]] = []
+    for flow, cases, make_jobs in (
+        ("chain", CASES, _chain_jobs),
+        ("safetensors", SAFETENSORS_CASES, _safetensors_jobs),
+    ):
+        for i, case in enumerate(cases):
+            p = _prepare(os.path.join(root, f"{flow}{i}"), case)
+            prepared[flow, case.name] = p
+            jobs += make_jobs(p)
     run_ms_jobs(oracle, jobs)
+    return prepared
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_transform_chain_matches_mindspore(mindspore_ran, case: Case) -> None:
+    p = mindspore_ran["chain", case.name]
+    steps = _chain_steps(p)
+    for _, src, dst, s, d, fmt in steps:
+        src_dir = p["full"] if src is None else os.path.join(p["rs"], src)
+        api.transform(src_dir, os.path.join(p["rs"], dst), s, d, prefix="checkpoint_", output_format=fmt)
+        assert_same_tree(os.path.join(p["rs"], dst), os.path.join(p["ms"], dst))
+
+
+@pytest.mark.parametrize("case", SAFETENSORS_CASES, ids=[c.name for c in SAFETENSORS_CASES])
+def test_safetensors_flows_match_mindspore(mindspore_ran, case: Case) -> None:
+    """ckpt->safetensors convert, safetensors transform (both outputs), unify, split."""
+    p = mindspore_ran["safetensors", case.name]
+    ms_root, rs_root = p["ms"], p["rs"]
     api.transform(p["full"], f"{rs_root}/a_ckpt", None, p["a"])
     api.convert(f"{rs_root}/a_ckpt", f"{rs_root}/a_st", "safetensors")
     assert_same_tree(f"{rs_root}/a_st", f"{ms_root}/a_st")

@@ -93,12 +93,12 @@ def temp_files(root: str) -> list[str]:
 BIG = ModelShape.for_bytes(40_000_000)  # ~57 MB full checkpoint with Adam moments
 
 
-def make_big_job(root: str, workers: int) -> dict:
-    """An 8-rank job of ~57 MB, a merged 16-rank target strategy (``s16``), the CLI arguments of the
-    8 -> 16 transform (``args``, without ``--dst``) and the tree of its uninterrupted result
-    (``reference``): what the interrupt, resume and lock tests cut short and compare against."""
-    job = make_job(root, BIG)
-    write_stage_strategies(f"{root}/s16", stage_strategies(BIG, 2, 4, 2, False), 8)
+def make_big_job(root: str, workers: int, shape: ModelShape = BIG) -> dict:
+    """An 8-rank job of ~57 MB (of ``shape``), a merged 16-rank target strategy (``s16``), the CLI
+    arguments of the 8 -> 16 transform (``args``, without ``--dst``) and the tree of its uninterrupted
+    result (``reference``): what the interrupt, resume and lock tests cut short and compare against."""
+    job = make_job(root, shape)
+    write_stage_strategies(f"{root}/s16", stage_strategies(shape, 2, 4, 2, False), 8)
     merge_pipeline_strategies(f"{root}/s16", f"{root}/merged/s16.ckpt")
     job["s16"] = f"{root}/merged/s16.ckpt"
     job["args"] = [

@@ -1,7 +1,5 @@
 """``python -m reshard``: the same command as ``reshard`` (for environments without the script)."""
 
-import sys
+from reshard.entry import main
 
-from reshard.cli import main
-
-sys.exit(main())
+main()

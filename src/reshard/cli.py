@@ -16,12 +16,16 @@ says how to read a key file whose text is also a valid raw key).
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # ``python -m reshard.cli`` is ``python -m reshard``: handlers before any import
+    import runpy
+
+    runpy.run_module("reshard", run_name="__main__")  # reshard.entry ends the process
+
 import argparse
 import dataclasses
 import importlib.util
 import json
 import os
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -33,11 +37,12 @@ from typing import TYPE_CHECKING, Any
 # before numpy loads (a value the user set wins); library users keep their own setting.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from reshard import __version__, cli_help
+from reshard import __version__, cli_help, interrupts
 from reshard.errors import ReshardError, UsageError
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM
 from reshard.execute.options import DEFAULT_MAX_MEMORY, RunOptions, WriteOptions, default_workers
 from reshard.formats.layout_dir import PICKS
+from reshard.interrupts import Signalled
 from reshard.naming import (
     EXCLUDE,
     INCLUDE,
@@ -1613,42 +1618,24 @@ def _run(args: argparse.Namespace) -> object:
             bar.stop()
 
 
-class Signalled(KeyboardInterrupt):
-    """SIGTERM or SIGHUP (schedulers, ``timeout``, a closed terminal), raised like Ctrl-C so that the
-    same clean-up runs: temporary files removed, finished outputs journaled for ``--resume``."""
+def interrupted(exc: KeyboardInterrupt, finished: bool = False) -> int:
+    """The one line an interrupted command prints, and its exit code (128 + signal, as Unix tools).
 
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _raise_signalled(signum: int, _frame: object) -> None:
-    for other in _STOP_SIGNALS:  # a second TERM/HUP while cleaning up must not cut the clean-up short
-        signal.signal(other, signal.SIG_IGN)
-    raise Signalled(signum)
-
-
-_STOP_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s)
-
-
-def install_signal_handlers() -> None:
-    """SIGTERM and SIGHUP behave like Ctrl-C (only possible from the main thread; elsewhere a no-op)."""
-    for signum in _STOP_SIGNALS:
-        try:
-            if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup's ignored SIGHUP stays ignored
-                signal.signal(signum, _raise_signalled)
-        except ValueError:
-            return
-
-
-def interrupted(exc: KeyboardInterrupt) -> int:
-    """The one line an interrupted command prints, and its exit code (128 + signal, as Unix tools)."""
+    ``finished``: the signal came after the command had done its work (``reshard.entry``).
+    """
     from reshard.manifest import PROGRESS_ATTRIBUTE
 
-    signum = exc.signum if isinstance(exc, Signalled) else signal.SIGINT
+    signum = interrupts.signal_of(exc)
     progress = getattr(exc, PROGRESS_ATTRIBUTE, None)
     if progress is None:
-        detail = "no output file was written"
+        progress = interrupts.completed_run()  # a signal after the run committed, while reporting or exiting
+    if progress is None:
+        detail = "the command had finished" if finished else "no output file was written"
+    elif progress.complete:
+        detail = (
+            f"{progress.completed} of {progress.total} files completed; "
+            "the output is complete (--resume has nothing to do)"
+        )
     elif progress.resumable:
         detail = (
             f"{progress.completed} of {progress.total} files completed; run the same command with --resume to continue"
@@ -1658,8 +1645,8 @@ def interrupted(exc: KeyboardInterrupt) -> int:
             f"{progress.completed} of {progress.total} files completed; without a manifest (--no-manifest) "
             "--resume cannot tell them apart: run the command again"
         )
-    print(f"reshard: interrupted ({signal.Signals(signum).name}): {detail}", file=sys.stderr)
-    return 128 + int(signum)
+    print(interrupts.line(signum, detail), file=sys.stderr)
+    return 128 + signum
 
 
 # Commands that print through rich consoles of their own (inspect.py, demo.py); every other rich
@@ -1717,8 +1704,10 @@ def _error_line(exc: ReshardError) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command in this process (``reshard.entry.main`` is the one that starts a process)."""
     try:
-        return _main(argv)
+        with interrupts.handling():
+            return _main(argv)
     except BrokenPipeError:
         return _quiet_broken_pipe()
 
@@ -1727,8 +1716,8 @@ def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     words = _join_dash_values(sys.argv[1:] if argv is None else argv)
     cli_help.check_argv(parser, words)  # no command: the overview; a misspelling: "did you mean"
+    interrupts.reached("parse")
     args = parser.parse_args(words)
-    install_signal_handlers()
     try:
         args.started = time.monotonic()
         status = _run(args)
@@ -1771,7 +1760,6 @@ __all__ = [
     "cmd_transform_ckpt",
     "cmd_unify",
     "cmd_verify",
-    "install_signal_handlers",
     "interrupted",
     "main",
     "print_plan",
@@ -1780,4 +1768,4 @@ __all__ = [
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main())  # not reached: the top of the module hands ``python -m reshard.cli`` to reshard.entry

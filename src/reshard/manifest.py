@@ -51,13 +51,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from reshard import __version__
+from reshard import __version__, interrupts
 from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM, file_digest, new_hash
 from reshard.execute.options import KEEP_FINISHED, RunOptions, WriteOptions
 from reshard.formats import crypto, layout_dir
-from reshard.formats.base import TEMP_SUFFIX, atomic_path, write_whole
+from reshard.formats.base import TEMP_SUFFIX, atomic_path
 from reshard.lock import DestinationLock
 from reshard.plan import FilePlan, Plan
 from reshard.plan.validate import validate_plan
@@ -74,12 +74,15 @@ class RunProgress:
 
     ``completed`` counts the outputs in place and journaled (kept from an earlier run or written by
     this one) of the ``total`` the plan writes; ``resumable`` is False without a journal
-    (``manifest=False``), when ``resume`` cannot tell finished files from others.
+    (``manifest=False``), when ``resume`` cannot tell finished files from others; ``complete``: the
+    run had committed (its manifest in place, or every output written without one) when it was
+    interrupted, so nothing is left to do.
     """
 
     completed: int
     total: int
     resumable: bool
+    complete: bool = False
 
 
 PROGRESS_ATTRIBUTE = "reshard_progress"
@@ -329,6 +332,8 @@ class RunRecorder:
         self.remove = tuple(remove)  # an earlier run's outputs this one supersedes (superseded_outputs)
         self._dest_lock = DestinationLock(self.root)
         self._locked = False  # nothing in the destination is touched (not even rolled back) without it
+        self._manifest_started = False  # finish began writing the manifest
+        self.committed = False  # finish returned: every output, text and the manifest are in place
 
     # ------------------------------------------------------------------ paths
 
@@ -483,8 +488,13 @@ class RunRecorder:
         if missing:
             raise ReshardError(f"outputs were not recorded: {', '.join(missing)}", self.root)
         path = manifest_path(self.root)
+        document = self.manifest_text()
+        self._manifest_started = True  # from here a manifest in place is this run's (start removed any other)
         try:
-            write_whole(path, self.manifest_text())
+            with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(document)
+                fh.flush()
+                interrupts.reached("manifest")
         except OSError as exc:
             raise ReshardError(f"cannot write the manifest: {exc.strerror or exc}", path) from None
         self._remove(journal_path(self.root))
@@ -536,12 +546,14 @@ class RunRecorder:
             with contextlib.suppress(OSError):
                 os.rmdir(folder)  # only when empty
 
-    def interrupted(self) -> RunProgress:
+    def interrupted(self) -> RunProgress | None:
         """Stop without undoing: finished files are journaled (pending hashes complete) for ``resume``.
 
         The executor has stopped (its threads joined), so temporary files of the plan's outputs
-        are leftovers; they are removed. Returns how far the run got.
+        are leftovers; they are removed. Returns how far the run got (None: it had not locked the
+        destination yet, so nothing was written).
         """
+        started = self._locked or self.committed
         with contextlib.suppress(BaseException):
             self._stop(cancel=False)
         with contextlib.suppress(BaseException):
@@ -549,8 +561,21 @@ class RunRecorder:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
         self.release()
+        if not started:
+            return None
         total = len(self.plan.files)
-        return RunProgress(min(total, len(self.kept) + self._written), total, self.manifest)
+        return RunProgress(min(total, len(self.kept) + self._written), total, self.manifest, self._complete())
+
+    def _complete(self) -> bool:
+        """Whether the run had committed: its manifest in place (the journal is then redundant), or,
+        without a manifest, every output and text written."""
+        if not self.manifest:
+            return self.committed
+        if not (self._manifest_started and os.path.exists(manifest_path(self.root))):
+            return False
+        with contextlib.suppress(OSError):
+            os.unlink(journal_path(self.root))  # finish was cut short between the manifest and this
+        return True
 
     def release(self) -> None:
         """Let go of the destination lock (idempotent)."""
@@ -593,10 +618,16 @@ def run_recorded(
     recorder = RunRecorder(plan, root or common_root(plan), write, resume=resume, manifest=manifest, remove=remove)
     execute = runner or (lambda todo, todo_write, todo_run: local.run_plan(todo, opener, todo_write, todo_run))
     try:
+        interrupts.reached("planned")
         todo = recorder.start()
         execute(todo, write, replace(run, on_file_written=recorder.written, hash_outputs=manifest))
-        recorder.finish()
+        interrupts.reached("before-manifest")
+        with interrupts.deferred():  # waits for hash threads: no signal inside their locking
+            recorder.finish()
+        recorder.committed = True
+        interrupts.note_completed(RunProgress(len(plan.files), len(plan.files), manifest, complete=True))
         recorder.release()
+        interrupts.reached("committed")
     except Exception as exc:
         if getattr(exc, KEEP_FINISHED, False):  # a lost node: finished outputs stay for --resume
             recorder.interrupted()
@@ -607,8 +638,9 @@ def run_recorded(
         raise
     except BaseException as exc:  # Ctrl-C, SIGTERM, SIGHUP (the CLI raises KeyboardInterrupt for them)
         progress = recorder.interrupted()
-        with contextlib.suppress(AttributeError, TypeError):
-            setattr(exc, PROGRESS_ATTRIBUTE, progress)
+        if progress is not None:
+            with contextlib.suppress(AttributeError, TypeError):
+                setattr(exc, PROGRESS_ATTRIBUTE, progress)
         raise
     return recorder.kept
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from reshard import interrupts
 from reshard.execute import assemble, dequant
 from reshard.execute.digest import StreamingDigest, hash_pool
 from reshard.execute.options import RunOptions, WriteOptions
@@ -284,6 +285,7 @@ def _fill_tensor(
 
     blocks = list(_row_blocks(t, budget))
     for r0, r1 in blocks:
+        interrupts.check()  # a large strided tensor: a deferred signal waits at most one block
         block_shape = (r1 - r0, *t.shape[1:]) if t.shape else ()
         staging = _staging(math.prod(block_shape) * t.dtype.itemsize).view(element).reshape(block_shape)
         assemble.copy_boxes(staging, t, r0, source_array)
@@ -359,7 +361,8 @@ def run_file(
     checksum: str | None = None
 
     def one(out: _Output, lay: FileLayout, name: str) -> None:
-        if stop.is_set():
+        interrupts.check()  # no lock is held here: the main thread raises a deferred signal
+        if stop.is_set() or interrupts.requested():
             raise Cancelled(file.path)
         t = by_name[name]
         segments = lay.placements[name]
@@ -389,6 +392,7 @@ def run_file(
     def fill(fd: int, lay: FileLayout) -> None:
         nonlocal hasher
         base.preallocate(fd, lay.size)  # write_file did it already; the encrypted path's plaintext needs it
+        interrupts.reached("file")  # a test-only pause point (reshard.interrupts): the temporary file exists
         if hasher_pool is None or encrypted:
             fill_tensors(fd, lay)
             return
@@ -423,6 +427,9 @@ def run_file(
     return checksum
 
 
+_SIGNAL_POLL_SECONDS = 0.05  # how soon the waiting thread notices a deferred stop signal
+
+
 def _run_files_fail_fast(
     files: Sequence[FilePlan], workers: int, write: Callable[[FilePlan, threading.Event], object]
 ) -> None:
@@ -434,9 +441,11 @@ def _run_files_fail_fast(
     error is raised. At terabyte scale, submitting every output up front would write the whole job
     before the error could return (and roll-back would delete it all again).
 
-    The waiting thread takes finished outputs from a ``SimpleQueue`` (a C-level wait) rather than
-    ``concurrent.futures.wait``: a signal raised as an exception inside ``wait``'s own locking could
-    leave a future's lock held, and the worker finishing it would block forever.
+    The waiting thread takes finished outputs from a ``SimpleQueue`` rather than
+    ``concurrent.futures.wait``, and looks for a stop signal (``interrupts.check``) every
+    ``_SIGNAL_POLL_SECONDS`` and between outputs, where it holds no lock: the command's signals are
+    deferred during a run (``run_plan``), because one raised inside the pool's or a future's locking
+    could leave a lock held, and the worker needing it would block forever.
     """
     cancel = threading.Event()
     finished: queue.SimpleQueue[Future[object]] = queue.SimpleQueue()
@@ -449,7 +458,12 @@ def _run_files_fail_fast(
                 pool.submit(write, f, cancel).add_done_callback(finished.put)
                 running += 1
             while running:
-                done = finished.get()
+                try:
+                    done = finished.get(timeout=_SIGNAL_POLL_SECONDS)
+                except queue.Empty:
+                    interrupts.check()
+                    continue
+                interrupts.check()
                 running -= 1
                 if failure is None and done.exception() is not None:
                     failure = done.exception()
@@ -483,7 +497,7 @@ def run_plan(plan: Plan, opener: Opener, write: WriteOptions | None = None, run:
     budget = max(_PAGE, min(STAGING_BLOCK_BYTES, run.max_memory // (workers * tensor_workers)))
     if run.on_start is not None:
         run.on_start(sum(f.nbytes for f in plan.files))
-    with contextlib.ExitStack() as stack:
+    with interrupts.deferred(), contextlib.ExitStack() as stack:
         stack.callback(sources.close)
         hashers = stack.enter_context(hash_pool()) if run.hash_outputs else None
         if workers == 1:
