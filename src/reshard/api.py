@@ -853,7 +853,7 @@ def unify(
         sf = _strategy(src_strategy, notes)
     if sf is None:
         raise UsageError("unify needs the source strategy")
-    _check_unify_ranks(src_dir, sources, sf)
+    _check_unify_ranks(src_dir, sources, sf, notes)
     naming = NameRun(names)
     sources = cast_files(naming.narrow(sources), cast, notes)
     narrowed = list(sources.values())
@@ -906,18 +906,35 @@ def _refuse_ckpt_ranks(src_dir: str) -> None:
         )
 
 
-def _check_unify_ranks(src_dir: str, sources: Mapping[int, SourceFile], sf: StrategyFile) -> None:
-    """Rank folders beyond the strategy's ranks mean the strategy belongs to another job."""
-    from reshard.layout import device_num, stage_count
+def _check_unify_ranks(src_dir: str, sources: Mapping[int, SourceFile], sf: StrategyFile, notes: list[str]) -> None:
+    """Rank folders beyond the strategy's ranks mean the strategy belongs to another job, unless it is
+    the first pipeline stage's file of this job, which MindSpore unifies (that stage's parameters)."""
+    from reshard.layout import STAGE_SEPARATOR, device_num, stage_count
+    from reshard.plan.agree import first_stage_alone
 
     expected = device_num(sf) * stage_count(sf)
     beyond = sorted(r for r in sources if r >= expected)
-    if beyond:
+    if not beyond:
+        return
+    if first_stage_alone(sources, sf, sf.stage):
+        notes.append(
+            f"the strategy is one pipeline stage's (ranks 0..{expected - 1} of {len(sources)} rank folders): "
+            "only that stage's parameters are unified, as MindSpore does; give every stage's strategy files "
+            "(their folder or the merged file) for the whole model"
+        )
+        return
+    if sf.stage and not any(STAGE_SEPARATOR in name for name in sf.layouts):
         raise LayoutError(
-            f"the strategy describes {expected} rank(s) (0..{expected - 1}) but the checkpoint "
-            f"{src_dir} has {len(sources)} rank folders; is it the strategy of this job?",
+            f"the strategy is pipeline stage {sf.stage}'s alone, but a stage's strategy names no ranks and is "
+            f"read as ranks 0..{expected - 1}, another stage's (MindSpore would unify them wrongly); give every "
+            "stage's strategy files (their folder or the merged file)",
             sf.path,
         )
+    raise LayoutError(
+        f"the strategy describes {expected} rank(s) (0..{expected - 1}) but the checkpoint "
+        f"{src_dir} has {len(sources)} rank folders; is it the strategy of this job?",
+        sf.path,
+    )
 
 
 def split(
