@@ -126,7 +126,7 @@ def test_inspect_says_the_checks_passed(demo: dict[str, str]) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "checks: the strategy and the files agree" in proc.stdout
     info = json.loads(run("inspect", demo["r8"], "--strategy", demo["s8"], "--json").stdout)
-    assert info["checks"] == {"parameters": 117, "ranks": 8, "warnings": []}
+    assert info["checks"] == {"parameters": 117, "ranks": 8, "replicas": 81, "warnings": []}
 
 
 def test_inspect_warns_of_a_strategy_for_fewer_ranks(demo: dict[str, str]) -> None:

@@ -360,7 +360,8 @@ def transform(
         FormatError: A strategy path that cannot be read, or a source or strategy file that is
             truncated, corrupted or not what it claims.
         CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
-        IntegrityError: A source's crc trailer does not match its content.
+        IntegrityError: A source's crc trailer does not match its content, or copies of one
+            slice the strategy calls replicas hold different bytes (sampled, ``reshard.sources.replicas``).
         UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
         ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
 
@@ -437,6 +438,7 @@ def transform(
         if model is not None:  # one full file: the map first, so a destination strategy slices its outputs
             sources = {r: replace(model.source, rank=r) for r in sources}
         plan = plan_transform(sources, src_sf, plan_dst, dst_dir, prefix, output_format or fmt, ranks)
+        _check_copies(read_sources, src_sf, read)
         if model is not None:
             plan = model.resolve(plan)
         plan = naming.after(plan, list(read_sources.values()), full=plan_dst is None)
@@ -462,6 +464,15 @@ def transform(
             notes,
         )
     return Report(plan, notes, kept, naming.report if naming.active else None)
+
+
+def _check_copies(sources: Mapping[int, SourceFile], sf: LayoutTable | None, read: ReadOptions | None) -> None:
+    """The copies of a slice the source strategy calls replicas hold the same bytes (sampled:
+    ``reshard.sources.replicas``), checked once a plan is made from them, before any byte is written."""
+    if sf is not None:
+        from reshard.sources.replicas import check_replicas
+
+        check_replicas(sources, sf, read)
 
 
 def _refuse_checkpoint2_map(cp2_out: bool, naming: NameRun) -> None:
@@ -698,7 +709,8 @@ def transform_by_rank(
         FormatError: A strategy path that cannot be read, or a source or strategy file that is
             truncated, corrupted or not what it claims.
         CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
-        IntegrityError: A source's crc trailer does not match its content.
+        IntegrityError: A source's crc trailer does not match its content, or copies of one
+            slice the strategy calls replicas hold different bytes (sampled, ``reshard.sources.replicas``).
         UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
         ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
 
@@ -709,7 +721,9 @@ def transform_by_rank(
         api.transform_by_rank(0, files, "out/checkpoint_0.ckpt", "demo/strategy_8", "demo/strategy_4")
     """
     sources = {int(r): source_file(p, int(r), read) for r, p in files_map.items()}
-    plan = plan_transform_by_rank(rank, sources, out_file, _strategy(src_strategy), _strategy(dst_strategy))
+    src_sf = _strategy(src_strategy)
+    plan = plan_transform_by_rank(rank, sources, out_file, src_sf, _strategy(dst_strategy))
+    _check_copies(sources, src_sf, read)
     if not dry_run:
         execute(plan, read=read, write=write, run=run, manifest=manifest)
     return Report(plan, [])
@@ -830,6 +844,7 @@ def unify(
             rank folders.
         FormatError: A strategy path that cannot be read, or a source or strategy file that is
             truncated, corrupted or not what it claims.
+        IntegrityError: Copies of one slice the strategy calls replicas hold different bytes.
         UnsupportedError: A source holds entries reshard deliberately does not handle.
         ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
 
@@ -865,6 +880,7 @@ def unify(
         plan = plan_unify_hf(sources, sf, dst_dir, choice_func, shard_size, mapped)
     else:
         plan = mapped(plan_unify(sources, sf, dst_dir, choice_func, split_dst_file))
+    _check_copies(sources, sf, read)
     kept: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [src_dir], overwrite, resume)

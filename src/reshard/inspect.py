@@ -188,17 +188,20 @@ def _distributed_info(path: str, sf: StrategyFile | None, read: Any) -> dict[str
         "bytes": sum(r["bytes"] for r in ranks.values()),
     }
     if sf is not None:
-        info["checks"] = agreement(sources, sf)
+        info["checks"] = agreement(sources, sf, read)
     return info
 
 
-def agreement(sources: dict[int, Any], sf: StrategyFile) -> dict[str, Any]:
-    """The checks every plan from this strategy makes (``reshard.plan.agree``): a failed one raises
-    (exit 2); what is only suspicious (a rank count the strategy does not describe) is a warning."""
+def agreement(sources: dict[int, Any], sf: StrategyFile, read: Any = None) -> dict[str, Any]:
+    """The checks every plan from this strategy makes (``reshard.plan.agree``, and the replicas'
+    sampled bytes, ``reshard.sources.replicas``): a failed one raises (exit 2); what is only
+    suspicious (a rank count the strategy does not describe) is a warning."""
     from reshard.plan.agree import check_agreement
+    from reshard.sources.replicas import check_replicas
 
     per_stage = device_num(sf)
     done = check_agreement(sources, sf, per_stage)
+    copies = check_replicas(sources, sf, options_for=lambda path: _read_for(path, read))
     expected = per_stage * stage_count(sf)
     warnings = []
     if sorted(sources) != list(range(expected)):
@@ -206,7 +209,7 @@ def agreement(sources: dict[int, Any], sf: StrategyFile) -> dict[str, Any]:
             f"the strategy describes {expected} rank(s) (0..{expected - 1}), the checkpoint has "
             f"{len(sources)} rank folder(s): a transform refuses that"
         )
-    return {"parameters": done.parameters, "ranks": done.ranks, "warnings": warnings}
+    return {"parameters": done.parameters, "ranks": done.ranks, "replicas": copies.tensors, "warnings": warnings}
 
 
 def _rank_folder_info(path: str, sf: StrategyFile | None, read: Any) -> dict[str, Any]:
@@ -528,7 +531,8 @@ def summary_lines(info: dict[str, Any]) -> list[str]:
     if checks is not None:
         lines.append(
             f"checks: the strategy and the files agree ({checks['parameters']} tensors over {checks['ranks']} ranks: "
-            "one slice shape per stage, one global shape per parameter and its optimizer states)"
+            "one slice shape per stage, one global shape per parameter and its optimizer states; "
+            f"{checks['replicas']} replica slices hold the same sampled bytes)"
         )
     return lines
 
@@ -687,6 +691,7 @@ def print_table(title: str, columns: list[Column], rows: list[list[str]], consol
 __all__ = [
     "Column",
     "Layouts",
+    "agreement",
     "checkpoint2_info",
     "checkpoint_rows",
     "describe_layout",
