@@ -21,7 +21,7 @@ is asked of the source registry, ``reshard.sources``; its discovery functions (`
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from reshard import lock as _lock
@@ -355,7 +355,8 @@ def transform(
         UsageError: A missing or unrecognised source, several rank folders without ``src_strategy``,
             a strategy for a full model, an unsafe ``prefix``, conflicting Hugging Face options, a
             missing source rank, write options that do not fit the outputs (see ``execute``), or a
-            refused destination (see ``check_destination``).
+            refused destination (see ``check_destination``), or a model config (``names.config``,
+            a preset's, a Hugging Face source's ``config.json``) that the full tensors' shapes contradict.
         LayoutError: A strategy does not fit the tensors or the rank count.
         FormatError: A strategy path that cannot be read, or a source or strategy file that is
             truncated, corrupted or not what it claims.
@@ -410,7 +411,8 @@ def transform(
             mapping = {**mapping, **{n: HYPER_NAME for n in hyper.tensors if n not in mapping}}
         files, mapping, _ = naming.narrow_full(files, mapping)
         files = cast_files(files, cast, notes)
-        model = naming.mapped_model(files, mapping)
+        model = naming.mapped_model(files, mapping)  # a preset for another family is refused first
+        naming.check_config(_full_tensors(files.values()), _source_config(src, kind))
         if model is not None:
             files, mapping = {MAPPED_SOURCE: model.source}, model.name_to_file
         if cp2_out:
@@ -435,6 +437,8 @@ def transform(
             held = list(dict.fromkeys(n for f in sources.values() for n in f.tensors))
             plan_dst = _checkpoint2_destination(dst_sf, held, rule, notes)
         read_sources, model = sources, naming.mapped_file(sources) if src_sf is None else None
+        if src_sf is None:  # one full file
+            naming.check_config(_full_tensors(sources.values()))
         if model is not None:  # one full file: the map first, so a destination strategy slices its outputs
             sources = {r: replace(model.source, rank=r) for r in sources}
         plan = plan_transform(sources, src_sf, plan_dst, dst_dir, prefix, output_format or fmt, ranks)
@@ -448,6 +452,8 @@ def transform(
         if kind is CHECKPOINT2:  # the source's own iteration and common.json carry over unless given
             iteration, common = _carried_over(src, read, iteration, common, notes)
         plan = _checkpoint2_plan(plan, src_sf, plan_dst, dst_dir, iteration, common, prefix, rule, everyone, notes)
+    if plan_dst is None and not cp2_out:  # a full model out: its tensors are whole
+        naming.check_config(_plan_tensors(plan))
     if shard_size is not None:
         plan = hf_sharded(plan, dst_dir, shard_size)
     kept: list[str] = []
@@ -473,6 +479,32 @@ def _check_copies(sources: Mapping[int, SourceFile], sf: LayoutTable | None, rea
         from reshard.sources.replicas import check_replicas
 
         check_replicas(sources, sf, read)
+
+
+def _full_tensors(files: Iterable[SourceFile]) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of a full model's tensors, for ``NameRun.check_config`` (read only with a config)."""
+    return ((name, t.shape) for f in files for name, t in f.tensors.items())
+
+
+def _plan_tensors(plan: Plan) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of a plan's output tensors (whole tensors when it writes a full model)."""
+    return ((t.name, t.shape) for f in plan.files for t in f.tensors)
+
+
+def _source_config(src: str, kind: Kind) -> tuple[dict[str, object], str] | None:
+    """A Hugging Face folder's own ``config.json`` and its path (None: another kind, none, or one
+    that does not parse: ``transformers`` words that)."""
+    if kind is not HUGGING_FACE:
+        return None
+    path = os.path.join(src if os.path.isdir(src) else os.path.dirname(src), "config.json")
+    if not os.path.isfile(path):
+        return None
+    from reshard.naming.config import load_config
+
+    try:
+        return load_config(path), path
+    except UsageError:
+        return None
 
 
 def _refuse_checkpoint2_map(cp2_out: bool, naming: NameRun) -> None:
@@ -838,8 +870,9 @@ def unify(
 
     Raises:
         UsageError: ``src_dir`` is not rank folders of ``.safetensors`` files, ``split_dst_file``
-            with ``hf``, write options that do not fit the outputs (see ``execute``), or a refused
-            destination (see ``check_destination``).
+            with ``hf``, write options that do not fit the outputs (see ``execute``), a refused
+            destination (see ``check_destination``), or a model config (``names``) that the full
+            tensors' shapes contradict.
         LayoutError: The strategy does not fit the tensors, or describes fewer ranks than there are
             rank folders.
         FormatError: A strategy path that cannot be read, or a source or strategy file that is
@@ -881,6 +914,7 @@ def unify(
     else:
         plan = mapped(plan_unify(sources, sf, dst_dir, choice_func, split_dst_file))
     _check_copies(sources, sf, read)
+    naming.check_config(_plan_tensors(plan))
     kept: list[str] = []
     if not dry_run:
         check_destination(dst_dir, [src_dir], overwrite, resume)
@@ -1032,6 +1066,7 @@ def split(
     if hyper is not None:
         hyper = cast_files({0: hyper}, cast)[0]
     model = naming.mapped_model(files, mapping)
+    naming.check_config(_full_tensors(files.values()))
     if model is not None:
         files, mapping = {MAPPED_SOURCE: model.source}, model.name_to_file
     plan = plan_split(files, mapping, hyper, sf, dst_dir, output_format, ranks, name_map)
@@ -1213,7 +1248,8 @@ def convert(
     pairs = convert_targets(src, dst, to, file_regex, read, notes)
     inputs = cast_files(naming.narrow({k: source_file(i, 0, read) for k, (i, _) in enumerate(pairs)}), cast, notes)
     plan = plan_convert([(inputs[k], o, to) for k, (_, o) in enumerate(pairs)], name_map)
-    plan = naming.after(plan, list(inputs.values()), full=len(pairs) == 1)
+    plan = naming.after(plan, list(inputs.values()), full=len(pairs) == 1)  # another family is refused first
+    naming.check_config(_full_tensors(inputs.values()))
     if shard_size is not None:
         out_dir = os.path.dirname(pairs[0][1]) if pairs else (dst or os.path.dirname(os.path.abspath(src)))
         plan = hf_sharded(plan, out_dir, shard_size)
