@@ -171,3 +171,19 @@ def test_copies_of_another_size_are_refused(tmp_path: Path) -> None:
     files = two_ranks(tmp_path, {1: {"w": np.zeros((64, 256), np.float16)}})
     with pytest.raises(IntegrityError, match="rank 1 holds 32768 bytes, rank 0 65536"):
         check_replicas(files, STRATEGY)  # type: ignore[arg-type]
+
+
+def test_encrypted_copies_are_compared_from_their_decrypted_bytes(tmp_path: Path) -> None:
+    from reshard.formats.ckpt import save_ckpt
+    from reshard.sources import ReadOptions
+
+    key = bytes(range(16))
+    read = ReadOptions(dec_key=key)
+    files = {}
+    for rank in (0, 1):
+        w = changed(63 * 1024) if rank else np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+        path = str(tmp_path / f"rank_{rank}.ckpt")
+        save_ckpt(path, {"w": w}, enc_key=key)
+        files[rank] = source_file(path, rank, read)
+    with pytest.raises(IntegrityError, match=r"ranks 0 and 1 hold different bytes at offset 61440\.\.65536"):
+        check_replicas(files, STRATEGY, read)  # type: ignore[arg-type]
