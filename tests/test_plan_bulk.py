@@ -113,6 +113,7 @@ def _reference(sources: dict[int, SourceFile], src: StrategyFile | None, dst: St
     """``plan_transform`` as it was: ``plan_rank`` per rank, sources interned tensor by tensor."""
     planner = TransformPlanner(sources, src, dst)
     planner.check_rank_count()
+    planner.check_agreement()  # the files and the strategy agree, before any plan (reshard.plan.agree)
     interned = SourcePaths()
     files = []
     for rank in range(planner.dst_total):

@@ -21,7 +21,7 @@ is asked of the source registry, ``reshard.sources``; its discovery functions (`
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from reshard import lock as _lock
@@ -411,12 +411,14 @@ def transform(
         UsageError: A missing or unrecognised source, several rank folders without ``src_strategy``,
             a strategy for a full model, an unsafe ``prefix``, conflicting Hugging Face options, a
             missing source rank, write options that do not fit the outputs (see ``execute``), or a
-            refused destination (see ``check_destination``).
+            refused destination (see ``check_destination``), or a model config (``names.config``,
+            a preset's, a Hugging Face source's ``config.json``) that the full tensors' shapes contradict.
         LayoutError: A strategy does not fit the tensors or the rank count.
         FormatError: A strategy path that cannot be read, or a source or strategy file that is
             truncated, corrupted or not what it claims.
         CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
-        IntegrityError: A source's crc trailer does not match its content.
+        IntegrityError: A source's crc trailer does not match its content, or copies of one
+            slice the strategy calls replicas hold different bytes (sampled, ``reshard.sources.replicas``).
         UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
         ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
 
@@ -468,7 +470,8 @@ def transform(
         if dequantizer is not None:
             files, mapping = dequantizer.full(files, mapping)
         files = cast_files(files, cast, notes)
-        model = naming.mapped_model(files, mapping)
+        model = naming.mapped_model(files, mapping)  # a preset for another family is refused first
+        naming.check_config(_full_tensors(files.values()), _source_config(src, kind))
         if model is not None:
             files, mapping = {MAPPED_SOURCE: model.source}, model.name_to_file
         if cp2_out:
@@ -496,9 +499,12 @@ def transform(
             held = list(dict.fromkeys(n for f in sources.values() for n in f.tensors))
             plan_dst = _checkpoint2_destination(dst_sf, held, rule, notes)
         read_sources, model = sources, naming.mapped_file(sources) if src_sf is None else None
+        if src_sf is None:  # one full file
+            naming.check_config(_full_tensors(sources.values()))
         if model is not None:  # one full file: the map first, so a destination strategy slices its outputs
             sources = {r: replace(model.source, rank=r) for r in sources}
         plan = plan_transform(sources, src_sf, plan_dst, dst_dir, prefix, output_format or fmt, ranks)
+        _check_copies(read_sources, src_sf, read)
         if model is not None:
             plan = model.resolve(plan)
         plan = naming.after(plan, list(read_sources.values()), full=plan_dst is None)
@@ -508,6 +514,8 @@ def transform(
         if kind is CHECKPOINT2:  # the source's own iteration and common.json carry over unless given
             iteration, common = _carried_over(src, read, iteration, common, notes)
         plan = _checkpoint2_plan(plan, src_sf, plan_dst, dst_dir, iteration, common, prefix, rule, everyone, notes)
+    if plan_dst is None and not cp2_out:  # a full model out: its tensors are whole
+        naming.check_config(_plan_tensors(plan))
     if shard_size is not None:
         plan = hf_sharded(plan, dst_dir, shard_size)
     plan = _with_dequantized(plan, dequantizer, notes, read)
@@ -525,6 +533,41 @@ def transform(
             notes,
         )
     return Report(plan, notes, kept, naming.report if naming.active else None)
+
+
+def _check_copies(sources: Mapping[int, SourceFile], sf: LayoutTable | None, read: ReadOptions | None) -> None:
+    """The copies of a slice the source strategy calls replicas hold the same bytes (sampled:
+    ``reshard.sources.replicas``), checked once a plan is made from them, before any byte is written."""
+    if sf is not None:
+        from reshard.sources.replicas import check_replicas
+
+        check_replicas(sources, sf, read)
+
+
+def _full_tensors(files: Iterable[SourceFile]) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of a full model's tensors, for ``NameRun.check_config`` (read only with a config)."""
+    return ((name, t.shape) for f in files for name, t in f.tensors.items())
+
+
+def _plan_tensors(plan: Plan) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of a plan's output tensors (whole tensors when it writes a full model)."""
+    return ((t.name, t.shape) for f in plan.files for t in f.tensors)
+
+
+def _source_config(src: str, kind: Kind) -> tuple[dict[str, object], str] | None:
+    """A Hugging Face folder's own ``config.json`` and its path (None: another kind, none, or one
+    that does not parse: ``transformers`` words that)."""
+    if kind is not HUGGING_FACE:
+        return None
+    path = os.path.join(src if os.path.isdir(src) else os.path.dirname(src), "config.json")
+    if not os.path.isfile(path):
+        return None
+    from reshard.naming.config import load_config
+
+    try:
+        return load_config(path), path
+    except UsageError:
+        return None
 
 
 def _refuse_checkpoint2_map(cp2_out: bool, naming: NameRun) -> None:
@@ -761,7 +804,8 @@ def transform_by_rank(
         FormatError: A strategy path that cannot be read, or a source or strategy file that is
             truncated, corrupted or not what it claims.
         CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
-        IntegrityError: A source's crc trailer does not match its content.
+        IntegrityError: A source's crc trailer does not match its content, or copies of one
+            slice the strategy calls replicas hold different bytes (sampled, ``reshard.sources.replicas``).
         UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
         ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
 
@@ -772,7 +816,9 @@ def transform_by_rank(
         api.transform_by_rank(0, files, "out/checkpoint_0.ckpt", "demo/strategy_8", "demo/strategy_4")
     """
     sources = {int(r): source_file(p, int(r), read) for r, p in files_map.items()}
-    plan = plan_transform_by_rank(rank, sources, out_file, _strategy(src_strategy), _strategy(dst_strategy))
+    src_sf = _strategy(src_strategy)
+    plan = plan_transform_by_rank(rank, sources, out_file, src_sf, _strategy(dst_strategy))
+    _check_copies(sources, src_sf, read)
     if not dry_run:
         execute(plan, read=read, write=write, run=run, manifest=manifest)
     return Report(plan, [])
@@ -891,12 +937,14 @@ def unify(
 
     Raises:
         UsageError: ``src_dir`` is not rank folders of ``.safetensors`` files, ``split_dst_file``
-            with ``hf``, write options that do not fit the outputs (see ``execute``), or a refused
-            destination (see ``check_destination``).
+            with ``hf``, write options that do not fit the outputs (see ``execute``), a refused
+            destination (see ``check_destination``), or a model config (``names``) that the full
+            tensors' shapes contradict.
         LayoutError: The strategy does not fit the tensors, or describes fewer ranks than there are
             rank folders.
         FormatError: A strategy path that cannot be read, or a source or strategy file that is
             truncated, corrupted or not what it claims.
+        IntegrityError: Copies of one slice the strategy calls replicas hold different bytes.
         UnsupportedError: A source holds entries reshard deliberately does not handle.
         ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
 
@@ -920,7 +968,7 @@ def unify(
         sf = _strategy(src_strategy, notes)
     if sf is None:
         raise UsageError("unify needs the source strategy")
-    _check_unify_ranks(src_dir, sources, sf)
+    _check_unify_ranks(src_dir, sources, sf, notes)
     naming = NameRun(names)
     dequantizer = _dequantizer(precision, src_dir)
     sources = cast_files(_dequantized(naming.narrow(sources), dequantizer), cast, notes)
@@ -933,6 +981,8 @@ def unify(
         plan = plan_unify_hf(sources, sf, dst_dir, choice_func, shard_size, mapped)
     else:
         plan = mapped(plan_unify(sources, sf, dst_dir, choice_func, split_dst_file))
+    _check_copies(sources, sf, read)
+    naming.check_config(_plan_tensors(plan))
     plan = _with_dequantized(plan, dequantizer, notes, read)
     kept: list[str] = []
     if not dry_run:
@@ -975,18 +1025,35 @@ def _refuse_ckpt_ranks(src_dir: str) -> None:
         )
 
 
-def _check_unify_ranks(src_dir: str, sources: Mapping[int, SourceFile], sf: StrategyFile) -> None:
-    """Rank folders beyond the strategy's ranks mean the strategy belongs to another job."""
-    from reshard.layout import device_num, stage_count
+def _check_unify_ranks(src_dir: str, sources: Mapping[int, SourceFile], sf: StrategyFile, notes: list[str]) -> None:
+    """Rank folders beyond the strategy's ranks mean the strategy belongs to another job, unless it is
+    the first pipeline stage's file of this job, which MindSpore unifies (that stage's parameters)."""
+    from reshard.layout import STAGE_SEPARATOR, device_num, stage_count
+    from reshard.plan.agree import first_stage_alone
 
     expected = device_num(sf) * stage_count(sf)
     beyond = sorted(r for r in sources if r >= expected)
-    if beyond:
+    if not beyond:
+        return
+    if first_stage_alone(sources, sf, sf.stage):
+        notes.append(
+            f"the strategy is one pipeline stage's (ranks 0..{expected - 1} of {len(sources)} rank folders): "
+            "only that stage's parameters are unified, as MindSpore does; give every stage's strategy files "
+            "(their folder or the merged file) for the whole model"
+        )
+        return
+    if sf.stage and not any(STAGE_SEPARATOR in name for name in sf.layouts):
         raise LayoutError(
-            f"the strategy describes {expected} rank(s) (0..{expected - 1}) but the checkpoint "
-            f"{src_dir} has {len(sources)} rank folders; is it the strategy of this job?",
+            f"the strategy is pipeline stage {sf.stage}'s alone, but a stage's strategy names no ranks and is "
+            f"read as ranks 0..{expected - 1}, another stage's (MindSpore would unify them wrongly); give every "
+            "stage's strategy files (their folder or the merged file)",
             sf.path,
         )
+    raise LayoutError(
+        f"the strategy describes {expected} rank(s) (0..{expected - 1}) but the checkpoint "
+        f"{src_dir} has {len(sources)} rank folders; is it the strategy of this job?",
+        sf.path,
+    )
 
 
 def split(
@@ -1075,6 +1142,7 @@ def split(
     if hyper is not None:
         hyper = cast_files({0: hyper}, cast)[0]
     model = naming.mapped_model(files, mapping)
+    naming.check_config(_full_tensors(files.values()))
     if model is not None:
         files, mapping = {MAPPED_SOURCE: model.source}, model.name_to_file
     plan = plan_split(files, mapping, hyper, sf, dst_dir, output_format, ranks, name_map)
@@ -1263,7 +1331,8 @@ def convert(
     opened = naming.narrow({k: source_file(i, 0, read) for k, (i, _) in enumerate(pairs)})
     inputs = cast_files(_dequantized(opened, dequantizer), cast, notes)
     plan = plan_convert([(inputs[k], o, to) for k, (_, o) in enumerate(pairs)], name_map)
-    plan = naming.after(plan, list(inputs.values()), full=len(pairs) == 1)
+    plan = naming.after(plan, list(inputs.values()), full=len(pairs) == 1)  # another family is refused first
+    naming.check_config(_full_tensors(inputs.values()))
     if shard_size is not None:
         out_dir = os.path.dirname(pairs[0][1]) if pairs else (dst or os.path.dirname(os.path.abspath(src)))
         plan = hf_sharded(plan, out_dir, shard_size)

@@ -601,10 +601,12 @@ def _names(args: argparse.Namespace) -> dict[str, Any]:
     if strict and model_map is None:
         raise UsageError("--strict needs --rename or --preset (it refuses names no rule matches)")
     keep = _name_filter(args)
-    if keep is None and model_map is None:
+    config = getattr(args, "hf_config_values", None)
+    if keep is None and model_map is None and config is None:
         return {}
     guard = getattr(args, "preset", None) is not None
-    return {"names": NameOptions(keep or name_filter(), model_map, strict, guard)}
+    path = getattr(args, "hf_config", None)
+    return {"names": NameOptions(keep or name_filter(), model_map, strict, guard, config, path)}
 
 
 def _model_map(args: argparse.Namespace) -> ModelMap | None:
@@ -644,6 +646,7 @@ def _preset_map(args: argparse.Namespace) -> ModelMap | None:
     config = None
     if path:
         config = load_config(path)  # names what is wrong with the file, before any checkpoint is read
+        args.hf_config_values = config  # the full tensors' shapes must agree with it (naming.shapes)
         try:
             with open(path, "rb") as f:
                 args.hf_config_bytes = f.read()  # copied beside the shards as it is

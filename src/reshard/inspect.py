@@ -101,9 +101,10 @@ def _read_for(path: str, read: Any) -> Any:
 
 
 def checkpoint_rows(
-    path: str, strategy: StrategyFile | None = None, rank: int | None = None, read: Any = None
+    path: str, strategy: StrategyFile | None = None, rank: int | None = None, read: Any = None, src: Any = None
 ) -> list[dict[str, Any]]:
-    src = source_file(path, rank or 0, _read_for(path, read))
+    """One row per tensor of ``path`` (``src``: its header facts, when read already)."""
+    src = src if src is not None else source_file(path, rank or 0, _read_for(path, read))
     lmap = param_layouts(strategy, rank) if strategy is not None else {}
     rows = []
     for name, t in src.tensors.items():
@@ -169,22 +170,46 @@ def _file_info(path: str, sf: StrategyFile | None, read: Any, ignored: tuple[str
 
 def _distributed_info(path: str, sf: StrategyFile | None, read: Any) -> dict[str, Any]:
     fmt, chosen = layout_dir.collect_rank_files(path)
+    sources = {rank: source_file(p.path, rank, _read_for(p.path, read)) for rank, p in chosen.items()}
     ranks = {}
     for rank, picked in chosen.items():
-        rows = checkpoint_rows(picked.path, sf, rank, read)
+        rows = checkpoint_rows(picked.path, sf, rank, read, sources[rank])
         ranks[rank] = {
             "file": picked.path,
             "ignored": list(picked.ignored),
             "tensors": rows,
             "bytes": sum(r["bytes"] for r in rows),
         }
-    return {
+    info: dict[str, Any] = {
         "kind": "distributed",
         "format": fmt,
         "path": path,
         "ranks": ranks,
         "bytes": sum(r["bytes"] for r in ranks.values()),
     }
+    if sf is not None:
+        info["checks"] = agreement(sources, sf, read)
+    return info
+
+
+def agreement(sources: dict[int, Any], sf: StrategyFile, read: Any = None) -> dict[str, Any]:
+    """The checks every plan from this strategy makes (``reshard.plan.agree``, and the replicas'
+    sampled bytes, ``reshard.sources.replicas``): a failed one raises (exit 2); what is only
+    suspicious (a rank count the strategy does not describe) is a warning."""
+    from reshard.plan.agree import check_agreement
+    from reshard.sources.replicas import check_replicas
+
+    per_stage = device_num(sf)
+    done = check_agreement(sources, sf, per_stage)
+    copies = check_replicas(sources, sf, options_for=lambda path: _read_for(path, read))
+    expected = per_stage * stage_count(sf)
+    warnings = []
+    if sorted(sources) != list(range(expected)):
+        warnings.append(
+            f"the strategy describes {expected} rank(s) (0..{expected - 1}), the checkpoint has "
+            f"{len(sources)} rank folder(s): a transform refuses that"
+        )
+    return {"parameters": done.parameters, "ranks": done.ranks, "replicas": copies.tensors, "warnings": warnings}
 
 
 def _rank_folder_info(path: str, sf: StrategyFile | None, read: Any) -> dict[str, Any]:
@@ -316,6 +341,8 @@ def main(path: str, as_json: bool = False, strategy: str | None = None, read: An
     info = gather(path, strategy, read, notes)
     for note in notes:
         print(f"reshard: note: {one_line(note)}", file=sys.stderr)
+    for warning in info.get("checks", {}).get("warnings", []):
+        print(f"reshard: warning: {one_line(warning)}", file=sys.stderr)
     if as_json:
         print(json.dumps(info, indent=1))
         return
@@ -500,6 +527,13 @@ def summary_lines(info: dict[str, Any]) -> list[str]:
         lines.append("common.json: " + (", ".join(f"{k}={v}" for k, v in common.items()) if common else "none"))
     if info.get("ignored"):
         lines.append(f"ignored: {', '.join(info['ignored'])}")
+    checks = info.get("checks")
+    if checks is not None:
+        lines.append(
+            f"checks: the strategy and the files agree ({checks['parameters']} tensors over {checks['ranks']} ranks: "
+            "one slice shape per stage, one global shape per parameter and its optimizer states; "
+            f"{checks['replicas']} replica slices hold the same sampled bytes)"
+        )
     return lines
 
 
@@ -657,6 +691,7 @@ def print_table(title: str, columns: list[Column], rows: list[list[str]], consol
 __all__ = [
     "Column",
     "Layouts",
+    "agreement",
     "checkpoint2_info",
     "checkpoint_rows",
     "describe_layout",

@@ -755,6 +755,8 @@ def _plan_by_stage(src_dir: str, dst_dir: str, prefix: str, src: StrategyFile, d
     ``rank_{stage * n_src + i}`` (local rank ``i``). Every destination rank gets that stage's
     parameters; sources are read in descending rank order, as in the all-stage mode.
     """
+    from reshard.sources.replicas import check_replicas
+
     stage = src.stage or 0
     n_src = device_num(src)
     _, chosen = layout_dir.collect_rank_files(src_dir, "ckpt")
@@ -763,6 +765,7 @@ def _plan_by_stage(src_dir: str, dst_dir: str, prefix: str, src: StrategyFile, d
     if missing:
         raise UsageError(f"stage {stage} needs the checkpoints of ranks {missing}, which are missing", src_dir)
     sources = {r - stage * n_src: api.source_file(chosen[r].path, r) for r in reversed(wanted)}
+    check_replicas(sources, src)  # the copies the layout calls replicas hold the same bytes
     total = device_num(dst) * stage_count(dst)
     return [
         plan_transform_by_rank(

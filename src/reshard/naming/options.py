@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from reshard.naming.filters import NameFilter
@@ -17,13 +18,17 @@ class NameOptions:
     ``model_map``: renames and tensor surgery (``--rename RULES``, a preset), applied to the kept
     tensors; None: names kept. ``strict``: refuse a run whose map leaves a name unmatched.
     ``guard_family``: refuse a map that leaves most names unmatched (a preset for another model
-    family; ``reshard.naming.report.FOREIGN_FAMILY_THRESHOLD``).
+    family; ``reshard.naming.report.FOREIGN_FAMILY_THRESHOLD``). ``config``: a model config
+    (``--hf-config``, read with ``load_config``; ``config_path`` names it in messages) the full
+    tensors must agree with (``reshard.naming.shapes``); None: the map's config, if any.
     """
 
     filter: NameFilter = field(default_factory=NameFilter)
     model_map: ModelMap | None = None
     strict: bool = False
     guard_family: bool = False
+    config: Mapping[str, object] | None = None
+    config_path: str | None = None
 
     @property
     def active(self) -> bool:

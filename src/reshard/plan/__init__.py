@@ -16,6 +16,8 @@ The modules, each importing only the ones before it:
 
 * ``model`` — the data model (``Plan``, ``FilePlan``, ``TensorPlan``, ``Copy``; the planning inputs
   ``SourceFile`` / ``SourceTensor``; the ``Role`` of a parameter) and the helpers every planner shares;
+* ``agree`` — the strategy and the source headers tell one story (one slice shape per stage, one
+  global shape per parameter across stages and for its optimizer states), checked before planning;
 * ``transform`` — the reference transform planner (``TransformPlanner``), the one decision of
   what a destination file does with a parameter (``StageCut.role``), ``plan_transform_by_rank``;
 * ``bulk`` — the same plans from shared per-class tables, built lazily (``RankTensors``), and

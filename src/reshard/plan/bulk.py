@@ -559,6 +559,7 @@ def plan_transform(
         planner.check_rank_count()
     else:
         planner.check_needed_present(wanted)
+    planner.check_agreement()
     bulk = _BulkPlanner(planner, few=ranks is not None and len(wanted) * FEW_RANKS_SHARE <= planner.n_dst)
     meta = output_metadata(output_format)
     files = []

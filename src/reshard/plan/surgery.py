@@ -21,7 +21,7 @@ packing, parts and index files never see them.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Container, Hashable, Mapping, Sequence
+from collections.abc import Callable, Container, Hashable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
@@ -39,6 +39,7 @@ from reshard.naming import (
     check_family,
     check_strict,
 )
+from reshard.naming.shapes import check_config_shapes
 from reshard.plan.model import Copy, FilePlan, Plan, SourceFile, SourcePaths, SourceTensor, TensorPlan, TextOutput
 
 Shape = tuple[int, ...]
@@ -452,6 +453,27 @@ class NameRun:
         composed, report = compose_after(plan, self.model_map, source_shape)
         self._checked(report)
         return composed
+
+    def check_config(
+        self, tensors: Iterable[tuple[str, Shape]], also: tuple[Mapping[str, object], str] | None = None
+    ) -> None:
+        """Full tensors agree with the run's model config (``NameOptions.config``, else the map's) and
+        with ``also`` (a Hugging Face source's own ``config.json`` and its path): ``naming.shapes``.
+
+        Raises:
+            UsageError: A tensor's shape or layer index disagrees with a config.
+        """
+        configs: list[tuple[Mapping[str, object], str | None]] = []
+        if self.options.config is not None:
+            configs.append((self.options.config, self.options.config_path))
+        elif self.model_map is not None and self.model_map.config:
+            configs.append((self.model_map.config, None))
+        if also is not None:
+            configs.append(also)
+        if configs:
+            listed = list(tensors)
+            for config, where in configs:
+                check_config_shapes(listed, config, where)
 
     def _checked(self, report: NameReport) -> None:
         self.mapped = report

@@ -34,6 +34,7 @@ from reshard.layout import (
     layout_map,
     stage_count,
 )
+from reshard.plan.agree import Agreement, check_agreement
 from reshard.plan.model import (
     FilePlan,
     Plan,
@@ -128,6 +129,13 @@ class TransformPlanner:
                 f"{len(found)} rank folder(s) ({rank_ranges(found)})",
                 where,
             )
+
+    def check_agreement(self) -> Agreement | None:
+        """The source files and the source strategy tell one story (``reshard.plan.agree``), checked
+        before any plan is made from them; None without a source strategy (full tensors)."""
+        if self.src is None:
+            return None
+        return check_agreement(self.files, self.src, self.n_src)
 
     def check_needed_present(self, wanted: Sequence[int]) -> None:
         """With chosen destination ranks (a node without a shared disk), only the source ranks they
@@ -467,6 +475,7 @@ def plan_transform_by_rank(
     earlier one), exactly as MindSpore loads them.
     """
     planner = TransformPlanner(files_map, src, dst)
+    planner.check_agreement()
     order = list(files_map)
     interned = SourcePaths()
     fmt = layout_dir.detect_format(out_path)

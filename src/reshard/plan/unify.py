@@ -83,6 +83,7 @@ def plan_unify(
     if missing:
         where = os.path.dirname(os.path.dirname(next(iter(planner.files.values())).path)) if planner.files else None
         raise UsageError(f"no folder for rank(s) {rank_ranges(sorted(missing))}, which the full tensors need", where)
+    planner.check_agreement()
     src_map = planner.src_map or {}
     actual = {n for f in planner.files.values() for n in f.tensors}
     name_set = {n for n in actual & set(src_map) if not n.startswith("accu_grads")}
