@@ -233,11 +233,12 @@ def _dequantizer(precision: Precision | None, src: str) -> Dequantizer | None:
     """The run's dequantization (None without one), with the block size of the source's config.json."""
     if precision is None or not precision.active:
         return precision.dequantizer(None) if precision is not None else None
-    return precision.dequantizer(_source_config(src))
+    return precision.dequantizer(_config_beside(src))
 
 
-def _source_config(src: str) -> dict[str, object] | None:
-    """The ``config.json`` beside a source (a Hugging Face folder's own), or None."""
+def _config_beside(src: str) -> dict[str, object] | None:
+    """The ``config.json`` beside a source (a Hugging Face folder's own), or None: the block size
+    of its quantized weights."""
     import json
 
     folder = model_folder(src)
