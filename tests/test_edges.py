@@ -176,8 +176,14 @@ def test_merge_strategies_refuses_an_existing_file_unless_overwrite(job: dict[st
     assert proc.returncode == 0, proc.stderr
     assert mine.read_bytes() == Path(job["s8"]).read_bytes()
     stages = str(_copy(job["s8dir"], tmp_path / "s8"))
-    line = _one_error(run_cli("merge-strategies", stages, os.path.join(stages, "merged.ckpt")))
-    assert "inside the source" in line and not os.path.exists(os.path.join(stages, "merged.ckpt"))
+    before = snapshot(stages)
+    stage_file = os.path.join(stages, sorted(os.listdir(stages))[0])
+    for flags in ([], ["--overwrite"]):  # onto a per-stage file it reads: never
+        line = _one_error(run_cli("merge-strategies", stages, stage_file, *flags))
+        assert "would replace the source" in line and snapshot(stages) == before
+    # into the per-stage folder, as MindSpore's merge_pipeline_strategys allows: a new file only
+    assert run_cli("merge-strategies", stages, os.path.join(stages, "merged.ckpt")).returncode == 0
+    assert "--overwrite" in _one_error(run_cli("merge-strategies", stages, os.path.join(stages, "merged.ckpt")))
 
 
 def test_plan_picture_refuses_an_existing_file_unless_overwrite(job: dict[str, str], tmp_path: Path) -> None:

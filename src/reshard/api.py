@@ -282,7 +282,9 @@ def transform(
         resume: Continue an interrupted run into the same destination, keeping its finished files.
         manifest: Journal the outputs and write ``reshard-manifest.json`` last (False: neither, as
             the MindSpore drop-in does).
-        hf: Write Hugging Face shards plus ``model.safetensors.index.json`` (False: not).
+        hf: Write Hugging Face shards plus ``model.safetensors.index.json`` (False: not). Every tensor
+            the filters keep goes in (the CLI's ``--hf`` keeps weights only: ``NameOptions`` with
+            ``weights_only``); a note says when training state does.
         max_shard_size: Largest Hugging Face shard, bytes or a size such as ``"2GB"``; only with
             ``hf`` (None: ``5GB``).
         iteration: Checkpoint 2.0 only: the iteration number (None: the source's, when it is a
@@ -617,7 +619,7 @@ def _training_state_note(plan: Plan, notes: list[str]) -> None:
 
 def _kept_note(kept: list[str], notes: list[str]) -> list[str]:
     if kept:
-        notes.append(f"resume: kept {len(kept)} finished file(s) of the interrupted run")
+        notes.append(f"resume: kept {len(kept)} finished file(s) of the earlier run (verified against its journal)")
     return kept
 
 
@@ -776,7 +778,9 @@ def unify(
         resume: Continue an interrupted run into the same destination, keeping its finished files.
         manifest: Journal the outputs and write ``reshard-manifest.json`` last (False: neither, as
             the MindSpore drop-in does).
-        hf: Write Hugging Face shards plus ``model.safetensors.index.json`` (False: not).
+        hf: Write Hugging Face shards plus ``model.safetensors.index.json`` (False: not). Every tensor
+            the filters keep goes in (the CLI's ``--hf`` keeps weights only: ``NameOptions`` with
+            ``weights_only``); a note says when training state does.
         max_shard_size: Largest Hugging Face shard, bytes or a size such as ``"2GB"``; only with
             ``hf`` (None: ``5GB``).
         names: Which tensors to keep and what to call them (``NameOptions``; None: all, names
@@ -1088,7 +1092,9 @@ def convert(
         resume: Continue an interrupted run into the same destination, keeping its finished files.
         manifest: Journal the outputs and write ``reshard-manifest.json`` last (False: neither, as
             the MindSpore drop-in does).
-        hf: Write Hugging Face shards plus ``model.safetensors.index.json`` (False: not).
+        hf: Write Hugging Face shards plus ``model.safetensors.index.json`` (False: not). Every tensor
+            the filters keep goes in (the CLI's ``--hf`` keeps weights only: ``NameOptions`` with
+            ``weights_only``); a note says when training state does.
         max_shard_size: Largest Hugging Face shard, bytes or a size such as ``"2GB"``; only with
             ``hf`` (None: ``5GB``).
         names: Which tensors to keep and what to call them (``NameOptions``; None: all, names

@@ -581,11 +581,14 @@ def _sources(args: argparse.Namespace) -> list[str]:
     return [v for v in (getattr(args, n, None) for n in names) if isinstance(v, str) and _none(v) is not None]
 
 
-def _check_side_file(args: argparse.Namespace, path: str, what: str, make_folder: bool = False) -> None:
+def _check_side_file(
+    args: argparse.Namespace, path: str, what: str, make_folder: bool = False, sources: Sequence[str] | None = None
+) -> None:
     """A file the command writes beside its output, checked before the first byte (reshard.destination)."""
     from reshard import destination
 
-    destination.check_output_file(path, _sources(args), getattr(args, "overwrite", False), what, make_folder)
+    inputs = _sources(args) if sources is None else sources
+    destination.check_output_file(path, inputs, getattr(args, "overwrite", False), what, make_folder)
 
 
 def _model_map(args: argparse.Namespace) -> ModelMap | None:
@@ -1039,17 +1042,19 @@ def _load_json(path: str) -> dict[str, str]:
 def _default_destination(src: str, to: str, hf: bool) -> str:
     """Where ``convert SRC`` without DST writes: a new folder beside the source, never inside it
     (``ckpt_8ranks`` -> ``ckpt_8ranks_safetensors``, ``full/model.ckpt`` -> ``full/model_safetensors``)."""
-    path = os.path.abspath(src).rstrip(os.sep)
+    path = src.rstrip(os.sep) or os.sep
+    if os.path.basename(path) in ("", ".", ".."):  # "." has no name to put a suffix on
+        path = os.path.abspath(path)
     stem = path if os.path.isdir(path) else os.path.splitext(path)[0]
     return f"{stem}_{'hf' if hf else to}"
 
 
 def cmd_convert(args: argparse.Namespace) -> None:
     name_map = _load_json(args.name_map) if args.name_map else None
+    beside = None
     if args.dst is None:
-        args.dst = os.path.relpath(_default_destination(args.src, args.to, args.hf))
-        if not args.dry_run:
-            _notes([f"no destination given: writing into {args.dst}, a new folder beside the source"], args)
+        args.dst = _default_destination(args.src, args.to, args.hf)
+        beside = f"no destination given: wrote into {args.dst}, a new folder beside the source"
     report = api.convert(
         args.src,
         args.dst,
@@ -1065,6 +1070,8 @@ def cmd_convert(args: argparse.Namespace) -> None:
         **_names(args),
         **_dtype(args),
     )
+    if beside is not None and not args.dry_run:
+        report.notes.insert(0, beside)
     _finish(report, args, args.dst)
 
 
@@ -1094,9 +1101,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_merge_strategies(args: argparse.Namespace) -> None:
-    from reshard.formats.strategy import merge_pipeline_strategies
+    from reshard.formats.strategy import find_strategy_files, is_merged_file, merge_pipeline_strategies
 
-    _check_side_file(args, args.dst, "merged strategy", make_folder=True)  # the user's file is never replaced unasked
+    # As MindSpore's merge_pipeline_strategys: the merged file may go into the folder of the
+    # per-stage files (readers pass over it there, with a note), but never onto one of them.
+    candidates = find_strategy_files(args.src) if os.path.isdir(args.src) else [args.src]
+    stages = [f for f in candidates if not is_merged_file(f)]  # an earlier merged file may be replaced
+    _check_side_file(args, args.dst, "merged strategy", make_folder=True, sources=stages)
     notes: list[str] = []
     out = merge_pipeline_strategies(args.src, args.dst, notes)
     _notes(notes, args)

@@ -164,7 +164,8 @@ def check_output_file(path: str, sources: Sequence[str], overwrite: bool, what: 
         raise UsageError(f"the {what} path is a folder: give a file name", path)
     src = overlap(path, sources)
     if src is not None:
-        raise UsageError(f"the {what} would be written inside the source {src}: choose a path outside it", path)
+        where = "would replace" if _relation(path, src) == "is" else "would be written inside"
+        raise UsageError(f"the {what} {where} the source {src}: choose a path outside it", path)
     folder = os.path.dirname(os.path.abspath(path))
     if make_folder and not os.path.lexists(folder):
         _check_parent(folder, f"folder of the {what}")
