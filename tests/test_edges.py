@@ -144,6 +144,18 @@ def test_no_command_writes_inside_equal_to_or_around_its_source(job: dict[str, s
     assert snapshot(str(root)) == before
 
 
+def test_transform_by_rank_never_writes_onto_an_input(job: dict[str, str], tmp_path: Path) -> None:
+    from reshard import api
+    from reshard.errors import UsageError
+
+    src = _copy(job["r8"], tmp_path / "r8")
+    files = {r: str(src / f"rank_{r}" / os.listdir(src / f"rank_{r}")[0]) for r in range(8)}
+    before = snapshot(str(src))
+    with pytest.raises(UsageError, match="would replace the source"):
+        api.transform_by_rank(0, files, files[0], job["s8"], job["s4"])
+    assert snapshot(str(src)) == before
+
+
 def test_split_refuses_a_destination_holding_its_source(job: dict[str, str], tmp_path: Path) -> None:
     unified = tmp_path / "u" / "unified"
     assert run_cli("unify", job["r8st"], str(unified), "--strategy", job["s8"]).returncode == 0

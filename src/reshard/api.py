@@ -663,8 +663,9 @@ def transform_by_rank(
         A ``Report`` holding the plan (no notes).
 
     Raises:
-        UsageError: A missing source file, a needed source rank missing from ``files_map``, or write
-            options that do not fit the output (see ``execute``).
+        UsageError: A missing source file, a needed source rank missing from ``files_map``, an
+            ``out_file`` that is a source or lies in a source folder, or write options that do not
+            fit the output (see ``execute``).
         LayoutError: ``rank`` or the tensors do not fit the strategies.
         FormatError: A strategy path that cannot be read, or a source or strategy file that is
             truncated, corrupted or not what it claims.
@@ -682,6 +683,8 @@ def transform_by_rank(
     sources = {int(r): source_file(p, int(r), read) for r, p in files_map.items()}
     plan = plan_transform_by_rank(rank, sources, out_file, _strategy(src_strategy), _strategy(dst_strategy))
     if not dry_run:
+        strategies = [os.fspath(s) for s in (src_strategy, dst_strategy) if isinstance(s, str | os.PathLike)]
+        _destination.check_not_source(out_file, [*files_map.values(), *strategies], "output file")
         execute(plan, read=read, write=write, run=run, manifest=manifest)
     return Report(plan, [])
 

@@ -162,10 +162,7 @@ def check_output_file(path: str, sources: Sequence[str], overwrite: bool, what: 
     """
     if os.path.isdir(path):
         raise UsageError(f"the {what} path is a folder: give a file name", path)
-    src = overlap(path, sources)
-    if src is not None:
-        where = "would replace" if _relation(path, src) == "is" else "would be written inside"
-        raise UsageError(f"the {what} {where} the source {src}: choose a path outside it", path)
+    check_not_source(path, sources, what)
     folder = os.path.dirname(os.path.abspath(path))
     if make_folder and not os.path.lexists(folder):
         _check_parent(folder, f"folder of the {what}")
@@ -176,6 +173,30 @@ def check_output_file(path: str, sources: Sequence[str], overwrite: bool, what: 
         raise UsageError(f"cannot write the {what}: its folder is read-only", path)
     if os.path.lexists(path) and not overwrite:
         raise UsageError(f"the {what} file exists (use --overwrite to replace it)", path)
+
+
+def check_not_source(path: str, sources: Iterable[str], what: str) -> None:
+    """Refuse an output file that is a source or lies inside a source folder.
+
+    Args:
+        path: The file a run writes.
+        sources: The paths the run reads.
+        what: What the file is, for the message.
+
+    Returns:
+        None; the path touches no source when nothing is raised.
+
+    Raises:
+        UsageError: Naming the source ``path`` would replace or lie in.
+
+    Example:
+        from reshard import destination
+        destination.check_not_source("out/checkpoint_0.ckpt", ["demo/ckpt_8ranks"], "output")
+    """
+    src = overlap(path, sources)
+    if src is not None:
+        where = "would replace" if _relation(path, src) == "is" else "would be written inside"
+        raise UsageError(f"the {what} {where} the source {src}: choose a path outside it", path)
 
 
 def free_bytes(path: str) -> int:
@@ -276,6 +297,7 @@ __all__ = [
     "FREE_BYTES_ENV",
     "check_destination",
     "check_free_space",
+    "check_not_source",
     "check_output_file",
     "free_bytes",
     "needed_bytes",
