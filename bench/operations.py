@@ -245,7 +245,7 @@ def operations(w: Workload) -> list[Operation]:
             0.0,
             lambda: w.full_ckpt,
             "model",
-            extra_flags=("--dtype", "bf16"),
+            extra_flags=("--dtype", "bf16", "--keep-training-state"),  # the figure measured all 1.13 GB
             cast="bf16",
         ),
         Operation(

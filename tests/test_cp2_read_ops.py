@@ -257,7 +257,7 @@ def test_plain_rank_folders_plan_unchanged(tmp_path: Path) -> None:
 
 def test_split_and_hugging_face_export(dp2tp4: tuple[Path, dict], tmp_path: Path) -> None:
     root, full = dp2tp4
-    proc = run_cli("transform", "--src", str(root), "--dst", str(tmp_path / "hf"), "--hf")
+    proc = run_cli("transform", "--src", str(root), "--dst", str(tmp_path / "hf"), "--hf", "--keep-training-state")
     assert proc.returncode == 0, proc.stderr
     with read_safetensors(str(tmp_path / "hf" / "model.safetensors")) as index:
         assert all(np.array_equal(index.array(n), a) for n, a in full.items())

@@ -171,6 +171,7 @@ def test_transform_hf_shards_are_sized_and_indexed_in_the_cast_dtype(
         "--dst",
         dst,
         "--hf",
+        "--keep-training-state",
         "--max-shard-size",
         "1MB",
         "--dtype",
@@ -243,6 +244,7 @@ def test_checkpoint2_and_hugging_face_sources_cast(demo: str, model: dict[str, n
         "--dst",
         hf,
         "--hf",
+        "--keep-training-state",
         "--dtype",
         "bf16",
     )

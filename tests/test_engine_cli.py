@@ -482,7 +482,7 @@ def test_a_rules_file_with_surgery_ops(d: Path, tmp_path: Path, full: dict[str, 
         "--output-format", "safetensors", "--rename", str(rules), "--quiet",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "14 split/joined/stacked" in proc.stderr  # --quiet: the counts line only
+    assert proc.stderr == ""  # --quiet: not even the name report
     check_surgery(load(out), full)
 
 

@@ -205,7 +205,7 @@ def test_unify_hf_index_is_huggingface_hubs_decision(job: dict[str, str]) -> Non
 
 def test_single_shard_is_model_safetensors_without_index(job: dict[str, str], tmp_path) -> None:
     out = tmp_path / "one"
-    proc = run_cli("unify", job["r8st"], str(out), "--strategy", job["s8"], "--hf")
+    proc = run_cli("unify", job["r8st"], str(out), "--strategy", job["s8"], "--hf", "--keep-training-state")
     assert proc.returncode == 0, proc.stderr
     assert sorted(os.listdir(out)) == ["hyper_param.safetensors", "model.safetensors", "reshard-manifest.json"]
     assert_same_tensors(load_file(str(out / "model.safetensors")), load_folder(job["uni"], "part*.safetensors"))
@@ -217,7 +217,10 @@ def test_single_shard_is_model_safetensors_without_index(job: dict[str, str], tm
 
 def test_tensor_over_the_limit_gets_its_own_shard(job: dict[str, str], tmp_path) -> None:
     out = tmp_path / "big"
-    proc = run_cli("unify", job["r8st"], str(out), "--strategy", job["s8"], "--hf", "--max-shard-size", str(TOO_SMALL))
+    proc = run_cli(
+        "unify", job["r8st"], str(out), "--strategy", job["s8"], "--hf", "--keep-training-state",
+        "--max-shard-size", str(TOO_SMALL),
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     shards = sorted(glob.glob(str(out / "model-*.safetensors")))
     oversized = 0
@@ -244,6 +247,7 @@ def test_transform_to_full_hf_and_convert_full_ckpt_hf(job: dict[str, str], tmp_
         "--dst",
         str(out),
         "--hf",
+        "--keep-training-state",
         "--max-shard-size",
         "2KB",
     )
@@ -251,7 +255,10 @@ def test_transform_to_full_hf_and_convert_full_ckpt_hf(job: dict[str, str], tmp_
     assert os.path.isfile(out / hf_index.INDEX_NAME)
     assert_same_tensors(load_folder(str(out), "model-*.safetensors"), model)
     conv = tmp_path / "c"
-    proc = run_cli("convert", job["full"], str(conv), "--to", "safetensors", "--hf", "--max-shard-size", "4KiB")
+    proc = run_cli(
+        "convert", job["full"], str(conv), "--to", "safetensors", "--hf", "--keep-training-state",
+        "--max-shard-size", "4KiB",
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert_same_tensors(load_folder(str(conv), "model-*.safetensors"), model)
 

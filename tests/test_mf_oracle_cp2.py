@@ -178,7 +178,7 @@ def test_mindformers_8_ranks_iteration_folder_to_full(mf: dict[str, Any], tmp_pa
 
 def test_mindformers_8_ranks_to_hugging_face(mf: dict[str, Any], tmp_path: Path) -> None:
     out = tmp_path / "hf"
-    reshard("transform", "--src", mf["cp2"], "--dst", out, "--hf")
+    reshard("transform", "--src", mf["cp2"], "--dst", out, "--hf", "--keep-training-state")
     ours = read_tensors(out)
     assert set(DEFAULT_LAYOUTS) <= set(ours) <= set(mf["full"])
     for name, tensor in ours.items():

@@ -175,12 +175,13 @@ def test_demo_rank_folders_to_hf_with_preset_llama_load_in_transformers(demo, hf
         "--dst",
         str(out),
         "--hf",
+        "--keep-training-state",
         "--preset",
         "llama",
         "--hf-config",
         str(config),
     )
-    assert "renamed" in proc.stderr
+    assert "renamed" in proc.stderr and "training-state" in proc.stderr
     got = tensors(out)
     assert "model.layers.0.self_attn.q_proj.weight" in got and "model.embed_tokens.weight" in got
     assert "adam_m.model.layers.0.self_attn.q_proj.weight" in got  # optimizer states follow their weights
@@ -192,6 +193,7 @@ def test_demo_rank_folders_to_hf_with_preset_llama_load_in_transformers(demo, hf
         "--to",
         "safetensors",
         "--hf",
+        "--keep-training-state",
         "--preset",
         "llama",
     )
@@ -319,7 +321,10 @@ def test_bad_input(tiny, demo, tmp_path):
 
 def test_strict_refuses_what_the_preset_leaves_unmatched(demo, tmp_path):
     full = str(demo / "full" / "model.ckpt")
-    proc = reshard("convert", full, str(tmp_path / "a"), "--to", "safetensors", "--hf", "--preset", "llama", "--strict")
+    proc = reshard(
+        "convert", full, str(tmp_path / "a"), "--to", "safetensors", "--hf", "--keep-training-state",
+        "--preset", "llama", "--strict",
+    )  # fmt: skip
     _one_line_exit_2(proc, "--strict")
     assert "global_step" in proc.stderr and not (tmp_path / "a").exists()
     # without training state every name is the preset's
@@ -339,9 +344,19 @@ def test_strict_refuses_what_the_preset_leaves_unmatched(demo, tmp_path):
 
 
 def test_demo_round_trip_through_hf_names_without_a_config(demo, tmp_path):
-    """The README's commands: llama only renames, so no config; optimizer states and step counters come back too."""
+    """llama only renames, so no config; kept training state (optimizer states, step counters) comes back too."""
     full = demo / "full" / "model.ckpt"
-    ok("convert", str(full), str(tmp_path / "hf"), "--to", "safetensors", "--hf", "--preset", "llama")
+    ok(
+        "convert",
+        str(full),
+        str(tmp_path / "hf"),
+        "--to",
+        "safetensors",
+        "--hf",
+        "--keep-training-state",
+        "--preset",
+        "llama",
+    )
     ok("convert", str(tmp_path / "hf" / "model.safetensors"), str(tmp_path / "mf"), "--to", "ckpt", "--preset", "llama")
     original = ckpt_tensors(full, tmp_path / "a")
     again = ckpt_tensors(tmp_path / "mf" / "model.ckpt", tmp_path / "b")

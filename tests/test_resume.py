@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import json
 import os
 import random
@@ -269,18 +270,38 @@ def test_resume_after_sources_changed_redoes_files(tmp_path, interrupt_after) ->
 
 def test_error_rolls_back_what_the_run_created(job, tmp_path, interrupt_after) -> None:
     dst = str(tmp_path / "out")
-    interrupt_after(2, OSError(errno.ENOSPC, "No space left on device"))
-    with pytest.raises(ReshardError, match="No space left"):
+    interrupt_after(2, OSError(errno.EIO, "Input/output error"))
+    with pytest.raises(ReshardError, match="Input/output error"):
         _transform(job, dst)
     assert not os.path.exists(dst)
     # an existing destination keeps its own files and gets nothing new
     os.makedirs(os.path.join(dst, "rank_0"))
     Path(dst, "rank_0", "old.txt").write_text("old")
     before = snapshot(dst)
-    interrupt_after(1, OSError(errno.ENOSPC, "No space left on device"))
+    interrupt_after(1, OSError(errno.EIO, "Input/output error"))
     with pytest.raises(ReshardError):
         _transform(job, dst, overwrite=True)
     assert snapshot(dst) == before
+
+
+def test_full_disk_keeps_finished_files_for_resume(job, tmp_path, interrupt_after) -> None:
+    """Space running out part way (another writer) keeps the journaled files; --resume goes on."""
+    dst = str(tmp_path / "out")
+    interrupt_after(2, OSError(errno.ENOSPC, "No space left on device"))
+    with pytest.raises(ReshardError, match=r"2 of 4 files are finished and kept.*--resume"):
+        _transform(job, dst, run=RunOptions(workers=1))  # one at a time: outputs 0 and 1 finish first
+    assert len(manifest.read_journal(dst)) == 2 and not glob.glob(os.path.join(dst, "*", "*.reshard-tmp"))
+    interrupt_after(None)
+    assert len(_transform(job, dst, resume=True).kept) == 2
+    assert manifest.read_manifest(dst)["complete"]
+
+
+def test_full_disk_before_any_file_finished_rolls_back(job, tmp_path, interrupt_after) -> None:
+    dst = str(tmp_path / "out")
+    interrupt_after(0, OSError(errno.ENOSPC, "No space left on device"))
+    with pytest.raises(ReshardError, match="No space left"):
+        _transform(job, dst)
+    assert not os.path.exists(dst)  # nothing finished: nothing to resume, nothing left behind
 
 
 def test_overwrite_replaces_only_the_files_it_writes(job: dict[str, str], tmp_path) -> None:

@@ -163,7 +163,9 @@ def test_full_model_folders_summary(demo: dict[str, str], tmp_path: Path) -> Non
     weights, elements, kinds = model_facts(demo)
     unified, hf = tmp_path / "unified", tmp_path / "hf"
     assert run("unify", demo["st8"], str(unified), "--strategy", demo["s8"]).returncode == 0
-    proc = run("transform", "--src", demo["full"], "--dst", str(hf), "--hf", "--max-shard-size", "4MB")
+    proc = run(
+        "transform", "--src", demo["full"], "--dst", str(hf), "--hf", "--keep-training-state", "--max-shard-size", "4MB"
+    )
     assert proc.returncode == 0, proc.stderr
     for folder, name, files in ((unified, "a unified model", 2), (hf, "a Hugging Face model", 3)):
         s = summary(str(folder))

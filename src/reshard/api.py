@@ -24,7 +24,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from reshard import lock as _lock
+from reshard import destination as _destination
 from reshard import manifest as _manifest
 from reshard import statenames
 from reshard.errors import LayoutError, ReshardError, UnsupportedError, UsageError
@@ -82,6 +82,8 @@ from reshard.sources import strategy as _strategy
 from reshard.sources.checkpoint2 import check_iteration, iteration_folder
 from reshard.text import parse_size
 
+check_destination = _destination.check_destination  # the one place destinations are checked
+
 
 @dataclass
 class Report:
@@ -91,55 +93,6 @@ class Report:
     notes: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # outputs of an interrupted run that resume kept
     names: NameReport | None = None  # what filters and maps did to names (None: no filter, no map)
-
-
-def check_destination(dst: str, sources: Sequence[str], overwrite: bool, resume: bool = False) -> None:
-    """Refuse a destination a run must not write into.
-
-    Refused: a destination inside a source folder, a file, a read-only folder, a folder another run
-    holds the lock of, and a non-empty folder unless ``overwrite`` or ``resume`` is given.
-
-    Args:
-        dst: The destination folder (it need not exist yet).
-        sources: The source paths (files or folders) the run reads.
-        overwrite: Accept a non-empty destination whose files the run replaces.
-        resume: Accept a non-empty destination holding an interrupted run to continue (False: refused
-            like any non-empty folder).
-
-    Returns:
-        None; the destination is fine when nothing is raised.
-
-    Raises:
-        UsageError: For each refusal above, naming ``dst``.
-
-    Example:
-        from reshard import api
-        api.check_destination("out_4ranks", ["demo/ckpt_8ranks"], overwrite=False)
-    """
-    dst_abs = os.path.realpath(dst)
-    for src in sources:
-        src_abs = os.path.realpath(src)
-        folder = src_abs if os.path.isdir(src_abs) else os.path.dirname(src_abs)
-        if os.path.isdir(src_abs) and (dst_abs == folder or dst_abs.startswith(folder + os.sep)):
-            raise UsageError(f"destination lies inside the source folder {src}", dst)
-    if os.path.isfile(dst):
-        raise UsageError("destination exists and is a file", dst)
-    if os.path.isdir(dst) and not os.access(dst, os.W_OK):
-        raise UsageError("destination folder is read-only", dst)
-    holder = _lock.is_held(dst) if os.path.isdir(dst) else None
-    if holder is not None:
-        raise UsageError(
-            f"{_lock.describe(holder)} is writing into this destination; wait for it to finish or stop it", dst
-        )
-    if os.path.isdir(dst) and _entries(dst) and not (overwrite or resume):
-        if _manifest.has_unfinished_run(dst):
-            raise UsageError("destination holds an unfinished run (use --resume to continue it)", dst)
-        raise UsageError("destination is not empty (use --overwrite to replace the files this run writes)", dst)
-
-
-def _entries(folder: str) -> list[str]:
-    """What a folder holds, without a lock file a killed run left (it is no output)."""
-    return [name for name in os.listdir(folder) if name != _lock.LOCK_NAME]
 
 
 def execute(
@@ -206,6 +159,8 @@ def execute(
         if plan.quantized:
             raise UnsupportedError("--dequantize runs on the local executor only (not on Ray yet)")
         run = run or ray_executor.RayOptions()
+        if getattr(run, "shared_disk", True):  # without one, each node writes to its own disk: this one cannot say
+            _destination.check_free_space(plan, root or _manifest.common_root(plan), resume)
         return _manifest.run_recorded(
             plan,
             ray_executor.NO_OPENER,
@@ -217,6 +172,7 @@ def execute(
             runner=ray_executor.runner(opened, run),
             remove=remove,
         )
+    _destination.check_free_space(plan, root or _manifest.common_root(plan), resume)
     return _manifest.run_recorded(
         plan,
         lambda path: open_checkpoint(path, opened),
@@ -380,7 +336,9 @@ def transform(
         resume: Continue an interrupted run into the same destination, keeping its finished files.
         manifest: Journal the outputs and write ``reshard-manifest.json`` last (False: neither, as
             the MindSpore drop-in does).
-        hf: Write Hugging Face shards plus ``model.safetensors.index.json`` (False: not).
+        hf: Write Hugging Face shards plus ``model.safetensors.index.json`` (False: not). Every tensor
+            the filters keep goes in (the CLI's ``--hf`` keeps weights only: ``NameOptions`` with
+            ``weights_only``); a note says when training state does.
         max_shard_size: Largest Hugging Face shard, bytes or a size such as ``"2GB"``; only with
             ``hf`` (None: ``5GB``).
         iteration: Checkpoint 2.0 only: the iteration number (None: the source's, when it is a
@@ -519,10 +477,12 @@ def transform(
         naming.check_config(_plan_tensors(plan))
     if shard_size is not None:
         plan = hf_sharded(plan, dst_dir, shard_size)
+        _training_state_note(plan, notes)
     plan = _with_dequantized(plan, dequantizer, notes, read)
     kept: list[str] = []
     if not dry_run:
-        check_destination(dst_dir, [model_folder(src)], overwrite, resume)
+        strategies = [s for s in (src_strategy, dst_strategy) if isinstance(s, str | os.PathLike)]
+        check_destination(dst_dir, [model_folder(src), *map(os.fspath, strategies)], overwrite, resume)
         if cp2_out:
             remove = _checkpoint2_superseded(dst_dir, plan, overwrite, resume)
         else:
@@ -753,9 +713,20 @@ def _shard_size(hf: bool, max_shard_size: int | str | None) -> int | None:
     return parse_size(hf_index.DEFAULT_MAX_SHARD_SIZE if max_shard_size is None else max_shard_size, "the shard size")
 
 
+def _training_state_note(plan: Plan, notes: list[str]) -> None:
+    """A Hugging Face folder is what ``transformers`` loads (weights only): say when training state goes in."""
+    state = sorted({t.name for f in plan.files for t in f.tensors if statenames.DEFAULT.is_state(t.name)})
+    if state:
+        shown = ", ".join(state[:3]) + (", ..." if len(state) > 3 else "")
+        notes.append(
+            f"the Hugging Face output holds {len(state)} training-state tensor(s) beside the weights ({shown}); "
+            "transformers loads model weights only"
+        )
+
+
 def _kept_note(kept: list[str], notes: list[str]) -> list[str]:
     if kept:
-        notes.append(f"resume: kept {len(kept)} finished file(s) of the interrupted run")
+        notes.append(f"resume: kept {len(kept)} finished file(s) of the earlier run (verified against its journal)")
     return kept
 
 
@@ -799,8 +770,9 @@ def transform_by_rank(
         A ``Report`` holding the plan (no notes).
 
     Raises:
-        UsageError: A missing source file, a needed source rank missing from ``files_map``, or write
-            options that do not fit the output (see ``execute``).
+        UsageError: A missing source file, a needed source rank missing from ``files_map``, an
+            ``out_file`` that is a source or lies in a source folder, or write options that do not
+            fit the output (see ``execute``).
         LayoutError: ``rank`` or the tensors do not fit the strategies.
         FormatError: A strategy path that cannot be read, or a source or strategy file that is
             truncated, corrupted or not what it claims.
@@ -821,6 +793,8 @@ def transform_by_rank(
     plan = plan_transform_by_rank(rank, sources, out_file, src_sf, _strategy(dst_strategy))
     _check_copies(sources, src_sf, read)
     if not dry_run:
+        strategies = [os.fspath(s) for s in (src_strategy, dst_strategy) if isinstance(s, str | os.PathLike)]
+        _destination.check_not_source(out_file, [*files_map.values(), *strategies], "output file")
         execute(plan, read=read, write=write, run=run, manifest=manifest)
     return Report(plan, [])
 
@@ -918,7 +892,9 @@ def unify(
         resume: Continue an interrupted run into the same destination, keeping its finished files.
         manifest: Journal the outputs and write ``reshard-manifest.json`` last (False: neither, as
             the MindSpore drop-in does).
-        hf: Write Hugging Face shards plus ``model.safetensors.index.json`` (False: not).
+        hf: Write Hugging Face shards plus ``model.safetensors.index.json`` (False: not). Every tensor
+            the filters keep goes in (the CLI's ``--hf`` keeps weights only: ``NameOptions`` with
+            ``weights_only``); a note says when training state does.
         max_shard_size: Largest Hugging Face shard, bytes or a size such as ``"2GB"``; only with
             ``hf`` (None: ``5GB``).
         names: Which tensors to keep and what to call them (``NameOptions``; None: all, names
@@ -980,6 +956,7 @@ def unify(
 
     if shard_size is not None:  # mapped before the shards are packed
         plan = plan_unify_hf(sources, sf, dst_dir, choice_func, shard_size, mapped)
+        _training_state_note(plan, notes)
     else:
         plan = mapped(plan_unify(sources, sf, dst_dir, choice_func, split_dst_file))
     _check_copies(sources, sf, read)
@@ -1236,10 +1213,12 @@ def convert(
 ) -> Report:
     """Convert ``.ckpt`` <-> ``.safetensors`` for one file or a folder of ``rank*`` folders.
 
-    Without ``dst`` the outputs go next to the inputs (as MindSpore does) and the manifest into
-    the source folder (the file's folder for one file); then existing outputs are refused unless
-    ``overwrite``/``resume``. ``hf=True`` converts one full ``.ckpt`` file into Hugging Face
-    shards (at most ``max_shard_size``, default ``5GB``) + ``model.safetensors.index.json``.
+    Without ``dst`` one file's output goes next to it (as MindSpore does) and the manifest into its
+    folder; existing outputs are then refused unless ``overwrite``/``resume``. ``rank*`` folders
+    without ``dst`` are refused unless ``manifest=False`` (the MindSpore drop-in: outputs beside
+    the inputs, no manifest), since the run would write inside its source. ``hf=True`` converts
+    one full ``.ckpt`` file into Hugging Face shards (at most ``max_shard_size``, default ``5GB``)
+    + ``model.safetensors.index.json``.
     ``.ckpt`` sources with ``to="ckpt"`` are re-written into ``dst`` (``recrypt``): encrypted with
     ``write.enc_key`` (after decrypting with ``read.dec_key`` when given) or decrypted (only
     ``read.dec_key``); with neither key there is nothing to do, a usage error. A folder without
@@ -1247,7 +1226,7 @@ def convert(
 
     Args:
         src: A checkpoint file, or a folder of ``rank*`` folders.
-        dst: The output folder (None: next to the inputs).
+        dst: The output folder (None: next to the inputs; rank folders only with ``manifest=False``).
         to: The output format, ``"ckpt"`` or ``"safetensors"``.
         name_map: Output name -> source name (None: names kept).
         file_regex: Only inputs whose name matches (None: all).
@@ -1263,7 +1242,9 @@ def convert(
         resume: Continue an interrupted run into the same destination, keeping its finished files.
         manifest: Journal the outputs and write ``reshard-manifest.json`` last (False: neither, as
             the MindSpore drop-in does).
-        hf: Write Hugging Face shards plus ``model.safetensors.index.json`` (False: not).
+        hf: Write Hugging Face shards plus ``model.safetensors.index.json`` (False: not). Every tensor
+            the filters keep goes in (the CLI's ``--hf`` keeps weights only: ``NameOptions`` with
+            ``weights_only``); a note says when training state does.
         max_shard_size: Largest Hugging Face shard, bytes or a size such as ``"2GB"``; only with
             ``hf`` (None: ``5GB``).
         names: Which tensors to keep and what to call them (``NameOptions``; None: all, names
@@ -1301,7 +1282,7 @@ def convert(
         raise UsageError(f"--to must be ckpt or safetensors, not {to!r}")
     shard_size = _shard_size(hf, max_shard_size)
     cast = cast_rule(dtype, dtype_all)
-    src = _convert_source(src)
+    given, src = src, _convert_source(src)
     naming = NameRun(names)
     dequantizer = _dequantizer(precision, src)
     if to == "ckpt" and shard_size is None and holds_only_ckpt(src):
@@ -1337,12 +1318,19 @@ def convert(
     if shard_size is not None:
         out_dir = os.path.dirname(pairs[0][1]) if pairs else (dst or os.path.dirname(os.path.abspath(src)))
         plan = hf_sharded(plan, out_dir, shard_size)
+        _training_state_note(plan, notes)
     plan = _with_dequantized(plan, dequantizer, notes, read)
     kept: list[str] = []
     if not dry_run:
         root = dst if dst else (src if os.path.isdir(src) else os.path.dirname(os.path.abspath(src)))
         if dst:
-            check_destination(dst, [src], overwrite, resume)
+            check_destination(dst, [given, src], overwrite, resume)
+        elif os.path.isdir(src) and manifest:
+            raise UsageError(
+                "give a destination folder: without one the outputs would go into the source's rank folders "
+                "(only the MindSpore drop-in, which keeps no manifest, writes there, as MindSpore does)",
+                src,
+            )
         elif not (overwrite or resume):
             existing = [p for p in [f.path for f in plan.files] + [t.path for t in plan.texts] if os.path.exists(p)]
             if existing:

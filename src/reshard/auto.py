@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from reshard import __version__, api
+from reshard import __version__, api, destination
 from reshard import lock as _lock
 from reshard.errors import LayoutError, ReshardError, UnsupportedError, UsageError
 from reshard.formats.strategy import (
@@ -64,6 +64,8 @@ CACHE_MAX_AGE_VARIABLE = "RESHARD_CACHE_MAX_AGE_DAYS"  # entries unused for long
 SETTLE_VARIABLE = "RESHARD_AUTO_SETTLE"  # seconds a strategy file's size must stay put (default 0.5)
 TEST_PAUSE_VARIABLE = "RESHARD_AUTO_TEST_PAUSE"  # TEST ONLY: seconds a converter sleeps before committing
 DEFAULT_TIMEOUT = 3600.0  # seconds to wait for the destination strategy files
+WAIT_EVERY_VARIABLE = "RESHARD_AUTO_WAIT_EVERY"  # seconds between "still waiting" lines (default 30)
+DEFAULT_WAIT_EVERY = 30.0  # a person watching a job start sees it is alive, a log stays short
 DEFAULT_MAX_AGE_DAYS = 30.0
 DEFAULT_SETTLE = 0.5
 OUTPUT_FORMATS = ("ckpt", "safetensors")
@@ -221,20 +223,34 @@ def wait_for_strategy(path: str, world_size: int | None, timeout: float, say: Ca
         UsageError: Not complete in time; the line names what is missing.
     """
     watch = StrategyWait(path, world_size, _settle())
-    deadline = time.monotonic() + timeout
-    said = False
+    started = time.monotonic()
+    deadline, every = started + timeout, _wait_every()
+    next_line: float | None = None  # when the next "still waiting" line is due (None: none said yet)
     for delay in _backoff():
         sf = watch.poll()
         if sf is not None:
             return sf
-        left = deadline - time.monotonic()
+        now = time.monotonic()
+        left = deadline - now
         if left <= 0:
             raise UsageError(f"timed out after {timeout:g} s waiting for the destination strategy: {watch.missing}")
-        if not said:
-            say(f"waiting for the destination strategy ({watch.missing})")
-            said = True
-        time.sleep(min(delay, left))
+        if next_line is None:
+            say(f"waiting for the destination strategy ({watch.missing}); up to {timeout:g} s")
+            next_line = now + every
+        elif now >= next_line:
+            say(f"still waiting for the destination strategy after {now - started:.0f} s ({watch.missing})")
+            next_line = now + every
+        time.sleep(max(0.0, min(delay, left, next_line - now)))
     raise AssertionError("unreachable")
+
+
+def _wait_every() -> float:
+    """Seconds between "still waiting" lines (``RESHARD_AUTO_WAIT_EVERY``, default 30)."""
+    text = os.environ.get(WAIT_EVERY_VARIABLE)
+    try:
+        return max(0.01, float(text)) if text else DEFAULT_WAIT_EVERY
+    except ValueError:
+        raise UsageError(f"{WAIT_EVERY_VARIABLE} must be a number of seconds, not {text!r}") from None
 
 
 def _settle() -> float:
@@ -640,7 +656,7 @@ def _check_cache_place(cache_dir: str, inputs: Sequence[str]) -> None:
     for given in inputs:
         path = os.path.realpath(given)
         folder = os.path.dirname(path) if path.endswith(".index.json") else path  # an HF index: its folder
-        if cache == folder or cache.startswith(folder + os.sep) or path.startswith(cache + os.sep):
+        if destination.overlap(cache, [folder]) is not None:
             raise UsageError(f"the cache folder may not lie inside or hold an input ({given})", cache_dir)
 
 

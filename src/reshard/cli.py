@@ -175,22 +175,31 @@ def print_plan(plan: Plan, as_json: bool, names: NameReport | None = None) -> No
             doc["names"] = names.to_json()
         print(json.dumps(doc, indent=1))
         return
-    from rich.table import Table
+    from reshard.inspect import print_table  # paths never cut: folded on a terminal, whole lines on a pipe
 
-    table = Table(title=f"plan: {plan.operation}")
-    for col in ("output", "rank", "format", "tensors", "copies", "size"):
-        table.add_column(col, justify="right" if col in ("tensors", "copies", "size", "rank") else "left")
-    for f in plan.files:
-        copies = f.copy_count
-        rank = "" if f.rank is None else str(f.rank)
-        table.add_row(f.path, rank, f.format, str(len(f.tensors)), str(copies), format_size(f.nbytes))
+    columns = [
+        (c, c in ("tensors", "copies", "size", "rank"))
+        for c in ("output", "rank", "format", "tensors", "copies", "size")
+    ]
+    rows = [
+        [
+            f.path,
+            "" if f.rank is None else str(f.rank),
+            f.format,
+            str(len(f.tensors)),
+            str(f.copy_count),
+            format_size(f.nbytes),
+        ]
+        for f in plan.files
+    ]
     console = _console()
-    console.print(table)
+    print_table(f"plan: {plan.operation}", columns, rows, console)
     s = plan.summary()
     console.print(
         f"{s['outputs']} files, {s['tensors']} tensors from {s['sources']} source files; "
         f"read {format_size(plan.bytes_read)}, write {format_size(plan.bytes_written)}, "
-        f"largest tensor {format_size(plan.largest_tensor)}"
+        f"largest tensor {format_size(plan.largest_tensor)}",
+        soft_wrap=not console.is_terminal,
     )
 
 
@@ -413,7 +422,17 @@ def _hf(args: argparse.Namespace) -> dict[str, Any]:
 
 def _add_hf_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--hf", action="store_true", help="write the full model as Hugging Face shards + model.safetensors.index.json"
+        "--hf",
+        action="store_true",
+        help="write the full model as Hugging Face shards + model.safetensors.index.json, model weights only "
+        "(optimizer moments, global_step ... are dropped as with --weights-only)",
+    )
+    p.add_argument(
+        "--keep-training-state",
+        "--keep_training_state",
+        dest="keep_training_state",
+        action="store_true",
+        help="with --hf: keep optimizer moments, global_step ... in the shards too (transformers ignores them)",
     )
     p.add_argument(
         "--max-shard-size",
@@ -526,14 +545,56 @@ def _end_progress() -> None:
 
 
 def _finish(report: api.Report, args: argparse.Namespace, dst: str | None = None) -> None:
+    """What a writing command prints: notes and the name report on stderr; on stdout the plan (a dry
+    run), one JSON record of what was written (``--json``), or the one-line summary."""
     _end_progress()
     _notes(report.notes, args)
     _print_names(report.names, args)
     _copy_hf_config(report, args)
-    if getattr(args, "dry_run", False) or getattr(args, "json", False):
+    _missing_config_note(report, args)
+    seconds = time.monotonic() - getattr(args, "started", time.monotonic())
+    if getattr(args, "dry_run", False):
         print_plan(report.plan, getattr(args, "json", False), report.names)
+    elif getattr(args, "json", False):
+        print(json.dumps(_result_record(report, dst, seconds), indent=1))
     else:
-        print(summary(report, dst, time.monotonic() - getattr(args, "started", time.monotonic())))
+        print(summary(report, dst, seconds))
+
+
+JSON_HELP = (  # every command's --json: one JSON record of its result on stdout, nothing else there
+    "print one JSON record on stdout: the plan with --dry-run, else what the run wrote "
+    "(destination, files with their bytes, files a --resume kept, notes, the name report)"
+)
+
+
+def _written(report: api.Report, dst: str | None) -> list[Any]:
+    """The plan's files this run wrote: all but those a ``--resume`` kept (paths relative to ``dst``)."""
+    if not report.kept or not dst:
+        return list(report.plan.files)
+    kept, root = set(report.kept), os.path.abspath(dst)
+    return [
+        f for f in report.plan.files if os.path.relpath(os.path.abspath(f.path), root).replace(os.sep, "/") not in kept
+    ]
+
+
+def _size(path: str) -> int:
+    return os.path.getsize(path) if os.path.exists(path) else 0
+
+
+def _result_record(report: api.Report, dst: str | None, seconds: float) -> dict[str, Any]:
+    """``--json`` after a run: what was written, for scripts (one JSON object)."""
+    written = _written(report, dst)
+    return {
+        "operation": report.plan.operation,
+        "destination": dst,
+        "written": [{"path": f.path, "bytes": _size(f.path)} for f in written],
+        "bytes_written": sum(_size(f.path) for f in written),
+        "kept": list(report.kept),
+        "texts": [t.path for t in report.plan.texts],
+        "seconds": round(seconds, 3),
+        "notes": [one_line(n) for n in report.notes],
+        "names": report.names.to_json() if report.names is not None else None,
+    }
 
 
 # ------------------------------------------------------------------------------------ names
@@ -569,9 +630,17 @@ def _add_filter_flags(p: argparse.ArgumentParser, verb: str = "keep only", drop:
 
 
 def _name_filter(args: argparse.Namespace) -> NameFilter | None:
-    """The filter the flags of ``_add_filter_flags`` give (None: every tensor)."""
+    """The filter the flags of ``_add_filter_flags`` give (None: every tensor). ``--hf`` means weights
+    only (what every Hugging Face loader expects) unless ``--keep-training-state`` says otherwise."""
     rules = getattr(args, "name_rules", None) or []
-    weights_only = getattr(args, "weights_only", False)
+    keep_state = getattr(args, "keep_training_state", False)
+    if keep_state and not getattr(args, "hf", False):
+        raise UsageError(
+            "--keep-training-state applies to --hf output (other outputs keep everything unless --weights-only)"
+        )
+    if keep_state and getattr(args, "weights_only", False):
+        raise UsageError("--keep-training-state and --weights-only contradict each other: give one")
+    weights_only = getattr(args, "weights_only", False) or (getattr(args, "hf", False) and not keep_state)
     return name_filter(order=rules, weights_only=weights_only) if rules or weights_only else None
 
 
@@ -594,8 +663,8 @@ def _add_name_flags(p: argparse.ArgumentParser) -> None:
 def _names(args: argparse.Namespace) -> dict[str, Any]:
     """The ``names=`` argument of an operation (rules files are read here, before any checkpoint)."""
     report = getattr(args, "names_report", None)
-    if report and not os.path.isdir(os.path.dirname(os.path.abspath(report))):
-        raise UsageError("no such folder for --names-report", report)
+    if report:
+        _check_side_file(args, report, "name report (--names-report)")
     strict = getattr(args, "strict", False)
     model_map = _model_map(args)
     if strict and model_map is None:
@@ -607,6 +676,22 @@ def _names(args: argparse.Namespace) -> dict[str, Any]:
     guard = getattr(args, "preset", None) is not None
     path = getattr(args, "hf_config", None)
     return {"names": NameOptions(keep or name_filter(), model_map, strict, guard, config, path)}
+
+
+def _sources(args: argparse.Namespace) -> list[str]:
+    """Every path the command reads (checkpoint and strategies): no output may lie in one."""
+    names = ("src", "checkpoint", "src_strategy", "dst_strategy", "strategy", "source")
+    return [v for v in (getattr(args, n, None) for n in names) if isinstance(v, str) and _none(v) is not None]
+
+
+def _check_side_file(
+    args: argparse.Namespace, path: str, what: str, make_folder: bool = False, sources: Sequence[str] | None = None
+) -> None:
+    """A file the command writes beside its output, checked before the first byte (reshard.destination)."""
+    from reshard import destination
+
+    inputs = _sources(args) if sources is None else sources
+    destination.check_output_file(path, inputs, getattr(args, "overwrite", False), what, make_folder)
 
 
 def _model_map(args: argparse.Namespace) -> ModelMap | None:
@@ -688,12 +773,27 @@ def _copy_hf_config(report: api.Report, args: argparse.Namespace) -> None:
     write_whole(os.path.join(folder, "config.json"), raw)
 
 
+def _missing_config_note(report: api.Report, args: argparse.Namespace) -> None:
+    """A Hugging Face folder without config.json does not load: say so (reshard never invents one)."""
+    if not getattr(args, "hf", False) or getattr(args, "dry_run", False) or not report.plan.files:
+        return
+    folder = os.path.dirname(report.plan.files[0].path)
+    if not os.path.exists(os.path.join(folder, "config.json")):
+        _notes(
+            [
+                f"no config.json in {folder}: transformers' from_pretrained needs the model's config.json beside "
+                "the shards (give --hf-config FILE to copy it in)"
+            ],
+            args,
+        )
+
+
 NAME_REPORT_LINES = 10  # names listed per kind on stderr; --names-report FILE keeps every one
 
 
 def _print_names(names: NameReport | None, args: argparse.Namespace) -> None:
-    """The name report: on stderr, each kind's first names (only the counts line with --quiet; in the
-    JSON with --json); every name in ``--names-report FILE`` (JSON)."""
+    """The name report: on stderr, each kind's first names (nothing with --quiet; in the JSON with
+    --json); every name in ``--names-report FILE`` (JSON)."""
     if names is None:
         return
     path = getattr(args, "names_report", None)
@@ -704,12 +804,11 @@ def _print_names(names: NameReport | None, args: argparse.Namespace) -> None:
             write_whole(path, (json.dumps(names.to_json(), indent=1) + "\n").encode())
         except OSError as exc:
             raise UsageError(f"cannot write the name report: {exc.strerror}", path) from None
-    if getattr(args, "json", False):
+    if getattr(args, "json", False) or getattr(args, "quiet", False):
         return
-    lines = names.lines(NAME_REPORT_LINES)
-    for line in lines[:1] if getattr(args, "quiet", False) else lines:
+    for line in names.lines(NAME_REPORT_LINES):
         print(f"reshard: {line}", file=sys.stderr)
-    if path and not getattr(args, "quiet", False):
+    if path:
         print(f"reshard: every name is in {path}", file=sys.stderr)
 
 
@@ -718,12 +817,17 @@ def _count(n: int, word: str) -> str:
 
 
 def summary(report: api.Report, dst: str | None, seconds: float) -> str:
-    """``wrote 8 files (1.13 GiB) to out/ in 2.1 s, 540.00 MiB/s; kept 3 from the interrupted run``."""
-    p = report.plan
+    """``wrote 8 files (1.13 GiB) to out/ in 2.1 s, 540.00 MiB/s; kept 3 from the interrupted run``, or
+    ``nothing to do: ...`` when a ``--resume`` found every file complete."""
+    files = _written(report, dst)
+    nbytes = sum(f.nbytes for f in files)
     where = f" to {dst.rstrip(os.sep) + os.sep}" if dst else ""
-    rate = f", {format_size(int(p.bytes_written / seconds))}/s" if seconds > 0 and p.bytes_written else ""
+    if report.kept and not files:
+        inside = f" in {dst.rstrip(os.sep) + os.sep}" if dst else ""
+        return f"nothing to do: the {_count(len(report.kept), 'file')}{inside} are complete already (verified, kept)"
+    rate = f", {format_size(int(nbytes / seconds))}/s" if seconds > 0 and nbytes else ""
     kept = f"; kept {len(report.kept)} from the interrupted run" if report.kept else ""
-    written = f"{_count(len(p.files), 'file')} ({format_size(p.bytes_written)})"
+    written = f"{_count(len(files), 'file')} ({format_size(nbytes)})"
     return f"wrote {written}{where} in {seconds:.1f} s{rate}{kept}"
 
 
@@ -743,6 +847,7 @@ def cmd_transform(args: argparse.Namespace) -> None:
         from reshard import picture
 
         picture.check_output(args.picture)  # a bad picture name fails before planning
+        _check_side_file(args, args.picture, "picture (--picture)")
     run = None if args.command == "plan" else _run_options(args)
     src, run = _source_from_nodes(args, run)
     read = _read_options(args) if src == args.src else dataclasses.replace(_read_options(args), verify_crc=False)
@@ -777,6 +882,7 @@ _NOT_WITH_TOOL = {
     "dst": "--dst_ckpt_dir/--dst",
     "ranks": "--ranks",
     "hf": "--hf",
+    "keep_training_state": "--keep-training-state",
     "resume": "--resume",
     "dry_run": "--dry-run",
     "src_format": "--src-format",
@@ -1055,8 +1161,22 @@ def _load_json(path: str) -> dict[str, str]:
     return data
 
 
+def _default_destination(src: str, to: str, hf: bool) -> str:
+    """Where ``convert SRC`` without DST writes: a new folder beside the source, never inside it
+    (``ckpt_8ranks`` -> ``ckpt_8ranks_safetensors``, ``full/model.ckpt`` -> ``full/model_safetensors``)."""
+    path = src.rstrip(os.sep) or os.sep
+    if os.path.basename(path) in ("", ".", ".."):  # "." has no name to put a suffix on
+        path = os.path.abspath(path)
+    stem = path if os.path.isdir(path) else os.path.splitext(path)[0]
+    return f"{stem}_{'hf' if hf else to}"
+
+
 def cmd_convert(args: argparse.Namespace) -> None:
     name_map = _load_json(args.name_map) if args.name_map else None
+    beside = None
+    if args.dst is None:
+        args.dst = _default_destination(args.src, args.to, args.hf)
+        beside = f"no destination given: wrote into {args.dst}, a new folder beside the source"
     report = api.convert(
         args.src,
         args.dst,
@@ -1072,6 +1192,8 @@ def cmd_convert(args: argparse.Namespace) -> None:
         **_names(args),
         **_dtype(args),
     )
+    if beside is not None and not args.dry_run:
+        report.notes.insert(0, beside)
     _finish(report, args, args.dst)
 
 
@@ -1102,8 +1224,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_merge_strategies(args: argparse.Namespace) -> None:
-    from reshard.formats.strategy import merge_pipeline_strategies
+    from reshard.formats.strategy import find_strategy_files, is_merged_file, merge_pipeline_strategies
 
+    # As MindSpore's merge_pipeline_strategys: the merged file may go into the folder of the
+    # per-stage files (readers pass over it there, with a note), but never onto one of them.
+    candidates = find_strategy_files(args.src) if os.path.isdir(args.src) else [args.src]
+    stages = [f for f in candidates if not is_merged_file(f)]  # an earlier merged file may be replaced
+    _check_side_file(args, args.dst, "merged strategy", make_folder=True, sources=stages)
     notes: list[str] = []
     out = merge_pipeline_strategies(args.src, args.dst, notes)
     _notes(notes, args)
@@ -1122,6 +1249,7 @@ def cmd_show(args: argparse.Namespace) -> None:
 
     if args.output:
         picture.check_output(args.output)  # a bad name fails before anything is read
+        _check_side_file(args, args.output, "picture (--output)")
     strategy = _mindformers_strategy(args.source, args.strategy, "--strategy", args)  # as transform finds it
     notes: list[str] = []
     views = picture.source_views(args.source, strategy, _read_options(args), notes)
@@ -1335,7 +1463,7 @@ def _add_transform_flags(p: argparse.ArgumentParser) -> None:
     )
     _add_checkpoint2_flags(p)
     p.add_argument("--ranks", type=_parse_ranks, help="only these destination ranks, e.g. 0,1,4-7")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     _add_source_flags(p)
     _add_iteration_flag(p, "--src-iteration", "--src_iteration")
     _add_dtype_flags(p)
@@ -1424,7 +1552,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path")
     p.add_argument("--strategy", help="strategy file or folder, to show full shapes and layouts")
     p.add_argument("--params", action="store_true", help="also list every parameter (one table, names never cut)")
-    p.add_argument("--json", action="store_true", help="everything as JSON: the summary and every tensor")
+    p.add_argument("--json", action="store_true", help="print one JSON record on stdout: the summary and every tensor")
     _add_crypto_flags(p, write=False)
     _add_iteration_flag(p)
     p.set_defaults(func=cmd_inspect)
@@ -1433,12 +1561,17 @@ def build_parser() -> argparse.ArgumentParser:
         "convert", help="convert .ckpt <-> .safetensors, or re-encrypt / decrypt .ckpt (a file or rank* folders)"
     )
     p.add_argument("src")
-    p.add_argument("dst", nargs="?", help="output folder (default: next to the input)")
+    p.add_argument(
+        "dst",
+        nargs="?",
+        help="output folder (default: a new folder beside the source, SRC_safetensors / SRC_ckpt / SRC_hf; "
+        "never the source's own folders)",
+    )
     p.add_argument("--to", required=True, choices=("safetensors", "ckpt"))
     p.add_argument("--name-map", "--name_map", help="JSON file: old name -> new name")
     p.add_argument("--file-regex", "--file_name_regex", dest="file_regex", help="only files matching this regex")
     p.add_argument("--overwrite", action="store_true", help="replace existing outputs")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     _add_source_flags(p, src_format=False)
     _add_write_flags(p)
     _add_name_flags(p)
@@ -1447,7 +1580,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("merge-strategies", help="merge per-stage strategy files into one")
     p.add_argument("src", help="folder of per-stage strategy files")
-    p.add_argument("dst", help="merged strategy file to write")
+    p.add_argument("dst", help="merged strategy file to write (a new file, or --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing file at DST")
     p.set_defaults(func=cmd_merge_strategies)
 
     p = sub.add_parser("transform", help="move a checkpoint to another parallel layout", epilog=EXIT_CODES)
@@ -1470,13 +1604,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="also draw which source ranks feed which destination ranks, with bytes (.svg, or .png with matplotlib)",
     )
     _add_name_flags(p)
-    p.set_defaults(func=cmd_transform, overwrite=False, resume=False, no_manifest=False, dry_run=True)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --picture or --names-report file")
+    p.set_defaults(func=cmd_transform, resume=False, no_manifest=False, dry_run=True)
 
     p = sub.add_parser("show", help="draw how a parameter's full tensor is split among ranks (SVG/PNG and text)")
     p.add_argument("source", help="a strategy file or folder, rank folders (with --strategy), or a Checkpoint 2.0")
     p.add_argument("param", nargs="?", help="the parameter to draw (default: the first of each distinct layout)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the picture here (.svg, or .png with matplotlib)")
     p.add_argument("--strategy", help="the strategy of rank folders (a Checkpoint 2.0 carries its own)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     _add_crypto_flags(p, write=False)
     _add_iteration_flag(p)
     p.set_defaults(func=cmd_show)
@@ -1493,8 +1629,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_iteration_flag(p)
     _add_source_flags(p, src_format=False)
     p.add_argument("--split", type=_parse_split, help="produce only part group i of n, as i/n (1 <= i <= n)")
-    p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace the files this run writes in a non-empty destination"
+    )
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     _add_run_flags(p)
     _add_hf_flags(p)
     _add_check_crc_flag(p)
@@ -1515,8 +1653,10 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("ckpt", "safetensors"),
     )
     p.add_argument("--name-map", "--name_map", help="JSON file: strategy name -> unified name")
-    p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace the files this run writes in a non-empty destination"
+    )
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     _add_run_flags(p)
     _add_crypto_flags(p, read=False)
     _add_name_flags(p)
@@ -1541,7 +1681,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="bound on the tensor blocks compared at once, e.g. 256M (K/M/G and KiB/MiB/GiB are "
         "binary, KB/MB/GB decimal)",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--json", action="store_true", help="print the result as one JSON record on stdout (every tensor compared)"
+    )
     _add_quiet_flag(p)
     p.add_argument(
         "--progress",
@@ -1600,7 +1742,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dst-strategy", "--dst_ckpt_strategy", dest="dst_strategy")
     p.add_argument("--src", help="the source checkpoint: a MindFormers Checkpoint 2.0 needs no --src-strategy")
     p.add_argument("--files", action="store_true", help="print the source files the rank reads (needs --src)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON record on stdout (a list)")
     _add_iteration_flag(p)
     p.set_defaults(func=cmd_rank_list)
     for command in sub.choices.values():

@@ -41,6 +41,7 @@ kernel has not written back is no safer than its journal line).
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import hashlib
 import json
@@ -577,6 +578,10 @@ class RunRecorder:
             os.unlink(journal_path(self.root))  # finish was cut short between the manifest and this
         return True
 
+    def finished_any(self) -> bool:
+        """Whether some output is in place and journaled (written now, or kept from an earlier run)."""
+        return bool(self.kept) or self._written > 0
+
     def release(self) -> None:
         """Let go of the destination lock (idempotent)."""
         self._locked = False
@@ -591,6 +596,38 @@ class RunRecorder:
             return
         except OSError as exc:
             raise ReshardError(f"cannot remove: {exc.strerror or exc}", path) from None
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """Whether a write failed for want of space (the OSError itself, or the one a writer's one-line error wraps)."""
+    cause = exc if isinstance(exc, OSError) else exc.__cause__
+    return isinstance(cause, OSError) and cause.errno == errno.ENOSPC
+
+
+ENOSPC_AFTER_ENV = "RESHARD_TEST_ENOSPC_AFTER"  # test-only: outputs written before the disk "fills"
+
+
+def _full_disk_hook(written: Callable[[FilePlan, str | None], None]) -> Callable[[FilePlan, str | None], None]:
+    """``written`` as it is, or (test hook ``RESHARD_TEST_ENOSPC_AFTER=N``) failing the output after
+    the N-th with ENOSPC, as a disk another writer fills would; no user sets it."""
+    limit = os.environ.get(ENOSPC_AFTER_ENV)
+    if limit is None:
+        return written
+    count = 0
+    counting = threading.Lock()
+
+    def hooked(file: FilePlan, digest: str | None = None) -> None:
+        nonlocal count
+        with counting:
+            count += 1
+            full = count > int(limit)
+        if full:
+            with contextlib.suppress(OSError):
+                os.unlink(file.path)  # as if its last bytes never fit
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), file.path)
+        written(file, digest)
+
+    return hooked
 
 
 def run_recorded(
@@ -620,7 +657,7 @@ def run_recorded(
     try:
         interrupts.reached("planned")
         todo = recorder.start()
-        execute(todo, write, replace(run, on_file_written=recorder.written, hash_outputs=manifest))
+        execute(todo, write, replace(run, on_file_written=_full_disk_hook(recorder.written), hash_outputs=manifest))
         interrupts.reached("before-manifest")
         with interrupts.deferred():  # waits for hash threads: no signal inside their locking
             recorder.finish()
@@ -632,6 +669,13 @@ def run_recorded(
         if getattr(exc, KEEP_FINISHED, False):  # a lost node: finished outputs stay for --resume
             recorder.interrupted()
             raise
+        if manifest and _disk_full(exc) and recorder.finished_any():
+            progress = recorder.interrupted()  # the finished files are journaled: --resume goes on from them
+            raise ReshardError(
+                f"no space left on the device: {progress.completed} of {progress.total} files are finished and kept; "
+                "free some space, then run the same command again with --resume",
+                exc.filename if isinstance(exc, OSError) else getattr(exc, "path", None),
+            ) from None
         recorder.rollback()
         if isinstance(exc, OSError):
             raise ReshardError(f"write failed: {exc.strerror or exc}", exc.filename) from None

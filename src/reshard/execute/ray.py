@@ -214,7 +214,7 @@ def _write_output(path: str, data: np.ndarray) -> None:
     try:
         base.write_whole(path, data.data)
     except OSError as exc:
-        raise ReshardError(f"write failed: {exc.strerror or exc}", path) from None
+        raise ReshardError(f"write failed: {exc.strerror or exc}", path) from exc  # errno kept: a full disk
 
 
 def run_plan_ray(

@@ -311,7 +311,7 @@ def _write_with_errors(
         if finish is not None:
             finish(fd, layout)
     except OSError as exc:
-        raise ReshardError(f"write failed: {exc.strerror or exc}", path) from None
+        raise ReshardError(f"write failed: {exc.strerror or exc}", path) from exc  # errno kept: a full disk
 
 
 def drop_resident(buffer: Any, start: int = 0, length: int | None = None) -> None:

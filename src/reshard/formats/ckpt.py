@@ -605,7 +605,7 @@ def write_encrypted(
                 with open(tmp, "wb") as out:
                     crypto.encrypt_stream(plain, out, key, mode)
         except OSError as exc:
-            raise ReshardError(f"write failed: {exc.strerror or exc}", path) from None
+            raise ReshardError(f"write failed: {exc.strerror or exc}", path) from exc  # errno kept: a full disk
 
 
 __all__ = [
