@@ -669,8 +669,8 @@ def run_recorded(
         if getattr(exc, KEEP_FINISHED, False):  # a lost node: finished outputs stay for --resume
             recorder.interrupted()
             raise
-        if manifest and _disk_full(exc) and recorder.finished_any():
-            progress = recorder.interrupted()  # the finished files are journaled: --resume goes on from them
+        progress = recorder.interrupted() if manifest and _disk_full(exc) and recorder.finished_any() else None
+        if progress is not None:  # the finished files are journaled: --resume goes on from them
             raise ReshardError(
                 f"no space left on the device: {progress.completed} of {progress.total} files are finished and kept; "
                 "free some space, then run the same command again with --resume",
