@@ -62,7 +62,10 @@ def test_hf_export_holds_weights_only_and_says_config_json_is_missing(job: dict[
     assert proc.returncode == 0, proc.stderr
     assert _state_names(out) == []
     assert "no config.json" in proc.stderr and "--hf-config" in proc.stderr
-    assert "training-state" not in proc.stderr
+    assert "transformers loads model weights only" not in proc.stderr  # no training-state note
+    # the name report says why the states were dropped though --weights-only was not given
+    assert "(--hf: weights only, --keep-training-state keeps them)" in proc.stderr
+    assert "(--weights-only)" not in proc.stderr
 
 
 def test_hf_export_keeps_training_state_only_when_asked_and_says_so(job: dict[str, str], tmp_path: Path) -> None:
@@ -290,6 +293,13 @@ def test_resume_of_a_finished_destination_says_there_was_nothing_to_do(job: dict
     proc = _transform(job, str(out), "--resume")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("nothing to do") and "wrote" not in proc.stdout and "MiB/s" not in proc.stdout
+    assert " are complete already" in proc.stdout  # several files; one file "is"
+    one = tmp_path / "one"
+    assert run_cli("convert", job["full"], str(one), "--to", "safetensors").returncode == 0
+    again = run_cli("convert", job["full"], str(one), "--to", "safetensors", "--resume")
+    assert again.returncode == 0 and "the 1 file" in again.stdout and " is complete already" in again.stdout, (
+        again.stdout
+    )
 
 
 def test_quiet_silences_the_name_report(job: dict[str, str], tmp_path: Path) -> None:

@@ -55,6 +55,7 @@ from reshard.naming import (
     presets,
 )
 from reshard.naming.config import load_config
+from reshard.naming.filters import HF_WEIGHTS_ONLY, WEIGHTS_ONLY
 from reshard.naming.presets import PRESETS
 from reshard.text import format_size, one_line, parse_size
 
@@ -640,8 +641,12 @@ def _name_filter(args: argparse.Namespace) -> NameFilter | None:
         )
     if keep_state and getattr(args, "weights_only", False):
         raise UsageError("--keep-training-state and --weights-only contradict each other: give one")
-    weights_only = getattr(args, "weights_only", False) or (getattr(args, "hf", False) and not keep_state)
-    return name_filter(order=rules, weights_only=weights_only) if rules or weights_only else None
+    asked = getattr(args, "weights_only", False)
+    weights_only = asked or (getattr(args, "hf", False) and not keep_state)
+    rule = WEIGHTS_ONLY if asked else HF_WEIGHTS_ONLY
+    if not (rules or weights_only):
+        return None
+    return name_filter(order=rules, weights_only=weights_only, weights_only_rule=rule)
 
 
 def _add_name_flags(p: argparse.ArgumentParser) -> None:
@@ -824,7 +829,8 @@ def summary(report: api.Report, dst: str | None, seconds: float) -> str:
     where = f" to {dst.rstrip(os.sep) + os.sep}" if dst else ""
     if report.kept and not files:
         inside = f" in {dst.rstrip(os.sep) + os.sep}" if dst else ""
-        return f"nothing to do: the {_count(len(report.kept), 'file')}{inside} are complete already (verified, kept)"
+        verb = "is" if len(report.kept) == 1 else "are"
+        return f"nothing to do: the {_count(len(report.kept), 'file')}{inside} {verb} complete already (verified, kept)"
     rate = f", {format_size(int(nbytes / seconds))}/s" if seconds > 0 and nbytes else ""
     kept = f"; kept {len(report.kept)} from the interrupted run" if report.kept else ""
     written = f"{_count(len(files), 'file')} ({format_size(nbytes)})"

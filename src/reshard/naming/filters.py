@@ -20,6 +20,7 @@ from reshard.statenames import DEFAULT, StateNames
 INCLUDE = "include"
 EXCLUDE = "exclude"
 WEIGHTS_ONLY = "--weights-only"
+HF_WEIGHTS_ONLY = "--hf: weights only, --keep-training-state keeps them"  # the same rule, implied by --hf
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class NameFilter:
     rules: tuple[tuple[str, str], ...] = ()
     weights_only: bool = False
     state: StateNames = DEFAULT
+    weights_only_rule: str = WEIGHTS_ONLY  # how the name report words the weights-only rule (not part of what is kept)
 
     @property
     def active(self) -> bool:
@@ -43,7 +45,7 @@ class NameFilter:
             assert f.dropped_by("adam_m.w") == "--exclude 'adam_*'" and f.dropped_by("w") is None
         """
         if self.weights_only and self.state.is_state(name):
-            return WEIGHTS_ONLY
+            return self.weights_only_rule
         decision: tuple[str, str] | None = None
         for kind, glob in self.rules:
             if fnmatch.fnmatchcase(name, glob):
@@ -82,6 +84,7 @@ def name_filter(
     weights_only: bool = False,
     order: Sequence[tuple[str, str]] | None = None,
     state: StateNames = DEFAULT,
+    weights_only_rule: str = WEIGHTS_ONLY,
 ) -> NameFilter:
     """A ``NameFilter`` from include and exclude globs (``order``: the rules in the user's order, when known).
 
@@ -92,7 +95,7 @@ def name_filter(
     for kind, glob in rules:
         if kind not in (INCLUDE, EXCLUDE) or not glob:
             raise UsageError(f"bad filter rule {kind} {glob!r}")
-    return NameFilter(rules, weights_only, state)
+    return NameFilter(rules, weights_only, state, weights_only_rule)
 
 
-__all__ = ["EXCLUDE", "INCLUDE", "WEIGHTS_ONLY", "NameFilter", "name_filter"]
+__all__ = ["EXCLUDE", "HF_WEIGHTS_ONLY", "INCLUDE", "WEIGHTS_ONLY", "NameFilter", "name_filter"]
