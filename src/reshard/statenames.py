@@ -20,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-# Per-parameter optimizer state: ``<prefix><parameter name>``.
-OPTIMIZER_PREFIXES: tuple[str, ...] = (
+# Per-parameter optimizer state that is a whole clone of its parameter (the same global shape):
+# ``<prefix><parameter name>``. ``plan/agree`` checks that each has its parameter's shape.
+CLONE_PREFIXES: tuple[str, ...] = (
     "adam_m.",
     "adam_v.",
     "accu_grads.",
@@ -35,6 +36,12 @@ OPTIMIZER_PREFIXES: tuple[str, ...] = (
     "lamb_m.",
     "lamb_v.",
     "accum.",
+)
+
+# Per-parameter optimizer state: ``<prefix><parameter name>`` (the clones, and CAME's factored
+# row/column states and the like, whose shapes differ from their parameter's).
+OPTIMIZER_PREFIXES: tuple[str, ...] = (
+    *CLONE_PREFIXES,
     "pma_weight_",
     "exp_avg_sq_row_",
     "exp_avg_sq_col_",
@@ -104,4 +111,4 @@ class StateNames:
 
 DEFAULT = StateNames()
 
-__all__ = ["DEFAULT", "OPTIMIZER_NAMES", "OPTIMIZER_PREFIXES", "StateNames"]
+__all__ = ["CLONE_PREFIXES", "DEFAULT", "OPTIMIZER_NAMES", "OPTIMIZER_PREFIXES", "StateNames"]

@@ -33,24 +33,7 @@ from reshard import layout
 from reshard.errors import LayoutError
 from reshard.layout import LayoutTable, ParamLayout, split_stage_name
 from reshard.plan.model import SourceFile, SourceTensor
-
-# Optimizer states that are whole clones of their parameter (same global shape), ``<prefix><name>``.
-# CAME's factored row/column states (``exp_avg_sq_row_``...) have other shapes and are not listed.
-CLONE_PREFIXES: tuple[str, ...] = (
-    "adam_m.",
-    "adam_v.",
-    "accu_grads.",
-    "muon_m.",
-    "exp_avg.",
-    "exp_avg_sq.",
-    "max_exp_avg_sq.",
-    "moments.",
-    "moment1.",
-    "moment2.",
-    "lamb_m.",
-    "lamb_v.",
-    "accum.",
-)
+from reshard.statenames import CLONE_PREFIXES
 
 
 @dataclass
@@ -223,4 +206,4 @@ def first_stage_alone(files: Mapping[int, SourceFile], strategy: LayoutTable, st
     return any(n not in first for r in ranks[per_stage:] for n in files[r].tensors)
 
 
-__all__ = ["CLONE_PREFIXES", "Agreement", "check_agreement", "describe", "first_stage_alone", "stage_tables"]
+__all__ = ["Agreement", "check_agreement", "describe", "first_stage_alone", "stage_tables"]
