@@ -51,9 +51,12 @@ give MindSpore's names and bytes):
   ``.ckpt`` source is checked whenever it has one, on every read path but the drop-in's
   ``load_checkpoint`` (which keeps ``crc_check``), so a damaged file is refused instead of converted
   (``--no-check-crc`` skips; MindSpore checks only with ``crc_check=True``);
-* inputs are never modified, chmodded or deleted; outputs appear atomically (temporary name, then
-  rename); an interrupted run resumes (``--resume``) to byte-identical output; every run of the CLI
-  and ``api`` ends by writing ``reshard-manifest.json`` (size and checksum of every output: BLAKE3
+* inputs are never modified, chmodded or deleted: no command writes into, onto or around its
+  source, or replaces a file it did not write without ``--overwrite``; every path a run writes
+  and the free space it needs are checked before the first byte
+  ([docs/checks.md](docs/checks.md)); outputs appear atomically (temporary name, then rename); an
+  interrupted run resumes (``--resume``) to byte-identical output; every run of the CLI and
+  ``api`` ends by writing ``reshard-manifest.json`` (size and checksum of every output: BLAKE3
   by default, checked with ``b3sum``, or SHA-256 with ``--checksum sha256`` for ``sha256sum``; each
   record names its algorithm);
 * bad input gets one line on stderr and exit code 2, never a traceback or a half-written folder;
