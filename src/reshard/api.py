@@ -481,8 +481,7 @@ def transform(
     plan = _with_dequantized(plan, dequantizer, notes, read)
     kept: list[str] = []
     if not dry_run:
-        strategies = [s for s in (src_strategy, dst_strategy) if isinstance(s, str | os.PathLike)]
-        check_destination(dst_dir, [model_folder(src), *map(os.fspath, strategies)], overwrite, resume)
+        check_destination(dst_dir, [model_folder(src), *_strategy_paths(src_strategy, dst_strategy)], overwrite, resume)
         if cp2_out:
             remove = _checkpoint2_superseded(dst_dir, plan, overwrite, resume)
         else:
@@ -494,6 +493,11 @@ def transform(
             notes,
         )
     return Report(plan, notes, kept, naming.report if naming.active else None)
+
+
+def _strategy_paths(*strategies: object) -> list[str]:
+    """The strategies given as paths (a run reads them: a destination must not replace them)."""
+    return [os.fspath(s) for s in strategies if isinstance(s, str | os.PathLike)]
 
 
 def _check_copies(sources: Mapping[int, SourceFile], sf: LayoutTable | None, read: ReadOptions | None) -> None:
@@ -793,7 +797,7 @@ def transform_by_rank(
     plan = plan_transform_by_rank(rank, sources, out_file, src_sf, _strategy(dst_strategy))
     _check_copies(sources, src_sf, read)
     if not dry_run:
-        strategies = [os.fspath(s) for s in (src_strategy, dst_strategy) if isinstance(s, str | os.PathLike)]
+        strategies = _strategy_paths(src_strategy, dst_strategy)
         _destination.check_not_source(out_file, [*files_map.values(), *strategies], "output file")
         execute(plan, read=read, write=write, run=run, manifest=manifest)
     return Report(plan, [])
