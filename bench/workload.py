@@ -198,11 +198,11 @@ def generate(w: Workload) -> dict[str, float]:
         ("unified .safetensors", lambda: api.unify(w.ranks8_st, w.strategy8, w.unified)),
         (
             "Checkpoint 2.0 8 ranks",
-            lambda: api.transform(w.full_ckpt, w.cp2_8, None, w.strategy8, output_format="checkpoint2"),
+            lambda: api.transform(w.full_ckpt, w.cp2_8, None, w.strategy8, output=api.OutputSpec(format="checkpoint2")),
         ),
         (
             "Checkpoint 2.0 4 ranks",
-            lambda: api.transform(w.full_ckpt, w.cp2_4, None, w.strategy4, output_format="checkpoint2"),
+            lambda: api.transform(w.full_ckpt, w.cp2_4, None, w.strategy4, output=api.OutputSpec(format="checkpoint2")),
         ),
     ):
         t = time.perf_counter()

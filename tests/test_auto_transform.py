@@ -452,14 +452,13 @@ def test_checkpoint2_and_hugging_face_sources(job: dict[str, Path], tmp_path: Pa
         str(cp2),
         str(job["src"].parent / "strategy"),
         str(job["src"].parent / "strategy"),
-        output_format="checkpoint2",
-        iteration=10,
+        output=api.OutputSpec(format="checkpoint2", iteration=10),
     )
     hf = tmp_path / "hf"
-    api.transform(str(job["full"]), str(hf), None, None, hf=True, max_shard_size="100KB")
+    api.transform(str(job["full"]), str(hf), None, None, output=api.OutputSpec(format="hf", max_shard_size="100KB"))
     for source in (cp2, hf):
         reference = tmp_path / f"ref_{source.name}"
-        api.transform(str(source), str(reference), None, str(job["template"]), output_format="ckpt")
+        api.transform(str(source), str(reference), None, str(job["template"]), output=api.OutputSpec(format="ckpt"))
         got = auto_transform(
             str(source), str(job["template"]), 3, cache_dir=str(tmp_path / "cache"), output_format="ckpt"
         )

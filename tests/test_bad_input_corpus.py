@@ -894,5 +894,5 @@ def test_api_prefix_never_leaves_the_destination(job: dict[str, str], tmp_path: 
     from reshard.errors import UsageError
 
     with pytest.raises(UsageError, match="may not lead out of it"):
-        api.transform(job["r8"], str(tmp_path / "out"), job["s8"], job["s4"], prefix=prefix)
+        api.transform(job["r8"], str(tmp_path / "out"), job["s8"], job["s4"], output=api.OutputSpec(prefix=prefix))
     assert not (tmp_path / "out").exists() and not os.path.exists("/abs")

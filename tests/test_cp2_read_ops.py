@@ -114,13 +114,13 @@ def test_pipeline_stages_from_rank_lists(tmp_path: Path) -> None:
     assert opened.strategy is not None
     assert {n.split("-", 1)[0] for n in opened.strategy.layouts} == {"0", "1"}
     assert "decoder.layers.1.mlp.linear_fc1.weight" not in opened.ranks[0].tensors
-    api.transform(str(root), str(tmp_path / "full"), None, None, output_format="safetensors")
+    api.transform(str(root), str(tmp_path / "full"), None, None, output=api.OutputSpec(format="safetensors"))
     got = _rank_file(tmp_path / "full", 0)
     for name, a in full.items():
         assert np.array_equal(got[name], a), name
     # to 2 ranks of one stage
     sf, _ = _row_split_strategy(full, 2)
-    api.transform(str(root), str(tmp_path / "r2"), None, sf, output_format="safetensors")
+    api.transform(str(root), str(tmp_path / "r2"), None, sf, output=api.OutputSpec(format="safetensors"))
     for k in range(2):
         got = _rank_file(tmp_path / "r2", k)
         for name, a in full.items():
@@ -137,7 +137,7 @@ def test_redundancy_removed_save_found_through_storage_data(tmp_path: Path) -> N
     assert os.path.basename(opened.ranks[0].path_of("embedding.word_embeddings.weight")) == (
         "model-0000000-0000004.safetensors"
     )
-    api.transform(str(root), str(tmp_path / "full"), None, None, output_format="safetensors")
+    api.transform(str(root), str(tmp_path / "full"), None, None, output=api.OutputSpec(format="safetensors"))
     got = _rank_file(tmp_path / "full", 0)
     for name, a in full.items():
         assert np.array_equal(got[name], a), name
@@ -150,7 +150,7 @@ def test_single_card_is_a_full_model(tmp_path: Path) -> None:
     opened = open_source(str(root))
     assert sorted(opened.weight_map) == sorted(full) and opened.strategy is None
     sf, _ = _row_split_strategy(full, 4)
-    api.transform(str(root), str(tmp_path / "r4"), None, sf, output_format="safetensors")
+    api.transform(str(root), str(tmp_path / "r4"), None, sf, output=api.OutputSpec(format="safetensors"))
     for k in range(4):
         got = _rank_file(tmp_path / "r4", k)
         for name, a in full.items():
@@ -200,7 +200,12 @@ def test_ranks_read_only_the_files_they_need(dp2tp4: tuple[Path, dict], tmp_path
     write_strategy(str(tmp_path / "s.ckpt"), make_strategy(layouts))
     # dp2 x tp4 -> row split in 2: rank 0 holds rows of the first half only
     report = api.transform(
-        str(root), str(tmp_path / "o"), None, str(tmp_path / "s.ckpt"), ranks=[0], output_format="safetensors"
+        str(root),
+        str(tmp_path / "o"),
+        None,
+        str(tmp_path / "s.ckpt"),
+        ranks=[0],
+        output=api.OutputSpec(format="safetensors"),
     )
     read = {os.path.basename(p) for p in report.plan.sources}
     assert read and len(read) < 16
@@ -231,7 +236,7 @@ def test_optimizer_state_missing_from_metadata_takes_its_parameters_layout(tmp_p
     opened = open_source(str(root), notes=notes)
     assert opened.strategy is not None and "adam_v.decoder.layers.0.mlp.linear_fc1.weight" in opened.strategy.layouts
     assert any("not listed" in n for n in notes)
-    api.transform(str(root), str(tmp_path / "full"), None, None, output_format="safetensors")
+    api.transform(str(root), str(tmp_path / "full"), None, None, output=api.OutputSpec(format="safetensors"))
     got = _rank_file(tmp_path / "full", 0)
     name = "adam_v.decoder.layers.0.mlp.linear_fc1.weight"
     assert np.array_equal(got[name], full[name])
@@ -251,7 +256,9 @@ def test_plain_rank_folders_plan_unchanged(tmp_path: Path) -> None:
     from tests.trust_helpers import make_job
 
     job = make_job(str(tmp_path / "job"))
-    report = api.transform(job["r8"], str(tmp_path / "o"), job["s8"], job["s4"], dry_run=True)
+    report = api.transform(
+        job["r8"], str(tmp_path / "o"), job["s8"], job["s4"], destination=api.Destination(dry_run=True)
+    )
     assert all(p.startswith(job["r8"]) and os.path.isfile(p) for p in report.plan.sources)
 
 

@@ -29,9 +29,9 @@ def test_checkpoint2_to_four_ranks_on_ray(cluster: None, tmp_path: Path, shared_
     full = fx.write_checkpoint2(str(root), fx.dp2_tp4_params(), 8)
     layouts = {n: ParamLayout((4,), (0,) + (-1,) * (a.ndim - 1)) for n, a in full.items() if a.shape[0] % 4 == 0}
     dst = make_strategy(layouts)
-    api.transform(str(root), str(tmp_path / "local"), None, dst, output_format="safetensors")
+    api.transform(str(root), str(tmp_path / "local"), None, dst, output=api.OutputSpec(format="safetensors"))
     run = RayOptions(shared_disk=shared_disk, max_tasks=None if shared_disk else 3)
-    api.transform(str(root), str(tmp_path / "ray"), None, dst, output_format="safetensors", run=run)
+    api.transform(str(root), str(tmp_path / "ray"), None, dst, run=run, output=api.OutputSpec(format="safetensors"))
     local = {p: h for p, h in tree(str(tmp_path / "local")).items() if not p.startswith("reshard-")}
     assert len(local) == 4
     assert {p: h for p, h in tree(str(tmp_path / "ray")).items() if not p.startswith("reshard-")} == local

@@ -128,7 +128,9 @@ def _metadata_case(root: str, optimizer: bool) -> tuple[dict[str, Any], str]:
     """MindFormers' job and the metadata.json reshard writes for an 8-rank layout."""
     job = write_job(os.path.join(root, "job"), optimizer=optimizer)
     out = os.path.join(root, "out")
-    api.transform(job["full"], out, None, job["strategy"], output_format="checkpoint2", iteration=3, prefix="p")
+    api.transform(
+        job["full"], out, None, job["strategy"], output=api.OutputSpec(format="checkpoint2", iteration=3, prefix="p")
+    )
     full = full_tensors(optimizer)
     lays = with_states(layouts()) if optimizer else layouts()
     # every rank holds every tensor: reshard's file order is the strategy's tensors, then the rest
@@ -150,7 +152,7 @@ def _pipeline_metadata_case(root: str) -> tuple[dict[str, Any], str]:
     stage1 = {FC1: lay[FC1], EMB: lay[EMB]}
     job = write_job(os.path.join(root, "job"), stages=[stage0, stage1], optimizer=False)
     out = os.path.join(root, "out")
-    api.transform(job["full"], out, None, job["strategy"], output_format="checkpoint2", iteration=3)
+    api.transform(job["full"], out, None, job["strategy"], output=api.OutputSpec(format="checkpoint2", iteration=3))
     full = full_tensors(False)
     elsewhere = [n for n in full if n not in stage0 and n not in stage1]  # in no strategy: whole, on every rank
     s0 = [n for n in full if n in stage0] + elsewhere
@@ -173,9 +175,11 @@ def _rank_folders_load_case(root: str) -> dict[str, Any]:
     """8-rank rank folders + strategy -> reshard Checkpoint 2.0 -> MindFormers loads it on dp2 x tp2."""
     job = write_job(os.path.join(root, "job"))
     ranks8 = os.path.join(root, "ranks8")
-    api.transform(job["full"], ranks8, None, job["strategy"], output_format="ckpt")
+    api.transform(job["full"], ranks8, None, job["strategy"], output=api.OutputSpec(format="ckpt"))
     out = os.path.join(root, "out")
-    api.transform(ranks8, out, job["strategy"], job["strategy"], output_format="checkpoint2", iteration=9)
+    api.transform(
+        ranks8, out, job["strategy"], job["strategy"], output=api.OutputSpec(format="checkpoint2", iteration=9)
+    )
     return _load_args(root, out, with_states(layouts((2, 2))), 4)
 
 
@@ -183,7 +187,7 @@ def _optimizer_shards_load_case(root: str) -> dict[str, Any]:
     """A full model -> reshard Checkpoint 2.0 on an optimizer-sharded strategy -> MindFormers loads it on tp4."""
     job = write_job(os.path.join(root, "job"), stages=[with_states(layouts(opt=True))])
     out = os.path.join(root, "out")
-    api.transform(job["full"], out, None, job["strategy"], output_format="checkpoint2", iteration=9)
+    api.transform(job["full"], out, None, job["strategy"], output=api.OutputSpec(format="checkpoint2", iteration=9))
     return _load_args(root, out, with_states(layouts((1, 4))), 4)
 
 
@@ -193,7 +197,7 @@ def _pipeline_load_case(root: str) -> dict[str, Any]:
     stage1 = {n: lay[n] for n in lay if n not in stage0} | {EMB: lay[EMB]}
     job = write_job(os.path.join(root, "job"), stages=[with_states(stage0), with_states(stage1)])
     out = os.path.join(root, "out")
-    api.transform(job["full"], out, None, job["strategy"], output_format="checkpoint2", iteration=9)
+    api.transform(job["full"], out, None, job["strategy"], output=api.OutputSpec(format="checkpoint2", iteration=9))
     return _load_args(root, out, with_states(layouts((2, 2))), 4)
 
 

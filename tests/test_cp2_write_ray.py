@@ -22,7 +22,14 @@ def test_ray_writes_the_same_checkpoint2_tree(tmp_path: Any, shared_disk: bool) 
     try:
         local, remote = str(tmp_path / "local"), str(tmp_path / "ray")
         for dst, run in ((local, None), (remote, RayOptions(shared_disk=shared_disk, max_tasks=3))):
-            api.transform(job["full"], dst, None, job["strategy"], output_format="checkpoint2", iteration=2, run=run)
+            api.transform(
+                job["full"],
+                dst,
+                None,
+                job["strategy"],
+                run=run,
+                output=api.OutputSpec(format="checkpoint2", iteration=2),
+            )
     finally:
         ray.shutdown()
     expected = {p: h for p, h in tree(local).items() if not p.startswith("reshard-")}

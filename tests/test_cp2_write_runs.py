@@ -32,7 +32,9 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 def _cp2(job: dict[str, str], dst: str, strategy: str = "strategy", **kw: Any) -> api.Report:
-    return api.transform(job["full"], dst, None, job[strategy], output_format="checkpoint2", iteration=4, **kw)
+    where = api.Destination(**{k: kw.pop(k) for k in ("overwrite", "resume", "dry_run") if k in kw})
+    output = api.OutputSpec(format="checkpoint2", iteration=4)
+    return api.transform(job["full"], dst, None, job[strategy], output=output, destination=where, **kw)
 
 
 @pytest.fixture
@@ -300,9 +302,17 @@ def test_api_refuses_bad_iteration_and_common(job: dict[str, str], tmp_path: Any
     dst = str(tmp_path / "out")
     for bad in (-1, 1.5, True, "3"):
         with pytest.raises(UsageError, match="iteration"):
-            api.transform(job["full"], dst, None, job["strategy"], output_format="checkpoint2", iteration=bad)  # type: ignore[arg-type]
+            api.transform(
+                job["full"], dst, None, job["strategy"], output=api.OutputSpec(format="checkpoint2", iteration=bad)
+            )  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="loss_scale"):
-        api.transform(job["full"], dst, None, job["strategy"], output_format="checkpoint2", common={"loss_scale": "x"})
+        api.transform(
+            job["full"],
+            dst,
+            None,
+            job["strategy"],
+            output=api.OutputSpec(format="checkpoint2", common={"loss_scale": "x"}),
+        )
     assert not os.path.exists(dst)
 
 
@@ -325,7 +335,7 @@ def test_strings_are_refused_before_anything_is_written(tmp_path: Any) -> None:
     save_ckpt(src, {**full_tensors(False), "note": "a string"})
     dst = str(tmp_path / "out")
     with pytest.raises(UnsupportedError, match="'note' is a str"):
-        api.transform(src, dst, None, None, output_format="checkpoint2")
+        api.transform(src, dst, None, None, output=api.OutputSpec(format="checkpoint2"))
     assert not os.path.exists(dst)
 
 
@@ -333,7 +343,14 @@ def test_rank_0_run_needs_every_source_rank_for_metadata(job: dict[str, str], tm
     import shutil
 
     ranks8 = str(tmp_path / "ranks8")
-    api.transform(job["full"], ranks8, None, job["strategy"], output_format="safetensors", manifest=False)
+    api.transform(
+        job["full"],
+        ranks8,
+        None,
+        job["strategy"],
+        output=api.OutputSpec(format="safetensors"),
+        destination=api.Destination(manifest=False),
+    )
     shutil.rmtree(os.path.join(ranks8, "rank_7"))
     kw: dict[str, Any] = {"output_format": "checkpoint2", "iteration": 4}
     api.transform(ranks8, str(tmp_path / "one"), job["strategy"], job["strategy"], ranks=[1], **kw)

@@ -34,7 +34,8 @@ IT = "iteration_00000012"
 def _write(tmp_path: Any, **kwargs: Any) -> tuple[str, dict[str, str]]:
     job = write_job(str(tmp_path / "job"), **{k: kwargs.pop(k) for k in ("stages", "optimizer") if k in kwargs})
     out = str(tmp_path / "out")
-    api.transform(job["full"], out, None, job["strategy"], output_format="checkpoint2", iteration=12, **kwargs)
+    output = api.OutputSpec(format="checkpoint2", iteration=12, **kwargs)  # common, prefix, optimizer_prefixes
+    api.transform(job["full"], out, None, job["strategy"], output=output)
     return out, job
 
 
@@ -46,7 +47,14 @@ def test_tree_files_and_order_of_texts(tmp_path: Any) -> None:
     assert names == sorted(["common.json", "metadata.json", *models, *opts])
     with open(os.path.join(out, "latest_checkpointed_iteration.txt"), encoding="utf-8") as fh:
         assert fh.read() == "12"  # no newline, as MindFormers writes it
-    plan = api.transform(job["full"], out + "2", None, job["strategy"], output_format="checkpoint2", dry_run=True).plan
+    plan = api.transform(
+        job["full"],
+        out + "2",
+        None,
+        job["strategy"],
+        output=api.OutputSpec(format="checkpoint2"),
+        destination=api.Destination(dry_run=True),
+    ).plan
     assert [os.path.basename(t.path) for t in plan.texts] == [
         "metadata.json",
         "common.json",
@@ -203,7 +211,7 @@ def test_extra_optimizer_prefix(tmp_path: Any) -> None:
 def test_single_card_form(tmp_path: Any) -> None:
     job = write_job(str(tmp_path / "job"))
     out = str(tmp_path / "out")
-    api.transform(job["full"], out, None, None, output_format="checkpoint2")
+    api.transform(job["full"], out, None, None, output=api.OutputSpec(format="checkpoint2"))
     folder = os.path.join(out, "iteration_00000000")  # the documented default iteration
     assert sorted(os.listdir(folder)) == [
         "common.json",
@@ -246,7 +254,9 @@ def test_optimizer_shard_is_dropped(tmp_path: Any) -> None:
     lays = with_states(layouts(opt=True))
     job = write_job(str(tmp_path / "job"), stages=[lays])
     out = str(tmp_path / "out")
-    report = api.transform(job["full"], out, None, job["strategy"], output_format="checkpoint2", iteration=12)
+    report = api.transform(
+        job["full"], out, None, job["strategy"], output=api.OutputSpec(format="checkpoint2", iteration=12)
+    )
     assert any("model-parallel slice" in n for n in report.notes)
     files = read_dir(os.path.join(out, IT))
     full = full_tensors()
@@ -262,10 +272,12 @@ def test_from_rank_folders_with_strategy(tmp_path: Any) -> None:
     """rank folders + strategy (8 ranks) -> Checkpoint 2.0 on 4 ranks (another layout)."""
     job = write_job(str(tmp_path / "job"))
     ranks8 = str(tmp_path / "ranks8")
-    api.transform(job["full"], ranks8, None, job["strategy"], output_format="safetensors")
+    api.transform(job["full"], ranks8, None, job["strategy"], output=api.OutputSpec(format="safetensors"))
     job4 = write_job(str(tmp_path / "job4"), stages=[with_states(layouts((2, 2)))])
     out = str(tmp_path / "out")
-    api.transform(ranks8, out, job["strategy"], job4["strategy"], output_format="checkpoint2", iteration=12)
+    api.transform(
+        ranks8, out, job["strategy"], job4["strategy"], output=api.OutputSpec(format="checkpoint2", iteration=12)
+    )
     files = read_dir(os.path.join(out, IT))
     full, lays = full_tensors(), with_states(layouts((2, 2)))
     for rank in range(4):
@@ -282,10 +294,10 @@ def test_dev_matrix_is_kept_as_the_strategy_says() -> None:
 def test_from_hugging_face_folder(tmp_path: Any, hf_source: bool) -> None:
     job = write_job(str(tmp_path / "job"), optimizer=False)
     hf = str(tmp_path / "hf")
-    api.convert(job["full"], hf, "safetensors", hf=True, max_shard_size="300B")
+    api.convert(job["full"], hf, api.OutputSpec(format="hf", max_shard_size="300B"))
     assert "model.safetensors.index.json" in os.listdir(hf)
     out = str(tmp_path / "out")
-    api.transform(hf, out, None, job["strategy"], output_format="checkpoint2", iteration=12)
+    api.transform(hf, out, None, job["strategy"], output=api.OutputSpec(format="checkpoint2", iteration=12))
     files = read_dir(os.path.join(out, IT))
     full, lays = full_tensors(False), layouts()
     for rank in range(8):
@@ -298,11 +310,11 @@ def test_from_a_unify_output(tmp_path: Any) -> None:
     """``unify --hf`` output (the unify output transform reads) -> Checkpoint 2.0."""
     job = write_job(str(tmp_path / "job"))
     ranks8 = str(tmp_path / "ranks8")
-    api.transform(job["full"], ranks8, None, job["strategy"], output_format="safetensors")
+    api.transform(job["full"], ranks8, None, job["strategy"], output=api.OutputSpec(format="safetensors"))
     unified = str(tmp_path / "unified")
-    api.unify(ranks8, job["strategy"], unified, hf=True, max_shard_size="2KB")
+    api.unify(ranks8, job["strategy"], unified, output=api.OutputSpec(format="hf", max_shard_size="2KB"))
     out = str(tmp_path / "out")
-    api.transform(unified, out, None, job["strategy"], output_format="checkpoint2", iteration=12)
+    api.transform(unified, out, None, job["strategy"], output=api.OutputSpec(format="checkpoint2", iteration=12))
     files = read_dir(os.path.join(out, IT))
     full, lays = full_tensors(), with_states(layouts())
     seen = set()
@@ -318,10 +330,12 @@ def test_states_missing_from_the_destination_strategy_take_their_parameters_layo
     """An inference strategy (no adam_m./adam_v. entries): the states are laid out like their parameter."""
     job = write_job(str(tmp_path / "job"))  # the 8-rank strategy has the states
     ranks8 = str(tmp_path / "ranks8")
-    api.transform(job["full"], ranks8, None, job["strategy"], output_format="safetensors")
+    api.transform(job["full"], ranks8, None, job["strategy"], output=api.OutputSpec(format="safetensors"))
     bare = write_job(str(tmp_path / "bare"), stages=[layouts((2, 2))], optimizer=False)["strategy"]
     out = str(tmp_path / "out")
-    report = api.transform(ranks8, out, job["strategy"], bare, output_format="checkpoint2", iteration=12)
+    report = api.transform(
+        ranks8, out, job["strategy"], bare, output=api.OutputSpec(format="checkpoint2", iteration=12)
+    )
     assert any("training state" in n and "parameter's" in n for n in report.notes), report.notes
     files = read_dir(os.path.join(out, IT))
     full, lays = full_tensors(), with_states(layouts((2, 2)))
@@ -337,10 +351,10 @@ def test_a_split_weight_without_destination_layout_is_refused(tmp_path: Any) -> 
 
     job = write_job(str(tmp_path / "job"), optimizer=False)
     ranks8 = str(tmp_path / "ranks8")
-    api.transform(job["full"], ranks8, None, job["strategy"], output_format="safetensors")
+    api.transform(job["full"], ranks8, None, job["strategy"], output=api.OutputSpec(format="safetensors"))
     partial = {n: p for n, p in layouts().items() if n != PROJ}
     other = write_job(str(tmp_path / "other"), stages=[partial], optimizer=False)["strategy"]
     out = str(tmp_path / "out")
     with pytest.raises(UnsupportedError, match="split by the source strategy"):
-        api.transform(ranks8, out, job["strategy"], other, output_format="checkpoint2")
+        api.transform(ranks8, out, job["strategy"], other, output=api.OutputSpec(format="checkpoint2"))
     assert not os.path.exists(out)

@@ -267,10 +267,9 @@ def test_optimizer_prefix_joins_the_training_state_rule(demo: str, tmp_path: Any
         str(tmp_path / "p"),
         f"{demo}/strategy_8",
         f"{demo}/strategy_4",
-        output_format="checkpoint2",
-        optimizer_prefixes=["lm_head."],
-        dtype="bf16",
-        dry_run=True,
+        output=api.OutputSpec(format="checkpoint2", optimizer_prefixes=["lm_head."]),
+        destination=api.Destination(dry_run=True),
+        tensors=api.TensorOptions(dtype="bf16"),
     )
     dtype_of = {t.name: t.dtype.ms_name for f in report.plan.files for t in f.tensors}
     assert dtype_of["lm_head.weight"] == "Float32" and dtype_of["model.norm_out.weight"] == "BFloat16"
@@ -382,7 +381,12 @@ def test_overflow_after_finished_outputs_rolls_them_back(
     dst = tmp_path / "out"
     with pytest.raises(UsageError, match=r"^lm_head.weight: cast to Float16 overflows: largest magnitude 700000"):
         api.transform(
-            src, str(dst), None, f"{demo}/strategy_4", dtype="fp16", run=RunOptions(workers=1, progress=written.append)
+            src,
+            str(dst),
+            None,
+            f"{demo}/strategy_4",
+            run=RunOptions(workers=1, progress=written.append),
+            tensors=api.TensorOptions(dtype="fp16"),
         )
     assert sum(written) > 0 and not dst.exists()
 

@@ -84,7 +84,14 @@ def loaded(oracle: Any, demo: str, model: dict[str, np.ndarray], tmp_path_factor
     jobs = []
     for dtype, fmt in CASES:
         dst = str(root / f"{dtype}-{fmt}")
-        api.transform(f"{demo}/ckpt_8ranks", dst, f"{demo}/strategy_8", None, output_format=fmt, dtype=dtype)
+        api.transform(
+            f"{demo}/ckpt_8ranks",
+            dst,
+            f"{demo}/strategy_8",
+            None,
+            output=api.OutputSpec(format=fmt),
+            tensors=api.TensorOptions(dtype=dtype),
+        )
         (path,) = [os.path.join(dst, "rank_0", n) for n in os.listdir(os.path.join(dst, "rank_0"))]
         jobs.append({"path": path, "format": fmt, "cast": dtype, "source": saved})
     return dict(zip(CASES, oracle(LOAD, {"jobs": jobs}), strict=True))

@@ -64,14 +64,14 @@ def _placement(tmp_path: Any, job: dict[str, str]) -> str:
 @pytest.mark.parametrize("mode", ["shared-disk", "driver-shipped", "placement"])
 def test_ray_casts_like_the_local_executor(cluster: None, job: dict[str, str], tmp_path: Any, mode: str) -> None:
     local, on_ray = str(tmp_path / "local"), str(tmp_path / "ray")
-    api.transform(job["r8"], local, job["s8"], job["s4"], dtype="bf16")
+    api.transform(job["r8"], local, job["s8"], job["s4"], tensors=api.TensorOptions(dtype="bf16"))
     runs: list[NodeRun] = []
     run = {
         "shared-disk": RayOptions(),
         "driver-shipped": RayOptions(shared_disk=False, max_tasks=2),
         "placement": RayOptions(placement=_placement(tmp_path, job), on_nodes=runs.append),
     }[mode]
-    api.transform(job["r8"], on_ray, job["s8"], job["s4"], dtype="bf16", run=run)
+    api.transform(job["r8"], on_ray, job["s8"], job["s4"], run=run, tensors=api.TensorOptions(dtype="bf16"))
     expected = _tensor_files(local)
     assert expected and _tensor_files(on_ray) == expected
     if mode == "placement":
@@ -92,5 +92,12 @@ def test_overflow_on_ray_is_one_error_and_nothing_stays(
     save_ckpt(src, model)
     dst = tmp_path / "out"
     with pytest.raises(UsageError, match=f"^{name}: cast to Float16 overflows: largest magnitude 300000"):
-        api.transform(src, str(dst), None, job["s4"], dtype="fp16", run=RayOptions(shared_disk=shared_disk))
+        api.transform(
+            src,
+            str(dst),
+            None,
+            job["s4"],
+            run=RayOptions(shared_disk=shared_disk),
+            tensors=api.TensorOptions(dtype="fp16"),
+        )
     assert not dst.exists()

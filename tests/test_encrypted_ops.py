@@ -120,7 +120,7 @@ def test_convert_unify_split_chain(job, tmp_path) -> None:
     unified = str(tmp_path / "unified")
     api.unify(st8, job["s8"], unified)
     split4 = str(tmp_path / "split4")
-    api.split(unified, job["s4"], split4, output_format="ckpt", write=write_enc)
+    api.split(unified, job["s4"], split4, write=write_enc, output=api.OutputSpec(format="ckpt"))
     assert _all_encrypted(split4, "SM4-CBC")
     assert _same(job["full"], split4, None, job["s4"], key, "SM4-CBC")
     # and back to a plain .ckpt file, encrypted, through convert
@@ -251,7 +251,14 @@ def test_resume_with_another_key_redoes_files(job, tmp_path, monkeypatch) -> Non
         api.transform(job["r8"], dst, job["s8"], job["s4"], write=WriteOptions(enc_key=KEYS["AES-GCM"]))
     monkeypatch.setattr(local, "run_file", real)
     other = bytes(32)
-    report = api.transform(job["r8"], dst, job["s8"], job["s4"], write=WriteOptions(enc_key=other), resume=True)
+    report = api.transform(
+        job["r8"],
+        dst,
+        job["s8"],
+        job["s4"],
+        write=WriteOptions(enc_key=other),
+        destination=api.Destination(resume=True),
+    )
     assert not any("kept" in n for n in report.notes)
     assert _same(job["r8"], dst, job["s8"], job["s4"], other, "AES-GCM")
 

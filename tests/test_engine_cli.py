@@ -228,7 +228,9 @@ def check_surgery(out: dict[str, np.ndarray], full: dict[str, np.ndarray]) -> No
 
 def test_surgery_after_planning_from_sharded_ranks(d: Path, tmp_path: Path, full: dict[str, np.ndarray]) -> None:
     names = NameOptions(model_map=surgery_map())
-    report = api.transform(str(d / "ckpt_8ranks"), str(tmp_path / "o"), str(d / "strategy_8"), None, names=names)
+    report = api.transform(
+        str(d / "ckpt_8ranks"), str(tmp_path / "o"), str(d / "strategy_8"), None, tensors=api.TensorOptions(names=names)
+    )
     check_surgery(load(tmp_path / "o"), full)
     assert report.names is not None
     assert {op for op, _, _ in report.names.surgery} == {"join", "stack"}
@@ -236,9 +238,21 @@ def test_surgery_after_planning_from_sharded_ranks(d: Path, tmp_path: Path, full
 
 def test_surgery_before_planning_and_back(d: Path, tmp_path: Path, full: dict[str, np.ndarray]) -> None:
     mapped, back = tmp_path / "mapped", tmp_path / "back"
-    api.transform(str(d / "full" / "model.ckpt"), str(mapped), None, None, names=NameOptions(model_map=surgery_map()))
+    api.transform(
+        str(d / "full" / "model.ckpt"),
+        str(mapped),
+        None,
+        None,
+        tensors=api.TensorOptions(names=NameOptions(model_map=surgery_map())),
+    )
     check_surgery(load(mapped), full)
-    api.transform(str(mapped / "rank_0"), str(back), None, None, names=NameOptions(model_map=inverse_map()))
+    api.transform(
+        str(mapped / "rank_0"),
+        str(back),
+        None,
+        None,
+        tensors=api.TensorOptions(names=NameOptions(model_map=inverse_map())),
+    )
     got = load(back)
     assert set(got) == set(full)
     for name, value in full.items():
@@ -251,7 +265,13 @@ def test_surgery_then_a_destination_strategy(d: Path, tmp_path: Path, full: dict
     strategy = str(d / "merged" / "dst_strategy.ckpt")
     keep_names = ModelMap((Join((r"(.*)\.wq\.weight", r"(.*)\.wk\.weight"), r"\1.wqk.weight", 0),), name="m")
     api.transform(str(d / "full" / "model.ckpt"), str(plain), None, strategy)
-    api.transform(str(d / "full" / "model.ckpt"), str(mapped), None, strategy, names=NameOptions(model_map=keep_names))
+    api.transform(
+        str(d / "full" / "model.ckpt"),
+        str(mapped),
+        None,
+        strategy,
+        tensors=api.TensorOptions(names=NameOptions(model_map=keep_names)),
+    )
     for rank in range(4):
         got, want = load(mapped / f"rank_{rank}"), load(plain / f"rank_{rank}")
         for name, value in got.items():
@@ -271,7 +291,7 @@ def test_surgery_to_a_sharded_destination_from_ranks_is_refused(d: Path, tmp_pat
             str(tmp_path / "o"),
             str(d / "strategy_8"),
             str(d / "merged" / "dst_strategy.ckpt"),
-            names=NameOptions(model_map=surgery_map()),
+            tensors=api.TensorOptions(names=NameOptions(model_map=surgery_map())),
         )
     assert not (tmp_path / "o").exists()
 
@@ -282,12 +302,17 @@ def test_unify_renamed_then_split_renamed_back(d: Path, tmp_path: Path) -> None:
     strategy = str(d / "merged" / "dst_strategy.ckpt")
     there = ModelMap((Rename(r"model\.(.*)", r"hf.\1"),), name="there")
     back = ModelMap((Rename(r"hf\.(.*)", r"model.\1"),), name="back")
-    api.unify(str(d / "st_8ranks"), str(d / "strategy_8"), str(unified), names=NameOptions(model_map=there))
+    api.unify(
+        str(d / "st_8ranks"),
+        str(d / "strategy_8"),
+        str(unified),
+        tensors=api.TensorOptions(names=NameOptions(model_map=there)),
+    )
     assert any(n.startswith("hf.") for n in load(unified))
     api.unify(str(d / "st_8ranks"), str(d / "strategy_8"), str(tmp_path / "plain"))
     api.split(str(tmp_path / "plain"), strategy, str(ref))
     names = NameOptions(NameFilter(((EXCLUDE, "adam_*"),)), back)
-    report = api.split(str(unified), strategy, str(out), names=names)
+    report = api.split(str(unified), strategy, str(out), tensors=api.TensorOptions(names=names))
     assert report.names is not None and report.names.dropped
     for rank in range(4):
         got, want = load(out / f"rank_{rank}"), load(ref / f"rank_{rank}")
@@ -300,20 +325,30 @@ def test_guard_for_a_map_of_another_family(d: Path, tmp_path: Path) -> None:
     foreign = ModelMap((Rename(r"transformer\.h\.(.*)", r"x.\1"), Rename(r"lm_head\.weight", "y")), name="preset gpt2")
     names = NameOptions(model_map=foreign, guard_family=True)
     with pytest.raises(UsageError, match="preset gpt2 matches only 1 of 119 tensor names"):
-        api.transform(str(d / "full" / "model.ckpt"), str(tmp_path / "o"), None, None, names=names)
+        api.transform(
+            str(d / "full" / "model.ckpt"), str(tmp_path / "o"), None, None, tensors=api.TensorOptions(names=names)
+        )
     assert not (tmp_path / "o").exists()
 
 
 def test_checkpoint2_output_refuses_a_map_but_takes_filters(d: Path, tmp_path: Path) -> None:
     with pytest.raises(UnsupportedError, match=r"Checkpoint 2\.0"):
         api.transform(
-            str(d / "ckpt_8ranks"), str(tmp_path / "o"), str(d / "strategy_8"), str(d / "merged" / "dst_strategy.ckpt"),
-            output_format="checkpoint2", names=NameOptions(model_map=surgery_map()),
-        )  # fmt: skip
+            str(d / "ckpt_8ranks"),
+            str(tmp_path / "o"),
+            str(d / "strategy_8"),
+            str(d / "merged" / "dst_strategy.ckpt"),
+            output=api.OutputSpec(format="checkpoint2"),
+            tensors=api.TensorOptions(names=NameOptions(model_map=surgery_map())),
+        )
     report = api.transform(
-        str(d / "ckpt_8ranks"), str(tmp_path / "cp2"), str(d / "strategy_8"), str(d / "merged" / "dst_strategy.ckpt"),
-        output_format="checkpoint2", names=NameOptions(NameFilter(weights_only=True)),
-    )  # fmt: skip
+        str(d / "ckpt_8ranks"),
+        str(tmp_path / "cp2"),
+        str(d / "strategy_8"),
+        str(d / "merged" / "dst_strategy.ckpt"),
+        output=api.OutputSpec(format="checkpoint2"),
+        tensors=api.TensorOptions(names=NameOptions(NameFilter(weights_only=True))),
+    )
     assert report.names is not None and not any(f.path.split(os.sep)[-1].startswith("opt") for f in report.plan.files)
 
 
@@ -391,7 +426,13 @@ def test_unify_hf_packs_the_mapped_tensors(d: Path, tmp_path: Path, full: dict[s
     """Surgery happens before the shards are packed: sizes and the index are the mapped tensors'."""
     out = tmp_path / "hf"
     names = NameOptions(NameFilter(weights_only=True), surgery_map())
-    api.unify(str(d / "st_8ranks"), str(d / "strategy_8"), str(out), hf=True, max_shard_size="400KB", names=names)
+    api.unify(
+        str(d / "st_8ranks"),
+        str(d / "strategy_8"),
+        str(out),
+        output=api.OutputSpec(format="hf", max_shard_size="400KB"),
+        tensors=api.TensorOptions(names=names),
+    )
     got = load(out)
     check_surgery(got, full)
     index = json.loads((out / "model.safetensors.index.json").read_text())
@@ -409,11 +450,19 @@ def test_grouped_experts_like_mindformers_and_back(d: Path, tmp_path: Path, full
     )
     ungroup = ModelMap((Unstack(r"moe\.weight1", "model.layers.{expert}.feed_forward.w1.weight", 0, (1, 0), "n"),))
     grouped, back = tmp_path / "grouped", tmp_path / "back"
-    api.transform(str(d / "ckpt_8ranks"), str(grouped), str(d / "strategy_8"), None, names=NameOptions(model_map=group))
+    api.transform(
+        str(d / "ckpt_8ranks"),
+        str(grouped),
+        str(d / "strategy_8"),
+        None,
+        tensors=api.TensorOptions(names=NameOptions(model_map=group)),
+    )
     want = np.concatenate([full[f"model.layers.{n}.feed_forward.w1.weight"].T for n in range(layers)], 0)
     np.testing.assert_array_equal(load(grouped)["moe.weight1"], want)
     ungroup = ModelMap(ungroup.ops, {"n": layers})
-    api.transform(str(grouped / "rank_0"), str(back), None, None, names=NameOptions(model_map=ungroup))
+    api.transform(
+        str(grouped / "rank_0"), str(back), None, None, tensors=api.TensorOptions(names=NameOptions(model_map=ungroup))
+    )
     got = load(back)
     assert set(got) == set(full)
     for name, value in full.items():
@@ -426,10 +475,12 @@ def test_hugging_face_folder_mapped_then_sliced_for_a_strategy(
     """A Hugging Face model: the map comes first, then the destination strategy slices its outputs."""
     hf, plain, mapped = tmp_path / "hf", tmp_path / "plain", tmp_path / "mapped"
     strategy = str(d / "merged" / "dst_strategy.ckpt")
-    api.convert(str(d / "full" / "model.ckpt"), str(hf), "safetensors", hf=True, max_shard_size="300KB")
+    api.convert(str(d / "full" / "model.ckpt"), str(hf), api.OutputSpec(format="hf", max_shard_size="300KB"))
     join = ModelMap((Join((r"(.*)\.w1\.weight", r"(.*)\.w3\.weight"), r"\1.w13.weight", 0),), name="join")
     api.transform(str(hf), str(plain), None, strategy)
-    report = api.transform(str(hf), str(mapped), None, strategy, names=NameOptions(model_map=join))
+    report = api.transform(
+        str(hf), str(mapped), None, strategy, tensors=api.TensorOptions(names=NameOptions(model_map=join))
+    )
     assert report.names is not None and {op for op, _, _ in report.names.surgery} == {"join"}
     for rank in range(4):
         got, want = load(mapped / f"rank_{rank}"), load(plain / f"rank_{rank}")

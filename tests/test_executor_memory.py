@@ -55,7 +55,9 @@ def test_blocks_are_bounded_and_sources_released_per_block(job: dict[str, str], 
     monkeypatch.setattr(local, "_release_row_sources", release)
     out = tmp_path / "full"
     # the default memory bound (1 GiB) would allow a whole tensor per thread; the block bound wins
-    api.transform(job["r8"], str(out), job["s8"], None, run=RunOptions(workers=4), manifest=False)
+    api.transform(
+        job["r8"], str(out), job["s8"], None, run=RunOptions(workers=4), destination=api.Destination(manifest=False)
+    )
     assert sizes and max(sizes) <= page, max(sizes)
     assert releases["per_block"] > 0
     (merged,) = out.rglob("*.ckpt")
@@ -81,6 +83,6 @@ def test_the_memory_bound_still_lowers_the_block(job: dict[str, str], tmp_path: 
         job["s8"],
         None,
         run=RunOptions(workers=2, max_memory=16 * 1024),
-        manifest=False,
+        destination=api.Destination(manifest=False),
     )
     assert sizes and max(sizes) <= 8 * 1024

@@ -39,8 +39,8 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The synthetic 8-rank job, its MindSpore-unified twin and its Hugging Face twin."""
     paths = make_job(str(tmp_path_factory.mktemp("hfjob")))
     root = paths["root"]
-    api.unify(paths["r8st"], paths["s8"], f"{root}/uni", manifest=False)
-    api.unify(paths["r8st"], paths["s8"], f"{root}/hf", hf=True, max_shard_size=SMALL_SHARD)
+    api.unify(paths["r8st"], paths["s8"], f"{root}/uni", destination=api.Destination(manifest=False))
+    api.unify(paths["r8st"], paths["s8"], f"{root}/hf", output=api.OutputSpec(format="hf", max_shard_size=SMALL_SHARD))
     return {**paths, "uni": f"{root}/uni", "hf": f"{root}/hf"}
 
 
@@ -330,7 +330,7 @@ def test_transform_from_hf_equals_transform_from_the_full_file(job: dict[str, st
         ).returncode
         == 0
     )
-    api.transform(job["full"], str(b), None, job["s4"], manifest=False)
+    api.transform(job["full"], str(b), None, job["s4"], destination=api.Destination(manifest=False))
     for rank in range(4):
         with (
             api.open_checkpoint(str(a / f"rank_{rank}" / f"checkpoint_{rank}.ckpt")) as x,

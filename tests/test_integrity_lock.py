@@ -140,7 +140,7 @@ def test_held_lock_of_a_live_run_refuses_the_api_before_anything_is_written(big:
     try:
         with pytest.raises(UsageError, match=r"another reshard run \(pid \d+ on host"):
             api.transform(big["r8"], str(dst), big["s8"], big["s16"])
-        plan = api.transform(big["r8"], str(dst), big["s8"], big["s16"], dry_run=True).plan
+        plan = api.transform(big["r8"], str(dst), big["s8"], big["s16"], destination=api.Destination(dry_run=True)).plan
         for executor in ("local", "ray"):  # also past the destination check, on both executors
             with pytest.raises(UsageError, match="another reshard run"):
                 api.execute(plan, root=str(dst), executor=executor)

@@ -95,7 +95,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 def _bulk_plan(job: dict[str, str], dst: str) -> Plan:
-    plan = api.transform(job["r8"], dst, job["s8"], job["s4"], dry_run=True).plan
+    plan = api.transform(job["r8"], dst, job["s8"], job["s4"], destination=api.Destination(dry_run=True)).plan
     assert isinstance(plan.files[0].tensors, RankTensors)
     return plan
 
@@ -103,10 +103,12 @@ def _bulk_plan(job: dict[str, str], dst: str) -> Plan:
 def test_every_planner_passes(job: dict[str, str], tmp_path) -> None:
     plans = [
         _bulk_plan(job, str(tmp_path / "t")),
-        api.transform(job["r8"], str(tmp_path / "f"), job["s8"], None, dry_run=True).plan,
-        api.transform(job["full"], str(tmp_path / "s"), None, job["s8"], dry_run=True).plan,
-        api.unify(job["r8st"], job["s8"], str(tmp_path / "u"), dry_run=True).plan,
-        api.convert(job["r8"], str(tmp_path / "c"), "safetensors", dry_run=True).plan,
+        api.transform(job["r8"], str(tmp_path / "f"), job["s8"], None, destination=api.Destination(dry_run=True)).plan,
+        api.transform(
+            job["full"], str(tmp_path / "s"), None, job["s8"], destination=api.Destination(dry_run=True)
+        ).plan,
+        api.unify(job["r8st"], job["s8"], str(tmp_path / "u"), destination=api.Destination(dry_run=True)).plan,
+        api.convert(job["r8"], str(tmp_path / "c"), "safetensors", destination=api.Destination(dry_run=True)).plan,
     ]
     for plan in plans:
         validate_plan(plan)
@@ -125,7 +127,9 @@ def _broken_bulk(plan: Plan) -> RankTensors:
 
 def test_a_broken_bulk_table_is_caught_and_nothing_is_written(job: dict[str, str], tmp_path) -> None:
     dst = str(tmp_path / "out")
-    plan = api.transform(job["r8"], dst, job["s8"], None, dry_run=True).plan  # merge: several copies per tensor
+    plan = api.transform(
+        job["r8"], dst, job["s8"], None, destination=api.Destination(dry_run=True)
+    ).plan  # merge: several copies per tensor
     _broken_bulk(plan)
     with pytest.raises(PlanError, match="leave a gap"):
         validate_plan(plan)
@@ -136,7 +140,7 @@ def test_a_broken_bulk_table_is_caught_and_nothing_is_written(job: dict[str, str
 
 def test_a_bad_plain_plan_is_refused_by_the_executor_before_writing(job: dict[str, str], tmp_path) -> None:
     dst = str(tmp_path / "out")
-    plan = api.convert(job["full"], dst, "safetensors", dry_run=True).plan
+    plan = api.convert(job["full"], dst, "safetensors", destination=api.Destination(dry_run=True)).plan
     (f,) = plan.files
     t = f.tensors[0]
     bad = dataclasses.replace(t, copies=(dataclasses.replace(t.copies[0], src_start=(1,) * len(t.shape)),))

@@ -119,7 +119,9 @@ def test_dequantize_matches_the_references(hf, model: Path, small_exponents: Pat
 def test_dequantize_rule_without_torch(model: Path, tmp_path: Path) -> None:
     """The rule spelled out in numpy (float32 multiply per block, edge blocks partial, then fp32 as is)."""
     out = tmp_path / "out"
-    api.transform(str(model), str(out), hf=True, precision=Precision("fp32"))
+    api.transform(
+        str(model), str(out), output=api.OutputSpec(format="hf"), tensors=api.TensorOptions(precision=Precision("fp32"))
+    )
     got = _arrays(out / "model.safetensors")
     t = fp8_tensors()
     w = t[Q].astype(np.float32)
@@ -144,11 +146,16 @@ def test_dequantize_streams_row_blocks(model: Path, tmp_path: Path) -> None:
 def test_dequantize_split_to_ranks_slices_exactly(model: Path, tmp_path: Path) -> None:
     """split to 2 ranks (rows cut at 150 and 65, inside a block): each rank holds its rows of the full result."""
     full, ranks = tmp_path / "full", tmp_path / "ranks"
-    api.transform(str(model), str(full), hf=True, precision=Precision("bf16"))
+    api.transform(
+        str(model),
+        str(full),
+        output=api.OutputSpec(format="hf"),
+        tensors=api.TensorOptions(precision=Precision("bf16")),
+    )
     strategy = tmp_path / "s2.ckpt"
     layouts = {Q: ParamLayout((2,), (0, -1)), K: ParamLayout((2,), (0, -1))}
     write_strategy(strategy, make_strategy(layouts))
-    api.split(str(model), str(strategy), str(ranks), precision=Precision("bf16"))
+    api.split(str(model), str(strategy), str(ranks), tensors=api.TensorOptions(precision=Precision("bf16")))
     whole = _arrays(full / "model.safetensors")
     for r in range(2):
         (part,) = (ranks / f"rank_{r}").glob("*.safetensors")
@@ -186,7 +193,13 @@ def test_dry_run_refuses_a_nan_scale_before_any_byte(tmp_path: Path) -> None:
     t[K + "_scale_inv"][1, 0] = np.inf
     src = fp8_model(tmp_path / "nan", t)
     with pytest.raises(Exception, match="NaN or infinite"):
-        api.transform(str(src), str(tmp_path / "out"), hf=True, dry_run=True, precision=Precision("bf16"))
+        api.transform(
+            str(src),
+            str(tmp_path / "out"),
+            output=api.OutputSpec(format="hf"),
+            destination=api.Destination(dry_run=True),
+            tensors=api.TensorOptions(precision=Precision("bf16")),
+        )
 
 
 def test_viewed_dequantized_boxes_equal_the_reshaped_tensor(model: Path) -> None:
@@ -222,7 +235,9 @@ def test_convert_one_file_dequantizes_into_ckpt(model: Path, tmp_path: Path) -> 
     assert run_cli("convert", str(ckpt_file), str(back), "--to", "safetensors").returncode == 0
     (st,) = back.glob("*.safetensors")
     ref = tmp_path / "ref"
-    api.transform(str(model), str(ref), hf=True, precision=Precision("bf16"))
+    api.transform(
+        str(model), str(ref), output=api.OutputSpec(format="hf"), tensors=api.TensorOptions(precision=Precision("bf16"))
+    )
     got, want = _arrays(st), _arrays(ref / "model.safetensors")
     assert sorted(got) == sorted(want)
     for name in want:
@@ -299,7 +314,9 @@ def test_quantize_streams_row_blocks(bf16: Path, tmp_path: Path) -> None:
 def test_quantize_rule_and_its_overrides(bf16: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     precision = Precision(quantize="fp8-block", quantize_include=("lm_head.weight",), quantize_exclude=(BF16_Q,))
-    api.transform(str(bf16), str(out), hf=True, precision=precision)
+    api.transform(
+        str(bf16), str(out), output=api.OutputSpec(format="hf"), tensors=api.TensorOptions(precision=precision)
+    )
     written = _arrays(out / "model.safetensors")
     assert written["lm_head.weight"].dtype == ml_dtypes.float8_e4m3fn and "lm_head.weight_scale_inv" in written
     assert written[BF16_Q].dtype == ml_dtypes.bfloat16 and BF16_Q + "_scale_inv" not in written
@@ -307,9 +324,16 @@ def test_quantize_rule_and_its_overrides(bf16: Path, tmp_path: Path) -> None:
 
 def test_quantize_then_dequantize_round_trips_within_fp8(bf16: Path, tmp_path: Path) -> None:
     q, back = tmp_path / "q", tmp_path / "back"
-    api.transform(str(bf16), str(q), hf=True, precision=Precision(quantize="fp8-block"))
+    api.transform(
+        str(bf16),
+        str(q),
+        output=api.OutputSpec(format="hf"),
+        tensors=api.TensorOptions(precision=Precision(quantize="fp8-block")),
+    )
     (q / "config.json").write_text(json.dumps({"quantization_config": {"weight_block_size": [128, 128]}}))
-    api.transform(str(q), str(back), hf=True, precision=Precision("fp32"))
+    api.transform(
+        str(q), str(back), output=api.OutputSpec(format="hf"), tensors=api.TensorOptions(precision=Precision("fp32"))
+    )
     source = _arrays(bf16 / "model.safetensors")[BF16_Q].astype(np.float32)
     again = _arrays(back / "model.safetensors")[BF16_Q]
     assert again[:128, 128:256].max() == 0 and again[5, 7] == 40.0
@@ -398,7 +422,13 @@ def test_plan_json_states_the_pairs_before_writing(model: Path, tmp_path: Path) 
 def test_ray_executor_refuses_computed_tensors(model: Path, tmp_path: Path) -> None:
     from reshard.errors import UnsupportedError
 
-    report = api.transform(str(model), str(tmp_path / "out"), hf=True, dry_run=True, precision=Precision("bf16"))
+    report = api.transform(
+        str(model),
+        str(tmp_path / "out"),
+        output=api.OutputSpec(format="hf"),
+        destination=api.Destination(dry_run=True),
+        tensors=api.TensorOptions(precision=Precision("bf16")),
+    )
     with pytest.raises(UnsupportedError, match="local executor only"):
         api.execute(report.plan, root=str(tmp_path / "out"), executor="ray")
     assert not (tmp_path / "out").exists()

@@ -49,7 +49,13 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
     save_ckpt(root / "full" / "m.ckpt", model)
     write_stage_strategies(str(root / "strategy_4"), stage_strategies(shape, dp=1, mp=2, pp=2, opt_shard=False), 2)
     write_stage_strategies(str(root / "strategy_2"), stage_strategies(shape, dp=1, mp=2, pp=1, opt_shard=False), 2)
-    api.transform(str(root / "full" / "m.ckpt"), str(root / "ranks4"), None, str(root / "strategy_4"), manifest=False)
+    api.transform(
+        str(root / "full" / "m.ckpt"),
+        str(root / "ranks4"),
+        None,
+        str(root / "strategy_4"),
+        destination=api.Destination(manifest=False),
+    )
     return root
 
 

@@ -51,7 +51,9 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
         full = root / f"full_{seed}.ckpt"
         save_ckpt(full, full_model(SHAPE, seed=seed))
         scratch = root / f"scratch_{seed}"
-        api.transform(str(full), str(scratch), None, str(output / "strategy"), manifest=False)
+        api.transform(
+            str(full), str(scratch), None, str(output / "strategy"), destination=api.Destination(manifest=False)
+        )
         for rank in ranks:
             target = output / "checkpoint" / f"rank_{rank}" / f"llama_rank_{rank}{suffix}.ckpt"
             target.parent.mkdir(parents=True, exist_ok=True)

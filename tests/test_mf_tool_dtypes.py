@@ -118,10 +118,10 @@ def test_ckpt_safetensors_ckpt_is_byte_exact(tmp_path: Path, code: str) -> None:
     src = tmp_path / "a" / "m.ckpt"
     src.parent.mkdir()
     save_ckpt(src, tensors)
-    api.convert(str(src), str(tmp_path / "st"), "safetensors", manifest=False)
+    api.convert(str(src), str(tmp_path / "st"), "safetensors", destination=api.Destination(manifest=False))
     st_file = tmp_path / "st" / "m.safetensors"
     assert dict(deserialize(st_file.read_bytes()))["w"]["dtype"] == code
-    api.convert(str(st_file), str(tmp_path / "back"), "ckpt", manifest=False)
+    api.convert(str(st_file), str(tmp_path / "back"), "ckpt", destination=api.Destination(manifest=False))
     assert (tmp_path / "back" / "m.ckpt").read_bytes() == src.read_bytes()
 
 

@@ -105,8 +105,13 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "merged").mkdir()
     merge_pipeline_strategies(str(root / "strategy_8"), str(root / "merged" / "s8.ckpt"))
     merge_pipeline_strategies(str(root / "strategy_4"), str(root / "merged" / "s4.ckpt"))
-    api.transform(str(root / "full" / "llama.ckpt"), str(root / "ckpt_8ranks"), None, str(root / "merged" / "s8.ckpt"),
-                  manifest=False)  # fmt: skip
+    api.transform(
+        str(root / "full" / "llama.ckpt"),
+        str(root / "ckpt_8ranks"),
+        None,
+        str(root / "merged" / "s8.ckpt"),
+        destination=api.Destination(manifest=False),
+    )
     return root
 
 

@@ -54,8 +54,12 @@ def test_the_files_rank_list_names_are_enough(
 def test_a_partial_copy_plans_what_the_whole_tree_plans(demo: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
     node = tmp_path / "node"
     partial_copy(copy_list(demo, 0), node)
-    whole = api.transform(demo["r8"], str(tmp_path / "a"), demo["s8"], demo["s4"], ranks=[0], dry_run=True).plan
-    part = api.transform(str(node), str(tmp_path / "a"), demo["s8"], demo["s4"], ranks=[0], dry_run=True).plan
+    whole = api.transform(
+        demo["r8"], str(tmp_path / "a"), demo["s8"], demo["s4"], ranks=[0], destination=api.Destination(dry_run=True)
+    ).plan
+    part = api.transform(
+        str(node), str(tmp_path / "a"), demo["s8"], demo["s4"], ranks=[0], destination=api.Destination(dry_run=True)
+    ).plan
 
     def relative(plan: object) -> str:
         text = json.dumps(plan.to_json())  # type: ignore[attr-defined]

@@ -79,6 +79,6 @@ def test_api_uses_each_group(tmp_path) -> None:
 def test_execute_no_longer_takes_options_positionally(tmp_path) -> None:
     src = tmp_path / "m.ckpt"
     save_ckpt(src, {"w": np.zeros(4, np.float32)})
-    plan = api.transform(str(src), str(tmp_path / "out"), None, None, dry_run=True).plan
+    plan = api.transform(str(src), str(tmp_path / "out"), None, None, destination=api.Destination(dry_run=True)).plan
     with pytest.raises(TypeError):
         api.execute(plan, None, RunOptions())  # type: ignore[misc]

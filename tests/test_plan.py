@@ -95,7 +95,7 @@ def test_plan_is_plain_data_and_dry_run_writes_nothing(tmp_path) -> None:
     full = os.path.join(tmp, "full", "m.ckpt")
     save_ckpt(full, FULL)
     s4 = _strategy(tmp, "four", FOUR)
-    report = api.transform(full, f"{tmp}/out", None, s4, dry_run=True)
+    report = api.transform(full, f"{tmp}/out", None, s4, destination=api.Destination(dry_run=True))
     assert not os.path.exists(f"{tmp}/out")
     data = json.loads(json.dumps(report.plan.to_json()))
     assert data["outputs"] == 4 and data["bytes_written"] == report.plan.bytes_written

@@ -60,8 +60,10 @@ def test_unify_writes_parts_and_index(cluster: None, job: dict[str, str], tmp_pa
 @pytest.mark.parametrize("shared_disk", [True, False])
 def test_missing_source_is_one_line_error(cluster: None, job: dict[str, str], tmp_path: Any, shared_disk: bool) -> None:
     src = tmp_path / "src"
-    api.convert(job["r8"], str(src), "safetensors", manifest=False)
-    plan = api.transform(str(src), str(tmp_path / "out"), job["s8"], job["s4"], dry_run=True).plan
+    api.convert(job["r8"], str(src), "safetensors", destination=api.Destination(manifest=False))
+    plan = api.transform(
+        str(src), str(tmp_path / "out"), job["s8"], job["s4"], destination=api.Destination(dry_run=True)
+    ).plan
     gone = plan.sources[0]
     os.unlink(gone)
     with pytest.raises(UsageError) as info:
@@ -73,9 +75,11 @@ def test_missing_source_is_one_line_error(cluster: None, job: dict[str, str], tm
 
 
 def test_plain_runner_and_executor_name(cluster: None, job: dict[str, str], tmp_path: Any) -> None:
-    plan = api.transform(job["r8"], str(tmp_path / "a"), job["s8"], job["s4"], dry_run=True).plan
+    plan = api.transform(
+        job["r8"], str(tmp_path / "a"), job["s8"], job["s4"], destination=api.Destination(dry_run=True)
+    ).plan
     run_plan_ray(plan, None, None, shared_disk=False, max_tasks=1)
-    api.transform(job["r8"], str(tmp_path / "b"), job["s8"], job["s4"], manifest=False)
+    api.transform(job["r8"], str(tmp_path / "b"), job["s8"], job["s4"], destination=api.Destination(manifest=False))
     assert _tensor_files(str(tmp_path / "a")) == _tensor_files(str(tmp_path / "b"))
     with pytest.raises(UsageError, match="unknown executor"):
         api.execute(plan, executor="spark")

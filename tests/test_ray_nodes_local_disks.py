@@ -391,7 +391,14 @@ def test_lost_node_fails_in_one_line_and_resume_completes(
         os.unlink(nodes["traps"])
     message = str(info.value)
     assert "\n" not in message and "node node_c was lost" in message, message
-    report = api.transform(job["r8"], str(out), job["s8"], job["s4"], resume=True, run=RayOptions(placement="auto"))
+    report = api.transform(
+        job["r8"],
+        str(out),
+        job["s8"],
+        job["s4"],
+        run=RayOptions(placement="auto"),
+        destination=api.Destination(resume=True),
+    )
     assert report.kept  # node_a's and node_b's outputs were journaled
     api.transform(job["r8"], str(tmp_path / "local"), job["s8"], job["s4"])
     assert _tensor_files(str(out)) == _tensor_files(str(tmp_path / "local"))

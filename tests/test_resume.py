@@ -338,7 +338,7 @@ def test_convert_in_place_refuses_existing_outputs(job: dict[str, str], tmp_path
     assert [o["path"] for o in data["outputs"]] == ["one.safetensors"]
     with pytest.raises(UsageError, match="output exists"):
         api.convert(src, None, "safetensors")
-    api.convert(src, None, "safetensors", overwrite=True)
+    api.convert(src, None, "safetensors", destination=api.Destination(overwrite=True))
 
 
 def test_cli_resume_flag_and_refusal(job: dict[str, str], tmp_path) -> None:

@@ -149,7 +149,9 @@ def test_plan_picture_cells_are_the_plans_bytes(demo: dict[str, str], tmp_path: 
     args = ["--src", demo["r8"], "--dst", str(tmp_path / "dst"), "--src-strategy", demo["s8"]]
     proc = run("plan", *args, "--dst-strategy", demo["s4"], "--picture", str(out))
     assert proc.returncode == 0, proc.stderr
-    report = api.transform(demo["r8"], str(tmp_path / "dst"), demo["s8"], demo["s4"], dry_run=True)
+    report = api.transform(
+        demo["r8"], str(tmp_path / "dst"), demo["s8"], demo["s4"], destination=api.Destination(dry_run=True)
+    )
     matrix = picture.plan_matrix(report.plan)
     cells = {(c.get("data-src"), c.get("data-dst")): int(c.get("data-bytes", "-1")) for c in svg_rects(out, "cell")}
     assert len(cells) == 8 * 4 and sum(cells.values()) == report.plan.bytes_read == matrix.total
@@ -170,7 +172,9 @@ def test_plan_matrix_text_lists_destinations_when_wide() -> None:
 
 
 def test_checkpoint2_plan_sources_are_ranks(demo: dict[str, str], tmp_path: Path) -> None:
-    report = api.transform(demo["mf2"], str(tmp_path / "dst"), None, demo["s4"], dry_run=True)
+    report = api.transform(
+        demo["mf2"], str(tmp_path / "dst"), None, demo["s4"], destination=api.Destination(dry_run=True)
+    )
     matrix = picture.plan_matrix(report.plan)
     assert set(matrix.sources) <= {str(r) for r in range(8)} and matrix.total == report.plan.bytes_read
 

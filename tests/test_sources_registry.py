@@ -29,8 +29,14 @@ KEY = b"0123456789abcdef"
 def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = str(tmp_path_factory.mktemp("sources"))
     job = make_job(root)
-    api.unify(job["r8st"], job["s8"], f"{root}/unified", manifest=False)
-    api.unify(job["r8st"], job["s8"], f"{root}/hf", hf=True, max_shard_size="2KB", manifest=False)
+    api.unify(job["r8st"], job["s8"], f"{root}/unified", destination=api.Destination(manifest=False))
+    api.unify(
+        job["r8st"],
+        job["s8"],
+        f"{root}/hf",
+        output=api.OutputSpec(format="hf", max_shard_size="2KB"),
+        destination=api.Destination(manifest=False),
+    )
     save_ckpt(f"{root}/encrypted/model.ckpt", full_model(SMALL), enc_key=KEY)
     job.update(unified=f"{root}/unified", hf=f"{root}/hf", encrypted=f"{root}/encrypted/model.ckpt")
     return job
@@ -133,10 +139,10 @@ def _operations(job: dict[str, str], out: str) -> dict[str, Callable[[str], Any]
     return {
         "inspect": lambda p: inspect.gather(p),
         "verify": lambda p: verify.verify(p, job["full"]),
-        "transform": lambda p: api.transform(p, out, None, job["s4"], dry_run=True),
-        "unify": lambda p: api.unify(p, job["s8"], out, dry_run=True),
-        "split": lambda p: api.split(p, job["s4"], out, dry_run=True),
-        "convert": lambda p: api.convert(p, out, "safetensors", dry_run=True),
+        "transform": lambda p: api.transform(p, out, None, job["s4"], destination=api.Destination(dry_run=True)),
+        "unify": lambda p: api.unify(p, job["s8"], out, destination=api.Destination(dry_run=True)),
+        "split": lambda p: api.split(p, job["s4"], out, destination=api.Destination(dry_run=True)),
+        "convert": lambda p: api.convert(p, out, "safetensors", destination=api.Destination(dry_run=True)),
     }
 
 

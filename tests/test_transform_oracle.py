@@ -227,7 +227,9 @@ def test_transform_chain_matches_mindspore(mindspore_ran, case: Case) -> None:
     steps = _chain_steps(p)
     for _, src, dst, s, d, fmt in steps:
         src_dir = p["full"] if src is None else os.path.join(p["rs"], src)
-        api.transform(src_dir, os.path.join(p["rs"], dst), s, d, prefix="checkpoint_", output_format=fmt)
+        api.transform(
+            src_dir, os.path.join(p["rs"], dst), s, d, output=api.OutputSpec(prefix="checkpoint_", format=fmt)
+        )
         assert_same_tree(os.path.join(p["rs"], dst), os.path.join(p["ms"], dst))
 
 
@@ -239,17 +241,21 @@ def test_safetensors_flows_match_mindspore(mindspore_ran, case: Case) -> None:
     api.transform(p["full"], f"{rs_root}/a_ckpt", None, p["a"])
     api.convert(f"{rs_root}/a_ckpt", f"{rs_root}/a_st", "safetensors")
     assert_same_tree(f"{rs_root}/a_st", f"{ms_root}/a_st")
-    api.transform(f"{rs_root}/a_st", f"{rs_root}/b_ck", p["a"], p["b"], prefix="net_", output_format="ckpt")
+    api.transform(
+        f"{rs_root}/a_st", f"{rs_root}/b_ck", p["a"], p["b"], output=api.OutputSpec(prefix="net_", format="ckpt")
+    )
     assert_same_tree(f"{rs_root}/b_ck", f"{ms_root}/b_ck")
     # MindSpore's safetensors-output path mixes one stage's copy of a pipeline-shared parameter with
     # another stage's layout (its .ckpt output of the same transform is right). We write the right
     # tensors there: equal to MindSpore's own .ckpt output; everything else is byte-identical.
     shared = _shared_with_stage_layouts(case)
-    api.transform(f"{rs_root}/a_st", f"{rs_root}/b_st", p["a"], p["b"], prefix="net_", output_format="safetensors")
+    api.transform(
+        f"{rs_root}/a_st", f"{rs_root}/b_st", p["a"], p["b"], output=api.OutputSpec(prefix="net_", format="safetensors")
+    )
     assert_same_tree(f"{rs_root}/b_st", f"{ms_root}/b_st", ms_wrong=shared)
     assert_same_tensors(f"{rs_root}/b_st", f"{ms_root}/b_ck", shared)
     # MindSpore packs parts in folder-listing order: run on its own (byte-identical) folder to compare
-    api.unify(f"{ms_root}/a_st", p["a"], f"{rs_root}/unified", mindspore_order=True)
+    api.unify(f"{ms_root}/a_st", p["a"], f"{rs_root}/unified", parts=api.UnifyOptions(mindspore_order=True))
     assert_same_tree(f"{rs_root}/unified", f"{ms_root}/unified")
     api.split(f"{rs_root}/unified", p["b"], f"{rs_root}/split")
     assert_same_tree(f"{rs_root}/split", f"{ms_root}/split")
@@ -299,7 +305,7 @@ def test_unify_sources_saved_without_redundancy(oracle, tmp_path) -> None:
             }
         ],
     )
-    api.unify(str(src), strategy, str(tmp_path / "rs"), mindspore_order=True)
+    api.unify(str(src), strategy, str(tmp_path / "rs"), parts=api.UnifyOptions(mindspore_order=True))
     assert_same_tree(str(tmp_path / "rs"), str(tmp_path / "ms"))
     with api.open_checkpoint(str(tmp_path / "rs" / "part0.safetensors")) as index:
         for name, arr in full.items():

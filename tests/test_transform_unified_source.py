@@ -14,7 +14,7 @@ from tests.trust_helpers import make_job, run_cli
 def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = str(tmp_path_factory.mktemp("job"))
     job = make_job(root)
-    api.unify(job["r8st"], job["s8"], f"{root}/unified", manifest=False)
+    api.unify(job["r8st"], job["s8"], f"{root}/unified", destination=api.Destination(manifest=False))
     job["unified"] = f"{root}/unified"
     return job
 

@@ -27,7 +27,7 @@ KEY = bytes(range(16))
 def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = str(tmp_path_factory.mktemp("job"))
     job = make_job(root)
-    api.transform(job["r8"], f"{root}/r4", job["s8"], job["s4"], output_format="safetensors")
+    api.transform(job["r8"], f"{root}/r4", job["s8"], job["s4"], output=api.OutputSpec(format="safetensors"))
     api.unify(job["r8st"], job["s8"], f"{root}/unified")
     job["r4"], job["unified"] = f"{root}/r4", f"{root}/unified"
     return job

@@ -42,8 +42,8 @@ def make_job(root: str, shape: ModelShape = SMALL) -> dict[str, str]:
     write_stage_strategies(f"{root}/s4", stage_strategies(shape, 1, 2, 2, False), 2)
     merge_pipeline_strategies(f"{root}/s8", f"{root}/merged/s8.ckpt")
     merge_pipeline_strategies(f"{root}/s4", f"{root}/merged/s4.ckpt")
-    api.transform(full, f"{root}/r8", None, f"{root}/merged/s8.ckpt", manifest=False)
-    api.convert(f"{root}/r8", f"{root}/r8st", "safetensors", manifest=False)
+    api.transform(full, f"{root}/r8", None, f"{root}/merged/s8.ckpt", destination=api.Destination(manifest=False))
+    api.convert(f"{root}/r8", f"{root}/r8st", "safetensors", destination=api.Destination(manifest=False))
     return {
         "root": root,
         "full": full,

@@ -435,11 +435,10 @@ class Conversion:
             work,
             self.src,
             self.dst,
-            prefix=PREFIX,
-            output_format=self.output_format,
             ranks=[rank],
-            manifest=False,
-            names=self.names,
+            output=api.OutputSpec(prefix=PREFIX, format=self.output_format),
+            destination=api.Destination(manifest=False),
+            tensors=api.TensorOptions(names=self.names),
         )
         produced = os.path.join(work, f"rank_{rank}")
         names = sorted(os.listdir(produced))

@@ -57,6 +57,7 @@ from reshard.naming import (
 from reshard.naming.config import load_config
 from reshard.naming.filters import HF_WEIGHTS_ONLY, WEIGHTS_ONLY
 from reshard.naming.presets import PRESETS
+from reshard.ops.options import Destination, OutputSpec, TensorOptions
 from reshard.text import format_size, one_line, parse_size
 
 
@@ -412,13 +413,24 @@ def _key(args: argparse.Namespace, side: str) -> bytes | None:
     return crypto.load_key(key_file, env, key_format or "auto")
 
 
-def _kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {"overwrite": args.overwrite, "resume": args.resume, "manifest": not args.no_manifest}
+def _destination(args: argparse.Namespace) -> Destination:
+    """``--overwrite`` / ``--resume`` / ``--dry-run`` / ``--no-manifest``."""
+    return Destination(
+        overwrite=args.overwrite, resume=args.resume, dry_run=bool(args.dry_run), manifest=not args.no_manifest
+    )
 
 
-def _hf(args: argparse.Namespace) -> dict[str, Any]:
-    """``--hf`` / ``--max-shard-size``: the API parses the size (``text.parse_size``: ``5GB``, ``2GiB``)."""
-    return {"hf": args.hf, "max_shard_size": args.max_shard_size}
+def _output(
+    args: argparse.Namespace, fmt: str | None, hf_not_ckpt: tuple[str, str | None] = ("", None), **fields: Any
+) -> OutputSpec:
+    """``--hf`` / ``--max-shard-size`` beside the command's format flag: the API parses the size
+    (``text.parse_size``: ``5GB``, ``2GiB``). ``hf_not_ckpt``: the command's refusal of ``--hf`` with ckpt."""
+    hf = getattr(args, "hf", False)
+    if hf and fmt == "checkpoint2":
+        raise UsageError("a Checkpoint 2.0 is not a Hugging Face model: give --hf or --output-format checkpoint2")
+    if hf and fmt == "ckpt" and hf_not_ckpt[0]:
+        raise UsageError(*hf_not_ckpt)
+    return OutputSpec(format="hf" if hf else fmt, max_shard_size=getattr(args, "max_shard_size", None), **fields)
 
 
 def _add_hf_flags(p: argparse.ArgumentParser) -> None:
@@ -528,8 +540,10 @@ def _config_block(args: argparse.Namespace) -> tuple[int, int] | None:
     return block_from_config(doc) if isinstance(doc, dict) else None
 
 
-def _dtype(args: argparse.Namespace) -> dict[str, Any]:
-    return {"dtype": args.dtype, "dtype_all": args.dtype_all, "precision": _precision(args)}
+def _tensors(args: argparse.Namespace) -> TensorOptions:
+    """The name flags (``_names``), ``--dtype`` / ``--dtype-all`` and ``--dequantize`` / ``--quantize``."""
+    names = _names(args).get("names")
+    return TensorOptions(names=names, dtype=args.dtype, dtype_all=args.dtype_all, precision=_precision(args))
 
 
 def _notes(notes: Sequence[str], args: argparse.Namespace) -> None:
@@ -862,18 +876,13 @@ def cmd_transform(args: argparse.Namespace) -> None:
         args.dst,
         _mindformers_strategy(args.src, args.src_strategy, "--src-strategy", args),
         _none(args.dst_strategy),
-        prefix=args.prefix,
-        output_format=args.output_format,
         ranks=args.ranks,
+        output=_output(args, args.output_format, (_HF_NOT_CKPT, None), prefix=args.prefix, **_checkpoint2(args)),
+        destination=_destination(args),
+        tensors=_tensors(args),
         read=read,
         write=None if args.command == "plan" else _write_options(args),
         run=run,
-        dry_run=args.dry_run,
-        **_kwargs(args),
-        **_hf(args),
-        **_checkpoint2(args),
-        **_names(args),
-        **_dtype(args),
     )
     _finish(report, args, args.dst)
     if args.command == "plan" and getattr(args, "picture", None):
@@ -881,6 +890,8 @@ def cmd_transform(args: argparse.Namespace) -> None:
     if args.command == "plan" and getattr(args, "placement", None):
         _print_planned_nodes(report, args)
 
+
+_HF_NOT_CKPT = "Hugging Face output is a full safetensors model: give no destination strategy and no ckpt output format"
 
 # Flags of reshard's own transform that MindFormers' tool has no counterpart for: refused beside its flags.
 _NOT_WITH_TOOL = {
@@ -1052,7 +1063,14 @@ def cmd_unify(args: argparse.Namespace) -> None:
         raise UsageError("unify needs the strategy of the rank folders: give --strategy", args.src)
     read, write, run = _read_options(args), _write_options(args), _run_options(args)
     if split and not args.dry_run:  # an empty part group is refused before anything is written
-        groups = api.unify(args.src, strategy, args.dst, split_dst_file=split, read=read, dry_run=True).plan
+        groups = api.unify(
+            args.src,
+            strategy,
+            args.dst,
+            parts=api.UnifyOptions(split_dst_file=split),
+            destination=api.Destination(dry_run=True),
+            read=read,
+        ).plan
         if not groups.files:
             raise UsageError(
                 f"--split {split[0]}/{split[1]}: that part group is empty (this model fills fewer "
@@ -1062,15 +1080,13 @@ def cmd_unify(args: argparse.Namespace) -> None:
         args.src,
         strategy,
         args.dst,
-        split_dst_file=split,
+        parts=api.UnifyOptions(split_dst_file=split),
+        output=_output(args, None),
+        destination=_destination(args),
+        tensors=_tensors(args),
         read=read,
         write=write,
         run=run,
-        dry_run=args.dry_run,
-        **_kwargs(args),
-        **_hf(args),
-        **_names(args),
-        **_dtype(args),
     )
     _finish(report, args, args.dst)
 
@@ -1082,14 +1098,12 @@ def cmd_split(args: argparse.Namespace) -> None:
         args.strategy,
         args.dst,
         ranks=args.ranks,
-        output_format=args.output_format,
+        output=OutputSpec(format=args.output_format),
         name_map=name_map,
+        destination=_destination(args),
+        tensors=_tensors(args),
         write=_write_options(args),
         run=_run_options(args),
-        dry_run=args.dry_run,
-        **_kwargs(args),
-        **_names(args),
-        **_dtype(args),
     )
     _finish(report, args, args.dst)
 
@@ -1149,7 +1163,13 @@ def _print_rank_files(args: argparse.Namespace, dst_sf: Any, notes: list[str]) -
     if args.src is None:
         raise UsageError("--files needs the source (--src)")
     report = api.transform(
-        args.src, "", _none(args.src_strategy), dst_sf, ranks=[args.rank], read=_read_options(args), dry_run=True
+        args.src,
+        "",
+        _none(args.src_strategy),
+        dst_sf,
+        ranks=[args.rank],
+        destination=api.Destination(dry_run=True),
+        read=_read_options(args),
     )
     _notes([*notes, *report.notes], args)
     files = sorted(report.plan.sources)
@@ -1183,20 +1203,18 @@ def cmd_convert(args: argparse.Namespace) -> None:
     if args.dst is None:
         args.dst = _default_destination(args.src, args.to, args.hf)
         beside = f"no destination given: wrote into {args.dst}, a new folder beside the source"
+    refusal = ("Hugging Face output converts one full .ckpt file to safetensors", args.src)
     report = api.convert(
         args.src,
         args.dst,
-        args.to,
+        _output(args, args.to, refusal),
         name_map=name_map,
         file_regex=args.file_regex,
+        destination=_destination(args),
+        tensors=_tensors(args),
         read=_read_options(args),
         write=_write_options(args),
         run=_run_options(args),
-        dry_run=args.dry_run,
-        **_kwargs(args),
-        **_hf(args),
-        **_names(args),
-        **_dtype(args),
     )
     if beside is not None and not args.dry_run:
         report.notes.insert(0, beside)

@@ -119,8 +119,7 @@ def main(work_dir: str | None = None) -> None:
                 mf2,
                 src_merged,
                 src_merged,
-                output_format="checkpoint2",
-                iteration=1000,
+                output=api.OutputSpec(format="checkpoint2", iteration=1000),
             )
         ),
     )

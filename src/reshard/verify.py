@@ -212,13 +212,15 @@ def side_plan(
             _VIRTUAL_OUT,
             strategy,
             None,
-            output_format="ckpt",
             read=read,
-            dry_run=True,
-            dtype=dtype,
-            dtype_all=dtype is not None,
-            names=options,
-            precision=Precision(dequantize) if dequantize is not None else None,
+            output=api.OutputSpec(format="ckpt"),
+            destination=api.Destination(dry_run=True),
+            tensors=api.TensorOptions(
+                dtype=dtype,
+                dtype_all=dtype is not None,
+                names=options,
+                precision=Precision(dequantize) if dequantize is not None else None,
+            ),
         )
         notes.extend(f"{path}: {note}" for note in report.notes)
         return report.plan

@@ -538,7 +538,15 @@ def _convert(to: str, file_path: Any, save_path: Any, name_map: Any, file_name_r
     run = _workers(processes_num, "processes_num")
     if not os.path.exists(src):
         raise UsageError("file_path does not exist", src)
-    api.convert(src, dst, to, name_map=names, file_regex=file_name_regex, run=run, manifest=WRITE_MANIFEST)
+    api.convert(
+        src,
+        dst,
+        to,
+        name_map=names,
+        file_regex=file_name_regex,
+        run=run,
+        destination=api.Destination(manifest=WRITE_MANIFEST),
+    )
 
 
 def ckpt_to_safetensors(
@@ -858,11 +866,9 @@ def transform_checkpoints(
         dst_dir,
         src,
         dst,
-        prefix=prefix,
-        output_format=out_fmt,
         run=run,
-        overwrite=True,
-        manifest=WRITE_MANIFEST,
+        output=api.OutputSpec(prefix=prefix, format=out_fmt),
+        destination=api.Destination(overwrite=True, manifest=WRITE_MANIFEST),
     )
 
 
@@ -921,7 +927,7 @@ def transform_checkpoint_by_rank(
     dst = _optional_strategy(dst_strategy_file, "dst_strategy_file")
     _refuse_no_strategy(src, dst)
     rank = _rank(rank_id, _rank_bound(None, dst))
-    api.transform_by_rank(rank, files, out, src, dst, manifest=WRITE_MANIFEST)
+    api.transform_by_rank(rank, files, out, src, dst, destination=api.Destination(manifest=WRITE_MANIFEST))
 
 
 def _refuse_no_strategy(src: StrategyFile | None, dst: StrategyFile | None) -> None:

@@ -16,9 +16,11 @@ executes (``RunOptions``) keep their own types in the layers that use them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from reshard.errors import UsageError
 
 if TYPE_CHECKING:
     from reshard.naming.options import NameOptions
@@ -71,4 +73,66 @@ class TensorOptions:
     precision: Precision | None = field(default=None)
 
 
-__all__ = ["OUTPUT_FORMATS", "Destination", "OutputSpec", "TensorOptions"]
+@dataclass(frozen=True)
+class UnifyOptions:
+    """How ``unify`` packs its parts, as MindSpore's ``unified_safetensors`` does.
+
+    ``file_suffix``: read the file of each rank folder whose name ends with this (MindSpore's literal
+    suffix; None: ``ReadOptions``' choice). ``choice_func(name)``: False moves a parameter to
+    ``hyper_param.safetensors``, a str renames it. ``split_dst_file``: ``(index, count)`` writes only
+    part group ``index`` of ``count`` (``()``: all). ``mindspore_order``: pack in the folder listing
+    order, as MindSpore (False: rank order).
+    """
+
+    file_suffix: str | None = None
+    choice_func: Callable[[str], bool | str] | None = None
+    split_dst_file: tuple[int, int] | tuple[()] = ()
+    mindspore_order: bool = False
+
+
+def _choices(names: Sequence[str]) -> str:
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
+
+
+def output_format(output: OutputSpec | None, allowed: Sequence[str], operation: str) -> str | None:
+    """``output.format`` (None: the operation's default), checked against the formats ``operation`` writes.
+
+    Raises:
+        UsageError: A format that does not exist, or one the operation does not write (naming the choices).
+    """
+    fmt = output.format if output is not None else None
+    if fmt is None:
+        return None
+    if fmt not in OUTPUT_FORMATS:
+        raise UsageError(f"unknown output format {fmt!r} (choose {_choices(OUTPUT_FORMATS)})")
+    if fmt not in allowed:
+        raise UsageError(f"{operation} writes {_choices(tuple(allowed))}, not {fmt!r}")
+    return fmt
+
+
+def shard_bytes(output: OutputSpec | None) -> int | None:
+    """The Hugging Face shard size in bytes (``format="hf"``; default ``5GB``), or None for other formats.
+
+    Raises:
+        UsageError: A shard size without Hugging Face output, or one that does not parse.
+    """
+    from reshard.formats.hf_index import DEFAULT_MAX_SHARD_SIZE
+    from reshard.text import parse_size
+
+    size = output.max_shard_size if output is not None else None
+    if output is None or output.format != "hf":
+        if size is not None:
+            raise UsageError("a maximum shard size needs Hugging Face output (--hf)")
+        return None
+    return parse_size(DEFAULT_MAX_SHARD_SIZE if size is None else size, "the shard size")
+
+
+__all__ = [
+    "OUTPUT_FORMATS",
+    "Destination",
+    "OutputSpec",
+    "TensorOptions",
+    "UnifyOptions",
+    "output_format",
+    "shard_bytes",
+]

@@ -1,0 +1,118 @@
+"""``transform_by_rank``: one destination rank's file from the source files it needs (multi-node building block).
+
+A job spread over nodes has each node write its own destination ranks; ``needed_ranks`` says which
+source ranks' files one destination rank reads (MindSpore's ``rank_list_for_transform``), and
+``transform_by_rank`` writes that rank's file from exactly those. It runs through the one run path
+with a single output file as its target, checked against every path it reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from reshard.execute.options import RunOptions, WriteOptions
+from reshard.formats.strategy import StrategyFile
+from reshard.ops.options import Destination
+from reshard.ops.run import Report, Target, run_plan, strategy_paths
+from reshard.ops.tensors import check_copies
+from reshard.plan import plan_transform_by_rank
+from reshard.sources import ReadOptions, source_file
+from reshard.sources import strategy as _strategy
+
+
+def transform_by_rank(
+    rank: int,
+    files_map: Mapping[int, str],
+    out_file: str,
+    src_strategy: str | StrategyFile | None = None,
+    dst_strategy: str | StrategyFile | None = None,
+    *,
+    destination: Destination | None = None,
+    read: ReadOptions | None = None,
+    write: WriteOptions | None = None,
+    run: RunOptions | None = None,
+) -> Report:
+    """Write only destination ``rank``'s file from ``{source rank: file}`` (multi-node building block).
+
+    The manifest goes next to ``out_file``. ``files_map`` needs the source ranks ``needed_ranks``
+    names, and no others.
+
+    Args:
+        rank: The destination rank to write.
+        files_map: Source rank -> its checkpoint file.
+        out_file: The output file; its extension (``.ckpt`` / ``.safetensors``) is the format.
+        src_strategy: The source strategy, a path or a ``StrategyFile`` (None: the source is a full
+            model).
+        dst_strategy: The destination strategy (None: a full model).
+        destination: ``Destination``: ``dry_run`` plans only, ``manifest=False`` writes no journal nor
+            manifest (as the MindSpore drop-in). None: ``Destination()``.
+        read: How sources are read (``ReadOptions``: decryption, crc checking). None: ``ReadOptions()``.
+        write: What the output's bytes hold (``WriteOptions``: crc trailer, encryption, checksum).
+        run: How the run executes (``RunOptions``; a ``RayOptions`` runs on Ray). None: ``RunOptions()``.
+
+    Returns:
+        A ``Report`` holding the plan (no notes).
+
+    Raises:
+        UsageError: A missing source file, a needed source rank missing from ``files_map``, an
+            ``out_file`` that is a source or lies in a source folder, or write options that do not
+            fit the output (see ``execute``).
+        LayoutError: ``rank`` or the tensors do not fit the strategies.
+        FormatError: A strategy or source file that cannot be read, is truncated or is not what it claims.
+        CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
+        IntegrityError: A crc trailer does not match, or copies the strategy calls replicas differ.
+        UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
+        ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
+
+    Example:
+        from reshard import api
+        needed = api.needed_ranks(0, "demo/strategy_8", "demo/strategy_4")
+        files = {r: f"demo/ckpt_8ranks/rank_{r}/checkpoint_{r}.ckpt" for r in needed}
+        api.transform_by_rank(0, files, "out/checkpoint_0.ckpt", "demo/strategy_8", "demo/strategy_4")
+    """
+    sources = {int(r): source_file(p, int(r), read) for r, p in files_map.items()}
+    src_sf = _strategy(src_strategy)
+    plan = plan_transform_by_rank(rank, sources, out_file, src_sf, _strategy(dst_strategy))
+    check_copies(sources, src_sf, read)
+    reads = [*files_map.values(), *strategy_paths(src_strategy, dst_strategy)]
+    return run_plan(plan, Target(None, reads, output_file=out_file), destination, read, write, run, [])
+
+
+def needed_ranks(
+    rank_id: int,
+    src_strategy: str | StrategyFile | None,
+    dst_strategy: str | StrategyFile | None = None,
+    notes: list[str] | None = None,
+) -> list[int]:
+    """Source ranks whose files destination ``rank_id`` needs (MindSpore's ``rank_list_for_transform``).
+
+    Notes on loading the strategies (a merged file passed over) go to ``notes`` when given.
+
+    Args:
+        rank_id: The destination rank.
+        src_strategy: The source strategy, a path or a ``StrategyFile`` (None: a full model, so ``[0]``).
+        dst_strategy: The destination strategy (None: a full model).
+        notes: A list the loading notes are appended to (None: dropped).
+
+    Returns:
+        The source ranks, in MindSpore's order (descending).
+
+    Raises:
+        FormatError: A strategy path that cannot be read (missing, say) or parsed.
+        LayoutError: ``rank_id`` is not a rank of the strategies, or the layouts do not fit.
+
+    Example:
+        from reshard import api
+        ranks = api.needed_ranks(0, "demo/strategy_8", "demo/strategy_4")
+    """
+    from reshard import layout
+    from reshard.layout import layout_map
+
+    src_sf, dst_sf = _strategy(src_strategy, notes), _strategy(dst_strategy, notes)
+    if src_sf is None:
+        return [0]
+    dst_map = layout_map(dst_sf, rank_id) if dst_sf is not None else None
+    return layout.rank_list_for_transform(rank_id, layout_map(src_sf), dst_map)
+
+
+__all__ = ["needed_ranks", "transform_by_rank"]

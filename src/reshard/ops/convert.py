@@ -1,0 +1,253 @@
+"""``convert``: ``.ckpt`` <-> ``.safetensors`` file by file, one full ``.ckpt`` into Hugging Face shards.
+
+Each input file becomes one output file of the other format under the same rank folder name (or
+beside it, as MindSpore does, without a destination). A ``.ckpt`` to ``.ckpt`` conversion is a
+re-encryption (``ops.recrypt``). Without a destination the run's own check replaces the folder
+check: rank folders are refused (the outputs would go into the source), existing outputs too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from reshard.errors import UsageError
+from reshard.execute.options import RunOptions, WriteOptions
+from reshard.formats import layout_dir
+from reshard.ops.options import Destination, OutputSpec, TensorOptions, shard_bytes
+from reshard.ops.recrypt import recrypt
+from reshard.ops.run import Report, Target, run_plan
+from reshard.ops.tensors import Inputs, TensorPipeline, full_tensors, training_state_note
+from reshard.plan import Plan, hf_sharded, plan_convert
+from reshard.sources import (
+    CHECKPOINT2,
+    CHECKPOINTS,
+    ENCRYPTED_CKPT,
+    FULL_FILE,
+    HUGGING_FACE,
+    ONE_RANK_FOLDER,
+    RANK_FOLDERS,
+    Kind,
+    ReadOptions,
+    chosen_names,
+    full_model_file,
+    identify,
+    kind_of,
+    rank_subfolders,
+    source_file,
+)
+
+FORMATS = ("ckpt", "safetensors", "hf")  # what convert writes
+
+
+def convert(
+    src: str,
+    dst: str | None,
+    to: str | OutputSpec,
+    *,
+    name_map: Mapping[str, str] | None = None,
+    file_regex: str | None = None,
+    destination: Destination | None = None,
+    tensors: TensorOptions | None = None,
+    read: ReadOptions | None = None,
+    write: WriteOptions | None = None,
+    run: RunOptions | None = None,
+) -> Report:
+    """Convert ``.ckpt`` <-> ``.safetensors`` for one file or a folder of ``rank*`` folders.
+
+    Without ``dst`` one file's output goes next to it (as MindSpore does) and the manifest into its
+    folder; existing outputs are then refused unless overwriting or resuming. ``rank*`` folders
+    without ``dst`` are refused unless ``Destination(manifest=False)`` (the MindSpore drop-in: outputs
+    beside the inputs, no manifest). ``OutputSpec(format="hf")`` converts one full ``.ckpt`` file
+    into Hugging Face shards (at most ``max_shard_size``, default ``5GB``) + its index. ``.ckpt``
+    sources with ``to="ckpt"`` are re-written into ``dst`` (``recrypt``): encrypted with
+    ``write.enc_key`` (after decrypting with ``read.dec_key`` when given) or decrypted (only
+    ``read.dec_key``). A folder without ``rank*`` folders holding one checkpoint file stands for it.
+
+    Args:
+        src: A checkpoint file, or a folder of ``rank*`` folders.
+        dst: The output folder (None: next to the inputs; rank folders only without a manifest).
+        to: The output format, ``"ckpt"`` or ``"safetensors"``, or an ``OutputSpec`` (``format="hf"``
+            with its ``max_shard_size``).
+        name_map: Output name -> source name (None: names kept).
+        file_regex: Only inputs whose name matches (None: all).
+        destination: How ``dst`` is treated (``Destination``: overwrite, resume, dry run, manifest).
+        tensors: Filters and maps (tensor surgery only for one full file), dequantize/quantize and
+            casts (``TensorOptions``). None: every tensor as it is.
+        read: How sources are read (``ReadOptions``: decryption, crc checking, which file of a rank
+            folder). None: ``ReadOptions()``.
+        write: What the outputs' bytes hold (``WriteOptions``: crc trailer, encryption, checksum).
+        run: How the run executes (``RunOptions``; a ``RayOptions`` runs on Ray). None: ``RunOptions()``.
+
+    Returns:
+        A ``Report``: the plan, notes (files passed over), the files a resumed run kept and the
+        name report.
+
+    Raises:
+        UsageError: A bad ``to``, a missing source, an existing output or refused destination, a
+            ``.ckpt`` to ``.ckpt`` conversion without a key, Hugging Face output from anything but
+            one ``.ckpt`` file, or write options that do not fit the outputs (see ``execute``).
+        FormatError: A source file that cannot be read, is truncated or is not what it claims.
+        CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
+        IntegrityError: A source's crc trailer does not match its content.
+        UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
+        ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
+
+    Example:
+        from reshard import api
+        api.convert("demo/ckpt_8ranks", "st_8ranks", "safetensors")
+        api.convert("demo/full/model.ckpt", "hf", api.OutputSpec(format="hf", max_shard_size="4MB"))
+    """
+    output = to if isinstance(to, OutputSpec) else OutputSpec(format=to)
+    if output.format not in FORMATS:
+        raise UsageError(f"--to must be ckpt or safetensors, not {output.format!r}")
+    fmt = "safetensors" if output.format == "hf" else output.format
+    shard_size = shard_bytes(output)
+    where = destination or Destination()
+    pipeline = TensorPipeline(tensors, src)
+    given, src = src, _convert_source(src)
+    if fmt == "ckpt" and holds_only_ckpt(src):
+        _check_recrypt(src, pipeline)
+        return recrypt(src, dst, file_regex=file_regex, destination=where, read=read, write=write, run=run)
+    if shard_size is not None and not os.path.isfile(src):
+        raise UsageError("Hugging Face output converts one full .ckpt file to safetensors", src)
+    notes: list[str] = []
+    pairs = convert_targets(src, dst, fmt, file_regex, read, notes)
+    inputs = pipeline.apply(Inputs({k: source_file(i, 0, read) for k, (i, _) in enumerate(pairs)}), notes)
+    plan = plan_convert([(inputs.files[k], o, fmt) for k, (_, o) in enumerate(pairs)], name_map)
+    plan = pipeline.after(plan, inputs, full=len(pairs) == 1)  # another family is refused first
+    pipeline.check_config(full_tensors(inputs.files.values()))
+    if shard_size is not None:
+        out_dir = os.path.dirname(pairs[0][1]) if pairs else (dst or os.path.dirname(os.path.abspath(src)))
+        plan = hf_sharded(plan, out_dir, shard_size)
+        training_state_note(plan, notes)
+    plan = pipeline.finish(plan, notes, read)
+    root = dst if dst else (src if os.path.isdir(src) else os.path.dirname(os.path.abspath(src)))
+    target = Target(root, [given, src]) if dst else Target(root, check=lambda: _check_beside(src, plan, where))
+    return run_plan(plan, target, where, read, write, run, notes, pipeline.report)
+
+
+def _check_recrypt(src: str, pipeline: TensorPipeline) -> None:
+    """A ``.ckpt`` to ``.ckpt`` conversion re-writes bytes (keys only): no filter, map or cast."""
+    if pipeline.naming.active or pipeline.dequantizer is not None:
+        raise UsageError("filters and renames apply when converting between ckpt and safetensors, not to recrypt")
+    if pipeline.cast is not None:
+        raise UsageError(
+            "convert --to ckpt re-writes .ckpt files byte for byte (keys only); to cast a .ckpt use "
+            "transform with no strategies (one full file) or convert it to safetensors",
+            src,
+        )
+
+
+def _check_beside(src: str, plan: Plan, where: Destination) -> None:
+    """Without a destination: never into rank folders (with a manifest), never over an existing output."""
+    if os.path.isdir(src) and where.manifest:
+        raise UsageError(
+            "give a destination folder: without one the outputs would go into the source's rank folders "
+            "(only the MindSpore drop-in, which keeps no manifest, writes there, as MindSpore does)",
+            src,
+        )
+    if not (where.overwrite or where.resume):
+        existing = [p for p in [f.path for f in plan.files] + [t.path for t in plan.texts] if os.path.exists(p)]
+        if existing:
+            raise UsageError("output exists (use --overwrite to replace it)", existing[0])
+
+
+def convert_targets(
+    src: str,
+    dst: str | None,
+    to: str,
+    file_regex: str | None = None,
+    choose: ReadOptions | None = None,
+    notes: list[str] | None = None,
+) -> list[tuple[str, str]]:
+    """The (input, output) pairs of a convert: a file, or every matching file of the ``rank*`` folders.
+
+    With ``choose.file_suffix`` or ``choose.pick``, one file per rank folder (a note names it).
+
+    Args:
+        src: A checkpoint file, or a folder of ``rank*`` folders.
+        dst: The output folder (None: next to the inputs).
+        to: The output format, ``"ckpt"`` or ``"safetensors"``.
+        file_regex: Only inputs whose name matches (None: all).
+        choose: Read options choosing one file per rank folder (None: every file).
+        notes: A list the notes are appended to (None: dropped).
+
+    Returns:
+        The pairs, in rank folder order; empty when ``file_regex`` matches nothing.
+
+    Raises:
+        UsageError: A missing source, or a file of the wrong extension.
+
+    Example:
+        from reshard import api
+        pairs = api.convert_targets("demo/ckpt_8ranks", "st_8ranks", "safetensors")
+    """
+    import re
+
+    src_ext = ".ckpt" if to == "safetensors" else ".safetensors"
+    dst_ext = "." + to
+    pattern = re.compile(file_regex) if file_regex else None
+    if identify(src, CHECKPOINTS) is not RANK_FOLDERS:
+        src = full_model_file(src) or src
+        if not src.endswith(src_ext):
+            raise UsageError(f"expected a {src_ext} file", src)
+        if pattern and not pattern.findall(src):
+            return []
+        out_dir = dst or os.path.dirname(os.path.abspath(src))
+        return [(src, os.path.join(out_dir, os.path.basename(src).replace(src_ext, dst_ext)))]
+    pairs = []
+    for sub in rank_subfolders(src):
+        folder = os.path.join(src, sub)
+        names = chosen_names(folder, src_ext[1:], choose, notes) if choose else sorted(os.listdir(folder))
+        for name in names:
+            if name.endswith(src_ext) and (pattern is None or pattern.search(name)):
+                out_dir = os.path.join(dst, sub) if dst else folder
+                pairs.append((os.path.join(folder, name), os.path.join(out_dir, name.replace(src_ext, dst_ext))))
+    return pairs
+
+
+def _convert_source(src: str) -> str:
+    """What convert reads: ``rank*`` folders as they are, or the one checkpoint file ``src`` stands
+    for (a file, or a folder holding just one: a ``rank_<r>`` folder, ``model.safetensors``'s folder)."""
+    if os.path.exists(src) and kind_of(src) is CHECKPOINT2:
+        raise UsageError(
+            "this is a MindFormers Checkpoint 2.0 (safetensors, resharded by its metadata.json): get .ckpt or "
+            "rank folders with reshard transform --src SRC --dst OUT --output-format ckpt [--dst-strategy S]",
+            src,
+        )
+    single = full_model_file(src)
+    kinds: tuple[Kind, ...] = (RANK_FOLDERS, ENCRYPTED_CKPT, FULL_FILE)
+    if single is not None and os.path.isdir(src):
+        kinds += (ONE_RANK_FOLDER, HUGGING_FACE)
+    kind = identify(src, kinds)
+    return src if kind is RANK_FOLDERS else single or src
+
+
+def holds_only_ckpt(src: str) -> bool:
+    """Whether ``src`` is a ``.ckpt`` file, or ``rank*`` folders holding ``.ckpt`` files and no ``.safetensors``.
+
+    Args:
+        src: A path (it need not exist).
+
+    Returns:
+        True for a ``.ckpt`` file or such folders; False otherwise, a missing path included.
+
+    Raises:
+        OSError: A folder that cannot be listed (no ReshardError: a missing path is just False).
+
+    Example:
+        from reshard import api
+        assert api.holds_only_ckpt("demo/ckpt_8ranks") and not api.holds_only_ckpt("demo/st_8ranks")
+    """
+    if os.path.isfile(src):
+        return src.endswith(".ckpt")
+    if not os.path.isdir(src):
+        return False
+    folders = [os.path.join(src, d) for d in rank_subfolders(src)]
+    return any(layout_dir.files_in(f, "ckpt") for f in folders) and not any(
+        layout_dir.files_in(f, "safetensors") for f in folders
+    )
+
+
+__all__ = ["FORMATS", "convert", "convert_targets", "holds_only_ckpt"]

@@ -1,0 +1,87 @@
+"""``split``: a unified (full) model sliced into ``rank_<r>/net.<fmt>`` for a destination strategy.
+
+The source is unify's output, a Hugging Face model or one full checkpoint: a full model, so the
+tensor pipeline maps it before planning and the strategy names the mapped tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from reshard.errors import UsageError
+from reshard.execute.options import RunOptions, WriteOptions
+from reshard.formats.strategy import StrategyFile
+from reshard.ops.options import Destination, OutputSpec, TensorOptions, output_format
+from reshard.ops.run import Report, Target, folder_superseded, run_plan
+from reshard.ops.tensors import Inputs, TensorPipeline
+from reshard.plan import plan_split
+from reshard.sources import model_folder, unified_index
+from reshard.sources import strategy as _strategy
+
+FORMATS = ("safetensors", "ckpt")  # what split writes (the first is its default)
+
+
+def split(
+    unified_dir: str,
+    dst_strategy: str | StrategyFile,
+    dst_dir: str,
+    *,
+    ranks: Sequence[int] | None = None,
+    output: OutputSpec | None = None,
+    name_map: Mapping[str, str] | None = None,
+    destination: Destination | None = None,
+    tensors: TensorOptions | None = None,
+    write: WriteOptions | None = None,
+    run: RunOptions | None = None,
+) -> Report:
+    """Slice a unified (full) model into ``dst_dir/rank_<r>/net.<fmt>`` for a target strategy.
+
+    ``unified_dir`` may also be a Hugging Face sharded model (its folder or its index file) or one
+    full checkpoint.
+
+    Args:
+        unified_dir: The unified folder (``part<j>.safetensors`` + ``param_name_map.json``), a
+            Hugging Face model or a full checkpoint.
+        dst_strategy: The destination strategy, a path or a ``StrategyFile``.
+        dst_dir: The output folder.
+        ranks: Only these destination ranks (None: all).
+        output: ``OutputSpec(format="safetensors")`` (the default, None) or ``format="ckpt"``.
+        name_map: Output name -> name in the unified model (None: names kept).
+        destination: How ``dst_dir`` is treated (``Destination``: overwrite, resume, dry run, manifest).
+        tensors: Filters, maps (applied to the full model first, so the strategy names its outputs),
+            dequantize/quantize and casts (``TensorOptions``). None: every tensor as it is.
+        write: What the outputs' bytes hold (``WriteOptions``: crc trailer, encryption, checksum).
+        run: How the run executes (``RunOptions``; a ``RayOptions`` runs on Ray). None: ``RunOptions()``.
+
+    Returns:
+        A ``Report``: the plan, notes, the files a resumed run kept and the name report.
+
+    Raises:
+        UsageError: ``unified_dir`` is not a full model, an output format split does not write, write
+            options that do not fit the outputs, or a refused destination (see ``check_destination``).
+        LayoutError: The strategy does not fit the tensors.
+        FormatError: A strategy or source file that cannot be read, is truncated or is not what it claims.
+        IntegrityError: A full ``.ckpt`` source's crc trailer does not match.
+        ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
+
+    Example:
+        from reshard import api
+        api.unify("demo/st_8ranks", "demo/strategy_8", "unified")
+        api.split("unified", "demo/strategy_4", "st_4ranks", ranks=[0, 1])
+    """
+    fmt = output_format(output, FORMATS, "split") or FORMATS[0]
+    pipeline = TensorPipeline(tensors, unified_dir)
+    files, mapping, hyper = unified_index(unified_dir, name_map)
+    notes: list[str] = []
+    sf = _strategy(dst_strategy, notes)
+    if sf is None:
+        raise UsageError("split needs the destination strategy")
+    inputs = pipeline.apply(Inputs(files, mapping, hyper), notes, whole=True)
+    plan = plan_split(inputs.files, inputs.mapping or {}, inputs.hyper, sf, dst_dir, fmt, ranks, name_map)
+    plan = pipeline.finish(inputs.resolve(plan), notes)
+    where = destination or Destination()
+    target = Target(dst_dir, [model_folder(unified_dir)], superseded=folder_superseded(dst_dir, sf, where))
+    return run_plan(plan, target, where, None, write, run, notes, pipeline.report)
+
+
+__all__ = ["FORMATS", "split"]

@@ -1,0 +1,188 @@
+"""The per-tensor pipeline every operation runs its planning inputs through, in one fixed order.
+
+filters (``--include``/``--exclude``/``--weights-only``), then dequantize/quantize (``--dequantize``,
+``--quantize``), then casts (``--dtype``), then model maps (``--rename``/``--preset``): each step
+changes the *planning inputs* (``SourceFile`` facts) once, so every planner's outputs, shard sizes
+and metadata carry the result, and the executor only has to notice what the plan says. The steps
+were hand-written in five places (transform's two paths, unify, split, convert); ``TensorPipeline.apply``
+is now the one place, and an operation only says whether its inputs are whole tensors (then the
+map is applied before planning, so a destination strategy slices the mapped tensors) or not (then
+``after`` applies it to the plan).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from reshard import statenames
+from reshard.errors import UsageError
+from reshard.naming import NameReport
+from reshard.ops.options import TensorOptions
+from reshard.plan import Plan, SourceFile
+from reshard.plan.cast import cast_files, cast_rule
+from reshard.plan.quantized import Dequantizer, Precision
+from reshard.plan.surgery import MAPPED_SOURCE, MappedModel, NameRun
+from reshard.sources import ReadOptions, model_folder, open_checkpoint
+
+
+@dataclass
+class Inputs:
+    """Planning inputs: rank sources (``mapping`` None) or a full model's files and name -> file map.
+
+    ``hyper``: unify's hyper-parameter file beside a unified model (split carries it over).
+    ``model``: the map applied before planning (``MAPPED_SOURCE`` then stands for it in ``files``);
+    ``read``: the files the plan's copies really read (before the map stood in for them).
+    """
+
+    files: dict
+    mapping: dict[str, str] | None = None
+    hyper: SourceFile | None = None
+    model: MappedModel | None = None
+    read: dict | None = None
+
+    def resolve(self, plan: Plan) -> Plan:
+        """``plan`` reading the real files again where the map stood in for them."""
+        return self.model.resolve(plan) if self.model is not None else plan
+
+
+class TensorPipeline:
+    """One operation's filters, low precision, casts and map, applied by ``apply`` in that order."""
+
+    def __init__(self, options: TensorOptions | None, src: str, optimizer_prefixes: Sequence[str] = ()) -> None:
+        """Raises: UsageError: an unknown dtype, ``dtype_all`` without one, an unreadable ``config.json``."""
+        tensors = options or TensorOptions()
+        self.naming = NameRun(tensors.names)
+        self.cast = cast_rule(tensors.dtype, tensors.dtype_all, optimizer_prefixes)
+        self.dequantizer = _dequantizer(tensors.precision, src)
+
+    @property
+    def report(self) -> NameReport | None:
+        """The name report (None: no filter and no map)."""
+        return self.naming.report if self.naming.active else None
+
+    def apply(
+        self, inputs: Inputs, notes: list[str], *, whole: bool = False, also: tuple[dict, str] | None = None
+    ) -> Inputs:
+        """``inputs`` filtered, dequantized or quantized, cast, and (``whole`` tensors) mapped.
+
+        ``whole``: the inputs are full tensors (a full model, or one full file), so the map is
+        applied now and the full tensors are checked against the model config (and ``also``, a
+        Hugging Face source's own ``config.json``).
+
+        Raises:
+            UsageError: A filter that matches nothing, a NaN-free cast that overflows, a map for
+                another model family, a model config the shapes contradict.
+        """
+        if inputs.mapping is None:
+            files = self.naming.narrow(inputs.files)
+            files = self.dequantizer.ranks(files) if self.dequantizer is not None else files
+            out = Inputs(cast_files(files, self.cast, notes))
+            out.model = self.naming.mapped_file(out.files) if whole else None
+        else:
+            files, mapping, hyper = self.naming.narrow_full(inputs.files, inputs.mapping, inputs.hyper)
+            if self.dequantizer is not None:
+                files, mapping = self.dequantizer.full(files, mapping)
+            hyper = cast_files({0: hyper}, self.cast)[0] if hyper is not None else None
+            out = Inputs(cast_files(files, self.cast, notes), mapping, hyper)
+            out.model = self.naming.mapped_model(out.files, mapping) if whole else None
+        out.read = out.files
+        if whole:
+            self.naming.check_config(full_tensors(out.files.values()), also)
+        if out.model is not None and out.mapping is None:
+            out.files = {r: replace(out.model.source, rank=r) for r in out.files}
+        elif out.model is not None:
+            out.files, out.mapping = {MAPPED_SOURCE: out.model.source}, out.model.name_to_file
+        return out
+
+    def after(self, plan: Plan, inputs: Inputs, full: bool) -> Plan:
+        """``plan`` with the map applied, when it was not applied before planning."""
+        return self.naming.after(plan, list(inputs.read.values() if inputs.read else ()), full=full)
+
+    def check_config(self, tensors: Iterable[tuple[str, tuple[int, ...]]]) -> None:
+        """Full tensors (of a plan writing a full model, say) agree with the model config."""
+        self.naming.check_config(tensors)
+
+    def finish(self, plan: Plan, notes: list[str], read: ReadOptions | None = None) -> Plan:
+        """``plan`` carrying what its dequantized tensors are read from (a note says how many).
+
+        Raises:
+            UsageError: A NaN or infinite block scale (read now: planning refuses it, nothing is written).
+        """
+        if self.dequantizer is None:
+            return plan
+        from reshard.execute import dequant
+
+        note = self.dequantizer.note()
+        if note is not None:
+            notes.append(note)
+        plan = self.dequantizer.attach(plan)
+        opened = replace(read, verify_crc=False) if read is not None else None
+        dequant.check_scales(plan, lambda path: open_checkpoint(path, opened))
+        return plan
+
+
+def _dequantizer(precision: Precision | None, src: str) -> Dequantizer | None:
+    """The run's dequantization (None without one), with the block size of the source's config.json."""
+    if precision is None or not precision.active:
+        return precision.dequantizer(None) if precision is not None else None
+    return precision.dequantizer(_config_beside(src))
+
+
+def _config_beside(src: str) -> dict[str, object] | None:
+    """The ``config.json`` beside a source (a Hugging Face folder's own), or None: the block size
+    of its quantized weights."""
+    import json
+
+    folder = model_folder(src)
+    folder = folder if os.path.isdir(folder) else os.path.dirname(os.path.abspath(folder))
+    path = os.path.join(folder, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot read {path}: {e}") from None
+    return doc if isinstance(doc, dict) else None
+
+
+def full_tensors(files: Iterable[SourceFile]) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of a full model's tensors, for ``NameRun.check_config`` (read only with a config)."""
+    return ((name, t.shape) for f in files for name, t in f.tensors.items())
+
+
+def plan_tensors(plan: Plan) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of a plan's output tensors (whole tensors when it writes a full model)."""
+    return ((t.name, t.shape) for f in plan.files for t in f.tensors)
+
+
+def training_state_note(plan: Plan, notes: list[str]) -> None:
+    """A Hugging Face folder is what ``transformers`` loads (weights only): say when training state goes in."""
+    state = sorted({t.name for f in plan.files for t in f.tensors if statenames.DEFAULT.is_state(t.name)})
+    if state:
+        shown = ", ".join(state[:3]) + (", ..." if len(state) > 3 else "")
+        notes.append(
+            f"the Hugging Face output holds {len(state)} training-state tensor(s) beside the weights ({shown}); "
+            "transformers loads model weights only"
+        )
+
+
+def check_copies(sources: Mapping[int, SourceFile], sf: object, read: ReadOptions | None) -> None:
+    """The copies of a slice the source strategy calls replicas hold the same bytes (sampled:
+    ``reshard.sources.replicas``), checked once a plan is made from them, before any byte is written."""
+    if sf is not None:
+        from reshard.sources.replicas import check_replicas
+
+        check_replicas(sources, sf, read)  # type: ignore[arg-type]
+
+
+__all__ = [
+    "Inputs",
+    "TensorPipeline",
+    "check_copies",
+    "full_tensors",
+    "plan_tensors",
+    "training_state_note",
+]

@@ -1,0 +1,286 @@
+"""``transform``: a distributed (or full) checkpoint to another layout, full -> N, N -> M, N -> full.
+
+Two planning paths, chosen by what the source is: a full model (a Hugging Face folder, unify's
+output) is planned from its name -> file map, everything else (rank folders, one full file, a
+Checkpoint 2.0) from rank sources and the source strategy. Both run the one tensor pipeline
+(``ops.tensors``) before planning, and end alike: a Checkpoint 2.0 output is regrouped
+(``ops.checkpoint2``), a Hugging Face output sharded, and the plan handed to the one run path
+(``ops.run``). The context both paths share is a ``_Job``, so no helper takes a dozen arguments.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from reshard import statenames
+from reshard.errors import UsageError
+from reshard.execute.options import RunOptions, WriteOptions
+from reshard.formats import checkpoint2, layout_dir
+from reshard.formats.strategy import StrategyFile
+from reshard.layout import LayoutTable
+from reshard.ops import checkpoint2 as _cp2
+from reshard.ops.options import Destination, OutputSpec, TensorOptions, output_format, shard_bytes
+from reshard.ops.run import Report, Target, folder_superseded, run_plan, strategy_paths
+from reshard.ops.tensors import Inputs, TensorPipeline, check_copies, plan_tensors, training_state_note
+from reshard.plan import Plan, hf_sharded, plan_transform, plan_transform_full
+from reshard.sources import (
+    CHECKPOINT2,
+    ENCRYPTED_CKPT,
+    FULL_FILE,
+    HUGGING_FACE,
+    HYPER_NAME,
+    ONE_RANK_FOLDER,
+    RANK_FOLDERS,
+    UNIFIED,
+    Kind,
+    ReadOptions,
+    full_model_file,
+    identify,
+    model_folder,
+    unified_index,
+)
+from reshard.sources import strategy as _strategy
+from reshard.sources.checkpoint2 import check_iteration
+
+FORMATS = ("ckpt", "safetensors", "hf", "checkpoint2")  # what transform writes
+
+
+@dataclass
+class _Job:
+    """What both planning paths of one transform share."""
+
+    src: str
+    dst: str
+    ranks: Sequence[int] | None
+    fmt: str | None  # the files' byte format (None: the source's)
+    cp2_out: bool
+    prefix: str
+    read: ReadOptions | None
+    notes: list[str]
+    dst_sf: StrategyFile | None
+    plan_dst: LayoutTable | None
+    rule: statenames.StateNames
+    pipeline: TensorPipeline
+    kind: Kind
+    shard_size: int | None  # Hugging Face output's shard size (None: not Hugging Face)
+
+
+def transform(
+    src: str,
+    dst: str,
+    src_strategy: str | StrategyFile | None = None,
+    dst_strategy: str | StrategyFile | None = None,
+    *,
+    ranks: Sequence[int] | None = None,
+    output: OutputSpec | None = None,
+    destination: Destination | None = None,
+    tensors: TensorOptions | None = None,
+    read: ReadOptions | None = None,
+    write: WriteOptions | None = None,
+    run: RunOptions | None = None,
+) -> Report:
+    """Move a distributed (or full) checkpoint to another layout: full->N, N->M, N->full.
+
+    ``src`` is a folder of ``rank_<r>`` folders, one full checkpoint file, a Hugging Face sharded
+    model (its folder or its index), or a MindFormers Checkpoint 2.0 (its root or an ``iteration_*``
+    folder; ``read.iteration`` picks another than the tracker's); for a full model and a Checkpoint
+    2.0 (whose layouts are in its ``metadata.json``) ``src_strategy`` must be None. Strategies may be
+    files or folders of per-stage files (merged in memory). ``OutputSpec(format="hf")`` writes the full
+    model (no ``dst_strategy``) as Hugging Face shards plus ``model.safetensors.index.json``;
+    ``format="checkpoint2"`` a Checkpoint 2.0 (``iteration_{n:08d}/``, ``metadata.json``,
+    ``common.json``, the tracker last; docs/formats.md §10).
+
+    Args:
+        src: The source checkpoint (rank folders, a full file, a Hugging Face model, a Checkpoint 2.0).
+        dst: The destination folder: ``rank_<r>/{prefix}<r>.<fmt>`` per destination rank.
+        src_strategy: The source's strategy, a path or a loaded ``StrategyFile`` (None: a full model).
+        dst_strategy: The destination strategy (None: one full model in ``rank_0``).
+        ranks: Only these destination ranks (None: all; multi-node runs).
+        output: What to write (``OutputSpec``: ``ckpt``, ``safetensors``, ``hf`` or ``checkpoint2``; None:
+            the source's format, safetensors from a Hugging Face model; prefix, default ``"checkpoint_"``;
+            shard size; a Checkpoint 2.0's iteration, ``common.json`` values and optimizer prefixes).
+        destination: How ``dst`` is treated (``Destination``: overwrite, resume, dry run, manifest).
+            None: a non-empty ``dst`` is refused, a manifest is written.
+        tensors: What happens to tensors on the way (``TensorOptions``: filters and maps, dequantize or
+            quantize, dtype casts). None: every tensor as it is.
+        read: How sources are read (``ReadOptions``: decryption, crc checking, which file of a rank
+            folder, a Checkpoint 2.0's iteration). None: ``ReadOptions()``.
+        write: What the outputs' bytes hold (``WriteOptions``: crc trailer, encryption, checksum).
+        run: How the run executes (``RunOptions``; a ``RayOptions`` runs on Ray). None: ``RunOptions()``.
+
+    Returns:
+        A ``Report``: the plan, notes for the user (files passed over, merged strategy files ignored),
+        the files a resumed run kept, and the name report (``tensors.names``).
+
+    Raises:
+        UsageError: A missing or unrecognised source, several rank folders without ``src_strategy``, a
+            strategy for a full model, an unsafe prefix, an unknown or conflicting output format or
+            option, a missing source rank, write options that do not fit the outputs, a refused
+            destination, or a model config the full tensors' shapes contradict.
+        LayoutError: A strategy does not fit the tensors or the rank count.
+        FormatError: A strategy or source file that cannot be read, is truncated or is not what it claims.
+        CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
+        IntegrityError: A crc trailer does not match, or copies the strategy calls replicas differ.
+        UnsupportedError: A source holds entries reshard deliberately does not handle (``MapTensor``).
+        ReshardError: An output, the journal or the manifest cannot be written (a full disk, say).
+
+    Example:
+        from reshard import api
+        report = api.transform("demo/ckpt_8ranks", "ckpt_4ranks", "demo/strategy_8", "demo/strategy_4")
+        full = api.transform("demo/ckpt_4ranks", "full", "demo/strategy_4", None,
+                             output=api.OutputSpec(format="safetensors"))
+        mf2 = api.transform("demo/ckpt_8ranks", "mf2", "demo/strategy_8", "demo/strategy_4",
+                            output=api.OutputSpec(format="checkpoint2", iteration=100, common={"global_step": 100}))
+        hf_bf16 = api.transform("demo/ckpt_8ranks", "hf_bf16", "demo/strategy_8", None,
+                                output=api.OutputSpec(format="hf"), tensors=api.TensorOptions(dtype="bf16"))
+    """
+    out, where = output or OutputSpec(), destination or Destination()
+    job = _job(src, dst, src_strategy, dst_strategy, ranks, out, tensors, read)
+    if job.cp2_out:
+        _cp2.check_write(write)
+    if job.kind in (HUGGING_FACE, UNIFIED):
+        plan, src_sf, everyone = _plan_full(job, src_strategy)
+    else:
+        plan, src_sf, everyone = _plan_sharded(job, src_strategy)
+    plan = _finish(job, plan, src_sf, everyone, out)
+    sources = [model_folder(src), *strategy_paths(src_strategy, dst_strategy)]
+    if job.cp2_out:
+        target = Target(dst, sources, superseded=lambda p: _cp2.superseded(dst, p, where.overwrite, where.resume))
+    else:
+        target = Target(dst, sources, superseded=folder_superseded(dst, job.dst_sf, where))
+    return run_plan(plan, target, where, read, write, run, job.notes, job.pipeline.report)
+
+
+def _job(
+    src: str,
+    dst: str,
+    src_strategy: object,
+    dst_strategy: str | StrategyFile | None,
+    ranks: Sequence[int] | None,
+    out: OutputSpec,
+    tensors: TensorOptions | None,
+    read: ReadOptions | None,
+) -> _Job:
+    """The run's context, every option checked before a checkpoint file is read."""
+    fmt = output_format(out, FORMATS, "transform")
+    cp2_out = fmt == checkpoint2.CHECKPOINT2
+    _cp2.check_options(out)
+    _cp2.refuse_map(cp2_out, tensors.names if tensors is not None else None)
+    prefix = out.prefix if out.prefix is not None else ("" if cp2_out else "checkpoint_")
+    layout_dir.check_prefix(prefix)  # before anything is read: output names never leave the destination
+    notes: list[str] = []
+    shard_size = shard_bytes(out)
+    if shard_size is not None and dst_strategy is not None:
+        raise UsageError(
+            "Hugging Face output is a full safetensors model: give no destination strategy and no ckpt output format"
+        )
+    kind = identify(src, _kinds(src, src_strategy))
+    check_iteration(src, kind, read)
+    if kind is CHECKPOINT2:
+        _cp2.strategy_of(src, src_strategy, None)  # refused before any file is read
+    dst_sf = _strategy(dst_strategy, notes)
+    rule = statenames.DEFAULT.with_prefixes(out.optimizer_prefixes)
+    pipeline = TensorPipeline(tensors, src, out.optimizer_prefixes)
+    files_fmt = "safetensors" if cp2_out else None if fmt == "hf" else fmt
+    return _Job(
+        src, dst, ranks, files_fmt, cp2_out, prefix, read, notes, dst_sf, dst_sf, rule, pipeline, kind, shard_size
+    )
+
+
+def _plan_full(job: _Job, src_strategy: object) -> tuple[Plan, None, Plan | None]:
+    """A full model's plan (a Hugging Face folder, unify's output), from its name -> file map."""
+    if src_strategy is not None:
+        raise UsageError(f"{job.kind.name} is a full model: give no source strategy", job.src)
+    files, mapping, hyper = unified_index(job.src)
+    if hyper is not None:  # unify --hf keeps them beside the shards; a full model holds them
+        files[HYPER_NAME] = hyper
+        mapping = {**mapping, **{n: HYPER_NAME for n in hyper.tensors if n not in mapping}}
+    inputs = job.pipeline.apply(Inputs(files, mapping), job.notes, whole=True, also=_source_config(job.src, job.kind))
+    files, mapping = inputs.files, inputs.mapping or {}
+    if job.cp2_out:
+        job.plan_dst = _cp2.destination_table(job.dst_sf, list(mapping), job.rule, job.notes)
+    fmt = job.fmt or "safetensors"
+    plan = inputs.resolve(plan_transform_full(files, mapping, job.plan_dst, job.dst, job.prefix, fmt, job.ranks))
+    everyone = None
+    if job.cp2_out:
+        everyone = _cp2.everyone(
+            job.ranks, lambda: plan_transform_full(files, mapping, job.plan_dst, job.dst, "", "safetensors")
+        )
+    return plan, None, everyone
+
+
+def _plan_sharded(job: _Job, src_strategy: object) -> tuple[Plan, StrategyFile | None, Plan | None]:
+    """The plan from rank sources (rank folders, one full file, a Checkpoint 2.0) and their strategy."""
+    opened = job.kind.open(job.src, job.read, job.notes)
+    if job.kind is CHECKPOINT2:
+        src_sf = _cp2.strategy_of(job.src, src_strategy, opened)
+    else:
+        src_sf = _strategy(src_strategy, job.notes)
+    if src_sf is None and len(opened.ranks) > 1:
+        raise UsageError(
+            "several rank folders but no source strategy (--src-strategy, src_strategy in Python)", job.src
+        )
+    # one full file: the map first, so a destination strategy slices its outputs
+    inputs = job.pipeline.apply(Inputs(opened.ranks), job.notes, whole=src_sf is None)
+    sources = inputs.files
+    if job.cp2_out:
+        held = list(dict.fromkeys(n for f in sources.values() for n in f.tensors))
+        job.plan_dst = _cp2.destination_table(job.dst_sf, held, job.rule, job.notes)
+    fmt = job.fmt or opened.fmt or "ckpt"
+    plan = plan_transform(sources, src_sf, job.plan_dst, job.dst, job.prefix, fmt, job.ranks)
+    check_copies(inputs.read or {}, src_sf, job.read)
+    plan = job.pipeline.after(inputs.resolve(plan), inputs, full=job.plan_dst is None)
+    everyone = None
+    if job.cp2_out:
+        everyone = _cp2.everyone(
+            job.ranks, lambda: plan_transform(sources, src_sf, job.plan_dst, job.dst, "", "safetensors")
+        )
+    return plan, src_sf, everyone
+
+
+def _finish(job: _Job, plan: Plan, src_sf: LayoutTable | None, everyone: Plan | None, out: OutputSpec) -> Plan:
+    """The plan as written: regrouped as a Checkpoint 2.0, checked against the config, sharded for Hugging Face."""
+    if job.cp2_out:
+        iteration, common = out.iteration, out.common
+        if job.kind is CHECKPOINT2:  # the source's own iteration and common.json carry over unless given
+            iteration, common = _cp2.carried_over(job.src, job.read, iteration, common, job.notes)
+        plan = _cp2.checkpoint2_plan(
+            plan, src_sf, job.plan_dst, job.dst, iteration, common, job.prefix, job.rule, everyone, job.notes
+        )
+    if job.plan_dst is None and not job.cp2_out:  # a full model out: its tensors are whole
+        job.pipeline.check_config(plan_tensors(plan))
+    if job.shard_size is not None:
+        plan = hf_sharded(plan, job.dst, job.shard_size)
+        training_state_note(plan, job.notes)
+    return job.pipeline.finish(plan, job.notes, job.read)
+
+
+def _source_config(src: str, kind: Kind) -> tuple[dict[str, object], str] | None:
+    """A Hugging Face folder's own ``config.json`` and its path (None: another kind, none, or one
+    that does not parse: ``transformers`` words that)."""
+    if kind is not HUGGING_FACE:
+        return None
+    path = os.path.join(src if os.path.isdir(src) else os.path.dirname(src), "config.json")
+    if not os.path.isfile(path):
+        return None
+    from reshard.naming.config import load_config
+
+    try:
+        return load_config(path), path
+    except UsageError:
+        return None
+
+
+def _kinds(src: str, src_strategy: object) -> tuple[Kind, ...]:
+    """What transform reads: rank folders, a MindFormers Checkpoint 2.0, a full checkpoint, a unify
+    output, a Hugging Face model; one rank's folder only as the full checkpoint it holds, and never
+    with a source strategy (its parent was meant)."""
+    kinds: tuple[Kind, ...] = (HUGGING_FACE, UNIFIED, RANK_FOLDERS, CHECKPOINT2, ENCRYPTED_CKPT, FULL_FILE)
+    if src_strategy is None and full_model_file(src) is not None:
+        kinds += (ONE_RANK_FOLDER,)
+    return kinds
+
+
+__all__ = ["FORMATS", "transform"]
