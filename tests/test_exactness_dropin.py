@@ -49,15 +49,17 @@ def job(tmp_path: Any) -> dict[str, str]:
 
 @pytest.fixture
 def seen_workers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Worker counts of every run the drop-in starts (recorded at ``api.execute``)."""
+    """Worker counts of every run the drop-in starts (recorded at ``reshard.ops.run.execute``, the one run path's)."""
+    from reshard.ops import run as run_path
+
     seen: list[int] = []
-    real = api.execute
+    real = run_path.execute
 
     def recording(plan: Any, *, run: RunOptions | None = None, **kwargs: Any) -> Any:
         seen.append(run.workers if run is not None else -1)
         return real(plan, run=run, **kwargs)
 
-    monkeypatch.setattr(api, "execute", recording)
+    monkeypatch.setattr(run_path, "execute", recording)
     return seen
 
 

@@ -65,8 +65,55 @@ def test_import_cli_loads_nothing_heavy() -> None:
 
 
 def test_import_dropin_loads_no_optional_dependency() -> None:
-    assert loaded("import", "reshard.mindspore") == ["numpy"]
+    assert loaded("import", "reshard.mindspore") == []  # each name's module is imported on its first use
     assert loaded("import", "reshard.mindspore.parallel") == ["numpy"]
+
+
+def test_import_dropin_loads_neither_numpy_nor_the_api() -> None:
+    """``import reshard.mindspore`` (or ``from reshard import mindspore as ms``) loads none of its
+    modules; ``ms.save_checkpoint`` loads numpy and the readers but not the operations, and the
+    conversions load ``reshard.api`` / ``reshard.ops`` only inside the functions that run one."""
+    probe = (
+        "import sys\n"
+        "from reshard import mindspore as ms\n"
+        "heavy = ('numpy', 'reshard.api', 'reshard.ops.transform', 'reshard.mindspore.dropin')\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+        "ms.save_checkpoint\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+        "ms.transform_checkpoints\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.splitlines() == [
+        "[]",
+        "['numpy']",
+        "['numpy', 'reshard.mindspore.dropin']",
+    ]
+
+
+def test_dropin_modules_import_the_api_only_inside_functions() -> None:
+    """Structural: no module of ``reshard.mindspore`` imports ``reshard.api`` or ``reshard.ops``'
+    operations at module level (the run path is loaded by the function that runs one)."""
+    import ast
+
+    package = Path(__file__).resolve().parents[1] / "src" / "reshard" / "mindspore"
+    for path in sorted(package.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:  # module level only (an `if TYPE_CHECKING:` block is not run)
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for name in names:
+                assert name != "reshard.api" and not name.startswith(("reshard.api.", "reshard.ops.run")), (
+                    path.name,
+                    name,
+                )
+                assert name not in ("reshard.ops.transform", "reshard.ops.unify", "reshard.ops.convert"), (
+                    path.name,
+                    name,
+                )
 
 
 def test_import_api_loads_no_optional_dependency() -> None:

@@ -37,8 +37,9 @@ from __future__ import annotations
 from reshard import destination as _destination
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.ops.by_rank import needed_ranks, transform_by_rank
-from reshard.ops.convert import convert, convert_targets, holds_only_ckpt
+from reshard.ops.convert import convert
 from reshard.ops.options import Destination, OutputSpec, TensorOptions, UnifyOptions
+from reshard.ops.pairs import convert_targets, holds_only_ckpt
 from reshard.ops.recrypt import recrypt
 from reshard.ops.run import Report, execute, superseded
 from reshard.ops.split import split

@@ -7,9 +7,11 @@ and the same bytes (checked against MindSpore 2.10 by ``tests/test_mindspore_dro
 ``reshard.mindspore.parallel`` does the same for ``mindspore.parallel``'s checkpoint functions
 (``from reshard.mindspore.parallel import convert_checkpoints``); ``ms.parallel`` works after
 ``from reshard import mindspore as ms``, as ``ms.parallel`` does after ``import mindspore as ms``.
-The top-level functions live in ``dropin``, ``Parameter`` in ``parameter``, the ``mindspore.parallel``
-ones in ``parallel``; the names both MindSpore modules export are the same objects in both, as in
-MindSpore.
+The conversions live in ``dropin``, ``save_checkpoint`` / ``load_checkpoint`` in ``saveload``, their
+argument checks in ``arguments``, ``Parameter`` in ``parameter``, the ``mindspore.parallel`` ones in
+``parallel``; the names both MindSpore modules export are the same objects in both, as in MindSpore.
+Each is imported when one of its names is first used (``import reshard.mindspore`` loads neither
+numpy nor ``reshard.api``), as the command loads ``reshard.api`` on its first use.
 
 How it is built: every function only *validates and translates*. Argument checks reproduce
 MindSpore's (docs/formats.md §1.5, §1.9, §3.7-§3.9, §4.1, §4.3, §5) but raise reshard's one-line errors
@@ -97,27 +99,79 @@ give MindSpore's names and bytes):
   ``reset_algo_parameters`` are not provided (they configure a running job, with no file to work on).
 """
 
-from reshard.mindspore import parallel as parallel  # ms.parallel, as after `import mindspore as ms`
-from reshard.mindspore.dropin import (
-    build_searched_strategy,
-    ckpt_to_safetensors,
-    load_checkpoint,
-    load_distributed_checkpoint,
-    merge_pipeline_strategys,
-    rank_list_for_transform,
-    safetensors_to_ckpt,
-    save_checkpoint,
-    transform_checkpoint_by_rank,
-    transform_checkpoints,
-    unified_safetensors,
-)
-from reshard.mindspore.parallel import (
-    load_segmented_checkpoints,
-    merge_sliced_parameter,
-    restore_group_info_list,
-    sync_pipeline_shared_parameters,
-)
-from reshard.mindspore.parameter import Parameter
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the names as a type checker sees them; at run time __getattr__ imports them
+    from reshard.mindspore import parallel as parallel
+    from reshard.mindspore.dropin import (
+        build_searched_strategy,
+        ckpt_to_safetensors,
+        load_distributed_checkpoint,
+        merge_pipeline_strategys,
+        rank_list_for_transform,
+        safetensors_to_ckpt,
+        transform_checkpoint_by_rank,
+        transform_checkpoints,
+        unified_safetensors,
+    )
+    from reshard.mindspore.parallel import (
+        load_segmented_checkpoints,
+        merge_sliced_parameter,
+        restore_group_info_list,
+        sync_pipeline_shared_parameters,
+    )
+    from reshard.mindspore.parameter import Parameter
+    from reshard.mindspore.saveload import load_checkpoint, save_checkpoint
+
+# Where each name lives: its module is imported on the name's first use.
+_HOMES = {
+    "Parameter": "reshard.mindspore.parameter",
+    "load_checkpoint": "reshard.mindspore.saveload",
+    "save_checkpoint": "reshard.mindspore.saveload",
+    **dict.fromkeys(
+        (
+            "build_searched_strategy",
+            "ckpt_to_safetensors",
+            "load_distributed_checkpoint",
+            "merge_pipeline_strategys",
+            "rank_list_for_transform",
+            "safetensors_to_ckpt",
+            "transform_checkpoint_by_rank",
+            "transform_checkpoints",
+            "unified_safetensors",
+        ),
+        "reshard.mindspore.dropin",
+    ),
+    **dict.fromkeys(
+        (
+            "load_segmented_checkpoints",
+            "merge_sliced_parameter",
+            "restore_group_info_list",
+            "sync_pipeline_shared_parameters",
+        ),
+        "reshard.mindspore.parallel",
+    ),
+}
+
+
+def __getattr__(name: str) -> object:
+    """``ms.<name>``: imported from its module when first used (``ms.parallel``: the module)."""
+    if name == "parallel":
+        return importlib.import_module("reshard.mindspore.parallel")
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'reshard.mindspore' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, "parallel"})
+
 
 __all__ = [
     "Parameter",

@@ -45,11 +45,9 @@ from reshard import dtypes
 from reshard.errors import FormatError, LayoutError, UnsupportedError, UsageError
 from reshard.formats.strategy import message_classes
 from reshard.layout import ParamLayout, tensor_strategy
+from reshard.mindspore.arguments import DEFAULT_ENC_MODE
 from reshard.mindspore.dropin import (
-    DEFAULT_ENC_MODE,
-    LoadedValue,
     build_searched_strategy,
-    load_checkpoint,
     load_distributed_checkpoint,
     merge_pipeline_strategys,
     rank_list_for_transform,
@@ -58,6 +56,7 @@ from reshard.mindspore.dropin import (
     unified_safetensors,
 )
 from reshard.mindspore.parameter import Parameter
+from reshard.mindspore.saveload import LoadedValue, load_checkpoint
 
 # --------------------------------------------------------------------------------------------
 # the newer names (mindspore.parallel.checkpoint_convert)

@@ -13,15 +13,14 @@ from collections.abc import Mapping
 
 from reshard.errors import UsageError
 from reshard.execute.options import RunOptions, WriteOptions
-from reshard.formats import layout_dir
 from reshard.ops.options import Destination, OutputSpec, TensorOptions, shard_bytes
+from reshard.ops.pairs import convert_targets, holds_only_ckpt
 from reshard.ops.recrypt import recrypt
 from reshard.ops.run import Report, Target, run_plan
 from reshard.ops.tensors import Inputs, TensorPipeline, full_tensors, training_state_note
 from reshard.plan import Plan, hf_sharded, plan_convert
 from reshard.sources import (
     CHECKPOINT2,
-    CHECKPOINTS,
     ENCRYPTED_CKPT,
     FULL_FILE,
     HUGGING_FACE,
@@ -29,11 +28,9 @@ from reshard.sources import (
     RANK_FOLDERS,
     Kind,
     ReadOptions,
-    chosen_names,
     full_model_file,
     identify,
     kind_of,
-    rank_subfolders,
     source_file,
 )
 
@@ -153,60 +150,6 @@ def _check_beside(src: str, plan: Plan, where: Destination) -> None:
             raise UsageError("output exists (use --overwrite to replace it)", existing[0])
 
 
-def convert_targets(
-    src: str,
-    dst: str | None,
-    to: str,
-    file_regex: str | None = None,
-    choose: ReadOptions | None = None,
-    notes: list[str] | None = None,
-) -> list[tuple[str, str]]:
-    """The (input, output) pairs of a convert: a file, or every matching file of the ``rank*`` folders.
-
-    With ``choose.file_suffix`` or ``choose.pick``, one file per rank folder (a note names it).
-
-    Args:
-        src: A checkpoint file, or a folder of ``rank*`` folders.
-        dst: The output folder (None: next to the inputs).
-        to: The output format, ``"ckpt"`` or ``"safetensors"``.
-        file_regex: Only inputs whose name matches (None: all).
-        choose: Read options choosing one file per rank folder (None: every file).
-        notes: A list the notes are appended to (None: dropped).
-
-    Returns:
-        The pairs, in rank folder order; empty when ``file_regex`` matches nothing.
-
-    Raises:
-        UsageError: A missing source, or a file of the wrong extension.
-
-    Example:
-        from reshard import api
-        pairs = api.convert_targets("demo/ckpt_8ranks", "st_8ranks", "safetensors")
-    """
-    import re
-
-    src_ext = ".ckpt" if to == "safetensors" else ".safetensors"
-    dst_ext = "." + to
-    pattern = re.compile(file_regex) if file_regex else None
-    if identify(src, CHECKPOINTS) is not RANK_FOLDERS:
-        src = full_model_file(src) or src
-        if not src.endswith(src_ext):
-            raise UsageError(f"expected a {src_ext} file", src)
-        if pattern and not pattern.findall(src):
-            return []
-        out_dir = dst or os.path.dirname(os.path.abspath(src))
-        return [(src, os.path.join(out_dir, os.path.basename(src).replace(src_ext, dst_ext)))]
-    pairs = []
-    for sub in rank_subfolders(src):
-        folder = os.path.join(src, sub)
-        names = chosen_names(folder, src_ext[1:], choose, notes) if choose else sorted(os.listdir(folder))
-        for name in names:
-            if name.endswith(src_ext) and (pattern is None or pattern.search(name)):
-                out_dir = os.path.join(dst, sub) if dst else folder
-                pairs.append((os.path.join(folder, name), os.path.join(out_dir, name.replace(src_ext, dst_ext))))
-    return pairs
-
-
 def _convert_source(src: str) -> str:
     """What convert reads: ``rank*`` folders as they are, or the one checkpoint file ``src`` stands
     for (a file, or a folder holding just one: a ``rank_<r>`` folder, ``model.safetensors``'s folder)."""
@@ -224,30 +167,4 @@ def _convert_source(src: str) -> str:
     return src if kind is RANK_FOLDERS else single or src
 
 
-def holds_only_ckpt(src: str) -> bool:
-    """Whether ``src`` is a ``.ckpt`` file, or ``rank*`` folders holding ``.ckpt`` files and no ``.safetensors``.
-
-    Args:
-        src: A path (it need not exist).
-
-    Returns:
-        True for a ``.ckpt`` file or such folders; False otherwise, a missing path included.
-
-    Raises:
-        OSError: A folder that cannot be listed (no ReshardError: a missing path is just False).
-
-    Example:
-        from reshard import api
-        assert api.holds_only_ckpt("demo/ckpt_8ranks") and not api.holds_only_ckpt("demo/st_8ranks")
-    """
-    if os.path.isfile(src):
-        return src.endswith(".ckpt")
-    if not os.path.isdir(src):
-        return False
-    folders = [os.path.join(src, d) for d in rank_subfolders(src)]
-    return any(layout_dir.files_in(f, "ckpt") for f in folders) and not any(
-        layout_dir.files_in(f, "safetensors") for f in folders
-    )
-
-
-__all__ = ["FORMATS", "convert", "convert_targets", "holds_only_ckpt"]
+__all__ = ["FORMATS", "convert"]

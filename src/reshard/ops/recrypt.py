@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from reshard.errors import UsageError
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.ops.options import Destination
+from reshard.ops.pairs import convert_targets
 from reshard.ops.run import Report, Target, run_plan
 from reshard.plan import plan_convert
 from reshard.sources import ReadOptions, source_file
@@ -62,8 +63,6 @@ def recrypt(
         api.recrypt("demo/full/model.ckpt", "enc", write=WriteOptions(enc_key=key, enc_mode="AES-GCM"))
         api.recrypt("enc/model.ckpt", "plain", read=api.ReadOptions(dec_key=key))
     """
-    from reshard.ops.convert import convert_targets  # convert hands .ckpt -> .ckpt runs to this module
-
     out_dir = _recrypt_destination(src, dst, read, write)
     # the .ckpt inputs a conversion to safetensors would read, each written under its own name
     pairs = [
