@@ -27,7 +27,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("reshard.plan",),
     ("reshard.sources",),
     ("reshard.execute",),
-    ("reshard.lock", "reshard.manifest", "reshard.destination", "reshard.ops", "reshard.api", "reshard.auto"),
+    (
+        "reshard.lock",
+        "reshard.manifest",
+        "reshard.destination",
+        "reshard.ops",
+        "reshard.api",
+        "reshard.auto",
+        "reshard.strategy_wait",
+    ),
     (
         "reshard.mindspore",
         "reshard.transform_ckpt",

@@ -38,7 +38,7 @@ import shutil
 import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from reshard import __version__, api, destination
 from reshard import lock as _lock
@@ -46,28 +46,20 @@ from reshard.errors import LayoutError, ReshardError, UnsupportedError, UsageErr
 from reshard.formats.strategy import (
     StrategyFile,
     encode_strategy,
-    find_strategy_files,
-    is_merged_file,
     load_strategy,
-    merge_in_memory,
-    read_strategy,
 )
-from reshard.layout import device_num, stage_count
 from reshard.naming import NameOptions
 from reshard.sources import CHECKPOINT2, HUGGING_FACE, UNIFIED, identify
 from reshard.sources.conventions import find_source_strategy, needs_strategy
+from reshard.strategy_wait import SETTLE_VARIABLE, StrategyWait, backoff, ranges, ranks_of, wait_for_strategy
 from reshard.text import parse_size
 
 CACHE_VARIABLE = "RESHARD_CACHE"  # the default cache folder
 CACHE_MAX_VARIABLE = "RESHARD_CACHE_MAX"  # size limit of the cache (e.g. 500GB); unset: none
 CACHE_MAX_AGE_VARIABLE = "RESHARD_CACHE_MAX_AGE_DAYS"  # entries unused for longer are removed (0: never)
-SETTLE_VARIABLE = "RESHARD_AUTO_SETTLE"  # seconds a strategy file's size must stay put (default 0.5)
 TEST_PAUSE_VARIABLE = "RESHARD_AUTO_TEST_PAUSE"  # TEST ONLY: seconds a converter sleeps before committing
 DEFAULT_TIMEOUT = 3600.0  # seconds to wait for the destination strategy files
-WAIT_EVERY_VARIABLE = "RESHARD_AUTO_WAIT_EVERY"  # seconds between "still waiting" lines (default 30)
-DEFAULT_WAIT_EVERY = 30.0  # a person watching a job start sees it is alive, a log stays short
 DEFAULT_MAX_AGE_DAYS = 30.0
-DEFAULT_SETTLE = 0.5
 OUTPUT_FORMATS = ("ckpt", "safetensors")
 PREFIX = "checkpoint_"
 ENTRY_NAME = re.compile(r"[0-9a-f]{32}")
@@ -77,190 +69,6 @@ ENTRY_INFO = "entry.json"
 CONVERSIONS_LOG = "conversions.log"
 _DONE, _LOCKS, _WORK = ".done", ".locks", ".work"
 _HEAD_BYTES, _TAIL_BYTES = 64 * 1024, 4 * 1024
-_FIRST_SLEEP, _MAX_SLEEP = 0.05, 2.0
-_RANK_FILE = re.compile(r"rank_(\d+)\.(ckpt|json)$")
-
-
-# --------------------------------------------------------------------------------------------
-# Waiting for the destination strategy
-
-
-@dataclass
-class _Seen:
-    size: int
-    mtime_ns: int
-    since: float
-
-
-@dataclass
-class StrategyWait:
-    """Watches a destination strategy file or folder until it is complete (``poll``)."""
-
-    path: str
-    world_size: int | None
-    settle: float
-    missing: str = "nothing seen yet"
-    _seen: dict[str, _Seen] = field(default_factory=dict)
-
-    def poll(self) -> StrategyFile | None:
-        """The merged strategy once complete; None (and ``missing`` says why) while it is not."""
-        if os.path.isdir(self.path):
-            return self._poll_folder()
-        if not os.path.exists(self.path):
-            self.missing = f"the strategy path {self.path} does not exist yet"
-            return None
-        if os.path.isfile(self.path) and self._complete(self.path):
-            return read_strategy(self.path)
-        self.missing = f"the strategy file {self.path} is still being written"
-        return None
-
-    def _stable(self, path: str) -> bool:
-        """The file kept its size and mtime for ``settle`` seconds (of our watching, or by its mtime)."""
-        try:
-            st = os.stat(path)
-        except OSError:
-            return False
-        if st.st_size > 0 and time.time() - st.st_mtime >= max(self.settle, 0.0):
-            return True  # last written longer ago than the settle time: a file of an earlier start
-        now = time.monotonic()
-        seen = self._seen.get(path)
-        if seen is None or (seen.size, seen.mtime_ns) != (st.st_size, st.st_mtime_ns):
-            self._seen[path] = _Seen(st.st_size, st.st_mtime_ns, now)
-            return self.settle <= 0 and st.st_size > 0
-        return st.st_size > 0 and now - seen.since >= self.settle
-
-    def _complete(self, path: str) -> bool:
-        if not self._stable(path):
-            return False
-        try:
-            read_strategy(path)
-        except ReshardError:  # half written: it parses once its writer is done
-            return False
-        return True
-
-    def _poll_folder(self) -> StrategyFile | None:
-        if self.world_size is not None:
-            return self._poll_ranks(self.world_size)
-        return self._poll_stages()
-
-    def _poll_ranks(self, world_size: int) -> StrategyFile | None:
-        by_rank = _rank_files(self.path)
-        absent = [r for r in range(world_size) if r not in by_rank]
-        unfinished = [r for r in range(world_size) if r in by_rank and not self._complete(by_rank[r])]
-        if absent or unfinished:
-            parts = []
-            if absent:
-                parts.append(f"missing ranks {_ranges(absent)}")
-            if unfinished:
-                parts.append(f"still being written: ranks {_ranges(unfinished)}")
-            self.missing = f"{'; '.join(parts)} of {world_size} (ckpt_strategy_rank_<r>.ckpt in {self.path})"
-            return None
-        sf = merge_in_memory([by_rank[r] for r in range(world_size)], self.path)
-        total = _ranks_of(sf)
-        if total != world_size:
-            raise LayoutError(f"world size {world_size}, but the strategy files describe a job of {total} ranks")
-        return sf
-
-    def _poll_stages(self) -> StrategyFile | None:
-        try:
-            candidates = [f for f in find_strategy_files(self.path) if not is_merged_file(f)]
-        except UsageError:
-            candidates = []
-        if not candidates:
-            self.missing = f"no strategy files in {self.path} yet"
-            return None
-        unfinished = [os.path.basename(f) for f in candidates if not self._complete(f)]
-        if unfinished:
-            self.missing = f"still being written: {', '.join(unfinished)}"
-            return None
-        stages = {read_strategy(f).stage for f in candidates}
-        top = max((s for s in stages if s is not None), default=0)
-        gaps = [s for s in range(top + 1) if s not in stages]
-        if gaps:
-            self.missing = f"no strategy file of stage {_ranges(gaps)} in {self.path} yet"
-            return None
-        return merge_in_memory(candidates, self.path)
-
-
-def _rank_files(folder: str) -> dict[int, str]:
-    """``{rank: path}`` of the ``*rank_<r>.ckpt|json`` strategy files in ``folder`` (hidden ones left out)."""
-    found: dict[int, str] = {}
-    with contextlib.suppress(OSError):
-        for name in sorted(os.listdir(folder)):
-            match = _RANK_FILE.search(name)
-            if match and not name.startswith(".") and os.path.isfile(os.path.join(folder, name)):
-                found.setdefault(int(match.group(1)), os.path.join(folder, name))
-    return found
-
-
-def _ranks_of(sf: StrategyFile) -> int:
-    return device_num(sf) * stage_count(sf)
-
-
-def _ranges(values: Sequence[int]) -> str:
-    """``0, 2-5, 7``: sorted numbers with runs folded."""
-    runs: list[list[int]] = []
-    for v in sorted(set(values)):
-        if runs and v == runs[-1][1] + 1:
-            runs[-1][1] = v
-        else:
-            runs.append([v, v])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-
-
-def _backoff() -> Iterator[float]:
-    """Sleeps growing from 50 ms to 2 s: waiting never spins."""
-    delay = _FIRST_SLEEP
-    while True:
-        yield delay
-        delay = min(_MAX_SLEEP, delay * 1.5)
-
-
-def wait_for_strategy(path: str, world_size: int | None, timeout: float, say: Callable[[str], None]) -> StrategyFile:
-    """The destination strategy once complete, waiting up to ``timeout`` seconds.
-
-    Raises:
-        UsageError: Not complete in time; the line names what is missing.
-    """
-    watch = StrategyWait(path, world_size, _settle())
-    started = time.monotonic()
-    deadline, every = started + timeout, _wait_every()
-    next_line: float | None = None  # when the next "still waiting" line is due (None: none said yet)
-    for delay in _backoff():
-        sf = watch.poll()
-        if sf is not None:
-            return sf
-        now = time.monotonic()
-        left = deadline - now
-        if left <= 0:
-            raise UsageError(f"timed out after {timeout:g} s waiting for the destination strategy: {watch.missing}")
-        if next_line is None:
-            say(f"waiting for the destination strategy ({watch.missing}); up to {timeout:g} s")
-            next_line = now + every
-        elif now >= next_line:
-            say(f"still waiting for the destination strategy after {now - started:.0f} s ({watch.missing})")
-            next_line = now + every
-        time.sleep(max(0.0, min(delay, left, next_line - now)))
-    raise AssertionError("unreachable")
-
-
-def _wait_every() -> float:
-    """Seconds between "still waiting" lines (``RESHARD_AUTO_WAIT_EVERY``, default 30)."""
-    text = os.environ.get(WAIT_EVERY_VARIABLE)
-    try:
-        return max(0.01, float(text)) if text else DEFAULT_WAIT_EVERY
-    except ValueError:
-        raise UsageError(f"{WAIT_EVERY_VARIABLE} must be a number of seconds, not {text!r}") from None
-
-
-def _settle() -> float:
-    text = os.environ.get(SETTLE_VARIABLE)
-    if not text:
-        return DEFAULT_SETTLE
-    try:
-        return max(0.0, float(text))
-    except ValueError:
-        raise UsageError(f"{SETTLE_VARIABLE} must be a number of seconds, not {text!r}") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -497,7 +305,7 @@ def ensure_ranks(conversion: Conversion, ranks: Sequence[int]) -> dict[int, str]
     """Every rank of ``ranks`` done in the entry: converted here when free, else waited for."""
     files: dict[int, str] = {}
     pending = list(ranks)
-    delays = _backoff()
+    delays = backoff()
     waiting_said = False
     while pending:
         for rank in list(pending):
@@ -505,10 +313,10 @@ def ensure_ranks(conversion: Conversion, ranks: Sequence[int]) -> dict[int, str]
             if path is not None:
                 files[rank] = path
                 pending.remove(rank)
-                delays = _backoff()
+                delays = backoff()
         if pending:
             if not waiting_said:
-                conversion.say(f"waiting for another caller converting rank {_ranges(pending)}")
+                conversion.say(f"waiting for another caller converting rank {ranges(pending)}")
                 waiting_said = True
             time.sleep(next(delays))
     return files
@@ -638,7 +446,7 @@ def _check_arguments(
     if any(not isinstance(r, int) or isinstance(r, bool) or r < 0 for r in ranks):
         raise UsageError(f"local ranks must be whole numbers >= 0, not {list(local_ranks or [])}")
     if rank_id not in ranks:
-        raise UsageError(f"rank {rank_id} is not one of the local ranks {_ranges(ranks)}")
+        raise UsageError(f"rank {rank_id} is not one of the local ranks {ranges(ranks)}")
     if world_size is not None and ranks[-1] >= world_size:
         raise UsageError(f"rank {ranks[-1]} is outside the world size {world_size}")
     if not os.path.exists(checkpoint):
@@ -754,7 +562,7 @@ def auto_transform(
         say(note)
     _check_source(checkpoint, src)
     dst = wait_for_strategy(dst_strategy, world_size, DEFAULT_TIMEOUT if timeout is None else timeout, say)
-    total = _ranks_of(dst)
+    total = ranks_of(dst)
     if ranks[-1] >= total:
         hint = "" if world_size is not None else " (while the job still writes its strategy files, give world_size)"
         raise LayoutError(
