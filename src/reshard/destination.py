@@ -245,7 +245,8 @@ def check_free_space(plan: Plan, root: str, resume: bool = False) -> None:
 
     Example:
         from reshard import api, destination
-        report = api.transform("demo/ckpt_8ranks", "out", "demo/strategy_8", "demo/strategy_4", dry_run=True)
+        report = api.transform("demo/ckpt_8ranks", "out", "demo/strategy_8", "demo/strategy_4",
+                               destination=api.Destination(dry_run=True))
         destination.check_free_space(report.plan, "out")
     """
     kept = _journaled(root) if resume else set()

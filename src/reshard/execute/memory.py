@@ -21,9 +21,7 @@ from reshard.sources import open_checkpoint
 Value = np.ndarray | str
 
 
-def materialize(
-    plan: Plan, file: FilePlan, opener: Callable[[str], TensorIndex] = open_checkpoint
-) -> dict[str, Value]:
+def materialize(plan: Plan, file: FilePlan, opener: Callable[[str], TensorIndex] = open_checkpoint) -> dict[str, Value]:
     """The tensors of ``file`` (one of ``plan``'s) as ``{name: owned numpy array | str}``, in the plan's order.
 
     Raises:

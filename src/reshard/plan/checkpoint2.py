@@ -200,9 +200,9 @@ def plan_checkpoint2(
         LayoutError: One tensor planned with different dtypes or shapes on different ranks.
 
     Example:
-        from reshard.api import transform
+        from reshard.api import Destination, transform
         from reshard.plan.checkpoint2 import plan_checkpoint2
-        per_rank = transform("demo/full/model.ckpt", "unused", dry_run=True).plan
+        per_rank = transform("demo/full/model.ckpt", "unused", destination=Destination(dry_run=True)).plan
         plan = plan_checkpoint2(per_rank, None, None, "cp2", iteration=10)
     """
     common_values = cp2.check_common(common)
