@@ -352,7 +352,7 @@ def test_rank_0_run_needs_every_source_rank_for_metadata(job: dict[str, str], tm
         destination=api.Destination(manifest=False),
     )
     shutil.rmtree(os.path.join(ranks8, "rank_7"))
-    kw: dict[str, Any] = {"output_format": "checkpoint2", "iteration": 4}
+    kw: dict[str, Any] = {"output": api.OutputSpec(format="checkpoint2", iteration=4)}
     api.transform(ranks8, str(tmp_path / "one"), job["strategy"], job["strategy"], ranks=[1], **kw)
     assert sorted(os.listdir(tmp_path / "one" / IT)) == [
         "model-0000001-0000008.safetensors",

@@ -153,7 +153,8 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 def _transform(job: dict[str, str], dst: str, **kw: Any) -> api.Report:
-    return api.transform(job["r8"], dst, job["s8"], job["s4"], **kw)
+    where = api.Destination(**{k: kw.pop(k) for k in ("overwrite", "resume", "manifest") if k in kw})
+    return api.transform(job["r8"], dst, job["s8"], job["s4"], destination=where, **kw)
 
 
 class _Stop(Exception):

@@ -211,7 +211,7 @@ def _plan_full(job: _Job, src_strategy: object) -> tuple[Plan, None, Plan | None
     return plan, None, everyone
 
 
-def _plan_sharded(job: _Job, src_strategy: object) -> tuple[Plan, StrategyFile | None, Plan | None]:
+def _plan_sharded(job: _Job, src_strategy: str | StrategyFile | None) -> tuple[Plan, StrategyFile | None, Plan | None]:
     """The plan from rank sources (rank folders, one full file, a Checkpoint 2.0) and their strategy."""
     opened = job.kind.open(job.src, job.read, job.notes)
     if job.kind is CHECKPOINT2:
