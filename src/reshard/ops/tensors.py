@@ -15,9 +15,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from reshard import statenames
 from reshard.errors import UsageError
+from reshard.layout import LayoutTable
 from reshard.naming import NameReport
 from reshard.ops.options import TensorOptions
 from reshard.plan import Plan, SourceFile
@@ -36,11 +38,11 @@ class Inputs:
     ``read``: the files the plan's copies really read (before the map stood in for them).
     """
 
-    files: dict
+    files: dict[Any, SourceFile]  # rank -> file, or a full model's file key -> file
     mapping: dict[str, str] | None = None
     hyper: SourceFile | None = None
     model: MappedModel | None = None
-    read: dict | None = None
+    read: dict[Any, SourceFile] | None = None
 
     def resolve(self, plan: Plan) -> Plan:
         """``plan`` reading the real files again where the map stood in for them."""
@@ -63,7 +65,12 @@ class TensorPipeline:
         return self.naming.report if self.naming.active else None
 
     def apply(
-        self, inputs: Inputs, notes: list[str], *, whole: bool = False, also: tuple[dict, str] | None = None
+        self,
+        inputs: Inputs,
+        notes: list[str],
+        *,
+        whole: bool = False,
+        also: tuple[Mapping[str, object], str] | None = None,
     ) -> Inputs:
         """``inputs`` filtered, dequantized or quantized, cast, and (``whole`` tensors) mapped.
 
@@ -169,13 +176,13 @@ def training_state_note(plan: Plan, notes: list[str]) -> None:
         )
 
 
-def check_copies(sources: Mapping[int, SourceFile], sf: object, read: ReadOptions | None) -> None:
+def check_copies(sources: Mapping[int, SourceFile], sf: LayoutTable | None, read: ReadOptions | None) -> None:
     """The copies of a slice the source strategy calls replicas hold the same bytes (sampled:
     ``reshard.sources.replicas``), checked once a plan is made from them, before any byte is written."""
     if sf is not None:
         from reshard.sources.replicas import check_replicas
 
-        check_replicas(sources, sf, read)  # type: ignore[arg-type]
+        check_replicas(sources, sf, read)
 
 
 __all__ = [

@@ -111,7 +111,7 @@ def unify(
 
 
 def _sources(
-    src: str, strategy: object, how: UnifyOptions, read: ReadOptions | None, notes: list[str]
+    src: str, strategy: str | StrategyFile | None, how: UnifyOptions, read: ReadOptions | None, notes: list[str]
 ) -> tuple[dict[int, SourceFile], StrategyFile]:
     """The rank sources and their strategy (a Checkpoint 2.0's from its metadata.json)."""
     sf: StrategyFile | None
@@ -122,7 +122,7 @@ def _sources(
     else:
         _refuse_ckpt_ranks(src)
         _, sources = rank_sources(src, "safetensors", None, how.file_suffix, read, notes, how.mindspore_order)
-        sf = _strategy(strategy, notes)  # type: ignore[arg-type]
+        sf = _strategy(strategy, notes)
     if sf is None:
         raise UsageError("unify needs the source strategy")
     _check_unify_ranks(src, sources, sf, notes)
