@@ -1259,8 +1259,9 @@ def save_dcp(
 ) -> DcpMetadata:
     """Write a DCP checkpoint of in-memory values: per data file its chunks (and fqns of ``values``).
 
-    ``tensors`` holds each global tensor whole; each chunk's box is cut from it. ``values`` are opaque
-    ``torch.save`` bytes of non-tensor entries. Data files first, ``.metadata`` last.
+    ``tensors`` holds each global tensor whole (any numpy dtype of the chunks' item size: bf16 may come
+    as uint16); each chunk's box is cut from it, and its dtype and shape are the chunk spec's.
+    ``values`` are opaque ``torch.save`` bytes of non-tensor entries. Data files first, ``.metadata`` last.
     """
     folder = os.fspath(folder)
     values = values or {}
@@ -1276,7 +1277,9 @@ def save_dcp(
             contents[spec.name] = value_bytes(np.ascontiguousarray(tensors[spec.fqn][box]))
         write_distcp(folder, planned, _fill_bytes(contents))
         layouts.append(planned)
-    shapes = {fqn: (dtypes.from_numpy(arr.dtype), tuple(arr.shape)) for fqn, arr in tensors.items()}
+    shapes = {
+        spec.fqn: (spec.dtype, spec.shape) for items in files.values() for spec in items if isinstance(spec, ChunkSpec)
+    }
     metas = tensors_of(layouts, shapes)
     items = [item for planned in layouts for item in planned.byte_items]
     write_metadata(folder, metas, items, planner_data)
