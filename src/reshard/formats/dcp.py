@@ -451,9 +451,14 @@ def _storage_index(storage: dict[Any, Any], path: str) -> dict[StorageKey, Stora
     return where
 
 
-def _check_relative(rel: str, path: str) -> None:
+def _inside_folder(rel: str) -> bool:
+    """A relative path that stays inside the checkpoint folder (no absolute path, drive or ``..``)."""
     parts = rel.replace("\\", "/").split("/")
-    if not rel or rel.startswith(("/", "\\")) or ".." in parts or ":" in parts[0]:
+    return bool(rel) and not rel.startswith(("/", "\\")) and ".." not in parts and ":" not in parts[0]
+
+
+def _check_relative(rel: str, path: str) -> None:
+    if not _inside_folder(rel):
         raise FormatError(f"data file {rel!r} is not a path inside the checkpoint folder", path)
 
 
@@ -652,6 +657,8 @@ def _torch_save_segment(buffer: Any, tensor: TensorMeta, chunk: Chunk, path: str
         info = members[pickles[0]]
         if info.file_size > _MAX_PICKLE_MEMBER:
             raise FormatError(f"{what} has a data.pkl of {info.file_size} bytes (one tensor's is tiny)", path)
+        if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 1:
+            raise FormatError(f"{what} has a compressed or encrypted data.pkl (torch stores it plainly)", path)
         rebuilt = _unpickle(_TensorUnpickler, archive.read(info), path, f"the data.pkl of {what}")
         prefix = pickles[0][: -len("data.pkl")]
         if not isinstance(rebuilt, _Rebuilt):
@@ -660,7 +667,15 @@ def _torch_save_segment(buffer: Any, tensor: TensorMeta, chunk: Chunk, path: str
         if member is None:
             raise FormatError(f"{what} has no storage member data/{rebuilt.storage.key}", path)
         start = _member_data_offset(buffer, chunk, member, path, what)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, struct.error) as exc:
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        OSError,
+        EOFError,
+        ValueError,
+        struct.error,
+        NotImplementedError,
+    ) as exc:
         raise FormatError(f"{what} is not a torch.save archive: {first_line(exc)}", path) from None
     finally:
         view.close()
@@ -1047,7 +1062,8 @@ def distcp_layout(
     relative_path: str, chunks: Sequence[ChunkSpec], values: Sequence[tuple[str, int]] = ()
 ) -> DistcpLayout:
     """Lay out one data file: ``values`` (fqn, byte length) as opaque bytes, then each chunk as a torch.save archive."""
-    _check_relative(relative_path, relative_path)
+    if not _inside_folder(relative_path):
+        raise UsageError(f"data file {relative_path!r} is not a path inside the checkpoint folder")
     framing: list[tuple[int, bytes]] = []
     placements: dict[str, tuple[Segment, ...]] = {}
     items: list[BytesItem] = []
@@ -1208,6 +1224,9 @@ def _storage_entry(
         out.int_(item.offset)
         out.str_("length")
         out.int_(item.length)
+        if item.transforms:  # torch leaves the field out when there are none
+            out.str_("transform_descriptors")
+            out.value(list(item.transforms))
         out.out += b"u"
 
     out.obj(_META, "MetadataIndex", key)
