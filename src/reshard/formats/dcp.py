@@ -36,6 +36,7 @@ records are used for members or archives past 4 GiB, as torch does. ``write_meta
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import math
@@ -155,6 +156,8 @@ class _Pickled:
     """An instance of an allowed class: NEWOBJ makes it, BUILD hands it its state; nothing else runs."""
 
     global_name = ""
+    args: tuple[Any, ...]
+    state: Any
 
     def __new__(cls, *args: Any) -> _Pickled:
         obj = super().__new__(cls)
@@ -961,7 +964,7 @@ def _central_entry(member: _Member) -> bytes:
     name = member.name.encode("ascii")
     big_size = member.zip64
     big_offset = member.offset >= _ZIP64_AT
-    fields = (member.size, member.size) if big_size else ()
+    fields: tuple[int, ...] = (member.size, member.size) if big_size else ()
     fields += (member.offset,) if big_offset else ()
     extra = struct.pack("<HH", 1, 8 * len(fields)) + struct.pack(f"<{len(fields)}Q", *fields) if fields else b""
     version = 45 if fields else 20
@@ -1144,13 +1147,14 @@ def metadata_pickle(
         out.out += b"}("
         for tensor in tensors:
             out.str_(tensor.fqn)
-            out.obj(_META, "TensorStorageMetadata", lambda t=tensor: _tensor_state(out, t))
+            out.obj(_META, "TensorStorageMetadata", functools.partial(_tensor_state, out, tensor))
         for item in byte_items:
             out.str_(item.fqn)
             out.obj(_META, "BytesStorageMetadata", None)
         out.out += b"u"
         out.str_("planner_data")
-        out.value(planner_data if planner_data is not None else {e.fqn: (e.fqn,) for e in [*tensors, *byte_items]})
+        fqns = [t.fqn for t in tensors] + [b.fqn for b in byte_items]
+        out.value(planner_data if planner_data is not None else {fqn: (fqn,) for fqn in fqns})
         out.str_("storage_data")
         out.out += b"}("
         for tensor in tensors:
@@ -1187,7 +1191,7 @@ def _tensor_state(out: _PickleOut, tensor: TensorMeta) -> None:
     out.str_("chunks")
     out.out += b"]("
     for chunk in tensor.chunks:
-        out.obj(_META, "ChunkStorageMetadata", lambda c=chunk: _chunk_state(out, c))
+        out.obj(_META, "ChunkStorageMetadata", functools.partial(_chunk_state, out, chunk))
     out.out += b"eu"
 
 
@@ -1300,8 +1304,8 @@ def save_dcp(
         spec.fqn: (spec.dtype, spec.shape) for items in files.values() for spec in items if isinstance(spec, ChunkSpec)
     }
     metas = tensors_of(layouts, shapes)
-    items = [item for planned in layouts for item in planned.byte_items]
-    write_metadata(folder, metas, items, planner_data)
+    stored = [item for planned in layouts for item in planned.byte_items]
+    write_metadata(folder, metas, stored, planner_data)
     return read_dcp_metadata(folder)
 
 
