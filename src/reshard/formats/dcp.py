@@ -224,15 +224,26 @@ _RECORD_CLASSES: dict[tuple[str, str], type[_Pickled]] = {
 }
 
 
+class _Size(tuple[int, ...]):
+    """A ``torch.Size`` read from a pickle: a tuple of ints, checked once when it was made."""
+
+    __slots__ = ()
+
+
+_INT_ONLY = {int}
+
+
 def _int_tuple(values: Any) -> tuple[int, ...]:
+    if type(values) is _Size:
+        return values
     items = tuple(values)
-    if not all(type(v) is int for v in items):
+    if items and set(map(type, items)) != _INT_ONLY:
         raise ValueError(f"a size of non-integers {items!r}")
     return items
 
 
 def _size(values: Any = ()) -> tuple[int, ...]:
-    return _int_tuple(values)
+    return _Size(_int_tuple(values))
 
 
 def _layout(name: Any) -> str:
