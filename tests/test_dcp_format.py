@@ -208,6 +208,17 @@ def test_a_hand_made_torch_save_archive_reads(tmp_path: Path) -> None:
     assert whole(meta)["w"].tobytes() == values.tobytes()
 
 
+def test_a_view_into_a_larger_storage_reads(tmp_path: Path) -> None:
+    storage = np.arange(10, dtype=np.float32)
+    pkl = dcp.tensor_pickle(dtypes.FLOAT32, (2, 3)).replace(b"K\x06tQK\x00", b"K\x0atQK\x02")  # offset 2 of 10
+    folder = folder_with_chunk(tmp_path, archive(pkl, storage.tobytes()))
+    assert whole(dcp.read_dcp_metadata(folder))["w"].tobytes() == storage[2:8].tobytes()
+    pkl = pkl.replace(b"K\x0atQK\x02", b"K\x0atQK\x05")  # offset 5: 6 elements do not fit in 10
+    folder = folder_with_chunk(tmp_path, archive(pkl, storage.tobytes()))
+    with pytest.raises(FormatError, match="views bytes outside its storage"):
+        dcp.index_distcp(dcp.read_dcp_metadata(folder), "__0_0.distcp")
+
+
 def test_hostile_data_pkl_is_refused_unrun(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     folder = folder_with_chunk(tmp_path, archive(hostile(f"touch {marker}"), bytes(24)))
@@ -284,6 +295,20 @@ def test_chunk_outside_the_tensor(tmp_path: Path) -> None:
 def test_overlapping_chunks(tmp_path: Path) -> None:
     boxes_metadata(tmp_path, [((0, 0), (3, 4)), ((2, 0), (2, 4))])
     with pytest.raises(FormatError, match=r"'w' chunk at \[2, 0\] overlaps another chunk"):
+        dcp.read_dcp_metadata(tmp_path)
+
+
+def test_overlap_found_on_the_grid(tmp_path: Path) -> None:
+    boxes_metadata(tmp_path, [((0, 0), (2, 4)), ((2, 0), (2, 2)), ((1, 1), (2, 2))])  # cut along both axes
+    with pytest.raises(FormatError, match=r"'w' chunk at \[1, 1\] overlaps another chunk"):
+        dcp.read_dcp_metadata(tmp_path)
+
+
+def test_a_scalar_in_two_chunks(tmp_path: Path) -> None:
+    (tmp_path / "__0_0.distcp").write_bytes(bytes(64))
+    chunks = tuple(Chunk("s", (), (), "__0_0.distcp", 0, 4) for _ in range(2))
+    (tmp_path / ".metadata").write_bytes(dcp.metadata_pickle([TensorMeta("s", dtypes.FLOAT32, (), chunks)], []))
+    with pytest.raises(FormatError, match="'s' has 2 chunks of its one element"):
         dcp.read_dcp_metadata(tmp_path)
 
 

@@ -153,23 +153,17 @@ class DcpMetadata:
 
 
 class _Pickled:
-    """An instance of an allowed class: NEWOBJ makes it, BUILD hands it its state; nothing else runs."""
+    """An instance of an allowed class: NEWOBJ makes it (``object.__new__``) and BUILD fills its
+    ``__dict__`` with the pickled state, both inside the C unpickler; no code of ours or torch's runs."""
 
     global_name = ""
-    args: tuple[Any, ...]
-    state: Any
 
-    def __new__(cls, *args: Any) -> _Pickled:
-        obj = super().__new__(cls)
-        obj.args = args
-        obj.state = None
-        return obj
 
-    def __init__(self, *args: Any) -> None:
-        pass
+class _PickledTuple(_Pickled):
+    """An allowed class pickled with a tuple state (``TensorProperties``): BUILD hands it over here."""
 
     def __setstate__(self, state: Any) -> None:
-        self.state = state
+        self.__dict__["tuple_state"] = state
 
 
 @dataclass(frozen=True)
@@ -199,7 +193,8 @@ class _Rebuilt:
 
 
 def _record_class(module: str, name: str) -> type[_Pickled]:
-    return type(name, (_Pickled,), {"global_name": f"{module}.{name}", "__slots__": ()})
+    base = _PickledTuple if name == "TensorProperties" else _Pickled
+    return type(name, (base,), {"global_name": f"{module}.{name}"})
 
 
 _RECORD_CLASSES: dict[tuple[str, str], type[_Pickled]] = {
@@ -224,26 +219,14 @@ _RECORD_CLASSES: dict[tuple[str, str], type[_Pickled]] = {
 }
 
 
-class _Size(tuple[int, ...]):
-    """A ``torch.Size`` read from a pickle: a tuple of ints, checked once when it was made."""
-
-    __slots__ = ()
-
-
-_INT_ONLY = {int}
-
-
 def _int_tuple(values: Any) -> tuple[int, ...]:
-    if type(values) is _Size:
-        return values
     items = tuple(values)
     if items and set(map(type, items)) != _INT_ONLY:
         raise ValueError(f"a size of non-integers {items!r}")
     return items
 
 
-def _size(values: Any = ()) -> tuple[int, ...]:
-    return _Size(_int_tuple(values))
+_INT_ONLY = {int}
 
 
 def _layout(name: Any) -> str:
@@ -261,7 +244,7 @@ def _path(*parts: Any) -> str:
 _TORCH_DTYPE_NAMES = frozenset(d.numpy_name for d in dtypes.ALL if d not in (dtypes.INT4, dtypes.STR))
 
 _METADATA_FUNCTIONS: dict[tuple[str, str], Callable[..., Any]] = {
-    ("torch", "Size"): _size,
+    ("torch", "Size"): tuple,  # checked where used as a shape, offsets or sizes
     ("torch.serialization", "_get_layout"): _layout,
     (_META, "_MEM_FORMAT_ENCODING"): _enum_value,
     (_PLANNER, "WriteItemType"): _enum_value,
@@ -412,7 +395,7 @@ def _state(obj: Any, kind: str, path: str) -> Any:
     if not isinstance(obj, _Pickled) or obj.global_name != f"{kind}":
         found = obj.global_name if isinstance(obj, _Pickled) else type(obj).__name__
         raise FormatError(f"expected a {kind.rsplit('.', 1)[-1]}, found {found}", path)
-    return obj.state if obj.state is not None else {}
+    return obj.__dict__.get("tuple_state") if isinstance(obj, _PickledTuple) else obj.__dict__
 
 
 def _build_metadata(top: Any, folder: str, path: str) -> DcpMetadata:
@@ -445,6 +428,7 @@ StorageValue = tuple[str, int, int, tuple[str, ...]]
 
 def _storage_index(storage: dict[Any, Any], path: str) -> dict[StorageKey, StorageValue]:
     where: dict[StorageKey, StorageValue] = {}
+    checked: set[str] = set()
     for key, info in storage.items():
         index = _state(key, f"{_META}.MetadataIndex", path)
         item = _state(info, f"{_FILESYSTEM}._StorageInfo", path)
@@ -455,13 +439,15 @@ def _storage_index(storage: dict[Any, Any], path: str) -> dict[StorageKey, Stora
             raise FormatError(f"storage entry {fqn!r} is malformed", path)
         if start < 0 or length < 0:
             raise FormatError(f"storage entry {fqn!r} has a negative offset or length", path)
-        _check_relative(rel, path)
+        if rel not in checked:
+            _check_relative(rel, path)
+            checked.add(rel)
         if transforms:
             raise UnsupportedError(
                 f"{fqn!r} is stored through stream transforms {list(transforms)} (reshard reads none)",
                 path,
             )
-        where[(fqn, None if offset is None else _int_tuple(offset))] = (rel, start, length, transforms)
+        where[(fqn, None if offset is None else tuple(offset))] = (rel, start, length, transforms)
     return where
 
 
@@ -522,10 +508,46 @@ _GRID_CELLS = 1 << 22  # largest grid of chunk cuts checked cell by cell
 
 
 def _check_tiling(meta: TensorMeta, total: int, path: str | None) -> None:
-    """Exact coverage: on the grid of every chunk's cuts, each cell is held by one chunk exactly."""
+    """Exact coverage: no two chunks overlap (as intervals when they are cut along one axis, else cell
+    by cell on the grid of every chunk's cuts), and their volumes add up to the tensor's."""
     boxes = [c for c in meta.chunks if c.numel]
     if math.prod(meta.shape) == 0:
         return
+    if not meta.shape:
+        if len(boxes) > 1:
+            raise FormatError(f"tensor {meta.fqn!r} has {len(boxes)} chunks of its one element", path)
+    elif (axis := _only_cut_axis(meta.shape, boxes)) is not None:  # Shard(k), FSDP: intervals on one axis
+        _check_intervals(meta, boxes, axis, path)
+    else:
+        _check_grid(meta, boxes, path)
+    if total != math.prod(meta.shape):
+        raise FormatError(
+            f"tensor {meta.fqn!r}: its chunks do not cover it ({total} of {math.prod(meta.shape)} elements)", path
+        )
+
+
+def _only_cut_axis(shape: tuple[int, ...], boxes: list[Chunk]) -> int | None:
+    """The one axis the chunks are cut along (each whole on every other axis), or None."""
+    whole = tuple((0, d) for d in shape)
+    cut: set[int] = set()
+    for chunk in boxes:
+        spans = tuple(zip(chunk.offsets, chunk.sizes, strict=True))
+        if spans != whole:
+            cut.update(i for i, span in enumerate(spans) if span != whole[i])
+            if len(cut) > 1:
+                return None
+    return next(iter(cut), 0)
+
+
+def _check_intervals(meta: TensorMeta, boxes: list[Chunk], axis: int, path: str | None) -> None:
+    end = 0
+    for chunk in sorted(boxes, key=lambda c: c.offsets[axis]):
+        if chunk.offsets[axis] < end:
+            raise FormatError(f"tensor {meta.fqn!r} chunk at {list(chunk.offsets)} overlaps another chunk", path)
+        end = chunk.offsets[axis] + chunk.sizes[axis]
+
+
+def _check_grid(meta: TensorMeta, boxes: list[Chunk], path: str | None) -> None:
     cuts = [
         sorted({0, d, *(c.offsets[i] for c in boxes), *(c.offsets[i] + c.sizes[i] for c in boxes)})
         for i, d in enumerate(meta.shape)
@@ -544,10 +566,6 @@ def _check_tiling(meta: TensorMeta, total: int, path: str | None) -> None:
             grid[window] += 1
             if grid[window].max() > 1:
                 raise FormatError(f"tensor {meta.fqn!r} chunk at {list(c.offsets)} overlaps another chunk", path)
-    if total != math.prod(meta.shape):
-        raise FormatError(
-            f"tensor {meta.fqn!r}: its chunks do not cover it ({total} of {math.prod(meta.shape)} elements)", path
-        )
 
 
 def _check_disjoint(meta: TensorMeta, boxes: list[Chunk], path: str | None) -> None:
