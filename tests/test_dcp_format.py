@@ -3,13 +3,14 @@
 Hostile pickles (in ``.metadata`` and in a chunk's ``data.pkl``) are refused naming the global, with
 nothing run; truncated files, missing files, chunks outside their tensor, overlapping or leaving a
 gap, stream transforms, non-contiguous views and compressed storage members are one ``ReshardError``
-line each. Mutated files (a little fuzzing, as ``tests/test_fuzz_readers.py``) end in a
-``ReshardError`` or a successful read. ``src/reshard`` never imports torch.
+line each. Mutated files (a little fuzzing, with ``tests/test_fuzz_readers.py``'s time and memory
+bound) end in a ``ReshardError`` or a successful read. ``src/reshard`` never imports torch.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import io
 import pickle
 import struct
@@ -26,6 +27,7 @@ from reshard import dtypes
 from reshard.errors import FormatError, ReshardError, UnsupportedError, UsageError
 from reshard.formats import dcp
 from reshard.formats.dcp import BytesItem, Chunk, ChunkSpec, TensorMeta
+from tests.test_fuzz_readers import bounded  # a time and allocation bound per example
 
 ROOT = Path(__file__).resolve().parent.parent
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -355,11 +357,10 @@ def test_fuzz_metadata(saved: Path, data: st.DataObject) -> None:
     mutated = mutate(original, data)
     (saved / ".metadata").write_bytes(mutated)
     try:
-        meta = dcp.read_dcp_metadata(saved)
-        for rel in meta.files:
-            dcp.index_distcp(meta, rel).close()
-    except ReshardError:
-        pass
+        with bounded(len(mutated)), contextlib.suppress(ReshardError):
+            meta = dcp.read_dcp_metadata(saved)
+            for rel in meta.files:
+                dcp.index_distcp(meta, rel).close()
     finally:
         (saved / ".metadata").write_bytes(original)
 
@@ -369,14 +370,14 @@ def test_fuzz_metadata(saved: Path, data: st.DataObject) -> None:
 def test_fuzz_data_file(saved: Path, data: st.DataObject) -> None:
     path = saved / "__1_0.distcp"
     original = path.read_bytes()
-    path.write_bytes(mutate(original, data))
+    mutated = mutate(original, data)
+    path.write_bytes(mutated)
     try:
-        meta = dcp.read_dcp_metadata(saved)
-        with dcp.index_distcp(meta, "__1_0.distcp") as index:
-            for name in index:
-                index.items(name).sum()
-    except ReshardError:
-        pass
+        with bounded(len(mutated)), contextlib.suppress(ReshardError):
+            meta = dcp.read_dcp_metadata(saved)
+            with dcp.index_distcp(meta, "__1_0.distcp") as index:
+                for name in index:
+                    index.items(name).sum()
     finally:
         path.write_bytes(original)
 

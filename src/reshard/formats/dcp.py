@@ -553,7 +553,9 @@ def _check_grid(meta: TensorMeta, boxes: list[Chunk], path: str | None) -> None:
         for i, d in enumerate(meta.shape)
     ]
     cells = math.prod(len(axis) - 1 for axis in cuts)
-    if cells > _GRID_CELLS:  # too fine to mark: pairwise disjointness, then volume says coverage
+    # a real tiling has one cell per chunk; more cells than a few per chunk (or than _GRID_CELLS) are
+    # not worth marking: pairwise disjointness, then the volume says coverage
+    if cells > min(_GRID_CELLS, 64 * len(boxes) + 4096):
         _check_disjoint(meta, boxes, path)
     else:
         grid = np.zeros([len(axis) - 1 for axis in cuts], dtype=np.int32)
