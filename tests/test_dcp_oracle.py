@@ -3,7 +3,8 @@
 torch 2.13 (its own venv, ``scripts/torch_env.sh``) saves DCP checkpoints on two gloo ranks
 (``tests/oracle_scripts/dcp_save.py``: DTensor ``Shard(0)`` uneven, ``Shard(1)``, ``Replicate``, an
 empty shard, a 0-d tensor, fp32/bf16/fp16/int64/fp8, FSDP2 ``fully_shard`` with its Adam state,
-non-tensor values; both serializations). Every tensor reshard assembles from the chunks it indexes
+non-tensor values; both serializations; and megatron-core's ``dist_checkpointing.save``, whose
+``torch_dist`` data is DCP). Every tensor reshard assembles from the chunks it indexes
 must equal, bit for bit, what ``torch.distributed.checkpoint.load`` gives and what the ranks saved.
 Then reshard re-chunks each checkpoint (other boxes, three files, values carried byte for byte, and
 once with ZIP64 records forced) and torch loads the result alone and into three ranks' DTensors.
@@ -82,6 +83,14 @@ def test_reads_what_torch_saved(torch_loaded: Path, name: str) -> None:
         assert_same(tensors, npz(torch_loaded / f"{name}.loaded.npz"))
     serialization = dcp.SAFETENSORS if name == "dtensor_st" else dcp.TORCH_SAVE
     assert {dcp.serialization_of(meta, rel) for rel in meta.files} == {serialization}
+
+
+def test_reads_the_dcp_data_of_a_megatron_save(torch_made: Path) -> None:
+    meta = dcp.read_dcp_metadata(torch_made / "megatron")
+    assert_same(assembled(meta), npz(torch_made / "megatron.npz"))
+    assert [c.sizes for c in meta.tensors["decoder.layers.mlp.linear_fc1.weight"].chunks] == [(1, 4, 6), (1, 4, 6)]
+    assert len(meta.tensors["decoder.final_layernorm.weight"].chunks) == 1  # replicas saved once
+    assert (torch_made / "megatron" / "metadata.json").is_file() and (torch_made / "megatron" / "common.pt").is_file()
 
 
 def test_reads_every_kind_torch_saved(torch_made: Path) -> None:

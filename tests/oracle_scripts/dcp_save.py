@@ -10,6 +10,8 @@
 #   dtensor_st   the same state dict in the SAFETENSORS serialization.
 #   fsdp2        a tiny model under FSDP2's fully_shard and its Adam state after one step, as
 #                torch.distributed.checkpoint.state_dict.get_state_dict gives them.
+#   megatron     megatron-core's dist_checkpointing.save of hand-built ShardedTensors (torch_dist:
+#                the DCP files plus metadata.json and common.pt): split, replicated, a stacked axis.
 
 import json
 import os
@@ -108,6 +110,41 @@ def fsdp2_state(mesh):
     return {"model": model_state, "optim": optim_state}
 
 
+def megatron_save(folder):
+    """Megatron-core's dist_checkpointing.save (torch_dist): DCP data plus metadata.json and common.pt.
+
+    Its saver assumes CUDA in two places that do not touch the format; they are replaced first.
+    """
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.current_device = lambda: "cpu"
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing import ShardedTensor
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(1)
+    qkv = torch.randn(8, 6)
+    layers = torch.randn(2, 4, 6).to(torch.bfloat16)  # a stacked layer axis, split by "pipeline stage"
+    state = {
+        "qkv": ShardedTensor.from_rank_offsets(
+            "decoder.layers.self_attention.linear_qkv.weight", qkv[rank * 4 : (rank + 1) * 4].clone(), (0, rank, world)
+        ),
+        "norm": ShardedTensor.from_rank_offsets("decoder.final_layernorm.weight", torch.ones(6) * 0.5, replica_id=rank),
+        "stack": ShardedTensor.from_rank_offsets(
+            "decoder.layers.mlp.linear_fc1.weight", layers[rank : rank + 1].clone(), (0, rank, world)
+        ),
+    }
+    os.makedirs(folder, exist_ok=True)  # megatron saves into an existing, empty folder
+    dist.barrier()
+    dist_checkpointing.save(state, folder)
+    if rank == 0:
+        expected = {
+            "decoder.layers.self_attention.linear_qkv.weight": qkv.numpy(),
+            "decoder.final_layernorm.weight": (torch.ones(6) * 0.5).numpy(),
+            "decoder.layers.mlp.linear_fc1.weight": layers.view(torch.int16).numpy(),
+        }
+        np.savez(folder + ".npz", **expected)
+
+
 def main():
     args = json.loads(sys.argv[1])
     root = args["root"]
@@ -121,6 +158,7 @@ def main():
         folder = os.path.join(root, name)
         dcp.save(state, storage_writer=FileSystemWriter(folder, serialization_format=fmt))
         record(root, name, state)
+    megatron_save(os.path.join(root, "megatron"))
     dist.barrier()
     dist.destroy_process_group()
 
