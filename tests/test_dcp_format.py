@@ -96,6 +96,17 @@ def test_round_trip(saved: Path) -> None:
     assert {dcp.serialization_of(meta, rel) for rel in meta.files} == {dcp.TORCH_SAVE}
 
 
+def test_a_data_file_opens_by_its_path(saved: Path) -> None:
+    with dcp.open_distcp(saved / "__1_0.distcp") as index:
+        assert list(index) == ["a@4,0", "b@0,2", "f8@0", "z@", "e@0,0"]
+        assert index.file_backed and index.format == dcp.FORMAT
+    with pytest.raises(FormatError, match="names no chunk or value in it"):
+        (saved / "__9_0.distcp").write_bytes(b"")
+        dcp.open_distcp(saved / "__9_0.distcp")
+    with pytest.raises(FormatError, match=r"no \.metadata beside it"):
+        dcp.open_distcp(saved.parent / "elsewhere.distcp")
+
+
 def test_written_twice_is_byte_identical(tmp_path: Path) -> None:
     tensors, files, values = sample()
     for name in ("one", "two"):

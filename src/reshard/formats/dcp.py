@@ -634,6 +634,27 @@ def index_distcp(meta: DcpMetadata, relative_path: str) -> TensorIndex:
     return TensorIndex(path, FORMAT, buffer, entries, {}, closer, file_backed=True)
 
 
+def open_distcp(path: str | os.PathLike[str]) -> TensorIndex:
+    """Index one ``.distcp`` file by its path alone (as every other reader is opened): its folder's
+    ``.metadata`` says what it holds. The metadata of the last few folders is kept, keyed by its
+    size and modification time, so opening each of a checkpoint's files reads the pickle once."""
+    path = os.path.abspath(os.fspath(path))
+    folder, name = os.path.split(path)
+    try:
+        stat = os.stat(os.path.join(folder, METADATA_NAME))
+    except OSError as exc:
+        raise FormatError(f"no {METADATA_NAME} beside it ({exc.strerror})", path) from None
+    meta = _cached_metadata(folder, stat.st_size, stat.st_mtime_ns)
+    if name not in meta.files:
+        raise FormatError(f"{METADATA_NAME} of its folder names no chunk or value in it", path)
+    return index_distcp(meta, name)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_metadata(folder: str, _size: int, _mtime_ns: int) -> DcpMetadata:
+    return read_dcp_metadata(folder)
+
+
 def serialization_of(meta: DcpMetadata, relative_path: str) -> str | None:
     """``torch_save`` or ``safetensors`` for a data file with tensors (None for values only)."""
     for tensor in meta.tensors.values():
@@ -1372,6 +1393,7 @@ __all__ = [
     "distcp_layout",
     "index_distcp",
     "metadata_pickle",
+    "open_distcp",
     "read_bytes_item",
     "read_dcp_metadata",
     "save_dcp",
