@@ -32,6 +32,7 @@ Why it is built this way:
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -343,9 +344,15 @@ def even_boxes(shape: Sequence[int], dim: int, parts: int) -> tuple[Box, ...]:
     """``parts`` boxes splitting ``dim`` like ``torch.chunk`` / DTensor ``Shard(dim)``.
 
     Each holds ``ceil(size / parts)`` rows, the last ones fewer and, when the rows run out, none
-    (an empty box: that part holds an empty tensor, as DTensor's trailing ranks do).
+    (an empty box: that part holds an empty tensor, as DTensor's trailing ranks do). Cached: equal
+    arguments return the same tuple, which is what lets a planner treat the tensors that share it
+    as one table (``reshard.plan.boxes``).
     """
-    shape = tuple(shape)
+    return _even_boxes(tuple(shape), dim, parts)
+
+
+@functools.lru_cache(maxsize=4096)
+def _even_boxes(shape: tuple[int, ...], dim: int, parts: int) -> tuple[Box, ...]:
     if not 0 <= dim < len(shape) or parts < 1:
         raise UsageError(f"cannot split dim {dim} of a tensor of shape {list(shape)} into {parts} parts")
     step = -(-shape[dim] // parts)

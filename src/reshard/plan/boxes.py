@@ -90,20 +90,23 @@ class Share:
     read_elements: int
 
 
-def relative_share(index: ChunkIndex, chunk_boxes: Sequence[Box], box: Box) -> Share:
-    """The copies of ``box`` from the chunks of ``index`` (``chunk_boxes``: the tensor's boxes)."""
+def relative_share(
+    index: ChunkIndex, chunk_boxes: Sequence[Box], box: Box, held: Sequence[tuple[int, ...]] | None = None
+) -> Share:
+    """The copies of ``box`` from the chunks of ``index`` (``chunk_boxes``: the tensor's boxes;
+    ``held``: their shapes, when the caller has them)."""
     origin = tuple(a for a, _ in box)
     copies: list[RelativeCopy] = []
     for k, piece in index.pieces(box):
-        held = chunk_boxes[k]
-        lengths = box_shape(piece)
+        chunk = chunk_boxes[k]
+        lengths = tuple(b - a for a, b in piece)
         copies.append(
             (
                 k,
-                tuple(a - h for (a, _), (h, _) in zip(piece, held, strict=True)),
+                tuple(a - h for (a, _), (h, _) in zip(piece, chunk, strict=True)),
                 tuple(a - o for (a, _), o in zip(piece, origin, strict=True)),
                 lengths,
-                lengths == box_shape(held),
+                lengths == (held[k] if held is not None else box_shape(chunk)),
             )
         )
     shape = box_shape(box)
@@ -126,7 +129,7 @@ class BoxClass:
             box = self.dst[f]
             if box is None:
                 raise UsageError(f"output {f} holds no box of this tensor")
-            hit = self._shares[f] = relative_share(self.index, self.chunk_boxes, box)
+            hit = self._shares[f] = relative_share(self.index, self.chunk_boxes, box, self.held)
         return hit
 
 
