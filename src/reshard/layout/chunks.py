@@ -294,22 +294,49 @@ def layout_chunks(
     ``holders`` maps each rank whose file holds the tensor (named ``tensor``, default ``name``) to
     that file; a rank absent from it (a save without redundant copies) is passed over for a
     replica. Replicas are one pick for every destination, as the planners pick when device counts
-    do not divide (``transfer_pieces(any_device_num=True)``'s lowest holder).
+    do not divide (``transfer_pieces(any_device_num=True)``'s lowest holder). When every box's
+    lowest rank is a holder (the common case), the boxes are one tuple shared by every tensor of
+    the same layout and shape, and the work is one step per distinct box, not per rank.
     """
-    boxes = rank_boxes(p, shape)
-    chosen: dict[Box, int] = {}
-    for rank in sorted(holders):
-        if not 0 <= rank < len(boxes):
-            raise LayoutError(f"tensor {name!r}: rank {rank} is outside the {len(boxes)} devices of its layout")
-        chosen.setdefault(boxes[rank], rank)
-    missing = [r for r, box in enumerate(boxes) if box not in chosen]
-    if missing:
-        raise LayoutError(f"tensor {name!r}: no source file holds the slice of rank {missing[0]}")
-    ranks = sorted(chosen.values())
-    tensors = None if tensor in (None, name) else (tensor,) * len(ranks)
-    return ChunkedTensor(
-        name, tuple(shape), dtype, tuple(boxes[r] for r in ranks), tuple(holders[r] for r in ranks), tensors
-    )
+    shape = tuple(shape)
+    groups = _rank_groups(p, shape)
+    tensors_of = None if tensor in (None, name) else tensor
+    if all(ranks[0] in holders for ranks in groups.ranks):
+        files = tuple(holders[ranks[0]] for ranks in groups.ranks)
+        return ChunkedTensor(name, shape, dtype, groups.boxes, files, _same(tensors_of, len(files)))
+    n = sum(len(ranks) for ranks in groups.ranks)
+    outside = [r for r in holders if not 0 <= r < n]
+    if outside:
+        raise LayoutError(f"tensor {name!r}: rank {outside[0]} is outside the {n} devices of its layout")
+    chosen = []
+    for box, ranks in zip(groups.boxes, groups.ranks, strict=True):
+        rank = next((r for r in ranks if r in holders), None)
+        if rank is None:
+            raise LayoutError(f"tensor {name!r}: no source file holds the slice of rank {ranks[0]}")
+        chosen.append((rank, box))
+    chosen.sort()
+    files = tuple(holders[r] for r, _ in chosen)
+    return ChunkedTensor(name, shape, dtype, tuple(b for _, b in chosen), files, _same(tensors_of, len(files)))
+
+
+def _same(tensor: str | None, count: int) -> tuple[str, ...] | None:
+    return None if tensor is None else (tensor,) * count
+
+
+@dataclass(frozen=True)
+class _RankGroups:
+    """A layout's distinct boxes, by lowest rank, and the ranks holding each (ascending)."""
+
+    boxes: tuple[Box, ...]
+    ranks: tuple[tuple[int, ...], ...]
+
+
+@functools.lru_cache(maxsize=4096)
+def _rank_groups(p: ParamLayout | None, shape: tuple[int, ...]) -> _RankGroups:
+    by_box: dict[Box, list[int]] = {}
+    for rank, box in enumerate(rank_boxes(p, shape)):
+        by_box.setdefault(box, []).append(rank)
+    return _RankGroups(tuple(by_box), tuple(tuple(r) for r in by_box.values()))
 
 
 def grid_chunks(

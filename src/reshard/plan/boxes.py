@@ -133,26 +133,37 @@ class BoxClass:
         return hit
 
 
-class _Classes:
-    """The indexes and classes of one planning run, by identity first, then by value."""
+class Indexes:
+    """The checked ``ChunkIndex`` of every chunking of one planning run, by identity first, then value.
+
+    Tensors of one layout and shape share their boxes tuple (``layout_chunks``, ``even_boxes``), so
+    a run of thousands of tensors builds a handful of indexes, each looked up in one step.
+    """
 
     def __init__(self) -> None:
-        self._index_by_id: dict[tuple[int, tuple[int, ...]], tuple[tuple[Box, ...], ChunkIndex]] = {}
-        self._index: dict[tuple[tuple[Box, ...], tuple[int, ...]], ChunkIndex] = {}
+        self._by_id: dict[tuple[int, tuple[int, ...]], tuple[tuple[Box, ...], ChunkIndex]] = {}
+        self._by_value: dict[tuple[tuple[Box, ...], tuple[int, ...]], ChunkIndex] = {}
+
+    def of(self, tensor: ChunkedTensor) -> ChunkIndex:
+        hit = self._by_id.get((id(tensor.boxes), tensor.shape))
+        if hit is None:
+            index = self._by_value.get((tensor.boxes, tensor.shape))
+            if index is None:
+                index = self._by_value[(tensor.boxes, tensor.shape)] = ChunkIndex(tensor)
+            hit = self._by_id[(id(tensor.boxes), tensor.shape)] = (tensor.boxes, index)
+        return hit[1]
+
+
+class _Classes:
+    """The classes of one planning run, by identity first, then by value."""
+
+    def __init__(self) -> None:
+        self.indexes = Indexes()
         self._by_id: dict[tuple[int, int], tuple[object, BoxClass]] = {}
         self._classes: dict[tuple[int, tuple[Box | None, ...]], BoxClass] = {}
 
-    def index(self, tensor: ChunkedTensor) -> ChunkIndex:
-        hit = self._index_by_id.get((id(tensor.boxes), tensor.shape))
-        if hit is None:
-            index = self._index.get((tensor.boxes, tensor.shape))
-            if index is None:
-                index = self._index[(tensor.boxes, tensor.shape)] = ChunkIndex(tensor)
-            hit = self._index_by_id[(id(tensor.boxes), tensor.shape)] = (tensor.boxes, index)
-        return hit[1]
-
     def get(self, tensor: ChunkedTensor, dst: tuple[Box | None, ...]) -> BoxClass:
-        index = self.index(tensor)
+        index = self.indexes.of(tensor)
         hit = self._by_id.get((id(index), id(dst)))
         if hit is None:
             cls = self._classes.get((id(index), dst))
@@ -364,10 +375,15 @@ def _layout_of(order: tuple[int, ...], members: Sequence[_Member], targets: Sequ
 
 
 def assembled_tensor(
-    sources: SourcePaths, tensor: ChunkedTensor, box: Box, name: str | None = None, index: ChunkIndex | None = None
+    sources: SourcePaths, tensor: ChunkedTensor, box: Box, name: str | None = None, indexes: Indexes | None = None
 ) -> TensorPlan:
-    """One destination tensor: box ``box`` of ``tensor``, its sources interned into ``sources``."""
-    share = relative_share(index if index is not None else ChunkIndex(tensor), tensor.boxes, box)
+    """One destination tensor: box ``box`` of ``tensor``, its sources interned into ``sources``.
+
+    ``indexes``: the run's indexes, so that tensors sharing a chunking are indexed once.
+    """
+    _check_boxes(tensor, (box,))
+    index = indexes.of(tensor) if indexes is not None else ChunkIndex(tensor)
+    share = relative_share(index, tensor.boxes, box)
     ids = {tensor.files[k]: sources.id(tensor.files[k]) for k, *_ in share.copies}
     return _tensor_plan(tensor, share, name if name is not None else tensor.name, ids)
 
@@ -406,6 +422,7 @@ def source_chunks(
 __all__ = [
     "BoxClass",
     "BoxTensors",
+    "Indexes",
     "OutputFile",
     "Share",
     "Target",
