@@ -46,9 +46,19 @@ from reshard.plan import (
     plan_transform,
     validate_plan,
 )
-from reshard.plan.boxes import BoxTensors, OutputFile, Target, assembled_tensor, plan_boxes, source_chunks
+from reshard.plan.boxes import (
+    BoxTensors,
+    OutputFile,
+    Target,
+    assembled_tensor,
+    plan_boxes,
+    source_chunks,
+    strategy_chunks,
+)
 from reshard.plan.model import SourcePaths, output_metadata
 from reshard.plan.unify import _plan_split_reference
+from reshard.sources.registry import open_source
+from tests import checkpoint2_fixtures as fx
 
 DEVS = {1: [(1,)], 2: [(2,), (1, 2)], 4: [(4,), (2, 2)], 6: [(2, 3), (3, 2)], 8: [(2, 2, 2), (4, 2), (2, 4)]}
 PARAMS = {"emb": (24, 12), "w": (12, 24), "v": (24,), "s": ()}
@@ -355,3 +365,25 @@ def test_uneven_chunks_to_another_uneven_chunking(tmp_path: Path) -> None:
                 continue
             want = FULL[name][tuple(slice(a, b) for a, b in boxes[r])]
             np.testing.assert_array_equal(got.array(name), want)
+
+
+# --------------------------------------------------------------------------------------------
+# a Checkpoint 2.0 (virtual rank files, pipeline stages, a save without redundant copies) as chunks
+
+
+@pytest.mark.parametrize(
+    ("params", "redundancy"),
+    [(fx.dp2_tp4_params, False), (fx.dp2_tp4_params, True), (fx.pipeline_params, False)],
+)
+def test_checkpoint2_chunks_to_full_tensors(tmp_path: Path, params, redundancy: bool) -> None:
+    root = tmp_path / "cp2"
+    full = fx.write_checkpoint2(str(root), params(), 8, remove_redundancy=redundancy)
+    opened = open_source(str(root))
+    chunked = strategy_chunks(opened.ranks, opened.strategy)
+    assert sorted(t.name for t in chunked) == sorted(full)
+    out = OutputFile(str(tmp_path / "full" / "model.safetensors"), "safetensors")
+    plan = plan_boxes(chunked, [out], [Target(t.name, (whole_box(t.shape),)) for t in chunked], "unify")
+    run(plan, tmp_path / "full")
+    got = read_safetensors(out.path)
+    for name, want in full.items():
+        np.testing.assert_array_equal(got.array(name), want, err_msg=name)

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 from reshard import dtypes
 from reshard.errors import LayoutError, UnsupportedError, UsageError
-from reshard.layout import Box, ParamLayout, rank_boxes
-from reshard.layout.chunks import ChunkedTensor, ChunkIndex, box_shape, layout_chunks
+from reshard.layout import Box, LayoutTable, ParamLayout, device_num, full_shape, layout_map, rank_boxes
+from reshard.layout.chunks import ChunkedTensor, ChunkIndex, box_shape, layout_chunks, whole_chunks
 from reshard.plan.bulk import BuiltFiles
 from reshard.plan.model import (
     Copy,
@@ -419,6 +419,43 @@ def source_chunks(
     return layout_chunks(name, p, full, first.tensors[key].dtype, homes, key)
 
 
+def strategy_chunks(files: Mapping[int, SourceFile], strategy: LayoutTable) -> list[ChunkedTensor]:
+    """Every tensor of a MindSpore-style source (rank files and their strategy: rank folders, a
+    Checkpoint 2.0's virtual rank files) as chunks.
+
+    A laid-out tensor is read from its lowest pipeline stage's files (the stage whose layout the
+    strategy's map gives it), each distinct slice from the lowest rank holding it; a tensor in no
+    layout (``global_step``) is one whole chunk, from the lowest rank holding it. In file order.
+    """
+    lmap = layout_map(strategy)
+    n = device_num(strategy, lmap)
+    out: dict[str, ChunkedTensor] = {}
+    elsewhere: dict[str, int] = {}  # laid-out tensors met only in another stage's files so far
+    for r in sorted(files):
+        for name, t in files[r].tensors.items():
+            if name in out or t.dtype is dtypes.STR:
+                continue
+            staged = lmap.get(name)
+            if staged is None:
+                out[name] = whole_chunks(name, t.shape, t.dtype, files[r].path_of(name))
+                continue
+            stage = min(staged.stages)
+            holders = {
+                q - stage * n: files[q]
+                for q in range(stage * n, (stage + 1) * n)
+                if q in files and name in files[q].tensors
+            }
+            if not holders:
+                elsewhere[name] = stage  # its own stage's files come later, or never (an error below)
+                continue
+            full = full_shape(staged.layout, next(iter(holders.values())).tensors[name].shape)
+            out[name] = source_chunks(name, staged.layout, full, holders)
+    for name, stage in elsewhere.items():
+        if name not in out:
+            raise LayoutError(f"tensor {name!r}: no file of its pipeline stage {stage} holds it", strategy.path)
+    return list(out.values())
+
+
 __all__ = [
     "BoxClass",
     "BoxTensors",
@@ -430,4 +467,5 @@ __all__ = [
     "plan_boxes",
     "relative_share",
     "source_chunks",
+    "strategy_chunks",
 ]
