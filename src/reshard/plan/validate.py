@@ -17,6 +17,9 @@ layout, destination layout, full shape) and destination rank; those tables are c
 against the class's destination box and the source slice each copy reads, so a 1 000-parameter x
 1 024-rank plan is checked without building a million ``TensorPlan`` objects. (Planning already
 checked the source files' slice shapes against those slices, once per class and source rank.)
+Plans from chunk boxes (``BoxTensors``) are checked the same way, once per (chunking class, output);
+planning saw no file there, so when the executor passes its opened sources, every chunk an output
+reads is also checked against the shape of the tensor holding it (once per file and tensor).
 
 A violation raises ``PlanError``: an internal error naming the output and the tensor, never a
 ``ReshardError``, because no input can cause it; only a bug in reshard can.
