@@ -282,6 +282,10 @@ def test_absent_targets_and_orders() -> None:
     validate_plan(plan)
     with pytest.raises(UsageError, match="has no box in it"):
         plan_boxes([a, b], outs, targets, orders=[[0, 1], [0]])
+    with pytest.raises(UsageError, match="output 1 lists tensor 'a', which has no box in it"):
+        plan_boxes([a, b], outs, targets, orders=[[0, 1], [0, 1]])  # one order for both outputs
+    with pytest.raises(UsageError, match="holds tensor 'a' twice"):
+        plan_boxes([a, b], outs[:1], [Target("a", (whole_box((2, 2)),)), Target("b", (((0, 3),),), "a")])
 
 
 # --------------------------------------------------------------------------------------------

@@ -308,10 +308,14 @@ def plan_boxes(
     interned, built = SourcePaths(), BuiltFiles()
     plans = []
     for f, out in enumerate(files):
-        order = tuple(orders[f]) if orders is not None else presence.order(f)
+        if orders is None:
+            order = presence.order(f)
+        else:
+            order = tuple(orders[f])
+            _check_present(order, targets, f)
         layout = layouts.get(order)
         if layout is None:
-            layout = layouts[order] = _layout_of(order, members, targets, f)
+            layout = layouts[order] = _layout_of(order, members)
         for path in layout.paths(f):
             interned.id(path)
         tensors = BoxTensors(layout, f, interned.ids, built)
@@ -361,16 +365,21 @@ class _Presence:
         return tuple(i for i in self.everywhere if i not in absent)
 
 
-def _layout_of(order: tuple[int, ...], members: Sequence[_Member], targets: Sequence[Target], f: int) -> _Layout:
-    chosen = []
-    names: set[str] = set()
+def _check_present(order: Sequence[int], targets: Sequence[Target], f: int) -> None:
+    """An explicit order lists only targets with a box in output ``f``."""
     for i in order:
+        if not 0 <= i < len(targets):
+            raise UsageError(f"output {f} lists target {i}, there are {len(targets)}")
         if targets[i].boxes[f] is None:
             raise UsageError(f"output {f} lists tensor {targets[i].out_name!r}, which has no box in it")
-        if members[i].name in names:
-            raise UsageError(f"output {f} holds tensor {members[i].name!r} twice")
-        names.add(members[i].name)
-        chosen.append(members[i])
+
+
+def _layout_of(order: tuple[int, ...], members: Sequence[_Member]) -> _Layout:
+    chosen = [members[i] for i in order]
+    names = [m.name for m in chosen]
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise UsageError(f"an output holds tensor {twice!r} twice")
     return _Layout(tuple(chosen))
 
 
