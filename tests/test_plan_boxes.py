@@ -29,8 +29,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reshard import api, dtypes, layout
-from reshard.errors import LayoutError, ReshardError, UsageError
+from reshard import api, dtypes
+from reshard.errors import LayoutError, UsageError
 from reshard.formats import layout_dir
 from reshard.formats.safetensors import read_safetensors, save_safetensors
 from reshard.formats.strategy import make_strategy
@@ -59,39 +59,13 @@ from reshard.plan.model import SourcePaths, output_metadata
 from reshard.plan.unify import _plan_split_reference
 from reshard.sources.registry import open_source
 from tests import checkpoint2_fixtures as fx
-
-DEVS = {1: [(1,)], 2: [(2,), (1, 2)], 4: [(4,), (2, 2)], 6: [(2, 3), (3, 2)], 8: [(2, 2, 2), (4, 2), (2, 4)]}
-PARAMS = {"emb": (24, 12), "w": (12, 24), "v": (24,), "s": ()}
-DTYPES = {"emb": dtypes.FLOAT32, "w": dtypes.BFLOAT16, "v": dtypes.FLOAT16, "s": dtypes.INT32}
-
-
-@st.composite
-def layouts(draw: st.DrawFn, devices: int, shape: tuple[int, ...]) -> ParamLayout:
-    """A random layout over ``devices`` that divides ``shape`` (flat or list map, maybe an opt shard)."""
-    for _ in range(20):
-        dev = draw(st.sampled_from(DEVS[devices]))
-        axes = list(range(len(dev)))
-        draw(st.randoms()).shuffle(axes)
-        tmap: list[object] = []
-        for _ in shape:
-            k = draw(st.integers(0, min(2, len(axes))))
-            values, axes = tuple(axes[:k]), axes[k:]
-            tmap.append(-1 if not values else values[0] if len(values) == 1 else values)
-        step, size = 0, 0
-        if draw(st.booleans()):
-            step, size = draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([2, -1]))
-        p = ParamLayout(dev, tuple(tmap), step, size)  # type: ignore[arg-type]
-        try:
-            layout.slice_shape(p, shape)
-            layout.rank_boxes(p, shape)
-        except ReshardError:
-            continue
-        return p
-    return ParamLayout(DEVS[devices][0], (-1,) * len(shape))
+from tests.test_plan_bulk import DTYPES, PARAMS, layouts  # random layouts over 2, 4, 6 or 8 devices
 
 
 @st.composite
 def strategy_items(draw: st.DrawFn, devices: int) -> dict[str, ParamLayout]:
+    if devices == 1:
+        return {name: ParamLayout((1,), (-1,) * len(shape)) for name, shape in PARAMS.items()}
     return {name: draw(layouts(devices, shape)) for name, shape in PARAMS.items()}
 
 
