@@ -260,20 +260,18 @@ def build_boxes(params: int, chunks: int, outputs: int) -> tuple[list[ChunkedTen
     return sources, out, targets
 
 
+def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
+    """``fn(*args)`` and the seconds it took."""
+    start = time.perf_counter()
+    value = fn(*args)
+    return value, time.perf_counter() - start
+
+
 def time_boxes(args: argparse.Namespace) -> dict[str, Any]:
-    start = time.perf_counter()
-    sources, out, targets = build_boxes(args.params, args.src_ranks, args.ranks)
-    built = time.perf_counter() - start
-    start = time.perf_counter()
-    plan = plan_boxes(sources, out, targets, "reshard")
-    s = plan.summary()
-    seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    validate_plan(plan)
-    validate = time.perf_counter() - start
-    start = time.perf_counter()
-    one = len(tuple(plan.files[0].tensors))
-    materialise = time.perf_counter() - start
+    (sources, out, targets), built = _timed(build_boxes, args.params, args.src_ranks, args.ranks)
+    (plan, s), seconds = _timed(lambda: (p := plan_boxes(sources, out, targets, "reshard"), p.summary()))
+    _, validate = _timed(validate_plan, plan)
+    one, materialise = _timed(lambda: len(tuple(plan.files[0].tensors)))
     assert one == args.params
     return {
         "seconds": seconds,
