@@ -57,6 +57,7 @@ from reshard.plan.boxes import (
 )
 from reshard.plan.model import SourcePaths, output_metadata
 from reshard.plan.unify import _plan_split_reference
+from reshard.plan.validate import PlanError
 from reshard.sources.registry import open_source
 from tests import checkpoint2_fixtures as fx
 from tests.test_plan_bulk import DTYPES, PARAMS, layouts  # random layouts over 2, 4, 6 or 8 devices
@@ -365,3 +366,14 @@ def test_checkpoint2_chunks_to_full_tensors(tmp_path: Path, params, redundancy: 
     got = read_safetensors(out.path)
     for name, want in full.items():
         np.testing.assert_array_equal(got.array(name), want, err_msg=name)
+
+
+def test_validation_checks_chunks_against_the_opened_files() -> None:
+    """Planning sees no file; the executor's validation compares each chunk read with its tensor."""
+    t = ChunkedTensor("w", (6,), dtypes.FLOAT32, (((0, 4),), ((4, 6),)), ("/s/a", "/s/b"))
+    plan = plan_boxes([t], [OutputFile("/o/w.safetensors", "safetensors")], [Target("w", (((0, 6),),))])
+    shapes = {("/s/a", "w"): (4,), ("/s/b", "w"): (2,)}
+    validate_plan(plan, lambda i, name: shapes.get((plan.sources[i], name)))
+    shapes[("/s/b", "w")] = (3,)
+    with pytest.raises(PlanError, match=r"reads 'w' of /s/b as a chunk of shape \[2\], but it has shape \(3,\)"):
+        validate_plan(plan, lambda i, name: shapes.get((plan.sources[i], name)))

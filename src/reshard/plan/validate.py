@@ -28,7 +28,7 @@ A violation raises ``PlanError``: an internal error naming the output and the te
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from reshard.plan.boxes import BoxTensors
 from reshard.plan.bulk import RankTensors
@@ -53,12 +53,15 @@ def validate_plan(plan: Plan, source_shape: SourceShape | None = None) -> None:
     _unique_paths(plan)
     checked_tables: set[int] = set()
     held_shapes: dict[int, list[tuple[int, ...]]] = {}  # per class: the shape of each source rank's slice
+    source_ids: dict[str, int] | None = None  # box plans: source path -> index, built once
     for f in plan.files:
         if isinstance(f.tensors, RankTensors):
             _check_bulk(f.path, f.tensors, checked_tables, held_shapes)
             continue
         if isinstance(f.tensors, BoxTensors):
-            _check_box_file(f.path, f.tensors, checked_tables, plan, source_shape)
+            if source_ids is None:
+                source_ids = {p: i for i, p in enumerate(plan.sources)}
+            _check_box_file(f.path, f.tensors, checked_tables, source_ids, source_shape)
             continue
         names: set[str] = set()
         for t in f.tensors:
@@ -220,7 +223,7 @@ def _explain_table(
 
 
 def _check_box_file(
-    path: str, tensors: BoxTensors, checked: set[int], plan: Plan, source_shape: SourceShape | None
+    path: str, tensors: BoxTensors, checked: set[int], ids: Mapping[str, int], source_shape: SourceShape | None
 ) -> None:
     """One lazy box-plan output: names once per layout, each (class, output) table once, and, when
     the sources are open, every chunk the output reads against its real shape."""
@@ -244,12 +247,11 @@ def _check_box_file(
             )
         checked.add(id(share))
     if source_shape is not None:
-        _check_box_sources(path, tensors, plan, source_shape)
+        _check_box_sources(path, tensors, ids, source_shape)
 
 
-def _check_box_sources(path: str, tensors: BoxTensors, plan: Plan, source_shape: SourceShape) -> None:
+def _check_box_sources(path: str, tensors: BoxTensors, ids: Mapping[str, int], source_shape: SourceShape) -> None:
     """Each chunk an output reads has, in its file, the shape of its box (what planning could not see)."""
-    ids = {p: i for i, p in enumerate(plan.sources)}
     seen: set[tuple[int | None, str]] = set()
     for m in tensors.layout.members:
         share, source = m.cls.share(tensors.f), m.source
