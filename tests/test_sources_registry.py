@@ -17,7 +17,7 @@ from reshard import api, inspect, sources, verify
 from reshard.errors import UsageError
 from reshard.formats.ckpt import save_ckpt
 from reshard.sources import registry
-from reshard.sources.kind import Opened
+from reshard.sources.kind import FULL, OpenedModel, Traits
 from reshard.sources.options import ReadOptions
 from reshard.synthetic import full_model
 from tests.trust_helpers import SMALL, make_job
@@ -208,12 +208,13 @@ def test_a_new_kind_is_one_module_and_one_registry_line(tmp_path: Path, monkeypa
     class Checkpoint2:
         name = "a Checkpoint 2.0 folder"
         looks_for = "a Checkpoint 2.0 folder (checkpoint2.json)"
+        traits = Traits(FULL)  # a full model: read where a full model is, so refused where rank folders are wanted
 
         def detect(self, path: str) -> bool:
             return os.path.isfile(os.path.join(path, "checkpoint2.json"))
 
-        def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> Opened:
-            return Opened(self.name, path)
+        def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> OpenedModel:
+            return OpenedModel(self.name, path, "safetensors", {}, {})
 
     new = Checkpoint2()
     monkeypatch.setattr(registry, "KINDS", (new, *registry.KINDS))
