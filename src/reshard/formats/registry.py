@@ -10,7 +10,8 @@ object is imported on first use, while its name and suffixes are known at once.
 
 Adding a format: write its module under ``reshard/formats/`` with one object implementing
 ``formats.protocol.Format`` and call ``register(that_object)`` (a built-in gets one line in
-``_BUILTIN`` instead).
+``_BUILTIN`` instead). A ``register`` call holds in the process that makes it: Ray's workers know a
+format that is built in, or registered by a module they import.
 """
 
 from __future__ import annotations
