@@ -227,7 +227,7 @@ def _rank_folder_info(path: str, sf: StrategyFile | None, read: Any) -> dict[str
         first, second = (registry.suffix(f) for f in fmts[:2])
         raise UsageError(f"the rank folder holds both {first} and {second} files; inspect one of them", path)
     fmt = fmts[0]
-    picked = layout_dir.pick_file(path, fmt, "name" if fmt == "ckpt" else "numbers")
+    picked = layout_dir.pick_file(path, fmt, layout_dir.default_rule(fmt))
     assert picked is not None  # the registry recognised a rank folder holding checkpoints
     return _file_info(picked.path, sf, read, picked.ignored)
 

@@ -89,6 +89,12 @@ RULE_TEXT = {  # for the note that says which file was used
 }
 
 
+def default_rule(fmt: str) -> str:
+    """MindSpore's rule for choosing among a rank folder's files of ``fmt``: the last name for ``.ckpt``
+    (its ``transform_checkpoints`` sorts), the largest epoch/step numbers for every other format."""
+    return "name" if fmt == "ckpt" else "numbers"
+
+
 def _suffix_matches(files: list[str], fmt: str, suffix: str) -> list[str]:
     """MindSpore's ``file_suffix`` matching (docs/formats.md §4.0): exact tail, shortest basename wins."""
     tail = suffix if suffix.startswith(("_", "-")) else None
@@ -153,7 +159,7 @@ def collect_rank_files(
         if not present:
             raise UsageError(f"rank folders hold no {registry.listed()} files", model_dir)
         fmt = present.pop()
-    rule = rule or ("name" if fmt == "ckpt" else "numbers")
+    rule = rule or default_rule(fmt)
     chosen = {}
     for rank, folder in dirs.items():
         picked = pick_file(folder, fmt, rule, file_suffix)
@@ -267,6 +273,7 @@ __all__ = [
     "check_prefix",
     "choose_file",
     "collect_rank_files",
+    "default_rule",
     "detect_format",
     "epoch_step_suffix",
     "files_in",

@@ -41,7 +41,7 @@ def rank_sources(
     if auto:
         file_suffix = _auto_suffix(model_dir, notes)
     fmt, chosen = layout_dir.collect_rank_files(model_dir, fmt, rule, file_suffix, listing_order)
-    rule = rule or ("name" if fmt == "ckpt" else "numbers")
+    rule = rule or layout_dir.default_rule(fmt)
     if notes is not None:
         for picked in chosen.values():
             if picked.ignored:
