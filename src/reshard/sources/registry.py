@@ -62,9 +62,9 @@ _UNIFY_FIRST = "unify them first (reshard unify SRC UNIFIED --strategy S), or re
 
 def register(kind: AnyKind) -> None:
     """Add a kind of source: detected before the built-ins, and read wherever a built-in kind that holds
-    the same (``Traits.holds``) is. Registering a kind again (by its name) replaces it."""
+    the same (``Traits.holds``) is. Registering a kind again (by its name) replaces it; a built-in stays."""
     global KINDS
-    KINDS = (kind, *(k for k in KINDS if k.name != kind.name))
+    KINDS = (kind, *(k for k in KINDS if k in BUILT_IN or k.name != kind.name))
 
 
 def unregister(kind: AnyKind) -> None:
