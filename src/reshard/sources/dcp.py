@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from reshard.formats import dcp
 from reshard.plan import SourceFile, SourceTensor
-from reshard.sources.kind import Opened
+from reshard.sources.kind import SHARDED, OpenedModel, Traits
 from reshard.sources.options import ReadOptions
 
 _DATA_FILE = re.compile(r"__(\d+)_(\d+)\.distcp")
@@ -76,18 +76,19 @@ class DcpFolder:
 
     name = "a PyTorch DCP checkpoint"
     looks_for = "a PyTorch DCP folder (.metadata and __<rank>_<k>.distcp files)"
+    traits = Traits(holds=SHARDED, owns_layouts=".metadata")
 
     def detect(self, path: str) -> bool:
         return is_dcp_folder(path)
 
-    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> Opened:
+    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> OpenedModel:
         source = open_dcp(path)
         if source.metadata.byte_items:
             notes.append(
                 f"{len(source.metadata.byte_items)} non-tensor values (opaque torch.save bytes) are not tensors"
             )
         weight_map = {name: rel for rel, facts in source.files.items() for name in facts.tensors}
-        return Opened(self.name, path, dcp.FORMAT, ranks=source.ranks, files=source.files, weight_map=weight_map)
+        return OpenedModel(self.name, path, dcp.FORMAT, source.files, weight_map, ranks=source.ranks)
 
 
 DCP = DcpFolder()
