@@ -236,7 +236,7 @@ def test_verify_unify_convert_take_the_same_choice(job: dict[str, str], tmp_path
     proc = run_cli("verify", job["full"], ckpt, "--b-strategy", job["s8"], "--file-suffix", "-1_4")
     assert proc.returncode == 0, proc.stderr
     st = _two_per_rank(tmp_path / "s", job["r8st"], "safetensors")
-    proc = run_cli("unify", st, str(tmp_path / "unified"), "--strategy", job["s8"], "--pick", "newest")
+    proc = run_cli("unify", st, str(tmp_path / "unified"), "--src-strategy", job["s8"], "--pick", "newest")
     assert proc.returncode == 0, proc.stderr
     proc = run_cli("verify", job["full"], str(tmp_path / "unified"))
     assert proc.returncode == 0, proc.stderr
