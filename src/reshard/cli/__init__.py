@@ -23,6 +23,7 @@ are imported by ``main``.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -167,7 +168,7 @@ def _error_line(exc: ReshardError) -> str:
     return text
 
 
-def build_parser() -> object:
+def build_parser() -> argparse.ArgumentParser:
     """The ``reshard`` parser (``reshard.cli.parser.build_parser``)."""
     from reshard.cli.parser import build_parser as build
 

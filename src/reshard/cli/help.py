@@ -345,7 +345,8 @@ def _flag_error(parser: argparse.ArgumentParser, token: str, commands: dict[str,
     owners = sorted(c for c, sub in commands.items() if sub is not parser and name in sub._option_string_actions)
     if owners:
         parser.error(f"unknown flag {name} (a flag of {', '.join(owners)})")
-    flags = [f for f in parser._option_string_actions if f.startswith("--")] or list(parser._option_string_actions)
+    shown = {f: a for f, a in parser._option_string_actions.items() if a.help is not argparse.SUPPRESS}
+    flags = [f for f in shown if f.startswith("--")] or list(shown)  # the documented spellings, not aliases
     parser.error(f"unknown flag {name}{_nearest(name, flags)}")
 
 

@@ -346,7 +346,9 @@ def resolve_iteration(path: str, iteration: int | None = None) -> str:
         return folder
     found = sorted(n for n in _listing(path) if _ITERATION.fullmatch(n) and os.path.isdir(os.path.join(path, n)))
     if len(found) != 1:
-        raise UsageError(f"no {TRACKER_NAME} and {len(found)} iteration folders: choose one with --src-iteration N", path)
+        raise UsageError(
+            f"no {TRACKER_NAME} and {len(found)} iteration folders: choose one with --src-iteration N", path
+        )
     return os.path.join(path, found[0])
 
 

@@ -45,7 +45,9 @@ KINDS: tuple[Kind, ...] = (
 CHECKPOINTS: tuple[Kind, ...] = (RANK_FOLDERS, ENCRYPTED_CKPT, FULL_FILE)  # what the rank-reading operations take
 FULL_MODELS: tuple[Kind, ...] = (UNIFIED, HUGGING_FACE, ENCRYPTED_CKPT, FULL_FILE)  # what split and verify take
 
-_UNIFY_FIRST = "unify them first (reshard unify SRC UNIFIED --src-strategy S), or reshard them directly (reshard transform)"
+_UNIFY_FIRST = (
+    "unify them first (reshard unify SRC UNIFIED --src-strategy S), or reshard them directly (reshard transform)"
+)
 
 
 def identify(path: str, accept: Sequence[Kind] = KINDS) -> Kind:
