@@ -1,8 +1,8 @@
 """The ``reshard`` parser: one subparser per command module, then the help taught to all of them.
 
 Each module of ``reshard.cli.commands`` adds its own subparser (``add``) and runs it (``run``, set
-as ``func``); this module only holds argparse's one-line errors and the order of the commands in
-``reshard --help``. A new command is a module there and one line in ``COMMANDS``.
+as ``func``); this module only holds the order of the commands in ``reshard --help``. A new
+command is a module there and one line in ``COMMANDS``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from reshard.cli.commands import (
     auto_transform,
     convert,
     demo,
-    inspect,
+    inspect_command,
     merge_strategies,
     plan,
     rank_list,
@@ -31,7 +31,7 @@ from reshard.cli.parsing import Parser
 # In the order ``reshard --help`` and the overview list them.
 COMMANDS = (
     demo,
-    inspect,
+    inspect_command,
     convert,
     merge_strategies,
     transform,

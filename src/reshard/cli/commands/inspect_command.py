@@ -1,4 +1,7 @@
-"""``reshard inspect PATH``: what a checkpoint, a rank folder tree, a Checkpoint 2.0 or a strategy holds."""
+"""``reshard inspect PATH``: what a checkpoint, a rank folder tree, a Checkpoint 2.0 or a strategy holds.
+
+(The module's name keeps it from reading as the standard library's ``inspect``.)
+"""
 
 from __future__ import annotations
 
