@@ -57,7 +57,9 @@ SHARDED_JOBS: tuple[Kind, ...] = (RANK_FOLDERS, CHECKPOINT2)  # what unify takes
 # verify's sides and inspect read; transform adds one rank's folder as the full checkpoint it holds.
 ANY_CHECKPOINT: tuple[Kind, ...] = (*SHARDED_JOBS, *FULL_MODELS)
 
-_UNIFY_FIRST = "unify them first (reshard unify SRC UNIFIED --strategy S), or reshard them directly (reshard transform)"
+_UNIFY_FIRST = (
+    "unify them first (reshard unify SRC UNIFIED --src-strategy S), or reshard them directly (reshard transform)"
+)
 
 
 def register(kind: AnyKind) -> None:
