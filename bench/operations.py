@@ -124,7 +124,7 @@ def operations(w: Workload) -> list[Operation]:
             "unify",
             "unify 8 ranks→full (.safetensors)",
             (w.ranks8_st, s8),
-            lambda out: ["unify", w.ranks8_st, out, "--strategy", s8],
+            lambda out: ["unify", w.ranks8_st, out, "--src-strategy", s8],
             lambda out, procs: {
                 "fn": "unified_safetensors",
                 "kwargs": {"src_dir": w.ranks8_st, "src_strategy_file": s8, "dst_dir": out, "max_process_num": procs},
@@ -138,7 +138,7 @@ def operations(w: Workload) -> list[Operation]:
             "split",
             "split full→8 ranks (.safetensors)",
             (w.unified, s8),
-            lambda out: ["split", w.unified, out, "--strategy", s8],
+            lambda out: ["split", w.unified, out, "--dst-strategy", s8],
             lambda out, procs: {
                 "fn": "load_distributed_checkpoint",
                 "args": [None],

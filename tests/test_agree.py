@@ -73,7 +73,7 @@ def faces(d: dict[str, str], out: str) -> dict[str, list[str]]:
         "transform 8->4": ["transform", "--src", d["r8"], *to4, "--dst", out],
         "transform --ranks": ["transform", "--src", d["r8"], *to4, "--dst", out, "--ranks", "0"],
         "plan": ["plan", "--src", d["r8"], *wrong, "--dst", out],
-        "unify": ["unify", d["st8"], out, "--strategy", d["wrong"]],
+        "unify": ["unify", d["st8"], out, "--src-strategy", d["wrong"]],
         "rank-list --files": ["rank-list", "0", "--src", d["r8"], *to4, "--files"],
         "verify": ["verify", d["full"], d["r8"], "--b-strategy", d["wrong"]],
         "inspect": ["inspect", d["r8"], "--strategy", d["wrong"]],
@@ -208,13 +208,13 @@ def test_the_planner_checks_before_planning() -> None:
 
 def test_unify_with_the_first_stages_file_unifies_that_stage(demo: dict[str, str], tmp_path: Path) -> None:
     stage0 = os.path.join(demo["s8_dir"], "ckpt_strategy_rank_0.ckpt")
-    proc = run("unify", demo["st8"], str(tmp_path / "u0"), "--strategy", stage0)
+    proc = run("unify", demo["st8"], str(tmp_path / "u0"), "--src-strategy", stage0)
     assert proc.returncode == 0, proc.stderr
     assert "only that stage's parameters are unified, as MindSpore does" in proc.stderr
     index = json.loads((tmp_path / "u0" / "param_name_map.json").read_text())["weight_map"]
     assert EMBEDDING in index and "model.layers.1.attention.wq.weight" in index
     assert "model.layers.2.attention.wq.weight" not in index and "lm_head.weight" not in index
-    whole = run("unify", demo["st8"], str(tmp_path / "all"), "--strategy", demo["s8"])
+    whole = run("unify", demo["st8"], str(tmp_path / "all"), "--src-strategy", demo["s8"])
     assert whole.returncode == 0, whole.stderr
     proc = run("verify", str(tmp_path / "u0"), str(tmp_path / "all"), "--include", "model.layers.[01].*")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -222,7 +222,7 @@ def test_unify_with_the_first_stages_file_unifies_that_stage(demo: dict[str, str
 
 def test_unify_with_a_later_stages_file_is_refused(demo: dict[str, str], tmp_path: Path) -> None:
     stage1 = os.path.join(demo["s8_dir"], "ckpt_strategy_rank_4.ckpt")
-    line = one_error(run("unify", demo["st8"], str(tmp_path / "u4"), "--strategy", stage1))
+    line = one_error(run("unify", demo["st8"], str(tmp_path / "u4"), "--src-strategy", stage1))
     assert "pipeline stage 1's alone" in line and "MindSpore would unify them wrongly" in line, line
     assert not (tmp_path / "u4").exists()
 

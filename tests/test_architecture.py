@@ -40,7 +40,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "reshard.mindspore",
         "reshard.transform_ckpt",
         "reshard.cli",
-        "reshard.cli_help",
         "reshard.inspect",
         "reshard.picture",
         "reshard.verify",

@@ -191,20 +191,20 @@ def st_bad_json(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
 def st_unify_corrupt_part(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     src = _copy_tree(tmp, job["r8st"])
     _truncate(_rank_file(src, 3, "safetensors"), 0.3)
-    return ["unify", src, OUT, "--strategy", job["s8"]], "checkpoint_3.safetensors"
+    return ["unify", src, OUT, "--src-strategy", job["s8"]], "checkpoint_3.safetensors"
 
 
 def split_corrupt_unified(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     src = _copy_tree(tmp, job["unified"])
     _truncate(os.path.join(src, "part0.safetensors"), 0.5)
-    return ["split", src, OUT, "--strategy", job["s4"]], "part0.safetensors"
+    return ["split", src, OUT, "--dst-strategy", job["s4"]], "part0.safetensors"
 
 
 def split_bad_index(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     src = _copy_tree(tmp, job["unified"])
     shutil.copy2(os.path.join(src, "part0.safetensors"), os.path.join(src, "part1.safetensors"))
     Path(src, "param_name_map.json").write_text("{not json")
-    return ["split", src, OUT, "--strategy", job["s4"]], "param_name_map.json"
+    return ["split", src, OUT, "--dst-strategy", job["s4"]], "param_name_map.json"
 
 
 # ------------------------------------------------------------------------------------ strategies
@@ -343,7 +343,7 @@ def inspect_truncated(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
 
 
 def _unify(job: dict[str, str], *extra: str, strategy: str = "s8") -> list[str]:
-    return ["unify", job["r8st"], OUT, "--strategy", job[strategy], *extra]
+    return ["unify", job["r8st"], OUT, "--src-strategy", job[strategy], *extra]
 
 
 def unify_other_rank_count(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
@@ -363,17 +363,17 @@ def unify_split_empty_group(tmp: Path, job: dict[str, str]) -> tuple[list[str], 
 
 
 def unify_ckpt_rank_folders(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
-    return ["unify", job["r8"], OUT, "--strategy", job["s8"]], "hold .ckpt files and unify reads .safetensors"
+    return ["unify", job["r8"], OUT, "--src-strategy", job["s8"]], "hold .ckpt files and unify reads .safetensors"
 
 
 def unify_missing_rank_folder(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     src = _copy_tree(tmp, job["r8st"])
     shutil.rmtree(os.path.join(src, "rank_5"))
-    return ["unify", src, OUT, "--strategy", job["s8"]], "src: no folder for rank(s) 5"
+    return ["unify", src, OUT, "--src-strategy", job["s8"]], "src: no folder for rank(s) 5"
 
 
 def split_given_rank_folders(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
-    return ["split", job["r8st"], OUT, "--strategy", job["s4"]], "holds rank_<r> folders, not a unified model"
+    return ["split", job["r8st"], OUT, "--dst-strategy", job["s4"]], "holds rank_<r> folders, not a unified model"
 
 
 def src_is_one_rank_folder(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
@@ -627,7 +627,7 @@ def checkpoint2_output_with_hf(tmp: Path, job: dict[str, str]) -> tuple[list[str
 def checkpoint2_negative_iteration(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     return [
         "transform", "--src", job["r8"], "--src-strategy", job["s8"], "--dst", OUT, "--dst-strategy", job["s4"],
-        "--output-format", "checkpoint2", "--iteration", "-3",
+        "--output-format", "checkpoint2", "--dst-iteration", "-3",
     ], "iteration"  # fmt: skip
 
 

@@ -169,10 +169,10 @@ def test_unify_then_split_round_trip(job: dict[str, str], tmp_path) -> None:
     st = tmp_path / "st"
     assert run("convert", job["r8"], str(st), "--to", "safetensors").returncode == 0
     uni, back = tmp_path / "uni", tmp_path / "back"
-    proc = run("unify", str(st), str(uni), "--strategy", job["s8"])
+    proc = run("unify", str(st), str(uni), "--src-strategy", job["s8"])
     assert proc.returncode == 0, proc.stderr
     assert {"part0.safetensors", "param_name_map.json", "hyper_param.safetensors"} <= set(os.listdir(uni))
-    proc = run("split", str(uni), str(back), "--strategy", job["s8"], "--output-format", "ckpt")
+    proc = run("split", str(uni), str(back), "--dst-strategy", job["s8"], "--output-format", "ckpt")
     assert proc.returncode == 0, proc.stderr
     assert ranks_in(back) == [f"rank_{r}" for r in range(8)]
     with (

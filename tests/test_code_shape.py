@@ -28,6 +28,7 @@ EXEMPT = ("reshard/mindspore/", "reshard/cli.py", "reshard/cli/")  # functions o
 EXEMPT_MODULES = ("reshard/cli.py", "reshard/cli/")
 # Over a limit today, fixed by another change in flight (path or path:function -> why).
 PENDING = {
+    "reshard/formats/dcp.py": "1405 lines; the DCP reader (issue 21) landed beside this test: to split",
     "reshard/layout/algebra.py": "944 lines; layout/ is being reworked for chunk boxes (issue 20 item 5)",
     "reshard/verify.py:verify": "13 parameters; verify.py is being moved onto sources.resolve (issue 20 item 3)",
 }

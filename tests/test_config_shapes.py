@@ -137,7 +137,7 @@ def faces(d: dict[str, str], out: str, config: str) -> dict[str, list[str]]:
     return {
         "transform 8 ranks --hf": ["transform", "--src", d["r8"], "--src-strategy", d["s8"], "--dst", out, *hf],
         "transform full --hf": ["transform", "--src", d["full"], "--dst", out, *hf],
-        "unify --hf": ["unify", d["st8"], out, "--strategy", d["s8"], *hf],
+        "unify --hf": ["unify", d["st8"], out, "--src-strategy", d["s8"], *hf],
         "transform --hf, no preset": ["transform", "--src", d["full"], "--dst", out, "--hf", "--hf-config", config],
         "Hugging Face -> 4 ranks, a preset": [
             "transform", "--src", d["hf"], "--dst", out, "--dst-strategy", d["s4"], "--preset", "llama",

@@ -60,7 +60,7 @@ def test_given_iteration_and_values_win(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = run_cli(
         "transform", "--src", str(src), "--dst", str(out), "--dst-strategy", _four_rows(tmp_path, full),
-        "--output-format", "checkpoint2", "--iteration", "7", "--common-json",
+        "--output-format", "checkpoint2", "--dst-iteration", "7", "--common-json",
         str(_given(tmp_path, {"global_step": 7, "ckpt_status": None})),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

@@ -81,7 +81,7 @@ def test_resolve_iteration(tmp_path: Path) -> None:
     with pytest.raises(FormatError, match="not an iteration number"):
         cp2.resolve_iteration(str(root))
     os.remove(root / cp2.TRACKER_NAME)
-    with pytest.raises(UsageError, match="choose one with --iteration"):
+    with pytest.raises(UsageError, match="choose one with --src-iteration"):
         cp2.resolve_iteration(str(root))
 
 
@@ -239,7 +239,7 @@ def test_a_source_strategy_is_refused(tmp_path: Path) -> None:
     fx.write_checkpoint2(str(root), fx.dp2_tp4_params(), 8)
     for argv in (
         ["transform", "--src", str(root), "--dst", str(tmp_path / "o"), "--src-strategy", "s.ckpt"],
-        ["unify", str(root), str(tmp_path / "o"), "--strategy", "s.ckpt"],
+        ["unify", str(root), str(tmp_path / "o"), "--src-strategy", "s.ckpt"],
         ["verify", str(root), str(root), "--a-strategy", "s.ckpt"],
         ["inspect", str(root), "--strategy", "s.ckpt"],
         ["rank-list", "0", "--src", str(root), "--src-strategy", "s.ckpt"],
@@ -282,10 +282,10 @@ def test_an_iteration_for_another_kind_is_refused(tmp_path: Path) -> None:
     for argv in (
         ["transform", "--src", job["r8"], "--src-strategy", job["s8"], "--dst", str(tmp_path / "o"),
          "--src-iteration", "3"],
-        ["unify", job["r8st"], str(tmp_path / "o"), "--strategy", job["s8"], "--iteration", "3"],
-        ["inspect", job["r8"], "--iteration", "3"],
-        ["verify", job["r8"], job["r8"], "--a-strategy", job["s8"], "--b-strategy", job["s8"], "--iteration", "3"],
-        ["rank-list", "0", "--src-strategy", job["s8"], "--iteration", "3"],
+        ["unify", job["r8st"], str(tmp_path / "o"), "--src-strategy", job["s8"], "--src-iteration", "3"],
+        ["inspect", job["r8"], "--src-iteration", "3"],
+        ["verify", job["r8"], job["r8"], "--a-strategy", job["s8"], "--b-strategy", job["s8"], "--src-iteration", "3"],
+        ["rank-list", "0", "--src-strategy", job["s8"], "--src-iteration", "3"],
     ):  # fmt: skip
         proc = run_cli(*argv)
         assert proc.returncode == 2, (argv, proc.stderr)
@@ -293,7 +293,7 @@ def test_an_iteration_for_another_kind_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "o").exists()
     # verify: the iteration applies to the Checkpoint 2.0 side, the other side is read as usual
     assert run_cli("transform", "--src", str(root), "--dst", str(tmp_path / "full")).returncode == 0
-    proc = run_cli("verify", str(root), str(tmp_path / "full"), "--iteration", "10")
+    proc = run_cli("verify", str(root), str(tmp_path / "full"), "--src-iteration", "10")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

@@ -171,7 +171,7 @@ def test_iteration_flags_pick_another_iteration(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     got = _rank_file(tmp_path / "o", 0)
     assert all(np.array_equal(got[n], a) for n, a in first.items())
-    proc = run_cli("inspect", str(root), "--iteration", "5", "--json")
+    proc = run_cli("inspect", str(root), "--src-iteration", "5", "--json")
     assert json.loads(proc.stdout)["iteration_folder"].endswith("iteration_00000005")
     opened = open_source(str(root), options=ReadOptions(iteration=5))
     assert "iteration_00000005" in next(iter(opened.files.values())).path
@@ -273,12 +273,12 @@ def test_split_and_hugging_face_export(dp2tp4: tuple[Path, dict], tmp_path: Path
     single = fx.write_checkpoint2(str(one), fx.single_card_params(), 1)
     sf, _ = _row_split_strategy(single, 2)
     write_strategy(str(tmp_path / "s2.ckpt"), sf)  # type: ignore[arg-type]
-    proc = run_cli("split", str(one), str(tmp_path / "split"), "--strategy", str(tmp_path / "s2.ckpt"))
+    proc = run_cli("split", str(one), str(tmp_path / "split"), "--dst-strategy", str(tmp_path / "s2.ckpt"))
     assert proc.returncode == 0, proc.stderr
     for k in range(2):
         got = _rank_file_named(tmp_path / "split" / f"rank_{k}")
         assert all(np.array_equal(got[n], _expected_rows(a, k, 2)) for n, a in single.items())
-    proc = run_cli("split", str(root), str(tmp_path / "split8"), "--strategy", str(tmp_path / "s2.ckpt"))
+    proc = run_cli("split", str(root), str(tmp_path / "split8"), "--dst-strategy", str(tmp_path / "s2.ckpt"))
     assert proc.returncode == 2 and "not a full model: unify it first" in proc.stderr
     assert not (tmp_path / "split8").exists()
 

@@ -184,7 +184,7 @@ def test_dry_run_and_plan_write_nothing(job: dict[str, str], tmp_path: Any) -> N
         job["strategy"],
         "--output-format",
         "checkpoint2",
-        "--iteration",
+        "--dst-iteration",
         "4",
         "--json",
     )
@@ -229,7 +229,7 @@ def test_cli_writes_the_tree_with_its_flags(job: dict[str, str], tmp_path: Any) 
         job["strategy"],
         "--output-format",
         "checkpoint2",
-        "--iteration",
+        "--dst-iteration",
         "4",
         "--common-json",
         str(common),
@@ -251,8 +251,8 @@ def test_cli_writes_the_tree_with_its_flags(job: dict[str, str], tmp_path: Any) 
 
 
 BAD = [
-    (["--iteration", "-1"], "iteration"),
-    (["--iteration", "x"], "iteration"),
+    (["--dst-iteration", "-1"], "iteration"),
+    (["--dst-iteration", "x"], "iteration"),
     (["--hf"], "Hugging Face"),
     (["--crc"], "crc"),
     (["--enc-key-file", "{key}"], "encrypted"),
@@ -289,7 +289,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(
     assert not os.path.exists(dst)
 
 
-@pytest.mark.parametrize("flags", [["--iteration", "3"], ["--optimizer-prefix", "x."]])
+@pytest.mark.parametrize("flags", [["--dst-iteration", "3"], ["--optimizer-prefix", "x."]])
 def test_checkpoint2_flags_without_checkpoint2_output(job: dict[str, str], tmp_path: Any, flags: list[str]) -> None:
     dst = str(tmp_path / "out")
     proc = run_cli("transform", "--src", job["full"], "--dst", dst, "--dst-strategy", job["strategy"], *flags)

@@ -293,11 +293,11 @@ def test_unify_then_split(demo: str, model: dict[str, np.ndarray], tmp_path: Any
     """unify casts to bf16 with --dtype-all; split casts that back to fp32 (widening: exact)."""
     unified, ranks, full = str(tmp_path / "unified"), str(tmp_path / "ranks"), str(tmp_path / "full")
     r = run_cli(
-        "unify", f"{demo}/st_8ranks", unified, "--strategy", f"{demo}/strategy_8", "--dtype", "bf16", "--dtype-all"
+        "unify", f"{demo}/st_8ranks", unified, "--src-strategy", f"{demo}/strategy_8", "--dtype", "bf16", "--dtype-all"
     )
     assert r.returncode == 0, r.stderr
     _check_full(_read_all(unified), model, "bf16", True)
-    r = run_cli("split", unified, ranks, "--strategy", f"{demo}/strategy_4", "--dtype", "fp32", "--dtype-all")
+    r = run_cli("split", unified, ranks, "--dst-strategy", f"{demo}/strategy_4", "--dtype", "fp32", "--dtype-all")
     assert r.returncode == 0, r.stderr
     r = run_cli("transform", "--src", ranks, "--src-strategy", f"{demo}/strategy_4", "--dst", full)
     assert r.returncode == 0, r.stderr
@@ -421,8 +421,14 @@ def test_source_infinity_is_kept(model: dict[str, np.ndarray], tmp_path: Any) ->
         (["transform", "--src", "{demo}/full/model.ckpt", "--dst", "{out}", "--dtype", "fp8"], "unknown --dtype"),
         (["transform", "--src", "{demo}/full/model.ckpt", "--dst", "{out}", "--dtype-all"], "--dtype-all needs"),
         (["convert", "{demo}/full/model.ckpt", "{out}", "--to", "safetensors", "--dtype", "int8"], "choose bf16"),
-        (["unify", "{demo}/st_8ranks", "{out}", "--strategy", "{demo}/strategy_8", "--dtype", "x"], "unknown --dtype"),
-        (["split", "{demo}/full/model.ckpt", "{out}", "--strategy", "{demo}/strategy_4", "--dtype", "f64"], "choose"),
+        (
+            ["unify", "{demo}/st_8ranks", "{out}", "--src-strategy", "{demo}/strategy_8", "--dtype", "x"],
+            "unknown --dtype",
+        ),
+        (
+            ["split", "{demo}/full/model.ckpt", "{out}", "--dst-strategy", "{demo}/strategy_4", "--dtype", "f64"],
+            "choose",
+        ),
         (["convert", "{demo}/ckpt_8ranks", "{out}", "--to", "ckpt", "--dtype", "bf16"], "to cast a .ckpt"),
         (["verify", "{demo}/full/model.ckpt", "{demo}/full/model.ckpt", "--dtype", "fp64"], "unknown --dtype"),
     ],

@@ -138,7 +138,7 @@ def test_no_command_writes_inside_equal_to_or_around_its_source(job: dict[str, s
     commands = [
         ["transform", "--src", str(src), "--src-strategy", job["s8"], "--dst-strategy", job["s4"], "--dst", str(dst)],
         ["convert", str(src), str(dst), "--to", "ckpt"],
-        ["unify", str(src), str(dst), "--strategy", job["s8"]],
+        ["unify", str(src), str(dst), "--src-strategy", job["s8"]],
     ]
     for args in commands:
         for flags in ([], ["--overwrite"]):
@@ -161,9 +161,9 @@ def test_transform_by_rank_never_writes_onto_an_input(job: dict[str, str], tmp_p
 
 def test_split_refuses_a_destination_holding_its_source(job: dict[str, str], tmp_path: Path) -> None:
     unified = tmp_path / "u" / "unified"
-    assert run_cli("unify", job["r8st"], str(unified), "--strategy", job["s8"]).returncode == 0
+    assert run_cli("unify", job["r8st"], str(unified), "--src-strategy", job["s8"]).returncode == 0
     before = snapshot(str(tmp_path / "u"))
-    line = _one_error(run_cli("split", str(unified), str(tmp_path / "u"), "--strategy", job["s4"], "--overwrite"))
+    line = _one_error(run_cli("split", str(unified), str(tmp_path / "u"), "--dst-strategy", job["s4"], "--overwrite"))
     assert "holds the source" in line and snapshot(str(tmp_path / "u")) == before
 
 

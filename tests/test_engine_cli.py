@@ -140,7 +140,7 @@ def test_unify_hf_index_never_mentions_dropped_or_old_names(d: Path, tmp_path: P
     rules.write_text(RULES_YAML)
     out = tmp_path / "hf"
     proc = run_cli(
-        "unify", str(d / "st_8ranks"), str(out), "--strategy", str(d / "strategy_8"), "--hf", "--max-shard-size",
+        "unify", str(d / "st_8ranks"), str(out), "--src-strategy", str(d / "strategy_8"), "--hf", "--max-shard-size",
         "300KB", "--weights-only", "--rename", str(rules),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -404,7 +404,7 @@ def test_bad_filters(d: Path, tmp_path: Path, flags: list[str], message: str) ->
     out = tmp_path / "out"
     for command in (
         ["transform", "--src", str(d / "ckpt_8ranks"), "--src-strategy", str(d / "strategy_8"), "--dst", str(out)],
-        ["unify", str(d / "st_8ranks"), str(out), "--strategy", str(d / "strategy_8")],
+        ["unify", str(d / "st_8ranks"), str(out), "--src-strategy", str(d / "strategy_8")],
         ["convert", str(d / "full" / "model.ckpt"), str(out), "--to", "safetensors"],
     ):
         proc = run_cli(*command, *flags)

@@ -26,13 +26,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, reject, settings
 from hypothesis import strategies as st
 
-from reshard.cli import one_line
 from reshard.errors import ReshardError
 from reshard.formats import crypto
 from reshard.formats.ckpt import read_ckpt, save_ckpt
 from reshard.formats.safetensors import read_safetensors, save_safetensors
 from reshard.formats.strategy import PROTOBUF, encode_strategy, make_strategy, read_strategy
 from reshard.layout import ParamLayout, device_num, layout_map, stage_count
+from reshard.text import one_line
 
 EXAMPLE_SECONDS = 3.0  # a reader of a few KiB that takes longer is hanging
 MEMORY_FACTOR = 16

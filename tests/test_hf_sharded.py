@@ -205,12 +205,12 @@ def test_unify_hf_index_is_huggingface_hubs_decision(job: dict[str, str]) -> Non
 
 def test_single_shard_is_model_safetensors_without_index(job: dict[str, str], tmp_path) -> None:
     out = tmp_path / "one"
-    proc = run_cli("unify", job["r8st"], str(out), "--strategy", job["s8"], "--hf", "--keep-training-state")
+    proc = run_cli("unify", job["r8st"], str(out), "--src-strategy", job["s8"], "--hf", "--keep-training-state")
     assert proc.returncode == 0, proc.stderr
     assert sorted(os.listdir(out)) == ["hyper_param.safetensors", "model.safetensors", "reshard-manifest.json"]
     assert_same_tensors(load_file(str(out / "model.safetensors")), load_folder(job["uni"], "part*.safetensors"))
     back = tmp_path / "back"  # and it reads back as a full model
-    assert run_cli("split", str(out), str(back), "--strategy", job["s8"]).returncode == 0
+    assert run_cli("split", str(out), str(back), "--dst-strategy", job["s8"]).returncode == 0
     for rank in range(8):
         assert_same_tensors(load_file(rank_file(str(back), rank)), load_file(rank_file(job["r8st"], rank)))
 
@@ -218,7 +218,7 @@ def test_single_shard_is_model_safetensors_without_index(job: dict[str, str], tm
 def test_tensor_over_the_limit_gets_its_own_shard(job: dict[str, str], tmp_path) -> None:
     out = tmp_path / "big"
     proc = run_cli(
-        "unify", job["r8st"], str(out), "--strategy", job["s8"], "--hf", "--keep-training-state",
+        "unify", job["r8st"], str(out), "--src-strategy", job["s8"], "--hf", "--keep-training-state",
         "--max-shard-size", str(TOO_SMALL),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -286,9 +286,9 @@ def test_manifest_covers_the_shards_and_the_index(job: dict[str, str]) -> None:
 @pytest.mark.parametrize(
     "args",
     [
-        ["unify", "{r8st}", "{out}", "--strategy", "{s8}", "--max-shard-size", "5GB"],  # size without --hf
-        ["unify", "{r8st}", "{out}", "--strategy", "{s8}", "--hf", "--split", "1/2"],
-        ["unify", "{r8st}", "{out}", "--strategy", "{s8}", "--hf", "--max-shard-size", "5 parsecs"],
+        ["unify", "{r8st}", "{out}", "--src-strategy", "{s8}", "--max-shard-size", "5GB"],  # size without --hf
+        ["unify", "{r8st}", "{out}", "--src-strategy", "{s8}", "--hf", "--split", "1/2"],
+        ["unify", "{r8st}", "{out}", "--src-strategy", "{s8}", "--hf", "--max-shard-size", "5 parsecs"],
         ["transform", "--src", "{r8st}", "--dst", "{out}", "--src-strategy", "{s8}", "--dst-strategy", "{s4}", "--hf"],
         ["convert", "{r8}", "{out}", "--to", "safetensors", "--hf"],  # rank folders, not one full file
     ],
@@ -310,7 +310,7 @@ def test_bad_hf_options(job: dict[str, str], tmp_path, args: list[str]) -> None:
 def test_round_trip_ranks_hf_ranks(job: dict[str, str], tmp_path, via_index_file: bool) -> None:
     src = os.path.join(job["hf"], hf_index.INDEX_NAME) if via_index_file else job["hf"]
     back = tmp_path / "back"
-    proc = run_cli("split", src, str(back), "--strategy", job["s8"])
+    proc = run_cli("split", src, str(back), "--dst-strategy", job["s8"])
     assert proc.returncode == 0, proc.stderr
     moved = tmp_path / "moved"  # transform from the full model, no source strategy
     proc = run_cli("transform", "--src", src, "--dst", str(moved), "--dst-strategy", job["s8"])
@@ -404,7 +404,7 @@ def test_bad_index_split_one_line_exit_2_nothing_written(job: dict[str, str], tm
     folder = _broken(job, str(tmp_path), case)
     before = snapshot(folder)
     out = tmp_path / "out"
-    proc = run_cli("split", folder, str(out), "--strategy", job["s8"])
+    proc = run_cli("split", folder, str(out), "--dst-strategy", job["s8"])
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("reshard: error:"), proc.stderr

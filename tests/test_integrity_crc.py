@@ -56,7 +56,7 @@ def test_intact_crc_file_passes_with_every_flag(files: dict[str, str], tmp_path,
 
 def test_unify_accepts_the_crc_flags(files: dict[str, str], tmp_path) -> None:
     for n, flag in enumerate(([], ["--check-crc"], ["--no-check-crc"])):
-        proc = run_cli("unify", files["job_r8st"], str(tmp_path / f"u{n}"), "--strategy", files["job_s8"], *flag)
+        proc = run_cli("unify", files["job_r8st"], str(tmp_path / f"u{n}"), "--src-strategy", files["job_s8"], *flag)
         assert proc.returncode == 0, proc.stderr
 
 

@@ -43,7 +43,7 @@ def _runs(args: list[str], dst_root: str) -> list[dict[str, str]]:
 
 
 def test_unify_bytes_and_manifest_do_not_depend_on_the_hash_seed(job: dict[str, str], tmp_path) -> None:
-    trees = _runs(["unify", job["tagged"], "--strategy", job["s8"], "--workers", "2"], str(tmp_path))
+    trees = _runs(["unify", job["tagged"], "--src-strategy", job["s8"], "--workers", "2"], str(tmp_path))
     assert "reshard-manifest.json" in trees[0]
     assert all(t == trees[0] for t in trees[1:])
 

@@ -116,9 +116,9 @@ def test_another_nodes_ranks_are_left_alone(job: dict[str, str], tmp_path) -> No
 
 def test_split_with_fewer_ranks(job: dict[str, str], tmp_path) -> None:
     unified = str(tmp_path / "u")
-    assert run_cli("unify", job["r8st"], unified, "--strategy", job["s8"]).returncode == 0
+    assert run_cli("unify", job["r8st"], unified, "--src-strategy", job["s8"]).returncode == 0
     dst = str(tmp_path / "out")
-    assert run_cli("split", unified, dst, "--strategy", job["s8"]).returncode == 0
-    proc = run_cli("split", unified, dst, "--strategy", job["s4"], "--overwrite")
+    assert run_cli("split", unified, dst, "--dst-strategy", job["s8"]).returncode == 0
+    proc = run_cli("split", unified, dst, "--dst-strategy", job["s4"], "--overwrite")
     assert proc.returncode == 0, proc.stderr
     assert _ranks(dst) == [f"rank_{r}" for r in range(4)]

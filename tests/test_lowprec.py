@@ -262,7 +262,7 @@ def test_sharded_sources_are_refused_naming_the_pair(tmp_path: Path) -> None:
         "unify",
         str(tmp_path / "ranks"),
         str(tmp_path / "out"),
-        "--strategy",
+        "--src-strategy",
         str(strategy),
         "--dequantize",
         "bf16",

@@ -119,7 +119,7 @@ def test_unify_verify_and_rank_list_find_it_too(job: Path, tmp_path: Path) -> No
     assert conv.returncode == 0, conv.stderr
     shutil.copytree(job / "output" / "strategy", st / "strategy")
     unify = cli("unify", str(st / "checkpoint"), str(tmp_path / "unified"), cwd=tmp_path)
-    assert unify.returncode == 0 and "no --strategy given: using" in unify.stderr, unify.stderr
+    assert unify.returncode == 0 and "no --src-strategy given: using" in unify.stderr, unify.stderr
     verify = cli("verify", str(job / "output" / "checkpoint"), str(job / "full_1.ckpt"), "--file-suffix", "-2_4",
                  cwd=tmp_path)  # fmt: skip
     assert verify.returncode == 0 and "no --a-strategy given: using" in verify.stderr, verify.stderr

@@ -193,7 +193,7 @@ def test_inspect_strategy_files_show_their_stages(demo: dict[str, str]) -> None:
 def test_inspect_reads_every_full_model_form(demo: dict[str, str], tmp_path: Path) -> None:
     names = {r["name"] for r in inspect_json(demo["full"])["tensors"]}
     unified = tmp_path / "unified"
-    assert run("unify", demo["st8"], str(unified), "--strategy", demo["s8"]).returncode == 0
+    assert run("unify", demo["st8"], str(unified), "--src-strategy", demo["s8"]).returncode == 0
     for target in (demo["full_dir"], str(unified), demo["full_back"]):
         info = inspect_json(target)
         rows = info["tensors"] if info["kind"] == "checkpoint" else info["ranks"]["0"]["tensors"]

@@ -67,7 +67,7 @@ def faces(d: dict[str, str], out: str) -> dict[str, list[str]]:
         "transform": ["transform", "--src", d["r8"], *src, "--dst", out],
         "transform 8->4": ["transform", "--src", d["r8"], *src, "--dst-strategy", d["s4"], "--dst", out],
         "plan": ["plan", "--src", d["r8"], *src, "--dst", out],
-        "unify": ["unify", d["st8"], out, "--strategy", d["s8"]],
+        "unify": ["unify", d["st8"], out, "--src-strategy", d["s8"]],
         "inspect": ["inspect", d["r8"], "--strategy", d["s8"]],
     }
 

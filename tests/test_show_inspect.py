@@ -162,7 +162,7 @@ def test_bad_input(demo: dict[str, str], tmp_path: Path) -> None:
 def test_full_model_folders_summary(demo: dict[str, str], tmp_path: Path) -> None:
     weights, elements, kinds = model_facts(demo)
     unified, hf = tmp_path / "unified", tmp_path / "hf"
-    assert run("unify", demo["st8"], str(unified), "--strategy", demo["s8"]).returncode == 0
+    assert run("unify", demo["st8"], str(unified), "--src-strategy", demo["s8"]).returncode == 0
     proc = run(
         "transform", "--src", demo["full"], "--dst", str(hf), "--hf", "--keep-training-state", "--max-shard-size", "4MB"
     )

@@ -191,7 +191,14 @@ def test_bf16_byte_moves_load_no_ml_dtypes(demo: Path) -> None:
     assert _transform(demo, bf16, demo / "bf16_4") == ["numpy", "blake3"]
     convert = ["cli", "convert", bf16, str(demo / "bf16_st"), "--to", "safetensors", "-q"]
     assert loaded(*convert) == ["numpy", "blake3"]
-    unify = ["cli", "unify", str(demo / "bf16_st"), str(demo / "bf16_full"), "--strategy", "merged/src_strategy.ckpt"]
+    unify = [
+        "cli",
+        "unify",
+        str(demo / "bf16_st"),
+        str(demo / "bf16_full"),
+        "--src-strategy",
+        "merged/src_strategy.ckpt",
+    ]
     assert loaded(*unify, cwd=str(demo / "demo")) == ["numpy", "blake3"]
     # and the bytes are right: verify compares numbers, so it may load ml_dtypes
     check = subprocess.run(

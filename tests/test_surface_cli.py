@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from reshard import api, cli, mindspore
+from reshard.cli import progress
 from reshard.errors import UsageError
 from reshard.formats.ckpt import save_ckpt
 from reshard.formats.safetensors import save_safetensors
@@ -74,7 +75,7 @@ def test_internal_error_is_exit_3(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(cli.api, "convert", broken)
+    monkeypatch.setattr(api, "convert", broken)
     monkeypatch.delenv("RESHARD_DEBUG", raising=False)
     assert cli.main(["convert", str(tmp_path / "x.ckpt"), "--to", "safetensors"]) == 3
     err = capsys.readouterr().err
@@ -157,8 +158,8 @@ def test_progress_in_a_log_prints_plain_lines(job: dict[str, str], tmp_path: Pat
 
 def test_progress_lines_every_few_seconds(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     clock = iter([0.0, 1.0, 6.0, 7.0, 12.5, 13.0])
-    monkeypatch.setattr(cli.time, "monotonic", lambda: next(clock))
-    lines = cli._ProgressLines(every=5.0)
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    lines = progress.ProgressLines(every=5.0)
     lines.start(4 * 2**30)  # t=0
     lines.advance(2**30)  # t=1: quiet
     lines.advance(2**30)  # t=6: a line
@@ -235,7 +236,7 @@ def test_verify_unify_convert_take_the_same_choice(job: dict[str, str], tmp_path
     proc = run_cli("verify", job["full"], ckpt, "--b-strategy", job["s8"], "--file-suffix", "-1_4")
     assert proc.returncode == 0, proc.stderr
     st = _two_per_rank(tmp_path / "s", job["r8st"], "safetensors")
-    proc = run_cli("unify", st, str(tmp_path / "unified"), "--strategy", job["s8"], "--pick", "newest")
+    proc = run_cli("unify", st, str(tmp_path / "unified"), "--src-strategy", job["s8"], "--pick", "newest")
     assert proc.returncode == 0, proc.stderr
     proc = run_cli("verify", job["full"], str(tmp_path / "unified"))
     assert proc.returncode == 0, proc.stderr

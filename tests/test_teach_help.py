@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from reshard import __version__, cli, cli_help
+from reshard import __version__, cli
+from reshard.cli import help as cli_help
 from tests.trust_helpers import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +54,7 @@ def test_help_has_a_description_and_examples(name: str) -> None:
     assert sub.description and "\n" not in sub.description, f"{name}: no one-line description"
     examples = cli_help.EXAMPLES.get(name, ())
     if name not in ALLOWED_WITHOUT_EXAMPLES:
-        assert len(examples) >= 2, f"{name}: give two or three examples in reshard.cli_help.EXAMPLES"
+        assert len(examples) >= 2, f"{name}: give two or three examples in reshard.cli.help.EXAMPLES"
     page = sub.format_help()
     assert sub.description.split()[0] in page and "examples" in page
     for example in examples:

@@ -330,7 +330,7 @@ def resolve_iteration(path: str, iteration: int | None = None) -> str:
     own = iteration_of(path)
     if own is not None and is_iteration_folder(path):
         if iteration is not None and iteration != own:
-            raise UsageError(f"this is iteration {own}'s folder; --iteration {iteration} names another", path)
+            raise UsageError(f"this is iteration {own}'s folder; --src-iteration {iteration} names another", path)
         return path
     if iteration is not None:
         folder = os.path.join(path, iteration_folder_name(iteration))
@@ -346,7 +346,9 @@ def resolve_iteration(path: str, iteration: int | None = None) -> str:
         return folder
     found = sorted(n for n in _listing(path) if _ITERATION.fullmatch(n) and os.path.isdir(os.path.join(path, n)))
     if len(found) != 1:
-        raise UsageError(f"no {TRACKER_NAME} and {len(found)} iteration folders: choose one with --iteration N", path)
+        raise UsageError(
+            f"no {TRACKER_NAME} and {len(found)} iteration folders: choose one with --src-iteration N", path
+        )
     return os.path.join(path, found[0])
 
 

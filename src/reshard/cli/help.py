@@ -1,16 +1,16 @@
 """What the ``reshard`` command teaches: descriptions, examples, defaults, "did you mean".
 
-The CLI's flags live in ``cli.py``; what it says about them lives here, so that a person who types
-``reshard transform --help`` reads one sentence on what the command is for, two or three commands
-that run as written on the files ``reshard demo --dir demo`` leaves, and the default of every flag
-that takes a value. A misspelled command or flag gets one line naming the nearest real one
-(``difflib``) and exit code 2, before argparse's own, less helpful messages; ``reshard`` alone
-prints a short overview.
+The flags live in the flag groups and the command modules; what the command says about itself
+lives here, so that a person who types ``reshard transform --help`` reads one sentence on what the
+command is for, two or three commands that run as written on the files ``reshard demo --dir demo``
+leaves, and the default of every flag that takes a value. A misspelled command or flag gets one
+line naming the nearest real one (``difflib``) and exit code 2, before argparse's own, less helpful
+messages; ``reshard`` alone prints a short overview.
 
-Why a separate module: several features add flags to ``cli.py`` at once, and the tables here
-change at a different pace from the flags. ``teach(parser)`` walks every subcommand the parser
-has, so a new subcommand gets the defaults formatter and the "did you mean" checks without an
-edit here; its examples belong in ``EXAMPLES`` (``tests/test_teach_help.py`` requires them).
+Why a separate module: the tables here change at a different pace from the flags. ``teach(parser)``
+walks every subcommand the parser has, so a new subcommand gets the defaults formatter and the
+"did you mean" checks without an edit here; its examples belong in ``EXAMPLES``
+(``tests/test_teach_help.py`` requires them).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import re
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # What each subcommand is for, in one line (a subcommand missing here uses its ``help=`` text).
 DESCRIPTIONS: dict[str, str] = {
@@ -84,17 +85,16 @@ EXAMPLES: dict[str, tuple[Example, ...]] = {
     ),
     "transform": (
         Example(
-            "reshard transform --src demo/ckpt_8ranks --src-strategy demo/strategy_8 "
-            "--dst ckpt_4ranks --dst-strategy demo/strategy_4",
+            "reshard transform demo/ckpt_8ranks ckpt_4ranks --src-strategy demo/strategy_8 "
+            "--dst-strategy demo/strategy_4",
             "8 ranks -> 4 ranks",
         ),
         Example(
-            "reshard transform --src demo/ckpt_8ranks --src-strategy demo/strategy_8 --dst full "
-            "--output-format safetensors",
+            "reshard transform demo/ckpt_8ranks full --src-strategy demo/strategy_8 --output-format safetensors",
             "8 ranks -> one full file (no destination strategy)",
         ),
         Example(
-            "reshard transform --src demo/ckpt_8ranks --src-strategy demo/strategy_8 --dst hf_llama --hf "
+            "reshard transform demo/ckpt_8ranks hf_llama --src-strategy demo/strategy_8 --hf "
             "--preset llama --weights-only --dtype bf16 --hf-config demo/config.json",
             "8 ranks -> Hugging Face names and shards, weights only, bf16, with the model's config.json",
         ),
@@ -106,16 +106,15 @@ EXAMPLES: dict[str, tuple[Example, ...]] = {
     ),
     "plan": (
         Example(
-            "reshard plan --src demo/ckpt_8ranks --src-strategy demo/strategy_8 --dst plan_out "
-            "--dst-strategy demo/strategy_4",
+            "reshard plan demo/ckpt_8ranks plan_out --src-strategy demo/strategy_8 --dst-strategy demo/strategy_4",
             "the files, tensors and bytes of an 8 -> 4 transform",
         ),
         Example(
-            "reshard plan --src demo/mf2_8ranks --dst plan_out --ranks 0 --json",
+            "reshard plan demo/mf2_8ranks plan_out --ranks 0 --json",
             "rank 0 of a Checkpoint 2.0 merged to full, as JSON",
         ),
         Example(
-            "reshard plan --src demo/ckpt_8ranks --src-strategy demo/strategy_8 --dst plan_out "
+            "reshard plan demo/ckpt_8ranks plan_out --src-strategy demo/strategy_8 "
             "--dst-strategy demo/strategy_4 --picture plan.svg",
             "which source ranks feed which destination ranks, with bytes, drawn and printed",
         ),
@@ -135,17 +134,20 @@ EXAMPLES: dict[str, tuple[Example, ...]] = {
         ),
     ),
     "unify": (
-        Example("reshard unify demo/st_8ranks unified --strategy demo/strategy_8", "8 safetensors ranks -> full parts"),
         Example(
-            "reshard unify demo/st_8ranks hf_shards --strategy demo/strategy_8 --hf --max-shard-size 4MB",
+            "reshard unify demo/st_8ranks unified --src-strategy demo/strategy_8", "8 safetensors ranks -> full parts"
+        ),
+        Example(
+            "reshard unify demo/st_8ranks hf_shards --src-strategy demo/strategy_8 --hf --max-shard-size 4MB",
             "-> Hugging Face shards of at most 4 MB",
         ),
         Example("reshard unify demo/mf2_8ranks unified_mf2", "a Checkpoint 2.0 needs no strategy"),
     ),
     "split": (
-        Example("reshard split demo/full/model.ckpt st_4ranks --strategy demo/strategy_4", "full model -> 4 ranks"),
+        Example("reshard split demo/full/model.ckpt st_4ranks --dst-strategy demo/strategy_4", "full model -> 4 ranks"),
         Example(
-            "reshard split demo/full/model.ckpt ckpt_rank_1 --strategy demo/strategy_4 --ranks 1 --output-format ckpt",
+            "reshard split demo/full/model.ckpt ckpt_rank_1 --dst-strategy demo/strategy_4 --ranks 1 "
+            "--output-format ckpt",
             "only rank 1, as .ckpt",
         ),
     ),
@@ -187,8 +189,7 @@ EXAMPLES: dict[str, tuple[Example, ...]] = {
 
 OVERVIEW_EXAMPLE = (  # the overview's and ``reshard --help``'s: make the demo's files, reshard 8 ranks to 4
     "reshard demo --dir demo",
-    "reshard transform --src demo/ckpt_8ranks --src-strategy demo/strategy_8 --dst ckpt_4ranks "
-    "--dst-strategy demo/strategy_4",
+    "reshard transform demo/ckpt_8ranks ckpt_4ranks --src-strategy demo/strategy_8 --dst-strategy demo/strategy_4",
 )
 _NO_DEFAULT = (None, False, argparse.SUPPRESS)  # compared by identity: a default of 0 or 0.0 is shown
 
@@ -205,6 +206,11 @@ class HelpFormatter(argparse.HelpFormatter):
         if "default" in text.lower() or not action.option_strings:
             return action.help
         return f"{text} (default: {_shown_default(action)})".lstrip()
+
+    def _format_usage(self, usage: Any, actions: Any, groups: Any, prefix: Any) -> str:
+        """The usage line without the flags of another tool's mode (MindFormers' own, shown in their section)."""
+        shown = [a for a in actions if not getattr(a, "out_of_usage", False)]
+        return super()._format_usage(usage, shown, groups, prefix)
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         return "\n".join(_fill_paragraph(part, width, indent) for part in text.split("\n"))
@@ -339,7 +345,8 @@ def _flag_error(parser: argparse.ArgumentParser, token: str, commands: dict[str,
     owners = sorted(c for c, sub in commands.items() if sub is not parser and name in sub._option_string_actions)
     if owners:
         parser.error(f"unknown flag {name} (a flag of {', '.join(owners)})")
-    flags = [f for f in parser._option_string_actions if f.startswith("--")] or list(parser._option_string_actions)
+    shown = {f: a for f, a in parser._option_string_actions.items() if a.help is not argparse.SUPPRESS}
+    flags = [f for f in shown if f.startswith("--")] or list(shown)  # the documented spellings, not aliases
     parser.error(f"unknown flag {name}{_nearest(name, flags)}")
 
 

@@ -1,0 +1,94 @@
+"""``reshard plan SRC DST``: what a transform would read and write, without writing anything.
+
+The flags that shape a transform's plan (``transform.add_plan_flags``) and nothing about running
+it; ``--picture`` draws which source ranks feed which destination ranks, and ``--placement FILE``
+says which bytes would cross nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from reshard.cli import calls
+from reshard.cli.commands.transform import OUTPUT, TENSORS, add_plan_flags, places
+from reshard.cli.flags import DestinationFlags, KeyFlags, ReadFlags, add_placement, flag, section
+from reshard.cli.report import Printing, finish
+from reshard.cli.strategies import source_strategy
+from reshard.cli.tensor_flags import check_side_file, input_paths
+from reshard.cli.values import no_path
+
+NAME = "plan"
+KEYS = KeyFlags(write=False)
+READ = ReadFlags(KEYS, iteration="", iteration_renamed=())
+DESTINATION = DestinationFlags("replace an existing --picture or --names-report file", run=False)
+
+
+def add(sub: Any) -> None:
+    p = sub.add_parser(NAME, help="print the transform plan without writing anything")
+    add_plan_flags(p, KEYS, READ)
+    add_placement(p, "print the bytes that would cross nodes: ")
+    flag(
+        section(p, "output"),
+        "--picture",
+        metavar="FILE",
+        help="also draw which source ranks feed which destination ranks, with bytes (.svg, or .png with matplotlib)",
+    )
+    DESTINATION.add(p)
+    p.set_defaults(func=run, quiet=False)
+
+
+def run(args: argparse.Namespace) -> None:
+    src, dst = places(args, NAME)
+    inputs = input_paths(src, args.src_strategy, args.dst_strategy)
+    if args.picture:
+        from reshard import picture
+
+        picture.check_output(args.picture)  # a bad picture name fails before planning
+        check_side_file(args.picture, "picture (--picture)", inputs, args.overwrite)
+    read = READ.options(args)
+    src_strategy = source_strategy(src, args.src_strategy, "--src-strategy", args.quiet)
+    output = OUTPUT.options(args)
+    hf = output.format == "hf"
+    tensors = TENSORS.build(args, inputs, args.overwrite, hf, OUTPUT.keep_training_state(args))
+    destination = DESTINATION.options(args, dry_run=True)
+    report = calls.transform(
+        src,
+        dst,
+        src_strategy,
+        no_path(args.dst_strategy),
+        ranks=args.ranks,
+        output=output,
+        destination=destination,
+        tensors=tensors.options,
+        read=read,
+        write=None,
+        run=None,
+    )
+    finish(report, Printing(args.quiet, args.json, True, hf, tensors, args.started), dst)
+    if args.picture:
+        _plan_picture(report, args.picture)
+    if args.placement:
+        _print_planned_nodes(report, args.placement, read)
+
+
+def _plan_picture(report: Any, path: str) -> None:
+    """``reshard plan --picture FILE``: the plan's source -> destination bytes, drawn and printed."""
+    from reshard import picture
+
+    matrix = picture.plan_matrix(report.plan)
+    title = f"plan: {len(matrix.sources)} sources -> {len(matrix.destinations)} destinations, bytes read"
+    picture.write(picture.matrix_scene(matrix, title), path)
+    print("\n".join(picture.matrix_text(matrix)))
+    print(f"wrote {path}")
+
+
+def _print_planned_nodes(report: Any, placement: str, read: Any) -> None:
+    """``reshard plan --placement FILE``: the bytes that would cross nodes, from the placement file."""
+    from reshard.execute.nodes import load_placement, planned_schedule
+
+    sched = planned_schedule(report.plan, load_placement(placement), read)
+    print(sched.summary())
+
+
+__all__ = ["add", "run"]

@@ -1,0 +1,101 @@
+"""``reshard rank-list RANK``: which source ranks (or, with ``--files``, files) one destination rank reads."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from reshard.cli import calls
+from reshard.cli.flags import ReadFlags, add_json, flag, say_notes, section
+from reshard.cli.strategies import add_strategy, source_strategy
+from reshard.cli.values import no_path, rank_number
+from reshard.errors import UsageError
+
+NAME = "rank-list"
+READ = ReadFlags(None, files=False, crc=False)
+
+
+def add(sub: Any) -> None:
+    p = sub.add_parser(NAME, help="source ranks a destination rank needs")
+    p.add_argument("rank", type=rank_number, help="a destination rank")
+    add_strategy(
+        p,
+        "--src-strategy",
+        legacy=["--src_ckpt_strategy"],
+        dest="src_strategy",
+        help="source strategy (default: MindFormers' output/strategy folder; None: full weights)",
+    )
+    add_strategy(
+        p,
+        "--dst-strategy",
+        legacy=["--dst_ckpt_strategy"],
+        dest="dst_strategy",
+        help="destination strategy (None or none given: one full model, rank 0)",
+    )
+    flag(
+        section(p, "input"), "--src", help="the source checkpoint: a MindFormers Checkpoint 2.0 needs no --src-strategy"
+    )
+    flag(
+        section(p, "output"), "--files", action="store_true", help="print the source files the rank reads (needs --src)"
+    )
+    add_json(p, "print the result as one JSON record on stdout (a list)")
+    READ.add(p)
+    p.set_defaults(func=run, quiet=False)
+
+
+def run(args: argparse.Namespace) -> None:
+    from reshard.formats.strategy import load_strategy
+    from reshard.layout import device_num, stage_count
+
+    notes: list[str] = []
+    dst = no_path(args.dst_strategy)
+    dst_sf = load_strategy(dst) if dst is not None else None
+    if dst_sf is not None:
+        notes.extend(dst_sf.notes)
+    total = device_num(dst_sf) * stage_count(dst_sf) if dst_sf is not None else 1
+    if args.rank >= total:
+        where = (
+            f"the destination strategy has {total} ranks (0..{total - 1})"
+            if dst_sf is not None
+            else "without a destination strategy the destination is one full model, rank 0"
+        )
+        raise UsageError(f"destination rank {args.rank} out of range: {where}", dst)
+    if args.files:
+        _print_rank_files(args, dst_sf, notes)
+        return
+    ranks = calls.needed_ranks(args.rank, _source_layouts(args, notes), dst_sf, notes)
+    say_notes(notes, args.quiet)
+    ranks = sorted(int(r) for r in ranks)  # MindSpore's list order carries no meaning; a person reads 0 1 2
+    print(json.dumps(ranks) if args.json else " ".join(str(r) for r in ranks))
+
+
+def _source_layouts(args: argparse.Namespace, notes: list[str]) -> Any:
+    """The source layouts: ``--src-strategy``, or a MindFormers Checkpoint 2.0's metadata.json (``--src``)."""
+    if args.src is None:
+        if args.read_iteration is not None:
+            raise UsageError("--src-iteration applies to a MindFormers Checkpoint 2.0 given with --src")
+        return source_strategy(None, args.src_strategy, "--src-strategy", args.quiet)
+    from reshard.sources import CHECKPOINT2, identify
+    from reshard.sources.checkpoint2 import check_iteration
+
+    kind = identify(args.src)
+    check_iteration(args.src, kind, READ.options(args))
+    if kind is not CHECKPOINT2:
+        return source_strategy(args.src, args.src_strategy, "--src-strategy", args.quiet)
+    if args.src_strategy is not None:
+        raise UsageError("a MindFormers Checkpoint 2.0 carries its layouts in metadata.json: give no source strategy")
+    return CHECKPOINT2.open(args.src, READ.options(args), notes).strategy
+
+
+def _print_rank_files(args: argparse.Namespace, dst_sf: Any, notes: list[str]) -> None:
+    """The files destination ``args.rank`` reads: the sources of its plan (nothing is written)."""
+    if args.src is None:
+        raise UsageError("--files needs the source (--src)")
+    report = calls.plan_ranks(args.src, no_path(args.src_strategy), dst_sf, args.rank, READ.options(args))
+    say_notes([*notes, *report.notes], args.quiet)
+    files = sorted(report.plan.sources)
+    print(json.dumps(files) if args.json else "\n".join(files))
+
+
+__all__ = ["add", "run"]
