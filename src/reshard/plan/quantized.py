@@ -24,13 +24,14 @@ is written.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import TypeVar
 
 from reshard import dtypes
 from reshard.dtypes import DType
-from reshard.errors import UnsupportedError, UsageError
+from reshard.errors import LayoutError, UnsupportedError, UsageError
+from reshard.layout import Box, LayoutTable, ParamLayout, full_shape, layout_map, rank_boxes, split_stage_name
 from reshard.plan.model import Plan, QuantizedSource, SourceFile, SourceTensor
 
 K = TypeVar("K")
@@ -85,6 +86,17 @@ class Precision:
     def active(self) -> bool:
         return self.dequantize is not None or self.quantize is not None
 
+    def pair_block(
+        self, config: Callable[[], Mapping[str, object] | None], seen: Callable[[], Block] | None = None
+    ) -> Block | None:
+        """The FP8 block size of the pairs a strategy cuts: given, ``--quantize``'s, ``config()``'s, else ``seen()``
+        (what a sharded source's slices show, ``block_of_slices``)."""
+        if self.block_size is not None:
+            return self.block_size
+        if self.quantize is not None:
+            return DEFAULT_BLOCK
+        return block_from_config(config()) or (seen() if seen is not None else None)
+
     def dequantizer(self, config: Mapping[str, object] | None) -> Dequantizer | None:
         """The run's ``Dequantizer`` or ``Quantizer`` (None without either); ``config``: the source's config.json.
 
@@ -100,9 +112,7 @@ class Precision:
         if self.quantize_include or self.quantize_exclude:
             raise UsageError("--quantize-include/--quantize-exclude need --quantize")
         if self.dequantize is None:
-            if self.block_size is not None:
-                raise UsageError("--block-size needs --dequantize or --quantize")
-            return None
+            return None  # a block size alone: the FP8 pairs a strategy cuts (``paired_layouts``)
         target = dequantize_target(self.dequantize)
         return Dequantizer(Dequantize(target, self.block_size), block_from_config(config))
 
@@ -180,17 +190,26 @@ class Dequantizer:
 
     # ---- sharded sources: each file holds its own pairs
 
-    def ranks(self, sources: Mapping[K, SourceFile]) -> dict[K, SourceFile]:
-        """Per-rank sources with every pair (within one file) replaced by its dequantized tensor."""
+    def ranks(self, sources: Mapping[K, SourceFile], table: LayoutTable | None = None) -> dict[K, SourceFile]:
+        """Per-rank sources with every pair (within one file) replaced by its dequantized tensor.
+
+        ``table``: the source strategy, its pairs checked by ``paired_layouts`` (each rank's cut on the block
+        grid, so each rank's pair dequantizes exactly); without one, several ranks holding pairs are refused.
+        """
         out: dict[K, SourceFile] = {}
+        checked: dict[frozenset[str], bool] = {}  # the pairs a rank holds (most ranks hold the same) -> exact
         for key, sf in sources.items():
             catalogue = dict.fromkeys(sf.tensors, sf)
             changes = self._changes(catalogue)
-            if changes.made and len(sources) > 1:
+            made = frozenset(changes.made)
+            if made and len(sources) > 1 and made not in checked:
+                checked[made] = _paired_checked(table, sources, changes.made, self.block)
+            if made and len(sources) > 1 and not checked[made]:
                 # A rank's slice of a pair is only exact when its cut falls on a block boundary, which
                 # a rank's file alone cannot tell: merge the pairs first (unify copies them as bytes).
                 raise UnsupportedError(
-                    f"{next(iter(changes.made))}: {self.flag} reads full models and one-rank checkpoints; "
+                    f"{next(iter(changes.made))}: {self.flag} computes a rank's pair alone only when the source "
+                    "strategy cuts it on its block grid, and this one does not (or the block size is unknown); "
                     f"merge the ranks first (unify or transform without {self.flag}), then run {self.flag} on that"
                 )
             out[key] = self._rewritten(sf, changes)
@@ -406,6 +425,233 @@ def quantized_names(sources: Sequence[SourceFile]) -> bool:
     return any(n.endswith((SCALE_INV, SCALES)) for sf in sources for n in sf.tensors)
 
 
+# --------------------------------------------------------------------------------------------
+# resharding pairs as pairs: a weight's block scale cut by the same blocks
+
+
+def _paired_checked(
+    table: LayoutTable | None, sources: Mapping[K, SourceFile], weights: Mapping[str, object], block: Block | None
+) -> bool:
+    """Whether every rank's slice of these FP8 pairs sits on the block grid of ``table`` (each rank's pair exact)."""
+    if table is None or any(w.endswith(BLOCKS) for w in weights):
+        return False
+    stored = layout_map(table)
+    pairs = sharded_pairs(sources, table)
+    for weight in weights:
+        if weight not in stored:
+            continue  # not laid out: every rank holds the whole pair
+        scale = stored.get(weight + SCALE_INV)
+        if weight not in pairs or scale is None:
+            return False
+        try:
+            _check_pair(pairs[weight], stored[weight].layout, scale.layout, lambda: block, "source")
+        except UsageError:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class PairedTable:
+    """A strategy (``LayoutTable``) with a layout for each block scale of the weights it lays out."""
+
+    base: LayoutTable
+    layouts: Mapping[str, ParamLayout]
+
+    @property
+    def path(self) -> str | None:
+        return self.base.path
+
+
+@dataclass(frozen=True)
+class Pair:
+    """An FP8 weight and its block scale as full tensors: names and full shapes."""
+
+    weight: str
+    weight_shape: tuple[int, ...]
+    scale_shape: tuple[int, ...]
+
+    @property
+    def scale(self) -> str:
+        return self.weight + SCALE_INV
+
+
+def full_pairs(tensors: Mapping[str, SourceTensor]) -> dict[str, Pair]:
+    """The FP8 block pairs among a full model's tensors (name -> facts), keyed by weight name."""
+    return {
+        n[: -len(SCALE_INV)]: Pair(n[: -len(SCALE_INV)], tensors[n[: -len(SCALE_INV)]].shape, t.shape)
+        for n, t in tensors.items()
+        if n.endswith(SCALE_INV)
+        and n[: -len(SCALE_INV)] in tensors
+        and tensors[n[: -len(SCALE_INV)]].dtype in dtypes.FP8_WEIGHTS
+    }
+
+
+def sharded_pairs(sources: Mapping[K, SourceFile], table: LayoutTable | None) -> dict[str, Pair]:
+    """The FP8 block pairs of per-rank files, with full shapes through ``table``'s weight layouts.
+
+    The scale's full shape is its slice through its weight's layout (the layout ``paired_layouts`` gives it)
+    unless ``table`` has one of its own.
+    """
+    if table is None:
+        return {}
+    stored = layout_map(table)
+    out: dict[str, Pair] = {}
+    for sf in sources.values():
+        for weight, pair in full_pairs(sf.tensors).items():
+            if weight in out or weight not in stored:
+                continue
+            own = stored.get(pair.scale, stored[weight]).layout
+            out[weight] = Pair(
+                weight, full_shape(stored[weight].layout, pair.weight_shape), full_shape(own, pair.scale_shape)
+            )
+    return out
+
+
+Block = tuple[int | None, int | None]  # an FP8 block size, an axis None where unknown
+
+
+def block_of_slices(sources: Mapping[K, SourceFile], table: LayoutTable | None) -> Block:
+    """The FP8 block size the per-rank pairs of ``sources`` show along each axis ``table`` cuts (else None).
+
+    A rank's slice of a pair cut on the block grid holds whole blocks along a cut axis, so its rows divided by
+    its scale's rows is the block's rows: one value over every cut pair, or unknown.
+    """
+    seen: tuple[set[int], set[int]] = (set(), set())
+    stored = layout_map(table) if table is not None else {}
+    for sf in sources.values():
+        for weight, pair in full_pairs(sf.tensors).items():
+            if weight not in stored:
+                continue
+            whole = full_shape(stored[weight].layout, pair.weight_shape)
+            for axis, found in zip((-2, -1), seen, strict=True):
+                size, blocks = pair.weight_shape[axis], pair.scale_shape[axis]
+                if whole[axis] != size:
+                    found.add(size // blocks if blocks and size % blocks == 0 else 0)
+    b0, b1 = (next(iter(f)) if len(f) == 1 and 0 not in f else None for f in seen)
+    return b0, b1
+
+
+def paired_layouts(
+    table: LayoutTable | None,
+    pairs: Mapping[str, Pair],
+    block: Callable[[], Block | None],
+    side: str,
+    notes: list[str] | None = None,
+) -> LayoutTable | None:
+    """``table`` with each laid-out FP8 weight's block scale laid out like the weight (``table`` itself without any).
+
+    A scale the strategy does not name gets its weight's layout; either way every rank's scale box must be
+    its weight box divided by the block (edge blocks partial), so each rank's pair is self-consistent.
+    ``block``: the FP8 block size (asked only when a weight is cut); ``side``: "source" or "destination",
+    for messages. ``notes`` gains one line saying how many pairs are cut.
+
+    Raises:
+        UsageError: A cut not on a block boundary (naming the tensor, the cut and the block), a block size
+            unknown for a cut weight, a scale whose shape does not fit its weight, a scale laid out apart.
+    """
+    if table is None or not pairs:
+        return table
+    layouts = dict(table.layouts)
+    out: dict[str, ParamLayout] = {}
+    cut = 0
+    for key, p in layouts.items():
+        if key in out:
+            continue
+        out[key] = p
+        _, origin = split_stage_name(key, table.path)
+        pair = pairs.get(origin)
+        if pair is None:
+            continue
+        scale_key = key + SCALE_INV
+        scale_layout = layouts.get(scale_key, p)
+        if side != "source" or scale_key not in layouts:  # a source's own scale layout moves its bytes as stored
+            cut += _check_pair(pair, p, scale_layout, block, side)
+        out[scale_key] = scale_layout
+    for key, p in layouts.items():  # a scale laid out without its weight
+        _, origin = split_stage_name(key, table.path)
+        weight = origin[: -len(SCALE_INV)] if origin.endswith(SCALE_INV) else ""
+        if weight in pairs and key[: -len(SCALE_INV)] not in layouts and _is_cut(p, pairs[weight].scale_shape):
+            raise UsageError(f"{origin}: the {side} strategy cuts this block scale but not its weight {weight}")
+    if cut and notes is not None:
+        notes.append(f"FP8 block scales cut with their weights for the {side} strategy: {cut} pair(s)")
+    if is_dataclass(table) and any(f.name == "layouts" and f.init for f in fields(table)):
+        return replace(table, layouts=out)  # a StrategyFile stays one (its stages, items and notes kept)
+    return PairedTable(table, out)
+
+
+def _is_cut(p: ParamLayout, shape: tuple[int, ...]) -> bool:
+    return any(box != tuple((0, d) for d in shape) for box in rank_boxes(p, shape))
+
+
+def _check_pair(
+    pair: Pair,
+    weight_layout: ParamLayout,
+    scale_layout: ParamLayout,
+    block: Callable[[], Block | None],
+    side: str,
+) -> bool:
+    """Whether the weight is cut; refuses a cut off the block grid or a scale box that is not the weight's."""
+    weight_boxes = rank_boxes(weight_layout, pair.weight_shape)
+    whole = tuple((0, d) for d in pair.weight_shape)
+    if all(box == whole for box in weight_boxes):
+        if _is_cut(scale_layout, pair.scale_shape):
+            raise UsageError(
+                f"{pair.scale}: the {side} strategy cuts this block scale but not its weight {pair.weight}"
+            )
+        return False
+    size = block() or (None, None)
+    *lead, rows, cols = pair.weight_shape
+    want = (
+        *lead,
+        *(math.ceil(d / b) if b else n for d, b, n in zip((rows, cols), size, pair.scale_shape[-2:], strict=True)),
+    )
+    if pair.scale_shape != tuple(want):
+        b0, b1 = size
+        raise UsageError(
+            f"{pair.scale}: shape {list(pair.scale_shape)} does not fit weight {pair.weight} "
+            f"{list(pair.weight_shape)} in {b0}x{b1} blocks (expected {list(want)})"
+        )
+    expected = [_scale_box(pair, box, size, side, rank) for rank, box in enumerate(weight_boxes)]
+    try:
+        scale_boxes: tuple[Box, ...] | None = rank_boxes(scale_layout, pair.scale_shape)
+    except LayoutError:
+        scale_boxes = None
+    if scale_boxes is None or list(scale_boxes) != expected:
+        raise UsageError(
+            f"{pair.scale}: the {side} strategy lays it out apart from its weight {pair.weight} "
+            f"(its ranks' boxes must be the weight's blocks, {[list(b) for b in expected[:2]]}...)"
+        )
+    return True
+
+
+def _scale_box(pair: Pair, box: Box, block: Block, side: str, rank: int) -> Box:
+    """The scale box of a weight box (block-aligned cuts, the tensor's far edge partial), or refused."""
+    *lead, rows_box, cols_box = box
+    out = []
+    shown = "x".join(str(b) if b else "?" for b in block)
+    for what, (a, b), size, edge in zip(
+        ("row", "column"), (rows_box, cols_box), block, pair.weight_shape[-2:], strict=True
+    ):
+        if size is None:
+            if (a, b) != (0, edge):
+                raise UsageError(
+                    f"{pair.weight}: the {side} strategy cuts this FP8 weight's {what}s, and its block size is "
+                    "unknown: config.json has no quantization_config.weight_block_size (give --block-size, "
+                    "e.g. 128x128)"
+                )
+            out.append((0, pair.scale_shape[-2 if what == "row" else -1]))
+            continue
+        for at in (a, b):
+            if at % size and at != edge:
+                raise UsageError(
+                    f"{pair.weight}: the {side} strategy cuts it at {what} {at} (rank {rank}), not on a "
+                    f"{shown} block boundary of its scale {pair.scale}: give --dequantize "
+                    f"(exact at any cut) or a strategy whose cuts fall on multiples of {size}"
+                )
+        out.append((a // size, -(-b // size)))
+    return (*lead, *out)
+
+
 __all__ = [
     "BLOCKS",
     "DEFAULT_BLOCK",
@@ -416,14 +662,21 @@ __all__ = [
     "QUANTIZE_SCALE",
     "SCALES",
     "SCALE_INV",
+    "Block",
     "Dequantize",
     "Dequantizer",
+    "Pair",
+    "PairedTable",
     "Precision",
     "QuantizedSource",
     "Quantizer",
     "block_from_config",
+    "block_of_slices",
     "dequantize_target",
+    "full_pairs",
+    "paired_layouts",
     "parse_block",
     "quantization_config",
     "quantized_names",
+    "sharded_pairs",
 ]
