@@ -163,3 +163,38 @@ def test_plan_json_lists_the_scales_beside_their_weights(model: Path, tmp_path: 
     doc = json.loads(proc.stdout)
     names = {t["name"]: t["shape"] for f in doc["files"] if "rank_0" in f["path"] for t in f["tensors"]}
     assert names[UP] == [256, 128] and names[UP + SCALE] == [2, 1]
+
+
+# ------------------------------------------------------------------------------------------ inspect
+
+
+def test_inspect_shows_quantized_weights_and_counts_each_pair_once(tmp_path: Path) -> None:
+    from reshard.inspect import gather
+    from tests.lowprec_fixtures import EXPERTS, NORM, K, fp8_tensors
+
+    src = fp8_model(tmp_path / "fp8", fp8_tensors())
+    info = gather(str(src))
+    q = info["quantized"]
+    assert q[Q] == {"format": "fp8-block", "block": [128, 128], "scale": Q + SCALE, "values": 300 * 260}
+    assert q[K + SCALE] == {"scale_of": K} and q[EXPERTS + "_scales"] == {"scale_of": EXPERTS + "_blocks"}
+    assert q[EXPERTS + "_blocks"]["values"] == 2 * 6 * 3 * 32 and NORM not in q
+    summary = info["summary"]
+    assert summary["parameters"] == 4 and "quantized" not in summary  # the view is info["quantized"]
+    assert summary["parameter_elements"] == 300 * 260 + 130 * 256 + 64 + 2 * 96 * 6
+    proc = run_cli("inspect", str(src), "--params")
+    assert proc.returncode == 0, proc.stderr
+    assert "quantized: 2 FP8 block weight(s) (128x128 blocks" in proc.stdout and "each pair counted once" in proc.stdout
+    assert "Float8E4M3FN (fp8-block, 128x128 blocks)" in proc.stdout and "(block scale)" in proc.stdout
+    unknown = fp8_model(tmp_path / "noblock", fp8_tensors(), block=None)
+    assert gather(str(unknown))["quantized"][Q]["block"] is None
+
+
+def test_inspect_rank_folders_with_their_strategy(model: Path, tmp_path: Path) -> None:
+    from reshard.inspect import gather
+
+    s4 = _strategy(tmp_path / "s4.ckpt", FOUR)
+    api.split(str(model), str(s4), str(tmp_path / "ranks"))
+    info = gather(str(tmp_path / "ranks"), str(s4))
+    assert {n for n, q in info["quantized"].items() if "format" in q} == set(PAIRED_SHAPES)
+    assert info["summary"]["parameters"] == 3
+    assert info["summary"]["parameter_elements"] == sum(int(np.prod(s)) for s in PAIRED_SHAPES.values())

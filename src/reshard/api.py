@@ -446,6 +446,8 @@ def transform(
     rule = statenames.DEFAULT.with_prefixes(optimizer_prefixes)
     cast = cast_rule(dtype, dtype_all, optimizer_prefixes)
     dequantizer = _dequantizer(precision, src)
+    if dequantizer is not None:
+        dequantizer.defer(naming.model_map is not None)  # --quantize: DeepSeek's rule on the map's outputs
     if cp2_out:
         _check_checkpoint2_write(write)
         output_format = "safetensors"
@@ -513,6 +515,7 @@ def transform(
         plan = _checkpoint2_plan(plan, src_sf, plan_dst, dst_dir, iteration, common, prefix, rule, everyone, notes)
     if plan_dst is None and not cp2_out:  # a full model out: its tensors are whole
         naming.check_config(_plan_tensors(plan))
+    plan = dequantizer.planned(plan, plan_dst is None) if dequantizer is not None else plan
     if shard_size is not None:
         plan = hf_sharded(plan, dst_dir, shard_size)
         _training_state_note(plan, notes)

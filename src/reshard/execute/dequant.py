@@ -31,8 +31,10 @@ import numpy as np
 
 from reshard import dtypes
 from reshard.errors import UsageError
+from reshard.execute import assemble
+from reshard.execute.assemble import SourceArray
 from reshard.formats.base import TensorEntry, TensorIndex
-from reshard.plan import Plan
+from reshard.plan import Plan, TensorPlan
 from reshard.plan.model import QuantizedSource
 from reshard.plan.quantized import FP8_BLOCK, QUANTIZE, QUANTIZE_SCALE
 
@@ -232,7 +234,7 @@ class Quantized:
     the nearest even F8_E4M3. Every box is computed from whole blocks, so any cut gives the same bytes.
     """
 
-    def __init__(self, source: QuantizedSource, weight: np.ndarray, scales: bool) -> None:
+    def __init__(self, source: QuantizedSource, weight: np.ndarray | Assembled, scales: bool) -> None:
         import ml_dtypes
 
         self.source = source
@@ -352,6 +354,16 @@ def wrapped_opener(plan: Plan, opener: Opener) -> Opener:
         entries = dict(index.entries)
         made: dict[str, Callable[[], Any]] = {}
         for q in records:
+            if q.assembled is not None:  # --quantize after a model map: the weight is a planned tensor
+                if q.name in index.entries:
+                    raise UsageError(
+                        f"{q.name}: --quantize would compute this tensor after the model map, but {path} "
+                        "already holds a tensor of that name"
+                    )
+                shape = _shape(q, q.assembled.shape)
+                entries[q.name] = TensorEntry(q.name, q.assembled.dtype, shape, ())
+                made[q.name] = functools.partial(_assembled, q, scale_index)
+                continue
             stored = index.entries[q.weight]
             shape = _shape(q, stored.shape)
             entries[q.name] = TensorEntry(q.name, stored.dtype, shape, stored.segments)
@@ -378,6 +390,39 @@ def _dequantized(
     if q.kind in (QUANTIZE, QUANTIZE_SCALE):
         return Quantized(q, index.array(q.weight), scales=q.kind == QUANTIZE_SCALE)
     return Dequantized(q, index.array(q.weight), scale_index(q.scale_path).array(q.scale), shape)
+
+
+class Assembled:
+    """A planned tensor (``TensorPlan``) read as an array, rows by rows from its copies' sources.
+
+    What ``Quantized`` reads when ``--quantize`` comes after a model map: the Hugging Face tensor a
+    rename, join or stack makes of the stored ones, assembled only for the rows asked.
+    """
+
+    def __init__(self, t: TensorPlan, source_array: SourceArray) -> None:
+        self.t = t
+        self.source_array = source_array
+        self.shape = t.shape
+        self.ndim = len(t.shape)
+        self.dtype = np.dtype(t.dtype.numpy)
+
+    def __getitem__(self, box: Box) -> np.ndarray:
+        bounds = _bounds(box if isinstance(box, tuple) else (box,), self.shape)
+        (r0, r1), rest = bounds[0], bounds[1:]
+        rows = assemble.tensor_rows(self.t, r0, r1, self.source_array)
+        return rows[(slice(None), *(slice(a, b) for a, b in rest))]
+
+
+def _assembled(q: QuantizedSource, index_of: Callable[[str], TensorIndex]) -> Quantized:
+    assert q.assembled is not None
+    arrays: dict[tuple[int, str], np.ndarray] = {}
+
+    def source_array(source: int, tensor: str) -> np.ndarray:
+        if (source, tensor) not in arrays:
+            arrays[(source, tensor)] = index_of(q.assembled_sources[source]).array(tensor)
+        return arrays[(source, tensor)]
+
+    return Quantized(q, Assembled(q.assembled, source_array), scales=q.kind == QUANTIZE_SCALE)
 
 
 def row_block_bytes(kinds: set[str], budget: int) -> int:
@@ -419,6 +464,7 @@ def check_scales(plan: Plan, opener: Opener) -> None:
 
 __all__ = [
     "EXPANSION",
+    "Assembled",
     "Dequantized",
     "Quantized",
     "QuantizedIndex",

@@ -26,13 +26,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from reshard import dtypes
 from reshard.dtypes import DType
 from reshard.errors import LayoutError, UnsupportedError, UsageError
 from reshard.layout import Box, LayoutTable, ParamLayout, full_shape, layout_map, rank_boxes, split_stage_name
-from reshard.plan.model import Plan, QuantizedSource, SourceFile, SourceTensor
+from reshard.plan.model import Copy, Plan, QuantizedSource, SourceFile, SourceTensor, TensorPlan
 
 K = TypeVar("K")
 
@@ -166,8 +166,17 @@ class Dequantizer:
         self.block = rule.block or config_block
         self.records: dict[tuple[str, str], QuantizedSource] = {}
         self.pairs = {FP8_BLOCK: 0, MXFP4: 0}
+        self.deferred = False  # --quantize with a model map: applied to the planned outputs (``planned``)
 
     flag = "--dequantize"
+
+    def defer(self, mapped: bool) -> None:
+        """A model map renames and reshapes the tensors: --quantize then applies to the map's outputs
+        (``planned``, DeepSeek's rule on the Hugging Face names); --dequantize always comes before it."""
+
+    def planned(self, plan: Plan, full: bool) -> Plan:
+        """``plan`` with its outputs quantized (``--quantize`` after a model map); ``plan`` itself otherwise."""
+        return plan
 
     # ---- full models: names unique across files, a pair may span two files
 
@@ -175,6 +184,8 @@ class Dequantizer:
         self, files: Mapping[str, SourceFile], name_to_file: Mapping[str, str]
     ) -> tuple[dict[str, SourceFile], dict[str, str]]:
         """A full model's files and name map with every pair replaced by its dequantized tensor."""
+        if self.deferred:
+            return dict(files), dict(name_to_file)
         catalogue = {n: files[f] for n, f in name_to_file.items()}
         changes = self._changes(catalogue)
         new_files = {k: self._rewritten(sf, changes) for k, sf in files.items()}
@@ -196,6 +207,8 @@ class Dequantizer:
         ``table``: the source strategy, its pairs checked by ``paired_layouts`` (each rank's cut on the block
         grid, so each rank's pair dequantizes exactly); without one, several ranks holding pairs are refused.
         """
+        if self.deferred:
+            return dict(sources)
         out: dict[K, SourceFile] = {}
         checked: dict[frozenset[str], bool] = {}  # the pairs a rank holds (most ranks hold the same) -> exact
         for key, sf in sources.items():
@@ -385,6 +398,18 @@ class Quantizer(Dequantizer):
         lower = name.lower()
         return name.endswith(".weight") and not any(part in lower for part in NOT_QUANTIZED)
 
+    def defer(self, mapped: bool) -> None:
+        self.deferred = mapped
+
+    def planned(self, plan: Plan, full: bool) -> Plan:
+        if not self.deferred:
+            return plan
+        if not full:
+            raise UnsupportedError(
+                "--quantize with a model map writes a full model (Hugging Face names): give no destination strategy"
+            )
+        return _quantized_outputs(self, plan)
+
     def note(self) -> str | None:
         if not self.pairs[QUANTIZE]:
             return None
@@ -413,6 +438,40 @@ class Quantizer(Dequantizer):
             self.records[(path, name)] = QuantizedSource(path, name, QUANTIZE, name, path, scale, (b0, b1))
             self.records[(path, scale)] = QuantizedSource(path, scale, QUANTIZE_SCALE, name, path, scale, (b0, b1))
         return changes
+
+
+def _quantized_outputs(quantizer: Quantizer, plan: Plan) -> Plan:
+    """``plan`` with every eligible output tensor written as F8_E4M3 plus its F32 scale, computed from its copies.
+
+    Each such tensor's copies (a model map's renames, joins and stacks of the stored tensors) are kept in the
+    plan's ``quantized`` facts; the tensor itself and its new scale each read one whole "tensor" of the same
+    name from the file of its first copy, which the executor computes (``reshard.execute.dequant``).
+    """
+    b0, b1 = quantizer.block or DEFAULT_BLOCK
+    f8, f32 = dtypes.FLOAT8_E4M3, dtypes.FLOAT32
+    sources = list(plan.sources)
+    files = []
+    for f in plan.files:
+        tensors: list[TensorPlan] = []
+        for t in f.tensors:
+            facts = SourceTensor(t.dtype, t.shape, t.nbytes)
+            if not t.copies or t.literal is not None or not quantizer.eligible(t.name, facts):
+                tensors.append(t)
+                continue
+            if t.name.endswith(SCALE_INV) or t.dtype in dtypes.FP8_WEIGHTS:
+                raise UsageError(f"{t.name}: already block-quantized (--quantize takes a checkpoint of floats)")
+            first = t.copies[0].source
+            path, scale = sources[first], t.name + SCALE_INV
+            grid = (math.ceil(t.shape[0] / b0), math.ceil(t.shape[1] / b1))
+            for name, dtype, shape, kind in ((t.name, f8, t.shape, QUANTIZE), (scale, f32, grid, QUANTIZE_SCALE)):
+                copy = Copy(first, name, (0, 0), (0, 0), shape, whole_source=True)
+                tensors.append(TensorPlan(name, dtype, shape, (copy,), math.prod(shape) * dtype.itemsize))
+                quantizer.records[(path, name)] = QuantizedSource(
+                    path, name, kind, t.name, path, scale, (b0, b1), None, t, plan.sources
+                )
+            quantizer.pairs[QUANTIZE] += 1
+        files.append(replace(f, tensors=tuple(tensors)))
+    return replace(plan, files=tuple(files))
 
 
 def quantization_config(block: tuple[int, int]) -> dict[str, object]:
@@ -652,6 +711,106 @@ def _scale_box(pair: Pair, box: Box, block: Block, side: str, rank: int) -> Box:
     return (*lead, *out)
 
 
+# --------------------------------------------------------------------------------------------
+# what inspect shows: quantized weights as such, their parameters counted once
+
+
+def quantized_view(rows: Sequence[Mapping[str, Any]], block: tuple[int, int] | None) -> dict[str, dict[str, object]]:
+    """Each stored tensor of a block-scaled pair among ``rows`` (inspect's ``name``/``dtype``/``shape`` rows).
+
+    A weight maps to ``{"format", "block", "scale", "values"}`` (``values``: what its bytes hold, two a byte for
+    MXFP4), a scale to ``{"scale_of": weight}``; other tensors are absent. ``block``: the FP8 block size of the
+    model's config.json (None: unknown, shown so).
+    """
+    dtype_of = {str(r["name"]): str(r["dtype"]) for r in rows}
+    shape_of = {str(r["name"]): tuple(r.get("full_shape") or r.get("shape") or ()) for r in rows}
+    fp8 = {d.ms_name for d in dtypes.FP8_WEIGHTS}
+    out: dict[str, dict[str, object]] = {}
+    for name in dtype_of:
+        if name.endswith(SCALE_INV) and dtype_of.get(name[: -len(SCALE_INV)]) in fp8:
+            weight = name[: -len(SCALE_INV)]
+            shown = list(block) if block is not None else None
+            values = math.prod(shape_of[weight])
+            out[weight] = {"format": FP8_BLOCK, "block": shown, "scale": name, "values": values}
+            out[name] = {"scale_of": weight}
+        elif name.endswith(SCALES) and name[: -len(SCALES)] + BLOCKS in dtype_of:
+            blocks = name[: -len(SCALES)] + BLOCKS
+            values = math.prod(shape_of[blocks]) * dtypes.LOW_PRECISION["MXFP4"].values_per_item
+            out[blocks] = {"format": MXFP4, "block": [dtypes.MXFP4_BLOCK], "scale": name, "values": values}
+            out[name] = {"scale_of": blocks}
+    return out
+
+
+def counted_once(
+    summary: dict[str, Any],
+    view: Mapping[str, Mapping[str, object]],
+    rows: Sequence[Mapping[str, Any]],
+    is_state: Callable[[str], object],
+) -> None:
+    """Inspect's summary with each pair one parameter: scales not counted, MXFP4 bytes as their two values.
+
+    ``rows``: every rank's tensor rows; ``is_state(name)``: truthy for training state (not a parameter). The
+    elements are the full tensors' (a rank's slices need ``full_shape``: a scale the strategy leaves out has
+    its weight's layout, so only its weight's full shape counts).
+    """
+    if not view:
+        return
+    first: dict[str, Mapping[str, Any]] = {}
+    for row in rows:
+        first.setdefault(str(row["name"]), row)
+    weights = [n for n in first if not is_state(n) and "scale_of" not in view.get(n, {})]
+    summary["parameters"] = len(weights)
+    sliced = summary.get("source") == "distributed" and (summary.get("ranks") or 0) > 1
+    shapes = [first[n].get("full_shape") or (None if sliced else first[n].get("shape")) for n in weights]
+    if any(shape is None for shape in shapes):
+        return  # a rank's slices without a strategy: the full shapes are unknown
+    per_value = {n: int(str(view[n]["values"])) for n in weights if "values" in view.get(n, {})}
+    summary["parameter_elements"] = sum(per_value.get(n, math.prod(s)) for n, s in zip(weights, shapes, strict=True))
+
+
+def quantized_lines(view: Mapping[str, Mapping[str, object]]) -> list[str]:
+    """``quantized: 61 FP8 block weight(s) (128x128 blocks, scales in *_scale_inv); 2 MXFP4 ...`` (none: [])."""
+    parts = []
+    fp8 = [q for q in view.values() if q.get("format") == FP8_BLOCK]
+    if fp8:
+        sizes = sorted({_block_text(q["block"]) for q in fp8})
+        parts.append(f"{len(fp8)} FP8 block weight(s) ({', '.join(sizes)}, scales in *{SCALE_INV})")
+    mx = [q for q in view.values() if q.get("format") == MXFP4]
+    if mx:
+        parts.append(f"{len(mx)} MXFP4 weight(s) ({dtypes.MXFP4_BLOCK} values a block, scales in *{SCALES})")
+    return [f"quantized: {'; '.join(parts)}; each pair counted once"] if parts else []
+
+
+def quantized_dtype(dtype: str, q: Mapping[str, object] | None) -> str:
+    """Inspect's dtype column of a tensor: ``F8 ... fp8-block 128x128`` for a weight, ``... scale`` for its scale."""
+    if q is None:
+        return dtype
+    if "scale_of" in q:
+        return f"{dtype} (block scale)"
+    return f"{dtype} ({q['format']}, {_block_text(q['block'])})"
+
+
+def _block_text(block: object) -> str:
+    """``128x128 blocks``, ``32 values a block`` (MXFP4), or ``block size unknown`` (no config.json says it)."""
+    if not isinstance(block, list):
+        return "block size unknown"
+    return f"{block[0]} values a block" if len(block) == 1 else "x".join(str(b) for b in block) + " blocks"
+
+
+def config_block(folder: str) -> tuple[int, int] | None:
+    """The FP8 block size in the config.json of ``folder`` (or beside a file; None: none, or not readable)."""
+    import json
+    import os
+
+    folder = folder if os.path.isdir(folder) else os.path.dirname(os.path.abspath(folder))
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            doc = json.load(f)
+        return block_from_config(doc if isinstance(doc, dict) else None)
+    except (OSError, ValueError, UsageError):
+        return None
+
+
 __all__ = [
     "BLOCKS",
     "DEFAULT_BLOCK",
@@ -672,11 +831,16 @@ __all__ = [
     "Quantizer",
     "block_from_config",
     "block_of_slices",
+    "config_block",
+    "counted_once",
     "dequantize_target",
     "full_pairs",
     "paired_layouts",
     "parse_block",
     "quantization_config",
+    "quantized_dtype",
+    "quantized_lines",
     "quantized_names",
+    "quantized_view",
     "sharded_pairs",
 ]
