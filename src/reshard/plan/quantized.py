@@ -761,11 +761,15 @@ def counted_once(
     weights = [n for n in first if not is_state(n) and "scale_of" not in view.get(n, {})]
     summary["parameters"] = len(weights)
     sliced = summary.get("source") == "distributed" and (summary.get("ranks") or 0) > 1
-    shapes = [first[n].get("full_shape") or (None if sliced else first[n].get("shape")) for n in weights]
+    shapes: list[Sequence[int] | None] = [
+        first[n].get("full_shape") or (None if sliced else first[n].get("shape")) for n in weights
+    ]
     if any(shape is None for shape in shapes):
         return  # a rank's slices without a strategy: the full shapes are unknown
     per_value = {n: int(str(view[n]["values"])) for n in weights if "values" in view.get(n, {})}
-    summary["parameter_elements"] = sum(per_value.get(n, math.prod(s)) for n, s in zip(weights, shapes, strict=True))
+    summary["parameter_elements"] = sum(
+        per_value.get(n, math.prod(s or ())) for n, s in zip(weights, shapes, strict=True)
+    )
 
 
 def quantized_lines(view: Mapping[str, Mapping[str, object]]) -> list[str]:
