@@ -71,7 +71,7 @@ def _check_ranks(folder: Path, layouts: dict[str, ParamLayout]) -> None:
 def test_split_cuts_each_scale_by_its_weights_blocks(model: Path, tmp_path: Path) -> None:
     strategy = _strategy(tmp_path / "s4.ckpt", FOUR)
     report = api.split(str(model), str(strategy), str(tmp_path / "ranks"))
-    assert any("FP8 block scales cut with their weights" in n and "3 pair(s)" in n for n in report.notes)
+    assert any("block scales cut with their weights" in n and "3 pair(s)" in n for n in report.notes)
     _check_ranks(tmp_path / "ranks", FOUR)
 
 
@@ -154,6 +154,26 @@ def test_a_scale_laid_out_apart_from_its_weight_is_refused(model: Path, tmp_path
     with pytest.raises(UsageError, match="apart from its weight"):
         api.split(str(model), str(strategy), str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
+
+
+def test_mxfp4_scales_follow_their_blocks(model: Path, tmp_path: Path) -> None:
+    """MXFP4 blocks [experts, rows, groups, 16] cut by experts and groups: each rank's scales are its groups'."""
+    from tests.lowprec_fixtures import EXPERTS
+
+    blocks, scales = EXPERTS + "_blocks", EXPERTS + "_scales"
+    layout = ParamLayout((2, 3), (1, -1, 0, -1))  # experts in 2, the 3 groups in 3
+    api.split(str(model), str(_strategy(tmp_path / "s6.ckpt", {blocks: layout})), str(tmp_path / "ranks"))
+    t = paired_tensors()
+    for r in range(6):
+        got = _rank(tmp_path / "ranks", r)
+        box = rank_box(layout, t[blocks].shape, r)
+        cut = tuple(slice(a, b) for a, b in box)
+        assert (
+            got[blocks].tobytes() == t[blocks][cut].tobytes() and got[scales].tobytes() == t[scales][cut[:-1]].tobytes()
+        )
+    inside = _strategy(tmp_path / "inside.ckpt", {blocks: ParamLayout((2,), (-1, -1, -1, 0))})
+    with pytest.raises(UsageError, match="16 bytes of an MXFP4 block"):
+        api.split(str(model), str(inside), str(tmp_path / "out"))
 
 
 def test_plan_json_lists_the_scales_beside_their_weights(model: Path, tmp_path: Path) -> None:

@@ -523,26 +523,53 @@ class PairedTable:
 
 @dataclass(frozen=True)
 class Pair:
-    """An FP8 weight and its block scale as full tensors: names and full shapes."""
+    """A block-scaled pair as full tensors: names and full shapes (an FP8 weight and its ``_scale_inv``, or
+    MXFP4 ``P_blocks`` and ``P_scales``)."""
 
     weight: str
     weight_shape: tuple[int, ...]
     scale_shape: tuple[int, ...]
+    kind: str = FP8_BLOCK
 
     @property
     def scale(self) -> str:
-        return self.weight + SCALE_INV
+        return self.weight + SCALE_INV if self.kind == FP8_BLOCK else self.weight[: -len(BLOCKS)] + SCALES
+
+    def scale_key(self, key: str) -> str:
+        """The strategy name of the scale beside the weight's ``key`` (``"0-..."`` in merged files)."""
+        return key + SCALE_INV if self.kind == FP8_BLOCK else key[: -len(BLOCKS)] + SCALES
 
 
 def full_pairs(tensors: Mapping[str, SourceTensor]) -> dict[str, Pair]:
-    """The FP8 block pairs among a full model's tensors (name -> facts), keyed by weight name."""
-    return {
-        n[: -len(SCALE_INV)]: Pair(n[: -len(SCALE_INV)], tensors[n[: -len(SCALE_INV)]].shape, t.shape)
-        for n, t in tensors.items()
-        if n.endswith(SCALE_INV)
-        and n[: -len(SCALE_INV)] in tensors
-        and tensors[n[: -len(SCALE_INV)]].dtype in dtypes.FP8_WEIGHTS
-    }
+    """The block-scaled pairs among a full model's tensors (name -> facts), keyed by weight (blocks) name."""
+    out: dict[str, Pair] = {}
+    for n, t in tensors.items():
+        if n.endswith(SCALE_INV):
+            w = tensors.get(n[: -len(SCALE_INV)])
+            if w is not None and w.dtype in dtypes.FP8_WEIGHTS:
+                out[n[: -len(SCALE_INV)]] = Pair(n[: -len(SCALE_INV)], w.shape, t.shape)
+        elif n.endswith(SCALES) and t.dtype in (dtypes.UINT8, dtypes.FLOAT8_E8M0):
+            blocks = n[: -len(SCALES)] + BLOCKS
+            b = tensors.get(blocks)
+            if b is not None and b.dtype is dtypes.UINT8 and len(b.shape) == len(t.shape) + 1:
+                out[blocks] = Pair(blocks, b.shape, t.shape, MXFP4)
+    return out
+
+
+def _derived_layout(pair: Pair, p: ParamLayout, side: str) -> ParamLayout:
+    """The layout a scale the strategy does not name takes from its weight's ``p``.
+
+    FP8: the weight's own (the scale's axes are the weight's, counted in blocks). MXFP4: without the
+    blocks' last axis (the 16 bytes of one block), which must not be cut.
+    """
+    if pair.kind == FP8_BLOCK:
+        return p
+    if p.is_list_map or p.split_shape or p.indices_offset or p.tensor_map[-1] != -1:
+        raise UsageError(
+            f"{pair.weight}: the {side} strategy cuts its last axis (the 16 bytes of an MXFP4 block) or lays it "
+            "out in a way reshard cannot follow for its scales: cut the experts, rows or block groups instead"
+        )
+    return replace(p, tensor_map=p.tensor_map[:-1])
 
 
 def sharded_pairs(sources: Mapping[K, SourceFile], table: LayoutTable | None) -> dict[str, Pair]:
@@ -559,10 +586,10 @@ def sharded_pairs(sources: Mapping[K, SourceFile], table: LayoutTable | None) ->
         for weight, pair in full_pairs(sf.tensors).items():
             if weight in out or weight not in stored:
                 continue
-            own = stored.get(pair.scale, stored[weight]).layout
-            out[weight] = Pair(
-                weight, full_shape(stored[weight].layout, pair.weight_shape), full_shape(own, pair.scale_shape)
-            )
+            given = stored.get(pair.scale)
+            own = given.layout if given is not None else _derived_layout(pair, stored[weight].layout, "source")
+            whole = full_shape(stored[weight].layout, pair.weight_shape)
+            out[weight] = Pair(weight, whole, full_shape(own, pair.scale_shape), pair.kind)
     return out
 
 
@@ -579,7 +606,7 @@ def block_of_slices(sources: Mapping[K, SourceFile], table: LayoutTable | None) 
     stored = layout_map(table) if table is not None else {}
     for sf in sources.values():
         for weight, pair in full_pairs(sf.tensors).items():
-            if weight not in stored:
+            if weight not in stored or pair.kind != FP8_BLOCK:
                 continue
             whole = full_shape(stored[weight].layout, pair.weight_shape)
             for axis, found in zip((-2, -1), seen, strict=True):
@@ -621,18 +648,21 @@ def paired_layouts(
         pair = pairs.get(origin)
         if pair is None:
             continue
-        scale_key = key + SCALE_INV
-        scale_layout = layouts.get(scale_key, p)
-        if side != "source" or scale_key not in layouts:  # a source's own scale layout moves its bytes as stored
+        scale_key = pair.scale_key(key)
+        scale_layout = layouts[scale_key] if scale_key in layouts else _derived_layout(pair, p, side)
+        if pair.kind == MXFP4:
+            cut += _check_mxfp4(pair, p, scale_layout, side)
+        elif side != "source" or scale_key not in layouts:  # a source's own scale layout moves its bytes as stored
             cut += _check_pair(pair, p, scale_layout, block, side)
         out[scale_key] = scale_layout
+    scales = {pair.scale: pair for pair in pairs.values()}
     for key, p in layouts.items():  # a scale laid out without its weight
         _, origin = split_stage_name(key, table.path)
-        weight = origin[: -len(SCALE_INV)] if origin.endswith(SCALE_INV) else ""
-        if weight in pairs and key[: -len(SCALE_INV)] not in layouts and _is_cut(p, pairs[weight].scale_shape):
+        if origin in scales and key not in out and _is_cut(p, scales[origin].scale_shape):
+            weight = scales[origin].weight
             raise UsageError(f"{origin}: the {side} strategy cuts this block scale but not its weight {weight}")
     if cut and notes is not None:
-        notes.append(f"FP8 block scales cut with their weights for the {side} strategy: {cut} pair(s)")
+        notes.append(f"block scales cut with their weights for the {side} strategy: {cut} pair(s)")
     if is_dataclass(table) and any(f.name == "layouts" and f.init for f in fields(table)):
         return replace(table, layouts=out)  # a StrategyFile stays one (its stages, items and notes kept)
     return PairedTable(table, out)
@@ -681,6 +711,22 @@ def _check_pair(
             f"(its ranks' boxes must be the weight's blocks, {[list(b) for b in expected[:2]]}...)"
         )
     return True
+
+
+def _check_mxfp4(pair: Pair, blocks_layout: ParamLayout, scale_layout: ParamLayout, side: str) -> bool:
+    """Whether MXFP4 blocks are cut; refuses scales whose boxes are not the blocks' (without their last axis)."""
+    boxes = rank_boxes(blocks_layout, pair.weight_shape)
+    expected = [box[:-1] for box in boxes]
+    try:
+        scale_boxes: list[Box] | None = list(rank_boxes(scale_layout, pair.scale_shape))
+    except LayoutError:
+        scale_boxes = None
+    if scale_boxes != expected:
+        raise UsageError(
+            f"{pair.scale}: the {side} strategy lays it out apart from its MXFP4 blocks {pair.weight} "
+            "(each rank's scales must be its blocks' groups)"
+        )
+    return any(box != tuple((0, d) for d in pair.weight_shape) for box in boxes)
 
 
 def _scale_box(pair: Pair, box: Box, block: Block, side: str, rank: int) -> Box:
