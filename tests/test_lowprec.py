@@ -296,6 +296,32 @@ def test_quantize_streams_row_blocks(bf16: Path, tmp_path: Path) -> None:
     assert (whole / "model.safetensors").read_bytes() == (rows / "model.safetensors").read_bytes()
 
 
+def test_quantize_shares_scales_between_passes_or_not(
+    bf16: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A weight's scales handed from its first pass to its second (``ScaleMemo``), or recomputed when the memo is
+    full, on one thread or two: the same bytes."""
+    from reshard.execute.local import RunOptions
+
+    outs, computed = [], []
+    scale_of = dequant.Quantized._scale_of
+
+    def counted(self: dequant.Quantized, *args: object) -> np.ndarray:
+        computed[-1] += 1
+        return scale_of(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dequant.Quantized, "_scale_of", counted)
+    for memo, workers in ((dequant.MEMO_BYTES, 1), (dequant.MEMO_BYTES, 2), (0, 2)):
+        monkeypatch.setattr(dequant, "MEMO_BYTES", memo)
+        out = tmp_path / f"q{len(outs)}"
+        computed.append(0)
+        run = RunOptions(workers=workers, max_memory=64 * 1024)
+        api.transform(str(bf16), str(out), hf=True, precision=Precision(quantize="fp8-block"), run=run)
+        outs.append((out / "model.safetensors").read_bytes())
+    assert outs[0] == outs[1] == outs[2]
+    assert computed[0] < computed[2]  # the memo spared the second pass
+
+
 def test_quantize_rule_and_its_overrides(bf16: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     precision = Precision(quantize="fp8-block", quantize_include=("lm_head.weight",), quantize_exclude=(BF16_Q,))

@@ -352,9 +352,11 @@ class ScaleMemo:
         with self.lock:
             if self.first.setdefault(weight, scales) == scales:
                 return None
-            got = [self.rows.pop((weight, i), None) for i in rows]
-            self.nbytes -= sum(g.nbytes for g in got if g is not None)
-            return np.stack(got) if got and all(g is not None for g in got) else None  # type: ignore[arg-type]
+            if not rows or any((weight, i) not in self.rows for i in rows):
+                return None  # not kept, or not yet (the other pass runs on another thread)
+            got = [self.rows.pop((weight, i)) for i in rows]
+            self.nbytes -= sum(g.nbytes for g in got)
+            return np.stack(got)
 
 
 class Viewed:
