@@ -18,6 +18,11 @@ The arithmetic is the references', reproduced exactly (tests compare bit for bit
 
 ``check_scales`` reads every scale tensor (small: one value per block) before any output exists and
 refuses a NaN or infinite scale naming the tensor.
+
+``--quantize`` (``Quantized``) reads each weight twice, once for its F8 values and once for its F32
+scale tensor; the pass written first hands its block scales to the other (``ScaleMemo``, bounded).
+After a model map the weight is no stored tensor but a planned one (``Assembled``: its copies'
+rows, read as the executor reads them).
 """
 
 from __future__ import annotations

@@ -19,6 +19,16 @@ values) is recorded as ``QuantizedSource`` facts that ``attach`` puts into the f
 executor (``reshard.execute.dequant``) reads each box of such a tensor from its stored pair, so no
 tensor is ever dequantized whole. Every refusal here names the tensor and happens before any byte
 is written.
+
+``--quantize`` rewrites the planning inputs the same way, except with a model map (a preset to Hugging
+Face names): DeepSeek's rule is about the map's outputs, so the finished plan's output tensors are
+quantized instead (``Quantizer.planned``), each computed from its own copies.
+
+Without either, a pair is moved as two tensors of bytes, and ``paired_layouts`` keeps each rank's pair
+self-consistent: a scale the strategy does not name is laid out like its weight (FP8: axes counted in
+blocks; MXFP4: without the 16 bytes of a block), and a cut off the block grid is refused here, while
+planning, naming the tensor, the cut and the block. ``quantized_view`` and ``counted_once`` are what
+``reshard inspect`` shows of the pairs (plain data from names, dtypes and shapes).
 """
 
 from __future__ import annotations
