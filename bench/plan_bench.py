@@ -28,7 +28,13 @@ and a warm second call would time dictionary lookups. Timings:
 * ``layout``: only the calls the planner makes into ``reshard.layout`` for the same job
   (``rank_list_for_transform`` per rank; ``full_shape`` per distinct source layout and slice shape;
   ``rank_boxes`` and ``transfer_table`` per distinct layout pair and full shape), without building
-  plan objects: the slice algebra's share.
+  plan objects: the slice algebra's share;
+* ``boxes`` (the DCP-like row): ``plan_boxes`` + ``summary()`` for the same parameters held as
+  ``--src-ranks`` uneven ``torch.chunk`` shards of dim 0 each (FSDP's layout: shard ``r`` of every
+  parameter in file ``__<r>_0.distcp``), planned into ``--ranks`` such shards (FSDP to a smaller
+  world: each output meets a few source shards, most of them only partly), one output file per
+  destination shard; then
+  ``validate_plan`` and building one output's ``TensorPlan`` objects. ``--no-boxes`` skips it.
 """
 
 from __future__ import annotations
@@ -51,7 +57,9 @@ import versions  # bench/ is on sys.path: this file runs as a script
 from reshard import dtypes, layout
 from reshard.formats.strategy import StrategyFile, make_strategy
 from reshard.layout import ParamLayout, layout_map
+from reshard.layout.chunks import ChunkedTensor, even_boxes
 from reshard.plan import SourceFile, SourceTensor, plan_transform
+from reshard.plan.boxes import OutputFile, Target, plan_boxes
 from reshard.plan.validate import validate_plan
 from reshard.synthetic import COLUMN, REPLICATED_1D, ROW
 
@@ -237,6 +245,46 @@ def time_layout(args: argparse.Namespace) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - start, "pieces": pieces}
 
 
+def build_boxes(params: int, chunks: int, outputs: int) -> tuple[list[ChunkedTensor], list[OutputFile], list[Target]]:
+    """The DCP-like job: every parameter in ``chunks`` dim-0 shards (one per source file), into ``outputs`` such.
+
+    Parameters of one shape share their box tuples (``even_boxes`` returns shared ones) and every
+    parameter shares the tuple of source files, as a reader interning its metadata would.
+    """
+    files = tuple(f"/nonexistent/dcp/__{r}_0.distcp" for r in range(chunks))
+    sources, targets = [], []
+    for name, shape, _ in llama_params(params):
+        sources.append(ChunkedTensor(name, shape, dtypes.BFLOAT16, even_boxes(shape, 0, chunks), files))
+        targets.append(Target(name, even_boxes(shape, 0, outputs)))
+    out = [OutputFile(f"/nonexistent/out/rank_{r}/model.safetensors", "safetensors", rank=r) for r in range(outputs)]
+    return sources, out, targets
+
+
+def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
+    """``fn(*args)`` and the seconds it took."""
+    start = time.perf_counter()
+    value = fn(*args)
+    return value, time.perf_counter() - start
+
+
+def time_boxes(args: argparse.Namespace) -> dict[str, Any]:
+    (sources, out, targets), built = _timed(build_boxes, args.params, args.src_ranks, args.ranks)
+    (plan, s), seconds = _timed(lambda: (p := plan_boxes(sources, out, targets, "reshard"), p.summary()))
+    _, validate = _timed(validate_plan, plan)
+    one, materialise = _timed(lambda: len(tuple(plan.files[0].tensors)))
+    assert one == args.params
+    return {
+        "seconds": seconds,
+        "build_seconds": built,
+        "validate_seconds": validate,
+        "materialise_one_seconds": materialise,
+        "tensors": s["tensors"],
+        "copies": s["copies"],
+        "outputs": s["outputs"],
+        "sources": len(plan.sources),
+    }
+
+
 def profile_plan(args: argparse.Namespace, dst_ranks: int) -> str:
     """cProfile of one ``plan_transform`` + ``summary()`` (cold caches): top entries by own and by cumulative time."""
     sources, src, dst = build_for(args, dst_ranks)
@@ -251,7 +299,7 @@ def profile_plan(args: argparse.Namespace, dst_ranks: int) -> str:
     return text.getvalue()
 
 
-MODES = {"plan": time_plan, "layout": time_layout, "one_rank": time_one_rank}
+MODES = {"plan": time_plan, "layout": time_layout, "one_rank": time_one_rank, "boxes": time_boxes}
 JOB_FLAGS = ("params", "ranks", "pp", "dst_mp", "dst_opt", "src_ranks", "src_pp", "src_mp", "src_opt", "one_rank")
 
 
@@ -318,6 +366,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sources=plans[0]["sources"],
         pieces=layouts[0]["pieces"],
     )
+    if not args.no_boxes:
+        boxes = _timings("boxes", args)
+        result.update(
+            boxes_seconds=min(b["seconds"] for b in boxes),
+            boxes_runs=[b["seconds"] for b in boxes],
+            boxes_build_seconds=min(b["build_seconds"] for b in boxes),
+            boxes_validate_seconds=min(b["validate_seconds"] for b in boxes),
+            boxes_materialise_one_seconds=min(b["materialise_one_seconds"] for b in boxes),
+            boxes_tensors=boxes[0]["tensors"],
+            boxes_copies=boxes[0]["copies"],
+            boxes_sources=boxes[0]["sources"],
+        )
     if args.profile or best > SLOW_SECONDS:
         per_stage = args.dst_mp * args.pp
         ranks = args.ranks if args.profile else max(per_stage, args.ranks // PROFILE_SHRINK // per_stage * per_stage)
@@ -361,6 +421,18 @@ def _print(args: argparse.Namespace, result: dict[str, Any]) -> None:
         f"  layout engine alone: best {result['layout_seconds']:.3f} s "
         f"({result['pieces']:,} transfer pieces in distinct tables)"
     )
+    if "boxes_seconds" in result:
+        print(
+            f"plan_boxes, DCP-like: {args.params} parameters in {args.src_ranks} uneven dim-0 chunks each -> "
+            f"{args.ranks} chunks: {result['boxes_tensors']:,} tensor plans, {result['boxes_copies']:,} copies, "
+            f"{result['boxes_sources']:,} source files"
+        )
+        print(
+            f"  plan_boxes + summary(): best {result['boxes_seconds']:.3f} s of {len(result['boxes_runs'])} "
+            f"({', '.join(f'{s:.3f}' for s in result['boxes_runs'])}); building the ChunkedTensors "
+            f"{result['boxes_build_seconds']:.3f} s, validate_plan {result['boxes_validate_seconds']:.3f} s, "
+            f"one output's TensorPlans {result['boxes_materialise_one_seconds']:.3f} s"
+        )
     if "profile" in result:
         print(f"cProfile of plan_transform with {result['profile_ranks']} destination ranks:")
         print(result["profile"])
@@ -387,6 +459,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="profile one full-size planning run (a slow plan is profiled anyway, on ranks / 8)",
     )
+    p.add_argument("--no-boxes", action="store_true", help="skip the plan_boxes (DCP-like) row")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
     p.add_argument("--one", choices=sorted(MODES), help=argparse.SUPPRESS)  # internal: one fresh-process timing
     return p

@@ -122,3 +122,4 @@ def test_plan_bench_small() -> None:
     assert result["versions"]["numpy"]
     assert result["tensors"] == 20 * 32 and result["copies"] >= result["tensors"]
     assert result["plan_seconds"] > 0 and result["layout_seconds"] > 0
+    assert result["boxes_tensors"] == 20 * 32 and result["boxes_copies"] >= result["boxes_tensors"]  # the DCP-like row

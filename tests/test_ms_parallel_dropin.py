@@ -27,7 +27,7 @@ from reshard.layout import ParamLayout as L
 from tests.msjobs import tree_files
 from tests.oracle import ROOT
 
-README = ROOT / "README.md"
+PYTHON_API = ROOT / "docs" / "python-api.md"
 
 
 @pytest.fixture(scope="module")
@@ -82,13 +82,13 @@ def test_a_mindspore_script_runs_with_one_import_changed(demo_dir: Path, tmp_pat
     assert int(strategies) > 0 and int(params) > 0
 
 
-def test_the_readme_example_runs(demo_dir: Path, tmp_path: Path) -> None:
-    text = README.read_text(encoding="utf-8")
+def test_the_python_api_page_example_runs(demo_dir: Path, tmp_path: Path) -> None:
+    text = PYTHON_API.read_text(encoding="utf-8")
     block = text.split("`reshard.mindspore.parallel` mirrors", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     (tmp_path / "demo").symlink_to(demo_dir)
     proc = _run(block, tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(os.listdir(tmp_path / "ckpt_4ranks")) == [f"rank_{r}" for r in range(4)]
+    assert sorted(os.listdir(tmp_path / "ms_4ranks")) == [f"rank_{r}" for r in range(4)]
 
 
 def test_old_import_paths_and_ms_parallel_work() -> None:

@@ -102,7 +102,7 @@ DOCUMENTED = {
         "transform",
         "transform_by_rank",
         "unify",
-        # the discovery functions the README shows (defined in reshard.sources)
+        # the discovery functions docs/python-api.md shows (defined in reshard.sources)
         "open_checkpoint",
         "source_file",
         "unified_index",

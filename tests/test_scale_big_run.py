@@ -1,8 +1,8 @@
-"""``bench/big_run.py`` (a model larger than RAM, README "Benchmark") keeps working: a tiny model
+"""``bench/big_run.py`` (a model larger than RAM, docs/benchmarks.md) keeps working: a tiny model
 end to end (inputs written slice by slice, the transform verified, ``cp -r`` timed, everything
 deleted), and a disk too small is refused before anything is written.
 
-Speed is never asserted here: the recorded run is the README's.
+Speed is never asserted here: the recorded run is docs/benchmarks.md's.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ shards) plans in well under its time budget, and one destination rank's plan (``
 one node plans) is exactly that rank's part of the full plan.
 
 The full-size measurement (4 096 -> 1 024 ranks, 5 000 parameters) is ``bench/plan_bench.py``'s
-(README "Benchmark"); these tests keep its scaled-down shape fast and its plans unchanged.
+(docs/benchmarks.md); these tests keep its scaled-down shape fast and its plans unchanged.
 Everything is in memory, no files, except the bench smoke tests (subprocesses).
 """
 

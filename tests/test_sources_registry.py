@@ -17,7 +17,7 @@ from reshard import api, inspect, sources, verify
 from reshard.errors import UsageError
 from reshard.formats.ckpt import save_ckpt
 from reshard.sources import registry
-from reshard.sources.kind import Opened
+from reshard.sources.kind import FULL, SHARDED, OpenedModel, OpenedRanks, Traits
 from reshard.sources.options import ReadOptions
 from reshard.synthetic import full_model
 from tests.trust_helpers import SMALL, make_job
@@ -208,12 +208,13 @@ def test_a_new_kind_is_one_module_and_one_registry_line(tmp_path: Path, monkeypa
     class Checkpoint2:
         name = "a Checkpoint 2.0 folder"
         looks_for = "a Checkpoint 2.0 folder (checkpoint2.json)"
+        traits = Traits(FULL)  # a full model: read where a full model is, so refused where rank folders are wanted
 
         def detect(self, path: str) -> bool:
             return os.path.isfile(os.path.join(path, "checkpoint2.json"))
 
-        def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> Opened:
-            return Opened(self.name, path)
+        def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> OpenedModel:
+            return OpenedModel(self.name, path, "safetensors", {}, {})
 
     new = Checkpoint2()
     monkeypatch.setattr(registry, "KINDS", (new, *registry.KINDS))
@@ -239,3 +240,49 @@ def test_readme_names_stay_importable_from_api() -> None:
         assert getattr(api, name) is getattr(sources, name)
         assert name in api.__all__
     assert "verify_crc" in {f.name for f in __import__("dataclasses").fields(api.ReadOptions)}
+
+
+def test_resolve_words_every_refusal_from_the_traits(job: dict[str, str], tmp_path: Path) -> None:
+    def refusal(**given: Any) -> str:
+        return str(_error(lambda: sources.resolve(given.pop("path"), **given)))
+
+    assert refusal(path=job["unified"], strategy=job["s8"]).endswith(
+        "a unified model is a full model: give no source strategy"
+    )
+    assert sources.resolve(job["unified"], strategy=job["s8"], full_takes_strategy=True) is sources.UNIFIED
+    said = refusal(path=job["s8"], strategy=job["s8"], flag="--strategy", subject="the source")
+    assert said.endswith("the source is a strategy already: give no --strategy")
+    with pytest.raises(UsageError) as info:  # worded by sources.checkpoint2.check_iteration, from the traits
+        sources.resolve(job["r8"], read=ReadOptions(iteration=3))
+    assert str(info.value).endswith(
+        "an iteration (3) applies to a MindFormers Checkpoint 2.0 only; this is rank folders"
+    )
+    assert sources.resolve(job["r8"], strategy=job["s8"]) is sources.RANK_FOLDERS
+
+    class ToyJob:  # a registered sharded kind that carries its layouts (as a DCP checkpoint will)
+        name = "a toy job"
+        looks_for = "a toy job (job.json)"
+        traits = Traits(SHARDED, owns_layouts="job.json")
+
+        def detect(self, path: str) -> bool:
+            return os.path.isfile(os.path.join(path, "job.json"))
+
+        def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> OpenedRanks:
+            return OpenedRanks(self.name, path, "safetensors", {})
+
+    toy = ToyJob()
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "job.json").write_text("{}")
+    registry.register(toy)
+    try:
+        path = str(tmp_path / "job")
+        assert sources.identify(path, (sources.RANK_FOLDERS,)) is toy  # read wherever rank folders are
+        assert "this is a toy job, not a unified model" in str(
+            _error(lambda: sources.identify(path, (sources.UNIFIED,)))
+        )
+        assert refusal(path=path, strategy=job["s8"]).endswith(
+            "a toy job carries its layouts in job.json: give no source strategy"
+        )
+    finally:
+        registry.unregister(toy)
+    assert sources.kind_of(path) is not toy  # unregistered: a folder of JSON is a strategy folder again

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from reshard import __version__, api, destination
 from reshard import lock as _lock
 from reshard.errors import LayoutError, ReshardError, UnsupportedError, UsageError
+from reshard.formats import registry
 from reshard.formats.strategy import (
     StrategyFile,
     encode_strategy,
@@ -54,7 +55,7 @@ from reshard.formats.strategy import (
 )
 from reshard.layout import device_num, stage_count
 from reshard.naming import NameOptions
-from reshard.sources import CHECKPOINT2, HUGGING_FACE, UNIFIED, identify
+from reshard.sources import resolve
 from reshard.sources.conventions import find_source_strategy, needs_strategy
 from reshard.text import parse_size
 
@@ -68,7 +69,6 @@ WAIT_EVERY_VARIABLE = "RESHARD_AUTO_WAIT_EVERY"  # seconds between "still waitin
 DEFAULT_WAIT_EVERY = 30.0  # a person watching a job start sees it is alive, a log stays short
 DEFAULT_MAX_AGE_DAYS = 30.0
 DEFAULT_SETTLE = 0.5
-OUTPUT_FORMATS = ("ckpt", "safetensors")
 PREFIX = "checkpoint_"
 ENTRY_NAME = re.compile(r"[0-9a-f]{32}")
 IN_USE = ".in-use"
@@ -633,8 +633,8 @@ def _check_arguments(
             "auto_transform returns one file per rank; a Checkpoint 2.0 is one tree for all ranks "
             "(write it with reshard transform --output-format checkpoint2)"
         )
-    if output_format is not None and output_format not in OUTPUT_FORMATS:
-        raise UsageError(f"unknown output format {output_format!r} (choose ckpt or safetensors)")
+    if output_format is not None:
+        registry.check(output_format, "output format")
     ranks = sorted(set(local_ranks)) if local_ranks else [rank_id]
     if any(not isinstance(r, int) or isinstance(r, bool) or r < 0 for r in ranks):
         raise UsageError(f"local ranks must be whole numbers >= 0, not {list(local_ranks or [])}")
@@ -673,10 +673,8 @@ def _source_strategy(checkpoint: str, src_strategy: str | None, notes: list[str]
 
 
 def _check_source(checkpoint: str, src: StrategyFile | None) -> None:
-    """A full-model kind with a source strategy is refused here, before the wait."""
-    kind = identify(checkpoint)
-    if src is not None and kind in (HUGGING_FACE, UNIFIED, CHECKPOINT2):
-        raise UsageError(f"{kind.name} carries its own layout: give no source strategy", checkpoint)
+    """A source strategy for a kind that carries its layouts or is a full model is refused here, before the wait."""
+    resolve(checkpoint, strategy=src)
 
 
 def auto_transform(

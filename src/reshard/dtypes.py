@@ -172,6 +172,27 @@ def from_numpy(dtype: np.dtype | type, path: str | None = None) -> DType:
         raise FormatError(f"numpy dtype {key} has no MindSpore equivalent", path) from None
 
 
+# PyTorch names its dtypes as numpy does (``torch.float32``, ``torch.bfloat16``, ``torch.float8_e4m3fn``):
+# the numpy name is the torch name, for every row torch has. Pickles of PyTorch checkpoints (DCP's
+# ``.metadata``, ``torch.save`` archives) spell a dtype as the global ``torch.<name>``.
+_BY_TORCH_NAME = {d.numpy_name: d for d in ALL if d not in (INT4, STR)}
+
+
+def from_torch_name(name: str, path: str | None = None) -> DType:
+    """The dtype of a PyTorch dtype name (``"float32"`` for ``torch.float32``)."""
+    try:
+        return _BY_TORCH_NAME[name]
+    except KeyError:
+        raise FormatError(f"torch dtype {name!r} is not one reshard carries", path) from None
+
+
+def torch_name(dtype: DType) -> str:
+    """The PyTorch name of a dtype (``torch.<name>``); Int4 and strings have none."""
+    if dtype not in _BY_TORCH_NAME.values():
+        raise UsageError(f"{dtype} has no PyTorch dtype")
+    return dtype.numpy_name
+
+
 # --------------------------------------------------------------------------------------------
 # casting (``--dtype``): which dtypes a cast may produce, and which it may touch
 
@@ -306,5 +327,7 @@ __all__ = [
     "from_ms_name",
     "from_numpy",
     "from_st_code",
+    "from_torch_name",
     "largest_finite",
+    "torch_name",
 ]

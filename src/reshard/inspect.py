@@ -27,7 +27,7 @@ from typing import Any
 
 from reshard import layout
 from reshard.errors import UsageError
-from reshard.formats import layout_dir
+from reshard.formats import layout_dir, registry
 from reshard.formats.strategy import StrategyFile, load_strategy
 from reshard.layout import STAGE_SEPARATOR, ParamLayout, device_num, layout_map, stage_count
 from reshard.plan import quantized
@@ -38,14 +38,18 @@ from reshard.sources import (
     RANK_FOLDERS,
     STRATEGY,
     UNIFIED,
+    AnyKind,
+    OpenedModel,
+    OpenedRanks,
     full_model_file,
     identify,
     is_encrypted,
     model_folder,
+    resolve,
     source_file,
     unified_index,
 )
-from reshard.sources.checkpoint2 import check_iteration
+from reshard.sources.registry import BUILT_IN
 from reshard.statenames import DEFAULT as DEFAULT_STATE
 from reshard.statenames import OPTIMIZER_NAMES, StateNames
 from reshard.text import format_size, one_line
@@ -137,13 +141,17 @@ def strategy_rows(sf: StrategyFile) -> list[dict[str, Any]]:
 def full_model_info(path: str, strategy: StrategyFile | None = None) -> dict[str, Any]:
     """A Hugging Face sharded model or a unified folder as one checkpoint; rows name their file."""
     files, _, hyper = unified_index(path)
-    parts = [*files.values(), *([hyper] if hyper is not None else [])]
+    return _model_info(path, "safetensors", [*files.values(), *([hyper] if hyper is not None else [])], strategy)
+
+
+def _model_info(path: str, fmt: str, parts: list[Any], strategy: StrategyFile | None) -> dict[str, Any]:
+    """A full model of several files as one checkpoint; rows name their file."""
     rows = [
         {**row, "file": os.path.basename(part.path)} for part in parts for row in checkpoint_rows(part.path, strategy)
     ]
     return {
         "kind": "checkpoint",
-        "format": "safetensors",
+        "format": fmt,
         "path": path,
         "files": [p.path for p in parts],
         "tensors": rows,
@@ -216,20 +224,19 @@ def agreement(sources: dict[int, Any], sf: StrategyFile, read: Any = None) -> di
 
 def _rank_folder_info(path: str, sf: StrategyFile | None, read: Any) -> dict[str, Any]:
     """One ``rank_<r>`` folder: the file MindSpore's rule picks for its format, as that rank."""
-    checkpoints = layout_dir.files_in(path, "ckpt") + layout_dir.files_in(path, "safetensors")
-    fmts = {layout_dir.detect_format(f) for f in checkpoints}
+    fmts = [fmt for fmt in registry.names() if layout_dir.files_in(path, fmt)]
     if len(fmts) > 1:
-        raise UsageError("the rank folder holds both .ckpt and .safetensors files; inspect one of them", path)
-    fmt = fmts.pop()
-    picked = layout_dir.pick_file(path, fmt, "name" if fmt == "ckpt" else "numbers")
+        first, second = (registry.suffix(f) for f in fmts[:2])
+        raise UsageError(f"the rank folder holds both {first} and {second} files; inspect one of them", path)
+    fmt = fmts[0]
+    picked = layout_dir.pick_file(path, fmt, layout_dir.default_rule(fmt))
     assert picked is not None  # the registry recognised a rank folder holding checkpoints
     return _file_info(picked.path, sf, read, picked.ignored)
 
 
 def _strategy_info(path: str, notes: list[str]) -> tuple[dict[str, Any], StrategyFile]:
-    opened = STRATEGY.open(path, None, notes)
-    assert opened.strategy is not None
-    return {"kind": "strategy", "path": path, "params": strategy_rows(opened.strategy)}, opened.strategy
+    sf = STRATEGY.open(path, None, notes).strategy
+    return {"kind": "strategy", "path": path, "params": strategy_rows(sf)}, sf
 
 
 def gather(path: str, strategy: str | None = None, read: Any = None, notes: list[str] | None = None) -> dict[str, Any]:
@@ -253,17 +260,14 @@ def gather(path: str, strategy: str | None = None, read: Any = None, notes: list
 
 
 def _gather(path: str, strategy: str | None, read: Any, notes: list[str]) -> tuple[dict[str, Any], StrategyFile | None]:
-    kind = identify(path)
-    check_iteration(path, kind, read)
+    kind = resolve(path, strategy=strategy, read=read, flag="strategy", full_takes_strategy=True)
     if kind is CHECKPOINT2:
-        if strategy:
-            raise UsageError(
-                "a MindFormers Checkpoint 2.0 carries its layouts in metadata.json: give no strategy", path
-            )
         return _checkpoint2(path, read, notes)
     sf = load_strategy(strategy) if strategy else None
     if sf is not None:
         notes.extend(sf.notes)
+    if kind not in BUILT_IN:
+        return _opened_info(path, kind, sf, read, notes)
     if kind in (HUGGING_FACE, UNIFIED):
         return full_model_info(path, sf), sf
     if kind is RANK_FOLDERS:
@@ -275,6 +279,34 @@ def _gather(path: str, strategy: str | None, read: Any, notes: list[str]) -> tup
     single = full_model_file(path)  # a checkpoint file (plain or encrypted), or a folder holding one
     assert single is not None
     return _file_info(single, sf, read), sf
+
+
+def _opened_info(
+    path: str, kind: AnyKind, sf: StrategyFile | None, read: Any, notes: list[str]
+) -> tuple[dict[str, Any], StrategyFile | None]:
+    """A registered kind, by what it opens as: a full model's files, or a job's ranks (with the layouts
+    it carries, or the strategy given)."""
+    opened = kind.open(path, read, notes)
+    if isinstance(opened, OpenedModel):
+        parts = [*opened.files.values(), *([opened.hyper] if opened.hyper is not None else [])]
+        return _model_info(path, opened.fmt, parts, sf), sf
+    if not isinstance(opened, OpenedRanks):
+        return _strategy_info(path, notes)
+    sf = sf if sf is not None else opened.strategy
+    ranks = {}
+    for rank, facts in sorted(opened.ranks.items()):
+        rows = checkpoint_rows(facts.path, sf, rank, read, facts)
+        ranks[rank] = {"file": facts.path, "ignored": [], "tensors": rows, "bytes": sum(r["bytes"] for r in rows)}
+    info: dict[str, Any] = {
+        "kind": "distributed",
+        "format": opened.fmt,
+        "path": path,
+        "ranks": ranks,
+        "bytes": sum(r["bytes"] for r in ranks.values()),
+    }
+    if sf is not None:
+        info["checks"] = agreement(dict(opened.ranks), sf, read)
+    return info, sf
 
 
 def checkpoint2_info(path: str, read: Any = None, notes: list[str] | None = None) -> dict[str, Any]:

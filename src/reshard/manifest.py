@@ -57,7 +57,7 @@ from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM, file_digest, new_hash
 from reshard.execute.options import KEEP_FINISHED, RunOptions, WriteOptions
-from reshard.formats import crypto, layout_dir
+from reshard.formats import crypto, layout_dir, registry
 from reshard.formats.base import TEMP_SUFFIX, atomic_path
 from reshard.lock import DestinationLock
 from reshard.plan import FilePlan, Plan
@@ -299,9 +299,10 @@ def check_write_options(plan: Plan, write: WriteOptions) -> None:
     crypto.check_key(write.enc_key, write.enc_mode)
     if write.write_crc:
         raise UsageError("a crc trailer and encryption are mutually exclusive (as in MindSpore)")
-    plain = [f.path for f in plan.files if f.format != "ckpt"]
+    plain = [f for f in plan.files if not registry.get(f.format).encrypts]
     if plain:
-        raise UsageError("only .ckpt outputs can be encrypted; this run writes .safetensors", plain[0])
+        ext = registry.suffix(plain[0].format)
+        raise UsageError(f"only .ckpt outputs can be encrypted; this run writes {ext}", plain[0].path)
 
 
 class RunRecorder:

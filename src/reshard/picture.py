@@ -384,25 +384,21 @@ def source_views(
     Raises:
         UsageError: No strategy to draw with, or one given where the source carries its own.
     """
-    from reshard.sources import CHECKPOINT2, ONE_RANK_FOLDER, RANK_FOLDERS, STRATEGY, identify, open_source, registry
+    from reshard.sources import ONE_RANK_FOLDER, OpenedModel, OpenedStrategy, registry, resolve
 
     notes = notes if notes is not None else []
-    kind = identify(source)
-    if strategy and kind in (STRATEGY, CHECKPOINT2):
-        carried = "is a strategy already" if kind is STRATEGY else "carries its layouts in metadata.json"
-        raise UsageError(f"the source {carried}: give no --strategy", source)
-    if kind is STRATEGY:
-        sf = registry.strategy(source, notes)
-        assert sf is not None
-        return param_views(sf)
-    opened = open_source(source, options=read, notes=notes)
+    kind = resolve(
+        source, strategy=strategy, read=read, flag="--strategy", full_takes_strategy=True, subject="the source"
+    )
+    opened = kind.open(source, read, notes)
+    if isinstance(opened, OpenedStrategy):
+        return param_views(opened.strategy)
     sf = registry.strategy(strategy, notes) if strategy else opened.strategy
     if sf is None:
         raise UsageError(f"this is {opened.kind}: give a strategy with --strategy to draw how it is split", source)
-    if kind in (RANK_FOLDERS, ONE_RANK_FOLDER) or (kind is CHECKPOINT2 and opened.strategy is not None):
-        return param_views(sf, _full_shapes(opened.ranks, sf))
-    files = opened.files.values() if opened.files else opened.ranks.values()  # a full model: its own shapes
-    return param_views(sf, {name: t.shape for f in files for name, t in f.tensors.items()})
+    if isinstance(opened, OpenedModel) and kind is not ONE_RANK_FOLDER:  # a full model: its own shapes
+        return param_views(sf, {name: t.shape for f in opened.files.values() for name, t in f.tensors.items()})
+    return param_views(sf, _full_shapes(opened.ranks, sf))  # a rank's slices under its layouts
 
 
 def _full_shapes(ranks: Mapping[int, SourceFile], sf: StrategyFile) -> dict[str, tuple[int, ...]]:

@@ -51,20 +51,21 @@ from reshard.plan.cast import cast_files, cast_rule
 from reshard.plan.quantized import Precision
 from reshard.plan.surgery import NameRun
 from reshard.sources import (
-    CHECKPOINT2,
-    FULL_MODELS,
+    ANY_CHECKPOINT,
     HUGGING_FACE,
     ONE_RANK_FOLDER,
-    RANK_FOLDERS,
     UNIFIED,
     Kind,
+    OpenedModel,
     ReadOptions,
     full_model_file,
     has_crc_trailer,
     identify,
     is_encrypted,
+    is_sharded,
     kind_of,
     open_checkpoint,
+    resolve,
 )
 from reshard.sources.checkpoint2 import check_iteration
 
@@ -176,7 +177,8 @@ def _first_ckpt(path: str) -> str | None:
 
 def _side_read(path: str, read: ReadOptions) -> ReadOptions:
     """The key is used only for a side whose checkpoints are encrypted (the other may be plain)."""
-    if read.iteration is not None and kind_of(path) is not CHECKPOINT2:  # the other side's iteration
+    kind = kind_of(path)
+    if read.iteration is not None and (kind is None or not kind.traits.iterations):  # the other side's iteration
         read = replace(read, iteration=None)
     first = _first_ckpt(path)
     if read.dec_key is None or first is None:
@@ -186,8 +188,7 @@ def _side_read(path: str, read: ReadOptions) -> ReadOptions:
 
 def _side_kinds(path: str) -> tuple[Kind, ...]:
     """What a side may be: rank folders, or a full model (one rank's folder only as the file it holds)."""
-    kinds: tuple[Kind, ...] = (RANK_FOLDERS, CHECKPOINT2, *FULL_MODELS)
-    return (*kinds, ONE_RANK_FOLDER) if full_model_file(path) is not None else kinds
+    return (*ANY_CHECKPOINT, ONE_RANK_FOLDER) if full_model_file(path) is not None else ANY_CHECKPOINT
 
 
 def side_plan(
@@ -203,10 +204,9 @@ def side_plan(
     only the names ``names`` keeps (filtered where every operation filters: once, before planning),
     block-scaled pairs read as ``dequantize`` (planned as a transform to one full file does)."""
     options = NameOptions(names) if names is not None else None
-    kind = identify(path, _side_kinds(path))
-    if kind is CHECKPOINT2 and strategy is not None:
-        raise UsageError("a MindFormers Checkpoint 2.0 carries its layouts in metadata.json: give no strategy", path)
-    if kind in (RANK_FOLDERS, CHECKPOINT2) or dequantize is not None:
+    # a strategy with a full model is refused below, in words about rank folders
+    kind = resolve(path, _side_kinds(path), strategy=strategy, flag="strategy", full_takes_strategy=True)
+    if is_sharded(kind) or dequantize is not None:
         report = api.transform(
             path,
             _VIRTUAL_OUT,
@@ -227,6 +227,7 @@ def side_plan(
             raise UsageError("a strategy belongs to a folder of rank_<r> folders, not to one file", path)
         raise UsageError("a strategy was given but the folder has no rank_<r> folders", path)
     opened = kind.open(path, read, notes)
+    assert isinstance(opened, OpenedModel)  # a sharded kind took the branch above
     parts = [*opened.files.values(), *([opened.hyper] if opened.hyper is not None else [])]
     cast = cast_rule(dtype, dtype_all=dtype is not None)
     cast_notes: list[str] = []

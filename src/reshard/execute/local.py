@@ -48,7 +48,7 @@ from reshard import interrupts
 from reshard.execute import assemble, dequant
 from reshard.execute.digest import StreamingDigest, hash_pool
 from reshard.execute.options import RunOptions, WriteOptions
-from reshard.formats import base, ckpt, safetensors
+from reshard.formats import base, registry
 from reshard.formats.base import FileLayout, TensorIndex, TensorSpec, pwrite_all
 from reshard.plan import FilePlan, Plan, TensorPlan
 from reshard.plan.validate import validate_plan
@@ -116,10 +116,9 @@ class SourceCache:
 
 
 def file_layout(file: FilePlan, write: WriteOptions) -> FileLayout:
+    """Every byte position of an output, from its format (``formats.registry``: an unknown one is refused)."""
     specs = [TensorSpec(t.name, t.dtype, t.shape, t.nbytes) for t in file.tensors]
-    if file.format == "ckpt":
-        return ckpt.ckpt_layout(specs, chunk_bytes=write.chunk_bytes)
-    return safetensors.safetensors_layout(specs, dict(file.metadata) or None)
+    return registry.get(file.format).layout(specs, dict(file.metadata), write.chunk_bytes)
 
 
 def _write_at(fd: int, segments: tuple[base.Segment, ...], start: int, data: memoryview) -> None:
@@ -354,9 +353,10 @@ def run_file(
     the file is abandoned before its next tensor (``Cancelled``; no temporary file stays).
     """
     stop = cancel if cancel is not None else threading.Event()
+    fmt = registry.get(file.format)
     layout = file_layout(file, write)
     by_name = {t.name: t for t in file.tensors}
-    encrypted = write.enc_key is not None and file.format == "ckpt"
+    encrypted = write.enc_key is not None and fmt.encrypts
     hasher: StreamingDigest | None = None  # follows the file while it is written (plain outputs)
     checksum: str | None = None
 
@@ -407,9 +407,9 @@ def run_file(
 
     def finish(fd: int, lay: FileLayout) -> None:
         nonlocal checksum
-        if write.write_crc and file.format == "ckpt":
+        if write.write_crc:
             try:
-                ckpt.crc_finish(fd, lay)
+                fmt.finish(fd, lay, write.write_crc)
             except BaseException:
                 if hasher is not None:
                     hasher.abandon()
@@ -419,7 +419,7 @@ def run_file(
 
     if encrypted:  # plaintext temp file, then records
         assert write.enc_key is not None
-        ckpt.write_encrypted(file.path, layout, fill, write.enc_key, write.enc_mode)
+        fmt.write_encrypted(file.path, layout, fill, write.enc_key, write.enc_mode)
     else:
         base.write_file(file.path, layout, fill, finish)
     if run.on_file_written is not None:

@@ -58,6 +58,7 @@ from reshard.execute.nodes import (
     source_facts,
 )
 from reshard.execute.options import KEEP_FINISHED, RunOptions, WriteOptions
+from reshard.formats import registry
 from reshard.formats.base import TensorEntry, TensorIndex, stale_temps
 from reshard.plan import FilePlan, Plan
 from reshard.plan.validate import PlanError
@@ -307,7 +308,7 @@ def skeletons(root: str, read: ReadOptions | None) -> dict[str, Skeleton]:
             st = os.stat(path)
         except OSError:
             continue  # listed but not readable here: another node's
-        if path.endswith((".ckpt", ".safetensors")):
+        if registry.format_of(path) is not None:  # a checkpoint file: its header and framing, not its data
             with open_checkpoint(path, read) as index:
                 if not index.file_backed:
                     source_facts(path, read)  # raises the one-line refusal of encrypted sources

@@ -56,7 +56,7 @@ class TensorIndex:
     """The tensors of one checkpoint file, in file order, over a read-only buffer."""
 
     path: str
-    format: str  # "ckpt" | "safetensors"
+    format: str  # the format's name in ``formats.registry`` ("ckpt", "safetensors", ...)
     buffer: Any  # mmap.mmap | bytes | memoryview: supports the buffer protocol
     entries: dict[str, TensorEntry]
     metadata: dict[str, str] = field(default_factory=dict)

@@ -608,9 +608,48 @@ def write_encrypted(
             raise ReshardError(f"write failed: {exc.strerror or exc}", path) from exc  # errno kept: a full disk
 
 
+class CkptFormat:
+    """MindSpore's ``.ckpt`` as a ``formats.protocol.Format``: crc trailers and encryption included."""
+
+    name = "ckpt"
+    suffixes: tuple[str, ...] = (".ckpt",)
+    encrypts = True
+
+    def read(
+        self, path: str, *, verify_crc: bool = True, dec_key: bytes | None = None, dec_mode: str = "AES-GCM"
+    ) -> TensorIndex:
+        """``verify_crc`` checks a plain file's crc trailer when it has one (files without are accepted, as
+        MindSpore does); ``read_ckpt(verify_crc=True)`` is the strict form that demands one."""
+        crc = verify_crc and _has_crc_trailer(path)
+        return read_ckpt(path, verify_crc=crc, dec_key=dec_key, dec_mode=dec_mode)
+
+    def layout(self, specs: Sequence[TensorSpec], metadata: Mapping[str, str], chunk_bytes: int) -> FileLayout:
+        return ckpt_layout(specs, chunk_bytes=chunk_bytes)  # a .ckpt holds no file metadata
+
+    def finish(self, fd: int, layout: FileLayout, write_crc: bool) -> None:
+        if write_crc:
+            crc_finish(fd, layout)
+
+    def write_encrypted(
+        self, path: str, layout: FileLayout, fill: Callable[[int, FileLayout], None], key: bytes, mode: str
+    ) -> None:
+        write_encrypted(path, layout, fill, key, mode)
+
+
+def _has_crc_trailer(path: str) -> bool:
+    try:
+        return probe_ckpt(path).crc_trailer
+    except OSError:
+        return False  # read_ckpt reports the problem
+
+
+CKPT = CkptFormat()
+
 __all__ = [
+    "CKPT",
     "CRC_TRAILER_BYTES",
     "SLICE_BYTES",
+    "CkptFormat",
     "CkptProbe",
     "ckpt_layout",
     "crc_finish",

@@ -18,8 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from reshard.errors import UsageError
+from reshard.formats import registry
 
-FORMATS = ("ckpt", "safetensors")
+# The built-in formats' names, for callers that list them at import time; everything here asks
+# ``formats.registry`` itself, so a format added by ``registry.register`` is read in rank folders too.
+FORMATS = registry.names()
 _RANK_DIR = re.compile(r"rank_(\d+)$")
 _DIGITS = re.compile(r"\d+")
 
@@ -52,16 +55,13 @@ def rank_dirs(model_dir: str, listing_order: bool = False) -> dict[int, str]:
 
 
 def detect_format(path: str) -> str:
-    """``ckpt`` or ``safetensors`` from a file name."""
-    for fmt in FORMATS:
-        if path.endswith("." + fmt):
-            return fmt
-    raise UsageError("not a .ckpt or .safetensors file", path)
+    """The format of a checkpoint file from its name (``ckpt``, ``safetensors``, or a registered one)."""
+    return registry.detect(path)
 
 
 def files_in(folder: str, fmt: str, suffix: str | None = None) -> list[str]:
     """Checkpoint files of one format directly in ``folder`` (sorted by name)."""
-    pattern = f"*{suffix}.{fmt}" if suffix else f"*.{fmt}"
+    pattern = f"*{suffix or ''}{registry.suffix(fmt)}"
     return sorted(p for p in glob.glob(os.path.join(glob.escape(folder), pattern)) if os.path.isfile(p))
 
 
@@ -89,16 +89,23 @@ RULE_TEXT = {  # for the note that says which file was used
 }
 
 
+def default_rule(fmt: str) -> str:
+    """MindSpore's rule for choosing among a rank folder's files of ``fmt``: the last name for ``.ckpt``
+    (its ``transform_checkpoints`` sorts), the largest epoch/step numbers for every other format."""
+    return "name" if fmt == "ckpt" else "numbers"
+
+
 def _suffix_matches(files: list[str], fmt: str, suffix: str) -> list[str]:
     """MindSpore's ``file_suffix`` matching (docs/formats.md §4.0): exact tail, shortest basename wins."""
     tail = suffix if suffix.startswith(("_", "-")) else None
+    ext = registry.suffix(fmt)
     candidates = []
     for path in files:
         base = os.path.basename(path)
         if tail is not None:
-            ok = base.endswith(f"{tail}.{fmt}") and not base.endswith(f"rank{tail}.{fmt}")
+            ok = base.endswith(f"{tail}{ext}") and not base.endswith(f"rank{tail}{ext}")
         else:
-            ok = any(base.endswith(f"{sep}{suffix}.{fmt}") for sep in ("_", "-"))
+            ok = any(base.endswith(f"{sep}{suffix}{ext}") for sep in ("_", "-"))
         if ok:
             candidates.append(path)
     return candidates
@@ -120,7 +127,7 @@ def choose_file(folder: str, files: list[str], fmt: str, rule: str = "name", fil
         return PICK_RULES[rule](files)
     matching = _suffix_matches(files, fmt, file_suffix)
     if not matching:
-        raise UsageError(f"no *{file_suffix}.{fmt} file", folder)
+        raise UsageError(f"no *{file_suffix}{registry.suffix(fmt)} file", folder)
     shortest = min(len(os.path.basename(p)) for p in matching)
     best = [p for p in matching if len(os.path.basename(p)) == shortest]
     if len(best) > 1:
@@ -145,13 +152,14 @@ def collect_rank_files(
     if not dirs:
         raise UsageError("no rank_<r> sub-folders", model_dir)
     if fmt is None:
-        present = {f for f in FORMATS for d in dirs.values() if files_in(d, f)}
+        present = {f for f in registry.names() for d in dirs.values() if files_in(d, f)}
         if len(present) > 1:
-            raise UsageError("rank folders hold both .ckpt and .safetensors files; choose one", model_dir)
+            first, second = [registry.suffix(f) for f in registry.names() if f in present][:2]
+            raise UsageError(f"rank folders hold both {first} and {second} files; choose one", model_dir)
         if not present:
-            raise UsageError("rank folders hold no .ckpt or .safetensors files", model_dir)
+            raise UsageError(f"rank folders hold no {registry.listed()} files", model_dir)
         fmt = present.pop()
-    rule = rule or ("name" if fmt == "ckpt" else "numbers")
+    rule = rule or default_rule(fmt)
     chosen = {}
     for rank, folder in dirs.items():
         picked = pick_file(folder, fmt, rule, file_suffix)
@@ -198,7 +206,7 @@ def newest_common_suffix(model_dir: str, folders: dict[int, str] | None = None) 
     per_rank: dict[int, dict[str, tuple[int, int, float]]] = {}
     for rank, folder in folders.items():
         found: dict[str, tuple[int, int, float]] = {}
-        for path in (p for fmt in FORMATS for p in files_in(folder, fmt)):
+        for path in (p for fmt in registry.names() for p in files_in(folder, fmt)):
             parsed = epoch_step_suffix(path)
             if parsed is not None:
                 suffix, epoch, step = parsed
@@ -251,7 +259,7 @@ def rank_output(dst_dir: str, rank: int, prefix: str, fmt: str, part: int | None
     """``dst/rank_<r>/<prefix><r>[_part<stage>].<fmt>`` as MindSpore's converters name outputs."""
     check_prefix(prefix)
     tail = f"_part{part}" if part is not None else ""
-    return os.path.join(rank_dir(dst_dir, rank), f"{prefix}{rank}{tail}.{fmt}")
+    return os.path.join(rank_dir(dst_dir, rank), f"{prefix}{rank}{tail}{registry.suffix(fmt)}")
 
 
 __all__ = [
@@ -265,6 +273,7 @@ __all__ = [
     "check_prefix",
     "choose_file",
     "collect_rank_files",
+    "default_rule",
     "detect_format",
     "epoch_step_suffix",
     "files_in",

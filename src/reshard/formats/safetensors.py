@@ -45,7 +45,7 @@ import json
 import math
 import os
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -354,10 +354,38 @@ def _little_endian(value: Any) -> Any:
     return array
 
 
+class SafetensorsFormat:
+    """``.safetensors`` as a ``formats.protocol.Format``: no trailer, never encrypted."""
+
+    name = FORMAT
+    suffixes: tuple[str, ...] = (".safetensors",)
+    encrypts = False
+
+    def read(
+        self, path: str, *, verify_crc: bool = True, dec_key: bytes | None = None, dec_mode: str = "AES-GCM"
+    ) -> TensorIndex:
+        return read_safetensors(path)  # no integrity data, never encrypted: the options do not apply
+
+    def layout(self, specs: Sequence[TensorSpec], metadata: Mapping[str, str], chunk_bytes: int) -> FileLayout:
+        return safetensors_layout(specs, dict(metadata) or None)  # one segment per tensor: nothing is chunked
+
+    def finish(self, fd: int, layout: FileLayout, write_crc: bool) -> None:
+        return None  # no trailer
+
+    def write_encrypted(
+        self, path: str, layout: FileLayout, fill: Callable[[int, FileLayout], None], key: bytes, mode: str
+    ) -> None:
+        raise UnsupportedError("only .ckpt outputs can be encrypted", path)
+
+
+SAFETENSORS = SafetensorsFormat()
+
 __all__ = [
     "FORMAT",
     "INT4_MARKER",
     "METADATA_KEY",
+    "SAFETENSORS",
+    "SafetensorsFormat",
     "int4_metadata",
     "read_safetensors",
     "safetensors_layout",

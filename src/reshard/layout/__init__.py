@@ -8,7 +8,10 @@ format, no protobuf, no numpy), so that planners and tests can ask layout questi
   ``TensorMapEntry``) and ``LayoutTable``, what this layer reads from a strategy;
 * ``stages`` — pipeline stages: the name -> layout map MindSpore builds (``layout_map``),
   ``stage_count``, ``device_num``;
-* ``algebra`` — the slice algebra: boxes per rank, needed ranks, transfer pieces, redundancy.
+* ``algebra`` — the slice algebra: boxes per rank, needed ranks, transfer pieces, redundancy;
+* ``chunks`` — chunk boxes, the planning input of every format: a tensor as boxes of its global
+  tensor held by tensors of files (``ChunkedTensor``), checked and intersected (``ChunkIndex``),
+  compiled from MindSpore layouts, Checkpoint 2.0 grids and whole files, and destination chunkings.
 
 Everything public is importable from ``reshard.layout`` itself.
 """
@@ -34,6 +37,16 @@ from reshard.layout.algebra import (
     transfer_table,
     unsharded_flat,
 )
+from reshard.layout.chunks import (
+    Chunk,
+    ChunkedTensor,
+    ChunkIndex,
+    even_boxes,
+    grid_boxes,
+    grid_chunks,
+    layout_chunks,
+    whole_chunks,
+)
 from reshard.layout.stages import (
     STAGE_SEPARATOR,
     device_num,
@@ -47,6 +60,9 @@ from reshard.layout.types import LayoutTable, ParamLayout, StagedLayout, TensorM
 __all__ = [
     "STAGE_SEPARATOR",
     "Box",
+    "Chunk",
+    "ChunkIndex",
+    "ChunkedTensor",
     "FlatLayout",
     "LayoutTable",
     "ParamLayout",
@@ -55,10 +71,14 @@ __all__ = [
     "TensorMapEntry",
     "box_volume",
     "device_num",
+    "even_boxes",
     "flat_layout",
     "flat_rank_box",
     "full_shape",
+    "grid_boxes",
+    "grid_chunks",
     "has_shared_names",
+    "layout_chunks",
     "layout_map",
     "needed_ranks",
     "normalize_device_num",
@@ -74,4 +94,5 @@ __all__ = [
     "transfer_pieces",
     "transfer_table",
     "unsharded_flat",
+    "whole_chunks",
 ]

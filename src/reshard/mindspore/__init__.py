@@ -20,8 +20,8 @@ outputs. Tensors go in and come out as numpy arrays (bf16 via ``ml_dtypes``), ne
 MindSpore ``Tensor``/``Parameter`` objects; where MindSpore's signature needs a named tensor
 (``merge_sliced_parameter``), ``Parameter`` is reshard's own: a name and a numpy array.
 
-Deliberate differences from MindSpore 2.10, the same list as the README's (valid inputs otherwise
-give MindSpore's names and bytes):
+Deliberate differences from MindSpore 2.10, the same list as docs/differences.md (valid inputs
+otherwise give MindSpore's names and bytes):
 
 * device counts that do not divide each other (4 → 6, 8 → 6 ranks: MindSpore refuses), also from a
   pipelined source whose shared parameters have a different layout in each stage;

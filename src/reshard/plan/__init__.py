@@ -22,6 +22,8 @@ The modules, each importing only the ones before it:
   what a destination file does with a parameter (``StageCut.role``), ``plan_transform_by_rank``;
 * ``bulk`` — the same plans from shared per-class tables, built lazily (``RankTensors``), and
   ``plan_transform``;
+* ``boxes`` — ``plan_boxes``: plans from chunk boxes (``reshard.layout.chunks``), any chunking of
+  the sources into any chunking of the outputs, built lazily (``BoxTensors``) like ``bulk``'s;
 * ``unify`` — ``plan_unify`` (full tensors in parts) and ``plan_split`` (full tensors to ranks);
 * ``convert`` — ``plan_convert`` (whole files, other format) and the Hugging Face side of full
   models (shards, ``plan_unify_hf``, ``plan_transform_full``);
@@ -35,6 +37,7 @@ The modules, each importing only the ones before it:
 Everything other modules use is importable from ``reshard.plan`` itself.
 """
 
+from reshard.plan.boxes import BoxTensors, OutputFile, Target, plan_boxes
 from reshard.plan.bulk import MATERIALISED_FILES, RankTensors, plan_transform
 from reshard.plan.convert import hf_sharded, plan_convert, plan_hf_shards, plan_transform_full, plan_unify_hf
 from reshard.plan.model import (
@@ -55,10 +58,12 @@ from reshard.plan.validate import PlanError, validate_plan
 __all__ = [
     "MATERIALISED_FILES",
     "REDUNDANT_STATE_PREFIXES",
+    "BoxTensors",
     "ChoiceFunc",
     "Copy",
     "FilePlan",
     "FileStats",
+    "OutputFile",
     "Plan",
     "PlanError",
     "RankTensors",
@@ -66,10 +71,12 @@ __all__ = [
     "SourceFile",
     "SourceTensor",
     "StageCut",
+    "Target",
     "TensorPlan",
     "TextOutput",
     "TransformPlanner",
     "hf_sharded",
+    "plan_boxes",
     "plan_convert",
     "plan_hf_shards",
     "plan_split",

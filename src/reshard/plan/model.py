@@ -111,8 +111,9 @@ class LazyTensors(Sequence[TensorPlan]):
     """The tensors of one output, built on access; their totals are known without building them.
 
     ``reshard.plan.bulk.RankTensors`` (transform and split outputs built from shared per-class
-    tables) and ``reshard.plan.checkpoint2.SelectedTensors`` (a Checkpoint 2.0 rank's model or
-    optimizer part of one) are the kinds. A subclass says how many tensors it has, builds them
+    tables), ``reshard.plan.boxes.BoxTensors`` (outputs of a plan from chunk boxes) and
+    ``reshard.plan.checkpoint2.SelectedTensors`` (a Checkpoint 2.0 rank's model or optimizer part
+    of one) are the kinds. A subclass says how many tensors it has, builds them
     (``materialise``) and totals them (``stats``); indexing, iterating, comparing, hashing and
     pickling (as the plain tuple, so a plan sent to another machine needs no planner) are the same
     for every kind and live here.

@@ -4,8 +4,9 @@
 kept and renamed (``choice_func``), how the full tensors are packed greedily into ~3 GiB parts, the
 ``param_name_map.json`` index and the hyper parameters file. ``plan_split`` reproduces
 ``load_distributed_checkpoint``'s save mode (docs/formats.md §4.3): a unified model sliced for every
-destination rank. Both reuse the transform machinery: unify assembles each full tensor with
-``TransformPlanner.transform_one``; split is planned like a transform from full tensors (shared
+destination rank. Unify assembles each full tensor from its chunk boxes (``reshard.plan.boxes``),
+the same copies ``TransformPlanner.transform_one`` plans, which still decides where the chunks
+fail (so errors keep its wording); split is planned like a transform from full tensors (shared
 tables, lazy ``RankTensors``), with a plain reference loop that decides whenever the fast path
 meets anything unusual.
 """
@@ -18,9 +19,11 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from reshard import layout
-from reshard.errors import UsageError
+from reshard.errors import ReshardError, UsageError
 from reshard.formats import layout_dir
-from reshard.layout import LayoutTable, StagedLayout, device_num, layout_map, stage_count
+from reshard.layout import LayoutTable, ParamLayout, StagedLayout, device_num, layout_map, stage_count
+from reshard.layout.chunks import whole_box
+from reshard.plan.boxes import Indexes, assembled_tensor, source_chunks
 from reshard.plan.bulk import BuiltFiles, Tables, Template, bulk_or_reference, rank_tensors
 from reshard.plan.model import (
     FilePlan,
@@ -115,9 +118,10 @@ def plan_unify(
         for name in planner.files[r].tensors:
             holders.setdefault(name, {})[r % planner.n_src] = planner.files[r]
     read_ranks = list(dict.fromkeys(needed))  # each source file's metadata once, in load order
+    indexes = Indexes()
     for j in selected:
         tensors = [
-            planner.transform_one(name, src_map[name].layout, None, holders[name], 0, interned) for name in groups[j]
+            _full_tensor(planner, name, src_map[name].layout, holders[name], interned, indexes) for name in groups[j]
         ]
         tensors = [TensorPlan(renamed.get(t.name, t.name), t.dtype, t.shape, t.copies, t.nbytes) for t in tensors]
         meta: dict[str, str] = {"format": "ms"}
@@ -142,6 +146,24 @@ def plan_unify(
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         texts.append(TextOutput(os.path.join(dst_dir, "param_name_map.json"), json.dumps(index, indent=4)))
     return Plan("unify", tuple(interned.paths), tuple(files), tuple(texts))
+
+
+def _full_tensor(
+    planner: TransformPlanner,
+    name: str,
+    p: ParamLayout,
+    by_key: Mapping[int, SourceFile],
+    sources: SourcePaths,
+    indexes: Indexes,
+) -> TensorPlan:
+    """The full tensor ``name``, assembled from its chunks (``reshard.plan.boxes``): each distinct slice
+    from the lowest source rank holding it, the copy ``TransformPlanner.transform_one`` picks too
+    (``tests/test_plan_boxes.py``). Where the chunks fail, the reference raises its blamed error."""
+    try:
+        full = layout.full_shape(p, next(iter(by_key.values())).tensors[name].shape)
+        return assembled_tensor(sources, source_chunks(name, p, full, by_key), whole_box(full), indexes=indexes)
+    except ReshardError:
+        return planner.transform_one(name, p, None, by_key, 0, sources)
 
 
 def _split_selection(count: int, split_dst_file: tuple[int, int] | tuple[()]) -> list[int]:

@@ -17,6 +17,9 @@ layout, destination layout, full shape) and destination rank; those tables are c
 against the class's destination box and the source slice each copy reads, so a 1 000-parameter x
 1 024-rank plan is checked without building a million ``TensorPlan`` objects. (Planning already
 checked the source files' slice shapes against those slices, once per class and source rank.)
+Plans from chunk boxes (``BoxTensors``) are checked the same way, once per (chunking class, output);
+planning saw no file there, so when the executor passes its opened sources, every chunk an output
+reads is also checked against the shape of the tensor holding it (once per file and tensor).
 
 A violation raises ``PlanError``: an internal error naming the output and the tensor, never a
 ``ReshardError``, because no input can cause it; only a bug in reshard can.
@@ -25,8 +28,9 @@ A violation raises ``PlanError``: an internal error naming the output and the te
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from reshard.plan.boxes import BoxTensors
 from reshard.plan.bulk import RankTensors
 from reshard.plan.model import Plan, TensorPlan
 
@@ -49,9 +53,15 @@ def validate_plan(plan: Plan, source_shape: SourceShape | None = None) -> None:
     _unique_paths(plan)
     checked_tables: set[int] = set()
     held_shapes: dict[int, list[tuple[int, ...]]] = {}  # per class: the shape of each source rank's slice
+    source_ids: dict[str, int] | None = None  # box plans: source path -> index, built once
     for f in plan.files:
         if isinstance(f.tensors, RankTensors):
             _check_bulk(f.path, f.tensors, checked_tables, held_shapes)
+            continue
+        if isinstance(f.tensors, BoxTensors):
+            if source_ids is None:
+                source_ids = {p: i for i, p in enumerate(plan.sources)}
+            _check_box_file(f.path, f.tensors, checked_tables, source_ids, source_shape)
             continue
         names: set[str] = set()
         for t in f.tensors:
@@ -210,6 +220,53 @@ def _explain_table(
         _check_bounds(where, k, src_start, dst_start, lengths, shape, held[key])
         boxes.append((dst_start, lengths))
     _check_cover(where, shape, boxes)
+
+
+def _check_box_file(
+    path: str, tensors: BoxTensors, checked: set[int], ids: Mapping[str, int], source_shape: SourceShape | None
+) -> None:
+    """One lazy box-plan output: names once per layout, each (class, output) table once, and, when
+    the sources are open, every chunk the output reads against its real shape."""
+    layout = tensors.layout
+    if id(layout) not in checked:
+        names = [m.name for m in layout.members]
+        if len(set(names)) != len(names):
+            twice = next(n for n in names if names.count(n) > 1)
+            raise PlanError(f"{path}: tensor {twice!r} is planned twice")
+        checked.add(id(layout))
+    for cls, share in tensors.shares:
+        if id(share) in checked:
+            continue
+        if not _table_ok(share.shape, share.copies, cls.held):
+            member = next(m for m in layout.members if m.cls is cls)
+            _explain_table(
+                f"{path}: tensor {member.name!r} (and every tensor of its chunking)",
+                share.shape,
+                share.copies,
+                cls.held,
+            )
+        checked.add(id(share))
+    if source_shape is not None:
+        _check_box_sources(path, tensors, ids, source_shape)
+
+
+def _check_box_sources(path: str, tensors: BoxTensors, ids: Mapping[str, int], source_shape: SourceShape) -> None:
+    """Each chunk an output reads has, in its file, the shape of its box (what planning could not see)."""
+    seen: set[tuple[int | None, str]] = set()
+    for m in tensors.layout.members:
+        share, source = m.cls.share(tensors.f), m.source
+        for k, *_ in share.copies:
+            index = ids.get(source.files[k])
+            key = (index, source.tensor_of(k))
+            if key in seen:
+                continue
+            seen.add(key)
+            shape = source_shape(index, key[1]) if index is not None else None
+            if shape is None or tuple(shape) != m.cls.held[k]:
+                raise PlanError(
+                    f"{path}: tensor {m.name!r} reads {source.tensor_of(k)!r} of {source.files[k]} as a chunk of "
+                    f"shape {list(m.cls.held[k])}, but it has shape {shape}"
+                )
 
 
 __all__ = ["PlanError", "validate_plan"]

@@ -2,8 +2,11 @@
 
 Layer 4 of reshard: below the executors and the operations, above the plans and the formats.
 ``registry.identify`` answers "what is this path?" for every operation (transform, unify, split,
-convert, inspect, verify); the kinds live one family per module (``rank_folders``,
-``full_model``, ``strategy``); ``files`` opens one checkpoint; ``options`` holds ``ReadOptions``.
+convert, inspect, verify), and ``registry.resolve`` adds every refusal a kind's ``Traits`` decide
+(a strategy for a kind that carries its layouts, an iteration for one without); the kinds live one
+family per module (``rank_folders``, ``full_model``, ``checkpoint2``, ``strategy``) and open to typed
+records (``kind.OpenedRanks``, ``kind.OpenedModel``, ``kind.OpenedStrategy``); ``files`` opens one
+checkpoint through ``formats.registry``; ``options`` holds ``ReadOptions``.
 """
 
 from __future__ import annotations
@@ -21,26 +24,43 @@ from reshard.sources.full_model import (
     is_encrypted,
     model_folder,
 )
-from reshard.sources.kind import Kind, Opened
+from reshard.sources.kind import (
+    FULL,
+    SHARDED,
+    AnyKind,
+    Kind,
+    Opened,
+    OpenedModel,
+    OpenedRanks,
+    OpenedStrategy,
+    StrategyKind,
+    Traits,
+)
 from reshard.sources.options import ReadOptions, source_choice
 from reshard.sources.rank_folders import ONE_RANK_FOLDER, RANK_FOLDERS, chosen_names, rank_sources, rank_subfolders
 from reshard.sources.registry import (
+    ANY_CHECKPOINT,
     CHECKPOINTS,
     FULL_MODELS,
     KINDS,
+    SHARDED_JOBS,
     identify,
     is_hf_model,
+    is_sharded,
     kind_of,
     open_source,
+    resolve,
     strategy,
     unified_index,
 )
 from reshard.sources.strategy import STRATEGY, is_strategy_file
 
 __all__ = [
+    "ANY_CHECKPOINT",
     "CHECKPOINT2",
     "CHECKPOINTS",
     "ENCRYPTED_CKPT",
+    "FULL",
     "FULL_FILE",
     "FULL_MODELS",
     "HUGGING_FACE",
@@ -48,11 +68,19 @@ __all__ = [
     "KINDS",
     "ONE_RANK_FOLDER",
     "RANK_FOLDERS",
+    "SHARDED",
+    "SHARDED_JOBS",
     "STRATEGY",
     "UNIFIED",
+    "AnyKind",
     "Kind",
     "Opened",
+    "OpenedModel",
+    "OpenedRanks",
+    "OpenedStrategy",
     "ReadOptions",
+    "StrategyKind",
+    "Traits",
     "chosen_names",
     "full_model_file",
     "has_crc_trailer",
@@ -60,6 +88,7 @@ __all__ = [
     "identify",
     "is_encrypted",
     "is_hf_model",
+    "is_sharded",
     "is_strategy_file",
     "kind_of",
     "model_folder",
@@ -67,6 +96,7 @@ __all__ = [
     "open_source",
     "rank_sources",
     "rank_subfolders",
+    "resolve",
     "source_choice",
     "source_file",
     "source_files",

@@ -32,7 +32,7 @@ from reshard.layout import ParamLayout
 from reshard.layout.algebra import rank_boxes
 from reshard.plan import SourceFile, SourceTensor
 from reshard.sources.files import source_files
-from reshard.sources.kind import Opened
+from reshard.sources.kind import SHARDED, OpenedModel, OpenedRanks, Traits
 from reshard.sources.options import ReadOptions
 
 FMT = "safetensors"
@@ -332,7 +332,7 @@ def _strategy(placed: Mapping[str, _Placed], stages: int, path: str) -> Strategy
     return dataclasses.replace(make_strategy(layouts), path=path)
 
 
-def _single_card(it: Iteration, path: str, kind: str) -> Opened:
+def _single_card(it: Iteration, path: str, kind: str) -> OpenedModel:
     """No metadata.json (or no layout at all): one full model, its files by name, and rank 0 of a one-rank job."""
     tensors: dict[str, SourceTensor] = {}
     homes: dict[str, str] = {}
@@ -343,12 +343,12 @@ def _single_card(it: Iteration, path: str, kind: str) -> Opened:
                 raise FormatError(f"{name!r} is also in {os.path.basename(homes[name])}", facts.path)
             tensors[name], homes[name], weight_map[name] = t, facts.path, file_name
     rank0 = SourceFile(os.path.join(it.folder, "rank 0"), 0, tensors, {"format": "ms"}, homes=homes)
-    return Opened(kind, path, FMT, ranks={0: rank0}, files=dict(it.headers), weight_map=weight_map, keyed=True)
+    return OpenedModel(kind, path, FMT, dict(it.headers), weight_map, ranks={0: rank0}, keyed=True)
 
 
 def open_checkpoint2(
     path: str, options: ReadOptions | None, notes: list[str], kind: str, it: Iteration | None = None
-) -> Opened:
+) -> OpenedRanks | OpenedModel:
     """The planning facts of a Checkpoint 2.0 root or iteration folder (module docstring); ``it``:
     what ``read_iteration`` already read of it (None: read now)."""
     it = it if it is not None else read_iteration(path, options, notes)
@@ -373,17 +373,18 @@ def open_checkpoint2(
     extras = _own_extras(it, md, placed, ranks, world)
     if extras:
         notes.append(f"{md.path}: {len(extras)} tensor(s) of the rank files are not listed, e.g. {extras[0]!r}")
-    return Opened(kind, path, FMT, ranks=ranks, strategy=_strategy(placed, stages, md.path))
+    return OpenedRanks(kind, path, FMT, ranks, _strategy(placed, stages, md.path))
 
 
 def check_iteration(src: str, kind: Any, read: ReadOptions | None) -> None:
-    """An iteration (``ReadOptions.iteration``) is asked only of a MindFormers Checkpoint 2.0.
+    """An iteration (``ReadOptions.iteration``) is asked only of a kind that has iterations
+    (``Traits.iterations``: a MindFormers Checkpoint 2.0). ``sources.resolve`` calls it.
 
     ``kind`` is the source's kind, or a sequence of the kinds of every source read with ``read``
-    (``verify`` reads two); a ``UsageError`` naming ``src`` when none is a Checkpoint 2.0.
+    (``verify`` reads two); a ``UsageError`` naming ``src`` when none has iterations.
     """
     kinds = list(kind) if isinstance(kind, (list, tuple)) else [kind]
-    if read is not None and read.iteration is not None and CHECKPOINT2 not in kinds:
+    if read is not None and read.iteration is not None and not any(k.traits.iterations for k in kinds):
         what = getattr(kinds[0], "name", "another kind of checkpoint") if kinds else "another kind of checkpoint"
         raise UsageError(
             f"an iteration ({read.iteration}) applies to a MindFormers Checkpoint 2.0 only; this is {what}", src
@@ -396,11 +397,12 @@ class Checkpoint2:
 
     name = "a MindFormers Checkpoint 2.0"
     looks_for = "a MindFormers Checkpoint 2.0 (latest_checkpointed_iteration.txt or an iteration_* folder)"
+    traits = Traits(SHARDED, owns_layouts="metadata.json", iterations=True)  # one card: a full model
 
     def detect(self, path: str) -> bool:
         return cp2.is_iteration_folder(path) or cp2.is_root(path)
 
-    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> Opened:
+    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> OpenedRanks | OpenedModel:
         return open_checkpoint2(path, options, notes, self.name)
 
 

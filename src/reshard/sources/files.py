@@ -12,10 +12,9 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from reshard.errors import UsageError
-from reshard.formats import layout_dir
+from reshard.formats import registry
 from reshard.formats.base import TensorIndex
-from reshard.formats.ckpt import probe_ckpt, read_ckpt
-from reshard.formats.safetensors import read_safetensors
+from reshard.formats.ckpt import probe_ckpt
 from reshard.plan import SourceFile, SourceTensor
 from reshard.sources.options import ReadOptions
 
@@ -23,13 +22,13 @@ INDEX_THREADS = 8  # source files indexed at once while planning (the scans wait
 
 
 def open_checkpoint(path: str, options: ReadOptions | None = None) -> TensorIndex:
-    """Index a ``.ckpt`` or ``.safetensors`` file (zero-copy views over a memory map).
+    """Index a checkpoint file of any registered format (zero-copy views over a memory map).
 
     Only the header is read; tensor data is read when an array is used. Close the index (or use it
     as a context manager) to release the map.
 
     Args:
-        path: The checkpoint file; its extension says the format.
+        path: The checkpoint file; its extension says the format (``formats.registry``).
         options: Decryption key and mode, and ``verify_crc`` (None: ``ReadOptions()``: no key, a crc
             trailer checked when the file has one).
 
@@ -38,7 +37,7 @@ def open_checkpoint(path: str, options: ReadOptions | None = None) -> TensorInde
         ``array(name)`` (a numpy view) and ``value(name)`` (an array or a str).
 
     Raises:
-        UsageError: No such file, or a name ending neither in ``.ckpt`` nor ``.safetensors``.
+        UsageError: No such file, or a name no format's suffix ends (``.ckpt``, ``.safetensors``, ...).
         FormatError: The file is truncated, corrupted or not what its extension says.
         CryptoError: An encrypted ``.ckpt`` does not decrypt with ``options.dec_key`` / ``dec_mode``.
         IntegrityError: The ``.ckpt`` crc trailer does not match (checked when ``options.verify_crc``).
@@ -51,13 +50,10 @@ def open_checkpoint(path: str, options: ReadOptions | None = None) -> TensorInde
             w = index.array(name).copy()
     """
     options = options or ReadOptions()
-    fmt = layout_dir.detect_format(path)
+    fmt = registry.get(registry.detect(path))
     if not os.path.isfile(path):
         raise UsageError("no such file", path)
-    if fmt == "ckpt":
-        crc = options.verify_crc and has_crc_trailer(path)
-        return read_ckpt(path, verify_crc=crc, dec_key=options.dec_key, dec_mode=options.dec_mode)
-    return read_safetensors(path)
+    return fmt.read(path, verify_crc=options.verify_crc, dec_key=options.dec_key, dec_mode=options.dec_mode)
 
 
 def has_crc_trailer(path: str) -> bool:
@@ -65,7 +61,7 @@ def has_crc_trailer(path: str) -> bool:
     try:
         return probe_ckpt(path).crc_trailer
     except OSError:
-        return False  # read_ckpt reports the problem
+        return False  # the reader reports the problem
 
 
 def source_file(path: str, rank: int = 0, options: ReadOptions | None = None) -> SourceFile:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 
 from reshard.errors import FormatError, UsageError
-from reshard.formats import hf_index, layout_dir
+from reshard.formats import hf_index, layout_dir, registry
 from reshard.formats.ckpt import probe_ckpt
 from reshard.plan import SourceFile
 from reshard.sources.files import source_file
-from reshard.sources.kind import Opened
+from reshard.sources.kind import FULL, OpenedModel, Traits, single_file_model
 from reshard.sources.options import ReadOptions
 from reshard.sources.rank_folders import checkpoints_in, rank_subfolders
 from reshard.sources.strategy import NAME_MAP, is_strategy_file
@@ -29,7 +29,7 @@ def full_model_file(path: str) -> str | None:
     ``.safetensors`` file of a folder without ``rank_<r>`` folders (``full/model.ckpt``'s folder);
     None otherwise."""
     if os.path.isfile(path):
-        return path if path.endswith((".ckpt", ".safetensors")) else None
+        return path if registry.format_of(path) is not None else None
     if not os.path.isdir(path) or rank_subfolders(path):
         return None
     found = [f for f in checkpoints_in(path) if not is_strategy_file(f)]
@@ -52,22 +52,12 @@ def model_folder(path: str) -> str:
     return os.path.dirname(os.path.abspath(path)) if index else path
 
 
-def _single(path: str, options: ReadOptions | None, name: str) -> Opened:
+def _single(path: str, options: ReadOptions | None, name: str) -> OpenedModel:
     """A full checkpoint: rank 0 of a one-rank job, and a full model of one file."""
     single = full_model_file(path)
     if single is None:  # detect said otherwise: the registry asked the wrong kind
         raise UsageError(f"not {name}", path)
-    facts = source_file(single, 0, options)
-    file = os.path.basename(single)
-    return Opened(
-        name,
-        path,
-        layout_dir.detect_format(single),
-        ranks={0: facts},
-        files={file: facts},
-        weight_map=dict.fromkeys(facts.tensors, file),
-        keyed=True,
-    )
+    return single_file_model(name, path, layout_dir.detect_format(single), source_file(single, 0, options))
 
 
 class FullFile:
@@ -75,11 +65,12 @@ class FullFile:
 
     name = "a checkpoint file"
     looks_for = "a .ckpt or .safetensors file, or a folder holding one"
+    traits = Traits(FULL)  # may also be rank 0 of a one-rank job: a strategy can describe it
 
     def detect(self, path: str) -> bool:
         return full_model_file(path) is not None
 
-    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> Opened:
+    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> OpenedModel:
         return _single(path, options, self.name)
 
 
@@ -88,12 +79,13 @@ class EncryptedCkpt:
 
     name = "an encrypted .ckpt file"
     looks_for = "an encrypted .ckpt file"
+    traits = Traits(FULL, encrypted=True)
 
     def detect(self, path: str) -> bool:
         single = full_model_file(path)
         return single is not None and is_encrypted(single)
 
-    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> Opened:
+    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> OpenedModel:
         return _single(path, options, self.name)
 
 
@@ -103,6 +95,7 @@ class Unified:
 
     name = "a unified model"
     looks_for = "a unify output (part*.safetensors + param_name_map.json)"
+    traits = Traits(FULL, whole=True)
 
     def detect(self, path: str) -> bool:
         if os.path.isfile(path):
@@ -113,7 +106,7 @@ class Unified:
         models = [n for n in names if n != HYPER_NAME]
         return bool(names) and (os.path.isfile(os.path.join(path, NAME_MAP)) or (len(models) == 1 < len(names)))
 
-    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> Opened:
+    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> OpenedModel:
         folder = model_folder(path)
         names = _safetensors(folder)
         models = [n for n in names if n != HYPER_NAME] or names
@@ -122,14 +115,8 @@ class Unified:
             return _with_hyper(folder, models[0], options, self.name)
         files = {n: source_file(os.path.join(folder, n), 0, options) for n in names}
         hyper = files.pop(HYPER_NAME, None)
-        return Opened(
-            self.name,
-            path,
-            "safetensors",
-            files=files,
-            weight_map=hf_index.read_weight_map(index_path, strict=False),
-            hyper=hyper,
-        )
+        weight_map = hf_index.read_weight_map(index_path, strict=False)
+        return OpenedModel(self.name, path, "safetensors", files, weight_map, hyper=hyper)
 
 
 class HuggingFace:
@@ -138,6 +125,7 @@ class HuggingFace:
 
     name = "a Hugging Face model"
     looks_for = "a Hugging Face model (model.safetensors.index.json, or model.safetensors)"
+    traits = Traits(FULL, whole=True)
 
     def detect(self, path: str) -> bool:
         if hf_index.find_index(path) is not None:
@@ -148,32 +136,25 @@ class HuggingFace:
             and not rank_subfolders(path)
         )
 
-    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> Opened:
+    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> OpenedModel:
         index = hf_index.find_index(path)
         if index is None:
             return _with_hyper(path, hf_index.SINGLE_NAME, options, self.name)
         files, mapping, hyper = hf_model(index, options)
-        return Opened(self.name, path, "safetensors", files=files, weight_map=mapping, hyper=hyper)
+        return OpenedModel(self.name, path, "safetensors", files, mapping, hyper=hyper)
 
 
 def _safetensors(folder: str) -> list[str]:
     return sorted(n for n in os.listdir(folder) if n.endswith(".safetensors"))
 
 
-def _with_hyper(folder: str, only: str, options: ReadOptions | None, kind: str) -> Opened:
+def _with_hyper(folder: str, only: str, options: ReadOptions | None, kind: str) -> OpenedModel:
     """One model file, and ``hyper_param.safetensors`` beside it when there is one."""
     facts = source_file(os.path.join(folder, only), 0, options)
     hyper_path = os.path.join(folder, HYPER_NAME)
     hyper = source_file(hyper_path, 0, options) if only != HYPER_NAME and os.path.isfile(hyper_path) else None
-    return Opened(
-        kind,
-        folder,
-        "safetensors",
-        files={only: facts},
-        weight_map=dict.fromkeys(facts.tensors, only),
-        hyper=hyper,
-        keyed=True,
-    )
+    weight_map = dict.fromkeys(facts.tensors, only)
+    return OpenedModel(kind, folder, "safetensors", {only: facts}, weight_map, hyper=hyper, keyed=True)
 
 
 def hf_model(index_path: str, options: ReadOptions | None = None) -> FullModel:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reshard.errors import UsageError
-from reshard.formats import layout_dir
+from reshard.formats import layout_dir, registry
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,7 @@ def source_choice(
     if options is None:
         return fmt, rule, file_suffix
     if options.src_format is not None:
-        if options.src_format not in layout_dir.FORMATS:
-            raise UsageError(f"unknown source format {options.src_format!r} (choose ckpt or safetensors)")
+        registry.check(options.src_format, "source format")
         if fmt is not None and fmt != options.src_format:
             raise UsageError(
                 f"this operation reads .{fmt} files; the source format {options.src_format} does not apply"

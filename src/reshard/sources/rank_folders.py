@@ -11,10 +11,10 @@ import os
 import re
 
 from reshard.errors import UsageError
-from reshard.formats import layout_dir
+from reshard.formats import layout_dir, registry
 from reshard.plan import SourceFile
 from reshard.sources.files import source_file, source_files
-from reshard.sources.kind import Opened
+from reshard.sources.kind import FULL, SHARDED, OpenedModel, OpenedRanks, Traits, single_file_model
 from reshard.sources.options import ReadOptions, source_choice
 
 _ONE_RANK = re.compile(r"rank_\d+")
@@ -41,7 +41,7 @@ def rank_sources(
     if auto:
         file_suffix = _auto_suffix(model_dir, notes)
     fmt, chosen = layout_dir.collect_rank_files(model_dir, fmt, rule, file_suffix, listing_order)
-    rule = rule or ("name" if fmt == "ckpt" else "numbers")
+    rule = rule or layout_dir.default_rule(fmt)
     if notes is not None:
         for picked in chosen.values():
             if picked.ignored:
@@ -64,8 +64,8 @@ def check_rank_folders(model_dir: str) -> None:
     if not os.path.isdir(model_dir):
         return
     for rank, folder in layout_dir.rank_dirs(model_dir).items():
-        if not any(layout_dir.files_in(folder, f) for f in layout_dir.FORMATS):
-            raise UsageError(f"rank {rank}'s folder is empty (no .ckpt or .safetensors file)", folder)
+        if not any(layout_dir.files_in(folder, f) for f in registry.names()):
+            raise UsageError(f"rank {rank}'s folder is empty (no {registry.listed()} file)", folder)
 
 
 def rank_subfolders(path: str) -> list[str]:
@@ -98,8 +98,8 @@ def chosen_names(folder: str, fmt: str, choose: ReadOptions, notes: list[str] | 
 
 
 def checkpoints_in(folder: str) -> list[str]:
-    """The ``.ckpt`` and ``.safetensors`` files directly in ``folder``."""
-    return [f for fmt in layout_dir.FORMATS for f in layout_dir.files_in(folder, fmt)]
+    """The checkpoint files (``.ckpt``, ``.safetensors``, any registered format's) directly in ``folder``."""
+    return [f for fmt in registry.names() for f in layout_dir.files_in(folder, fmt)]
 
 
 class RankFolders:
@@ -107,13 +107,14 @@ class RankFolders:
 
     name = "rank folders"
     looks_for = "a folder of rank_<r> folders holding .ckpt or .safetensors files"
+    traits = Traits(SHARDED)
 
     def detect(self, path: str) -> bool:
         return os.path.isdir(path) and bool(rank_subfolders(path))
 
-    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> Opened:
+    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> OpenedRanks:
         fmt, ranks = rank_sources(path, options=options, notes=notes)
-        return Opened(self.name, path, fmt, ranks=ranks)
+        return OpenedRanks(self.name, path, fmt, ranks)
 
 
 class OneRankFolder:
@@ -121,6 +122,7 @@ class OneRankFolder:
 
     name = "one rank's folder"
     looks_for = "a rank_<r> folder holding .ckpt or .safetensors files"
+    traits = Traits(FULL)  # read as the full checkpoint it holds (rank 0 of a one-rank job)
 
     def detect(self, path: str) -> bool:
         name = os.path.basename(os.path.normpath(path))
@@ -141,12 +143,12 @@ class OneRankFolder:
         parent = os.path.dirname(os.path.normpath(path)) or "."
         return f"this is one rank's folder; give the folder holding the rank_<r> folders ({parent})"
 
-    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> Opened:
+    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> OpenedModel:
         single = self.single(path)
         if single is None:
             raise UsageError(self.refusal(path), path)
         fmt = layout_dir.detect_format(single)
-        return Opened(self.name, path, fmt, ranks={0: source_file(single, 0, options)})
+        return single_file_model(self.name, path, fmt, source_file(single, 0, options))
 
 
 RANK_FOLDERS = RankFolders()

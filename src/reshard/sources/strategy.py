@@ -13,7 +13,8 @@ import os
 from reshard.errors import ReshardError
 from reshard.formats.hf_index import INDEX_NAME
 from reshard.formats.strategy import JSON_SUFFIX, PROTOBUF_SUFFIX, load_strategy, read_strategy
-from reshard.sources.kind import Opened
+from reshard.sources.kind import STRATEGY as HOLDS_STRATEGY
+from reshard.sources.kind import OpenedStrategy, Traits
 from reshard.sources.options import ReadOptions
 
 STRATEGY_FIRST_BYTE = 0x08  # ParallelStrategyMap starts with current_stage (field 1, varint)
@@ -58,6 +59,7 @@ class Strategy:
 
     name = "a strategy file or folder"
     looks_for = "a strategy file (.ckpt protobuf or .json) or a folder of them"
+    traits = Traits(HOLDS_STRATEGY)
 
     def detect(self, path: str) -> bool:
         if not os.path.isdir(path):
@@ -67,10 +69,10 @@ class Strategy:
         checkpoints = [f for f in files if not f.endswith(JSON_SUFFIX) and f not in strategies]
         return bool(strategies) and not checkpoints
 
-    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> Opened:
+    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> OpenedStrategy:
         sf = load_strategy(path)
         notes.extend(sf.notes)
-        return Opened(self.name, path, strategy=sf)
+        return OpenedStrategy(self.name, path, sf)
 
 
 STRATEGY = Strategy()

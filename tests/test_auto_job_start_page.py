@@ -1,4 +1,4 @@
-"""The README's "Start a job" wrapper runs as written: 4 ranks, a stand-in ``run_mindformer.py``.
+"""The wrapper of ``docs/job-start.md`` runs as written: 4 ranks, a stand-in ``run_mindformer.py``.
 
 The stand-in records its arguments; each rank must have been handed the cache entry as
 ``--load_checkpoint`` (the same folder on every rank, holding ``rank_<its rank>/checkpoint_<r>.ckpt``)
@@ -19,7 +19,6 @@ from reshard.formats.strategy import write_strategy
 from reshard.synthetic import ModelShape, full_model, stage_strategies
 
 ROOT = Path(__file__).resolve().parent.parent
-HEADING = "### Start a job"
 SHAPE = ModelShape(vocab=64, hidden=32, ffn=64, layers=2)
 
 STAND_IN = """
@@ -31,13 +30,12 @@ with open(os.path.join("ran", os.environ["RANK_ID"] + ".json"), "w") as fh:
 
 
 def _wrapper() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text[text.index(HEADING) :]
+    section = (ROOT / "docs" / "job-start.md").read_text(encoding="utf-8")
     start = section.index("#!/usr/bin/env bash\n")
     return section[start : section.index("```", start)]
 
 
-def test_readme_wrapper_starts_every_rank_from_the_cache(tmp_path: Path) -> None:
+def test_the_pages_wrapper_starts_every_rank_from_the_cache(tmp_path: Path) -> None:
     full = tmp_path / "model.ckpt"
     save_ckpt(str(full), full_model(SHAPE))
     strategy = tmp_path / "output" / "strategy"
