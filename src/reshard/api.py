@@ -20,9 +20,11 @@ is asked of the source registry, ``reshard.sources``; its discovery functions (`
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeVar, cast
 
 from reshard import destination as _destination
 from reshard import manifest as _manifest
@@ -49,7 +51,15 @@ from reshard.plan import (
 )
 from reshard.plan.cast import cast_files, cast_rule
 from reshard.plan.checkpoint2 import plan_checkpoint2
-from reshard.plan.quantized import Dequantizer, Precision
+from reshard.plan.quantized import (
+    Dequantizer,
+    Pair,
+    Precision,
+    block_of_slices,
+    full_pairs,
+    paired_layouts,
+    sharded_pairs,
+)
 from reshard.plan.surgery import MAPPED_SOURCE, NameRun
 from reshard.sources import (
     CHECKPOINT2,
@@ -210,8 +220,31 @@ def _config_beside(src: str) -> dict[str, object] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def _dequantized(sources: dict[int, SourceFile], dequantizer: Dequantizer | None) -> dict[int, SourceFile]:
-    return dequantizer.ranks(sources) if dequantizer is not None else sources
+TableT = TypeVar("TableT", bound=LayoutTable)
+
+
+def _paired(
+    table: TableT | None,
+    pairs: dict[str, Pair],
+    precision: Precision | None,
+    src: str,
+    side: str,
+    notes: list[str],
+    ranks: Mapping[int, SourceFile] | None = None,
+    ranks_table: LayoutTable | None = None,
+) -> TableT | None:
+    """``table`` laying out each FP8 weight's block scale as the weight (``plan.quantized.paired_layouts``);
+    the block size given, else in config.json, else shown by the slices of ``ranks`` (cut by ``ranks_table``)."""
+    seen = functools.partial(block_of_slices, ranks, ranks_table) if ranks is not None else None
+    block = functools.partial((precision or Precision()).pair_block, functools.partial(_config_beside, src), seen)
+    # A StrategyFile stays one (dataclasses.replace); another table becomes a PairedTable of the same layouts.
+    return cast("TableT | None", paired_layouts(table, pairs, block, side, notes))
+
+
+def _dequantized(
+    sources: dict[int, SourceFile], dequantizer: Dequantizer | None, table: LayoutTable | None = None
+) -> dict[int, SourceFile]:
+    return dequantizer.ranks(sources, table) if dequantizer is not None else sources
 
 
 def _with_dequantized(
@@ -413,6 +446,8 @@ def transform(
     rule = statenames.DEFAULT.with_prefixes(optimizer_prefixes)
     cast = cast_rule(dtype, dtype_all, optimizer_prefixes)
     dequantizer = _dequantizer(precision, src)
+    if dequantizer is not None:
+        dequantizer.defer(naming.model_map is not None)  # --quantize: DeepSeek's rule on the map's outputs
     if cp2_out:
         _check_checkpoint2_write(write)
         output_format = "safetensors"
@@ -435,6 +470,8 @@ def transform(
             files, mapping = {MAPPED_SOURCE: model.source}, model.name_to_file
         if cp2_out:
             plan_dst = _checkpoint2_destination(dst_sf, list(mapping), rule, notes)
+        pairs = full_pairs({n: files[f].tensors[n] for n, f in mapping.items()})
+        plan_dst = _paired(plan_dst, pairs, precision, src, "destination", notes)
         plan = plan_transform_full(files, mapping, plan_dst, dst_dir, prefix, output_format or "safetensors", ranks)
         plan = model.resolve(plan) if model is not None else plan
         if cp2_out:
@@ -443,13 +480,12 @@ def transform(
             )
     else:
         opened = kind.open(src, read, notes)
-        fmt, sources = (
-            opened.fmt or "ckpt",
-            cast_files(_dequantized(naming.narrow(opened.ranks), dequantizer), cast, notes),
-        )
         src_sf = (
             _checkpoint2_strategy(src, src_strategy, opened) if kind is CHECKPOINT2 else _strategy(src_strategy, notes)
         )
+        narrowed, stored_sf = naming.narrow(opened.ranks), src_sf
+        src_sf = _paired(src_sf, sharded_pairs(narrowed, src_sf), precision, src, "source", notes, narrowed, src_sf)
+        fmt, sources = opened.fmt or "ckpt", cast_files(_dequantized(narrowed, dequantizer, src_sf), cast, notes)
         if src_sf is None and len(sources) > 1:
             raise UsageError(
                 "several rank folders but no source strategy (--src-strategy, src_strategy in Python)", src
@@ -462,6 +498,10 @@ def transform(
             naming.check_config(_full_tensors(sources.values()))
         if model is not None:  # one full file: the map first, so a destination strategy slices its outputs
             sources = {r: replace(model.source, rank=r) for r in sources}
+        pairs = (
+            sharded_pairs(sources, src_sf) if src_sf is not None else full_pairs(next(iter(sources.values())).tensors)
+        )
+        plan_dst = _paired(plan_dst, pairs, precision, src, "destination", notes, narrowed, stored_sf)
         plan = plan_transform(sources, src_sf, plan_dst, dst_dir, prefix, output_format or fmt, ranks)
         _check_copies(read_sources, src_sf, read)
         if model is not None:
@@ -475,6 +515,7 @@ def transform(
         plan = _checkpoint2_plan(plan, src_sf, plan_dst, dst_dir, iteration, common, prefix, rule, everyone, notes)
     if plan_dst is None and not cp2_out:  # a full model out: its tensors are whole
         naming.check_config(_plan_tensors(plan))
+    plan = dequantizer.planned(plan, plan_dst is None) if dequantizer is not None else plan
     if shard_size is not None:
         plan = hf_sharded(plan, dst_dir, shard_size)
         _training_state_note(plan, notes)
@@ -952,7 +993,9 @@ def unify(
     _check_unify_ranks(src_dir, sources, sf, notes)
     naming = NameRun(names)
     dequantizer = _dequantizer(precision, src_dir)
-    sources = cast_files(_dequantized(naming.narrow(sources), dequantizer), cast, notes)
+    narrowed_ranks = naming.narrow(sources)
+    sf = _paired(sf, sharded_pairs(narrowed_ranks, sf), precision, src_dir, "source", notes, narrowed_ranks, sf) or sf
+    sources = cast_files(_dequantized(narrowed_ranks, dequantizer, sf), cast, notes)
     narrowed = list(sources.values())
 
     def mapped(whole: Plan) -> Plan:
@@ -1127,7 +1170,9 @@ def split(
     naming.check_config(_full_tensors(files.values()))
     if model is not None:
         files, mapping = {MAPPED_SOURCE: model.source}, model.name_to_file
-    plan = plan_split(files, mapping, hyper, sf, dst_dir, output_format, ranks, name_map)
+    pairs = full_pairs({n: files[f].tensors[n] for n, f in mapping.items()})
+    paired = _paired(sf, pairs, precision, unified_dir, "destination", notes) or sf
+    plan = plan_split(files, mapping, hyper, paired, dst_dir, output_format, ranks, name_map)
     plan = model.resolve(plan) if model is not None else plan
     plan = _with_dequantized(plan, dequantizer, notes)
     kept: list[str] = []
