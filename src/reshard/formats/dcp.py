@@ -590,8 +590,12 @@ def _states(objs: list[Any], kind: str, path: str) -> list[dict[Any, Any]]:
     return [_state(obj, kind, path) for obj in objs]
 
 
-def _field(name: str, default: Any = None) -> Callable[[dict[Any, Any]], Any]:
-    return operator.methodcaller("get", name, default)
+def _column(states: list[dict[Any, Any]], name: str, default: Any = None) -> list[Any]:
+    """``state.get(name, default)`` of every state (the faster ``itemgetter`` when all have it)."""
+    try:
+        return list(map(operator.itemgetter(name), states))
+    except KeyError:
+        return list(map(operator.methodcaller("get", name, default), states))
 
 
 def _build_metadata(top: Any, folder: str, path: str) -> DcpMetadata:
@@ -639,9 +643,11 @@ class _StorageColumns:
 def _storage_index(storage: dict[Any, Any], path: str) -> _StorageColumns:
     keys = _states(list(storage), f"{_META}.MetadataIndex", path)
     infos = _states(list(storage.values()), f"{_FILESYSTEM}._StorageInfo", path)
-    fqns, offsets = list(map(_field("fqn"), keys)), list(map(_field("offset"), keys))
-    rels, starts = list(map(_field("relative_path"), infos)), list(map(_field("offset"), infos))
-    lengths, transforms = list(map(_field("length"), infos)), list(map(_field("transform_descriptors"), infos))
+    fqns, offsets = _column(keys, "fqn"), _column(keys, "offset")
+    rels, starts, lengths = _column(infos, "relative_path"), _column(infos, "offset"), _column(infos, "length")
+    # torch leaves transform_descriptors out when there are none: states of three keys have none
+    extra = not set(map(len, infos)) <= {3}
+    transforms = _column(infos, "transform_descriptors") if extra else [None] * len(infos)
     del keys, infos
     typed = all(set(map(type, v)) <= {t} for v, t in ((fqns, str), (rels, str), (starts, int), (lengths, int)))
     if not typed or any(transforms):
@@ -696,8 +702,7 @@ def _tensor_meta(fqn: str, state: Any, where: _StorageColumns, path: str) -> Ten
     dtype = dtypes.from_torch_name(torch_dtype.name, path)
     shape = _int_tuple(state.get("size", ()))
     boxes = _states(list(state.get("chunks") or ()), f"{_META}.ChunkStorageMetadata", path)
-    offsets = _int_tuples(list(map(_field("offsets", ()), boxes)))
-    sizes = _int_tuples(list(map(_field("sizes", ()), boxes)))
+    offsets, sizes = _int_tuples(_column(boxes, "offsets", ())), _int_tuples(_column(boxes, "sizes", ()))
     rows = np.fromiter(map(where.rows.get, zip(itertools.repeat(fqn), offsets), itertools.repeat(-1)), np.int64)
     if (rows < 0).any():
         first = int(np.flatnonzero(rows < 0)[0])
