@@ -496,7 +496,7 @@ def _unpickle(unpickler: type[pickle.Unpickler], data: bytes, path: str, what: s
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """The cycle collector off: it would walk the millions of records of a large checkpoint's metadata
     again and again while they are made and turned into columns (they hold no cycles)."""
     collecting = gc.isenabled()
@@ -550,7 +550,7 @@ def read_dcp_metadata(folder: str | os.PathLike[str]) -> DcpMetadata:
             raw = fh.read()
     except OSError as exc:
         raise FormatError(f"cannot read: {exc.strerror}", path) from None
-    with _collector_paused():
+    with collector_paused():
         top = _unpickle(_MetadataUnpickler, raw, path, "the metadata pickle")
         del raw
         try:
@@ -1653,12 +1653,14 @@ __all__ = [
     "BytesItem",
     "Chunk",
     "ChunkSpec",
+    "ChunkTable",
     "DcpMetadata",
     "DistcpLayout",
     "TensorMeta",
     "bytes_name",
     "check_chunks",
     "chunk_name",
+    "collector_paused",
     "distcp_finish",
     "distcp_layout",
     "index_distcp",

@@ -56,6 +56,11 @@ def open_dcp(path: str) -> DcpSource:
 
     Built from each tensor's ``ChunkTable`` with no ``Chunk`` record made; chunks of one shape share
     one ``SourceTensor`` (a checkpoint of many ranks has millions of chunks but few chunk shapes)."""
+    with dcp.collector_paused():
+        return _open_dcp(path)
+
+
+def _open_dcp(path: str) -> DcpSource:
     meta = dcp.read_dcp_metadata(path)
     folder = os.path.abspath(path)
     files = {rel: SourceFile(os.path.join(folder, rel), saving_rank(rel), {}) for rel in meta.files}
