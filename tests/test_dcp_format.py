@@ -431,6 +431,10 @@ def test_chunk_tables_match_the_records(saved: Path) -> None:
         assert TensorMeta(fqn, tensor.dtype, tensor.shape, tensor.chunks) == tensor
         for rel in meta.files:
             assert [c.file for c in tensor.chunks if c.file == rel] == [rel] * len(table.rows_in(rel))
+    for rel in meta.files:
+        listed = [(t.fqn, t.table.chunk(t.fqn, int(k))) for t, rows in meta.chunks_in(rel) for k in rows]
+        assert listed == [(t.fqn, c) for t in meta.tensors.values() for c in t.chunks if c.file == rel]
+    assert meta.chunks_in("__7_0.distcp") == []
     with pytest.raises(AttributeError, match="frozen"):
         meta.tensors["a"].fqn = "b"  # type: ignore[misc]
 

@@ -268,11 +268,29 @@ class DcpMetadata:
     planner_data: Any = None  # plain values (DefaultSavePlanner: fqn -> key path); None when absent
     version: str | None = None
 
-    @property
+    @functools.cached_property
     def files(self) -> tuple[str, ...]:
         """The data files the metadata refers to, sorted."""
         names = {rel for t in self.tensors.values() for rel in t.table.files}
         return tuple(sorted(names | {b.file for b in self.byte_items.values()}))
+
+    def chunks_in(self, relative_path: str) -> list[tuple[TensorMeta, np.ndarray]]:
+        """The chunks stored in one data file: per tensor (in order) its rows of ``tensor.table``."""
+        return self._rows_by_file.get(relative_path, [])
+
+    @functools.cached_property
+    def _rows_by_file(self) -> dict[str, list[tuple[TensorMeta, np.ndarray]]]:
+        """Every data file's chunks, found in one pass (not one pass over all chunks per file)."""
+        out: dict[str, list[tuple[TensorMeta, np.ndarray]]] = {}
+        for tensor in self.tensors.values():
+            table = tensor.table
+            order = np.argsort(table.file_ids, kind="stable")
+            bounds = np.searchsorted(table.file_ids[order], np.arange(len(table.files) + 1))
+            for k, rel in enumerate(table.files):
+                rows = order[bounds[k] : bounds[k + 1]]
+                if len(rows):
+                    out.setdefault(rel, []).append((tensor, rows))
+        return out
 
 
 # ------------------------------------------------------------------- allowlisting unpicklers
@@ -883,9 +901,7 @@ def index_distcp(meta: DcpMetadata, relative_path: str) -> TensorIndex:
     path = os.path.join(meta.folder, relative_path)
     buffer, closer, size = map_file(path)
     try:
-        chunks = [
-            (t, t.table.chunk(t.fqn, row)) for t in meta.tensors.values() for row in t.table.rows_in(relative_path)
-        ]
+        chunks = [(t, t.table.chunk(t.fqn, int(row))) for t, rows in meta.chunks_in(relative_path) for row in rows]
         blobs: dict[int, _SafetensorsBlob] = {}
         entries: dict[str, TensorEntry] = {}
         for tensor, chunk in chunks:
@@ -927,12 +943,10 @@ def _cached_metadata(folder: str, _size: int, _mtime_ns: int) -> DcpMetadata:
 
 def serialization_of(meta: DcpMetadata, relative_path: str) -> str | None:
     """``torch_save`` or ``safetensors`` for a data file with tensors (None for values only)."""
-    for tensor in meta.tensors.values():
-        rows = tensor.table.rows_in(relative_path)
-        if len(rows):
-            with open(os.path.join(meta.folder, relative_path), "rb") as fh:
-                fh.seek(int(tensor.table.starts[rows[0]]))
-                return TORCH_SAVE if fh.read(4) == _ZIP_LOCAL else SAFETENSORS
+    for tensor, rows in meta.chunks_in(relative_path):
+        with open(os.path.join(meta.folder, relative_path), "rb") as fh:
+            fh.seek(int(tensor.table.starts[rows[0]]))
+            return TORCH_SAVE if fh.read(4) == _ZIP_LOCAL else SAFETENSORS
     return None
 
 
