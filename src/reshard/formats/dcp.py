@@ -156,7 +156,8 @@ class ChunkTable:
         offsets, sizes = map(tuple, self.offsets.tolist()), map(tuple, self.sizes.tolist())
         files = [self.files[i] for i in self.file_ids.tolist()]
         rows = zip(offsets, sizes, files, self.starts.tolist(), self.lengths.tolist(), strict=True)
-        return tuple(Chunk(fqn, o, s, f, b, n) for o, s, f, b, n in rows)
+        with collector_paused():
+            return tuple(Chunk(fqn, o, s, f, b, n) for o, s, f, b, n in rows)
 
     @classmethod
     def of(cls, chunks: Sequence[Chunk], ndim: int) -> ChunkTable:
