@@ -10,8 +10,16 @@ Why no ``pickle.load``: a pickle can run any code, and these files come from use
 uses are read by unpicklers whose ``find_class`` allows exactly the globals DCP (and ``torch.save``)
 name and maps each to an inert stand-in; any other global is refused with one ``FormatError`` naming
 the file and the global, before anything runs. The stand-ins become plain frozen records
-(``DcpMetadata``, ``TensorMeta``, ``Chunk``, ``BytesItem``) after validation: every chunk inside its
-tensor, chunks neither overlapping nor leaving a gap, every stored item inside an existing file.
+(``DcpMetadata``, ``TensorMeta``, ``BytesItem``) after validation: every chunk inside its tensor,
+chunks neither overlapping nor leaving a gap, every stored item inside an existing file.
+
+Why columns: a checkpoint saved by thousands of ranks has tens of millions of chunks (4,096 ranks x
+5,000 fully sharded parameters: 20 M). One Python object per chunk, built and checked one by one,
+cost some 20 us each. So each tensor's chunks are a ``ChunkTable`` (numpy columns: offsets, sizes,
+file, byte offset, length), filled from the unpickler's records in bulk, and every check runs on whole
+columns; ``TensorMeta.chunks`` (``Chunk`` records) is built only when asked for. The C unpickler is
+fed in blocks (``_PickleInput``), the allowed classes keep their pickled state without a ``__dict__``,
+and the cycle collector is paused while the records exist. ``docs/pytorch.md`` has the figures.
 
 A chunk's bytes come in one of torch's two serializations, told apart by what starts at the item's
 offset: ``torch_save`` (the default) stores each chunk as a complete ``torch.save`` ZIP archive whose
@@ -192,6 +200,8 @@ class TensorMeta:
     dtype: DType
     shape: tuple[int, ...]
     requires_grad: bool
+    _chunks: tuple[Chunk, ...] | None
+    _table: ChunkTable | None
 
     def __init__(
         self,
@@ -202,13 +212,14 @@ class TensorMeta:
         requires_grad: bool = False,
     ) -> None:
         table = chunks if isinstance(chunks, ChunkTable) else None
+        records = None if isinstance(chunks, ChunkTable) else tuple(chunks)
         for name, value in (
             ("fqn", fqn),
             ("dtype", dtype),
             ("shape", tuple(shape)),
             ("requires_grad", requires_grad),
             ("_table", table),
-            ("_chunks", None if table is not None else tuple(chunks)),
+            ("_chunks", records),
         ):
             object.__setattr__(self, name, value)
 
@@ -218,15 +229,18 @@ class TensorMeta:
     @property
     def chunks(self) -> tuple[Chunk, ...]:
         if self._chunks is None:
-            object.__setattr__(self, "_chunks", self._table.chunks(self.fqn))  # type: ignore[union-attr]
-        return self._chunks  # type: ignore[return-value]
+            assert self._table is not None
+            object.__setattr__(self, "_chunks", self._table.chunks(self.fqn))
+        assert self._chunks is not None
+        return self._chunks
 
     @property
     def table(self) -> ChunkTable:
         """The chunks as columns (for chunk records of another rank than the shape's, see ``check_chunks``)."""
         if self._table is None:
             object.__setattr__(self, "_table", ChunkTable.of(self.chunks, len(self.shape)))
-        return self._table  # type: ignore[return-value]
+        assert self._table is not None
+        return self._table
 
     @property
     def chunk_count(self) -> int:

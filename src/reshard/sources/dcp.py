@@ -3,7 +3,8 @@
 ``detect`` looks at names only (a ``.metadata`` file beside at least one ``.distcp`` file); ``open``
 reads ``.metadata`` alone (``reshard.formats.dcp.read_dcp_metadata``: the allowlisting unpickler and
 every check of the chunks against their tensors and the files), never the data files, so planning
-stays a matter of headers however many ranks saved.
+stays a matter of headers however many ranks saved. The facts are made from each tensor's
+``ChunkTable`` (no ``Chunk`` record per chunk), chunks of one shape sharing one ``SourceTensor``.
 
 The planning facts: every chunk is a tensor of its own, named ``chunk_name(fqn, offsets)`` (a box of
 the global tensor ``fqn``; ``DcpSource.metadata`` says which box), with its dtype and the chunk's
