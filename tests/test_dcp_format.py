@@ -435,6 +435,7 @@ def test_chunk_tables_match_the_records(saved: Path) -> None:
         listed = [(t.fqn, t.table.chunk(t.fqn, int(k))) for t, rows in meta.chunks_in(rel) for k in rows]
         assert listed == [(t.fqn, c) for t in meta.tensors.values() for c in t.chunks if c.file == rel]
     assert meta.chunks_in("__7_0.distcp") == []
+    assert pickle.loads(pickle.dumps(meta)) == meta  # as Ray and multiprocessing ship it
     with pytest.raises(AttributeError, match="frozen"):
         meta.tensors["a"].fqn = "b"  # type: ignore[misc]
 

@@ -226,6 +226,10 @@ class TensorMeta:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"TensorMeta is frozen: cannot set {name}")
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled (by Ray, multiprocessing) as its columns or records
+        held = self._table if self._table is not None else self._chunks
+        return (TensorMeta, (self.fqn, self.dtype, self.shape, held, self.requires_grad))
+
     @property
     def chunks(self) -> tuple[Chunk, ...]:
         if self._chunks is None:
