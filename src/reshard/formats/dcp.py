@@ -749,7 +749,7 @@ def _tensor_meta(fqn: str, state: Any, where: _StorageColumns, path: str) -> Ten
     table = ChunkTable(
         _int_matrix(offsets, len(shape)),
         _int_matrix(sizes, len(shape)),
-        tuple(where.files[k] for k in used.tolist()),
+        tuple(map(where.files.__getitem__, used.tolist())),
         file_ids.astype(np.int32),
         where.starts[rows],
         where.lengths[rows],
