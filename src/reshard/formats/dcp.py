@@ -121,13 +121,14 @@ class Chunk:
         return math.prod(self.sizes)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ChunkTable:
     """The chunks of one tensor as columns: row ``k`` is chunk ``k`` (no Python object per chunk).
 
     A checkpoint saved on thousands of ranks has tens of millions of chunks; a row costs
     ``16 x ndim + 20`` bytes here against some 300 bytes as a ``Chunk``, and the checks run on
-    whole columns (``check_chunks``)."""
+    whole columns (``check_chunks``). The columns are read-only; stream transforms are not kept
+    (the reader refuses them). Compare tables by their columns (``==`` is identity)."""
 
     offsets: np.ndarray  # (n, ndim) int64: each chunk's offsets in the global tensor
     sizes: np.ndarray  # (n, ndim) int64
@@ -135,6 +136,10 @@ class ChunkTable:
     file_ids: np.ndarray  # (n,) int32
     starts: np.ndarray  # (n,) int64: where each stored item starts in its file
     lengths: np.ndarray  # (n,) int64
+
+    def __post_init__(self) -> None:
+        for column in (self.offsets, self.sizes, self.file_ids, self.starts, self.lengths):
+            column.setflags(write=False)
 
     def __len__(self) -> int:
         return len(self.file_ids)
@@ -240,7 +245,7 @@ class TensorMeta:
 
     @property
     def table(self) -> ChunkTable:
-        """The chunks as columns (for chunk records of another rank than the shape's, see ``check_chunks``)."""
+        """The chunks as columns (made from the records on first use: ``check_chunks`` checks their ranks first)."""
         if self._table is None:
             object.__setattr__(self, "_table", ChunkTable.of(self.chunks, len(self.shape)))
         assert self._table is not None
