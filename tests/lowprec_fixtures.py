@@ -147,3 +147,30 @@ ref = load_file(os.path.join(ARGS["dequantized"], "model.safetensors"))
 differ = [k for k, v in ref.items() if not torch.equal(state[k].view(torch.int16), v.view(torch.int16))]
 out({"compared": len(ref), "differ": differ})
 """
+
+
+# Pairs a strategy can cut on the 128x128 block grid (resharding pairs as pairs): rows and columns cut in
+# two, the far edge of an uncut axis partial, and stacked experts cut along their first axis.
+UP = "model.layers.0.mlp.up_proj.weight"  # 512 x 256
+DOWN = "model.layers.0.mlp.down_proj.weight"  # 300 x 256: the rows' last block partial
+STACKED = "model.layers.0.mlp.experts.weight"  # 4 x 256 x 128
+PAIRED_SHAPES = {UP: (512, 256), DOWN: (300, 256), STACKED: (4, 256, 128)}
+
+
+def paired_tensors(seed: int = 2) -> dict[str, np.ndarray]:
+    """FP8 pairs (finite E4M3 bytes, F32 scales) for ``PAIRED_SHAPES``, beside ``fp8_tensors``' Q and K."""
+    rng = np.random.default_rng(seed)
+    out = fp8_tensors(seed)
+    for name, shape in PAIRED_SHAPES.items():
+        magnitude = rng.integers(0, 0x7F, shape, dtype=np.uint8)
+        out[name] = (magnitude | (rng.integers(0, 2, shape, dtype=np.uint8) << 7)).view(ml_dtypes.float8_e4m3fn)
+        grid = (*shape[:-2], math.ceil(shape[-2] / 128), math.ceil(shape[-1] / 128))
+        out[name + "_scale_inv"] = (rng.random(grid, dtype=np.float32) * 0.01 + 1e-4).astype(np.float32)
+    return out
+
+
+def dequantized(weight: np.ndarray, scale: np.ndarray, block: tuple[int, int] = (128, 128)) -> np.ndarray:
+    """float32 ``weight * scale`` per block (edge blocks partial): the rule in numpy, for comparisons."""
+    rows, cols = weight.shape[-2:]
+    full = np.repeat(np.repeat(scale.astype(np.float32), block[0], -2), block[1], -1)[..., :rows, :cols]
+    return weight.astype(np.float32) * full

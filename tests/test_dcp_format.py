@@ -414,3 +414,42 @@ def test_reshard_never_imports_torch() -> None:
             if isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
             assert not [n for n in names if n == "torch" or n.startswith("torch.")], f"{path} imports torch"
+
+
+# ----------------------------------------------------------------------------- chunk tables
+
+
+def test_chunk_tables_match_the_records(saved: Path) -> None:
+    meta = dcp.read_dcp_metadata(saved)
+    for fqn, tensor in meta.tensors.items():
+        table = tensor.table
+        assert len(table) == tensor.chunk_count == len(tensor.chunks)
+        assert tensor.chunks == table.chunks(fqn) == tuple(table.chunk(fqn, k) for k in range(len(table)))
+        again = dcp.ChunkTable.of(tensor.chunks, len(tensor.shape))
+        for column in ("offsets", "sizes", "file_ids", "starts", "lengths"):
+            assert np.array_equal(getattr(again, column), getattr(table, column)), (fqn, column)
+        assert TensorMeta(fqn, tensor.dtype, tensor.shape, tensor.chunks) == tensor
+        for rel in meta.files:
+            assert [c.file for c in tensor.chunks if c.file == rel] == [rel] * len(table.rows_in(rel))
+    for rel in meta.files:
+        listed = [(t.fqn, t.table.chunk(t.fqn, int(k))) for t, rows in meta.chunks_in(rel) for k in rows]
+        assert listed == [(t.fqn, c) for t in meta.tensors.values() for c in t.chunks if c.file == rel]
+    assert meta.chunks_in("__7_0.distcp") == []
+    assert pickle.loads(pickle.dumps(meta)) == meta  # as Ray and multiprocessing ship it
+    with pytest.raises(AttributeError, match="frozen"):
+        meta.tensors["a"].fqn = "b"  # type: ignore[misc]
+
+
+def test_a_mesh_tiling_is_checked_cell_by_cell(tmp_path: Path) -> None:
+    mesh = [((r, c), (2, 2)) for r in (0, 2) for c in (0, 2)]  # Shard(0) x Shard(1): one grid cell each
+    boxes_metadata(tmp_path, mesh)
+    assert len(dcp.read_dcp_metadata(tmp_path).tensors["w"].chunks) == 4
+    boxes_metadata(tmp_path, [*mesh[:3], ((0, 2), (2, 2))])  # the third cell twice, the last one missing
+    with pytest.raises(FormatError, match=r"'w' chunk at \[0, 2\] overlaps another chunk"):
+        dcp.read_dcp_metadata(tmp_path)
+
+
+def test_a_huge_length_in_the_pickle_allocates_nothing(tmp_path: Path) -> None:
+    (tmp_path / ".metadata").write_bytes(b"\x80\x02X\xff\xff\xff\x7fabc")  # a 2 GiB string of 3 bytes
+    with bounded(64), pytest.raises(FormatError, match="not a DCP pickle"):
+        dcp.read_dcp_metadata(tmp_path)

@@ -311,6 +311,38 @@ def test_quantize_streams_row_blocks(bf16: Path, tmp_path: Path) -> None:
     assert (whole / "model.safetensors").read_bytes() == (rows / "model.safetensors").read_bytes()
 
 
+def test_quantize_shares_scales_between_passes_or_not(
+    bf16: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A weight's scales handed from its first pass to its second (``ScaleMemo``), or recomputed when the memo is
+    full, on one thread or two: the same bytes."""
+    from reshard.execute.local import RunOptions
+
+    outs, computed = [], []
+    scale_of = dequant.Quantized._scale_of
+
+    def counted(self: dequant.Quantized, *args: object) -> np.ndarray:
+        computed[-1] += 1
+        return scale_of(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dequant.Quantized, "_scale_of", counted)
+    for memo, workers in ((dequant.MEMO_BYTES, 1), (dequant.MEMO_BYTES, 2), (0, 2)):
+        monkeypatch.setattr(dequant, "MEMO_BYTES", memo)
+        out = tmp_path / f"q{len(outs)}"
+        computed.append(0)
+        run = RunOptions(workers=workers, max_memory=64 * 1024)
+        api.transform(
+            str(bf16),
+            str(out),
+            run=run,
+            output=api.OutputSpec(format="hf"),
+            tensors=api.TensorOptions(precision=Precision(quantize="fp8-block")),
+        )
+        outs.append((out / "model.safetensors").read_bytes())
+    assert outs[0] == outs[1] == outs[2]
+    assert computed[0] < computed[2]  # the memo spared the second pass
+
+
 def test_quantize_rule_and_its_overrides(bf16: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     precision = Precision(quantize="fp8-block", quantize_include=("lm_head.weight",), quantize_exclude=(BF16_Q,))
@@ -402,6 +434,52 @@ def test_preset_deepseek_v3_sees_through_fp8_blocks(hf, tmp_path: Path) -> None:
     assert "weight_scale_inv" in " ".join(_arrays(fp8 / "model.safetensors"))
     (a,), (b,) = (direct / "rank_0").glob("*.safetensors"), (via / "rank_0").glob("*.safetensors")
     assert a.read_bytes() == b.read_bytes()
+
+
+def test_preset_deepseek_v3_exports_mindformers_bf16_to_fp8_blocks_in_one_command(hf, tmp_path: Path) -> None:
+    """The reverse of the test above: --hf --preset deepseek-v3 --quantize fp8-block quantizes the preset's
+    Hugging Face tensors (each routed expert unstacked, then quantized), the bytes of exporting then quantizing."""
+    from tests.hf import make_models
+    from tests.test_presets_models import DEEPSEEK
+
+    config = {**DEEPSEEK, "hidden_size": 256, "intermediate_size": 384}
+    (src,) = make_models(hf, {"ds": ("deepseek_v3", config)}, tmp_path).values()
+    mf, one, bf16, two = (tmp_path / n for n in ("mf", "one", "bf16", "two"))
+    hf_config = ("--hf-config", str(src / "config.json"))
+    steps = [
+        ("--src", src, "--dst", mf, "--preset", "deepseek-v3", *hf_config, "--output_format", "safetensors"),
+        ("--src", mf, "--dst", one, "--hf", "--preset", "deepseek-v3", "--quantize", "fp8-block", *hf_config),
+        ("--src", mf, "--dst", bf16, "--hf", "--preset", "deepseek-v3", *hf_config),
+        ("--src", bf16, "--dst", two, "--hf", "--quantize", "fp8-block", "--hf-config", str(bf16 / "config.json")),
+    ]
+    for step in steps:
+        proc = run_cli("transform", *map(str, step))
+        assert proc.returncode == 0, proc.stderr
+    got = _arrays(one / "model.safetensors")
+    expert = "model.layers.1.mlp.experts.0.gate_proj.weight"
+    assert got[expert].dtype == ml_dtypes.float8_e4m3fn and expert + "_scale_inv" in got
+    assert "model.embed_tokens.weight_scale_inv" not in got  # the rule on Hugging Face names: embeddings stay
+    assert (one / "model.safetensors").read_bytes() == (two / "model.safetensors").read_bytes()
+    assert json.loads((one / "config.json").read_text())["quantization_config"]["weight_block_size"] == [128, 128]
+
+
+def test_quantize_with_a_map_and_a_destination_strategy_is_refused(bf16: Path, tmp_path: Path) -> None:
+    from reshard.errors import UnsupportedError
+    from reshard.naming import NameOptions
+    from reshard.naming.presets import FROM_HF, preset_map
+
+    strategy = tmp_path / "s2.ckpt"
+    write_strategy(strategy, make_strategy({"lm_head.weight": ParamLayout((2,), (0, -1))}))
+    names = NameOptions(model_map=preset_map("llama", direction=FROM_HF))
+    with pytest.raises(UnsupportedError, match="writes a full model"):
+        api.transform(
+            str(bf16),
+            str(tmp_path / "o"),
+            None,
+            str(strategy),
+            destination=api.Destination(dry_run=True),
+            tensors=api.TensorOptions(names=names, precision=Precision(quantize="fp8-block")),
+        )
 
 
 def test_plan_json_states_the_pairs_before_writing(model: Path, tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from reshard.errors import UsageError
 from reshard.formats import layout_dir, registry
 from reshard.formats.strategy import StrategyFile, load_strategy
 from reshard.layout import STAGE_SEPARATOR, ParamLayout, device_num, layout_map, stage_count
+from reshard.plan import quantized
 from reshard.sources import (
     CHECKPOINT2,
     HUGGING_FACE,
@@ -43,6 +44,7 @@ from reshard.sources import (
     full_model_file,
     identify,
     is_encrypted,
+    model_folder,
     resolve,
     source_file,
     unified_index,
@@ -250,7 +252,10 @@ def gather(path: str, strategy: str | None = None, read: Any = None, notes: list
     info["source"] = identify(path).name  # what the registry calls it ("a Hugging Face model")
     if info["kind"] == "distributed":
         info["parameters"] = parameter_rows(info)
+    rows = [row for part in _entries_by_rank(info).values() for row in part]
+    info["quantized"] = quantized.quantized_view(rows, quantized.config_block(model_folder(path)))
     info["summary"] = summarize(info, sf)
+    quantized.counted_once(info["summary"], info["quantized"], rows, _state_kind)
     return info
 
 
@@ -544,6 +549,7 @@ def summary_lines(info: dict[str, Any]) -> list[str]:
         else (", elements: give --strategy for full shapes" if s["source"] == "distributed" else "")
     )
     lines.append(f"parameters: {s['parameters']} model weights{counted}")
+    lines += quantized.quantized_lines(info.get("quantized", {}))
     if s["source"] != "strategy":
         dtypes = ", ".join(f"{d} {format_size(b)}" for d, b in s["bytes_by_dtype"].items())
         lines.append(f"tensors: {s['tensors']} names, {format_size(s['bytes'])} ({dtypes or 'none'})")
@@ -662,8 +668,9 @@ def params_table(info: dict[str, Any]) -> tuple[str, list[Column], list[list[str
     rows = []
     for row in info["tensors"]:
         shape = repr(row["value"]) if "value" in row else str(row["shape"])
+        dtype = quantized.quantized_dtype(row["dtype"], info.get("quantized", {}).get(row["name"]))
         rows.append([
-            row["name"], row["dtype"], shape, format_size(row["bytes"]), str(row.get("full_shape", "")),
+            row["name"], dtype, shape, format_size(row["bytes"]), str(row.get("full_shape", "")),
             row.get("layout", ""), *([row["file"]] if "file" in row else []),
         ])  # fmt: skip
     cols = [("name", False), ("dtype", False), ("shape", False), ("size", True), ("full shape", False)]
@@ -686,7 +693,8 @@ def _distributed_table(info: dict[str, Any]) -> tuple[str, list[Column], list[li
                 for v in variants
             )
         ranks = "all" if set(entry["ranks"]) == every and len(every) > 1 else ranges_text(entry["ranks"])
-        rows.append([entry["name"], entry["dtype"], shape, shown, ranks, format_size(entry["bytes"])])
+        dtype = quantized.quantized_dtype(entry["dtype"], info.get("quantized", {}).get(entry["name"]))
+        rows.append([entry["name"], dtype, shape, shown, ranks, format_size(entry["bytes"])])
     cols = [("name", False), ("dtype", False), ("shape", False), ("layout", False), ("ranks", False), ("stored", True)]
     return f"{len(info['parameters'])} parameters of {len(info['ranks'])} ranks", cols, rows
 

@@ -18,11 +18,18 @@ The arithmetic is the references', reproduced exactly (tests compare bit for bit
 
 ``check_scales`` reads every scale tensor (small: one value per block) before any output exists and
 refuses a NaN or infinite scale naming the tensor.
+
+``--quantize`` (``Quantized``) reads each weight twice, once for its F8 values and once for its F32
+scale tensor; the pass written first hands its block scales to the other (``ScaleMemo``, bounded).
+After a model map the weight is no stored tensor but a planned one (``Assembled``: its copies'
+rows, read as the executor reads them).
 """
 
 from __future__ import annotations
 
 import functools
+import mmap
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,8 +38,10 @@ import numpy as np
 
 from reshard import dtypes
 from reshard.errors import UsageError
-from reshard.formats.base import TensorEntry, TensorIndex
-from reshard.plan import Plan
+from reshard.execute import assemble
+from reshard.execute.assemble import SourceArray
+from reshard.formats.base import TensorEntry, TensorIndex, drop_resident
+from reshard.plan import Plan, TensorPlan
 from reshard.plan.model import QuantizedSource
 from reshard.plan.quantized import FP8_BLOCK, QUANTIZE, QUANTIZE_SCALE
 
@@ -47,6 +56,7 @@ QUANTIZE_EXPANSION = 16  # a quantized row block (1 byte an element) needs three
 ROW_BLOCK_CAP = 16 * 1024**2
 QUANTIZE_ROW_BLOCK_CAP = 4 * 1024**2  # F8 output bytes: 4 Mi elements, 16 MB a float32 temporary
 SCALE_CHUNK = 1 << 22  # weight elements read at once to compute a --quantize scale tensor
+MEMO_BYTES = 64 * 1024**2  # scale rows kept between a quantized weight's values and its scale tensor
 
 
 # The float32 bits torch gives F8_E4M3's two NaN bytes (numpy's would be 0x7FC00000): a NaN weight
@@ -171,8 +181,8 @@ class Dequantized:
 
         Each table holds ``target(float32(byte) * float32(scale))`` for the 256 bytes: the very values
         the float32 path rounds, so the result is the same bit for bit, at one table lookup an element
-        (measured about twice as fast). Per band of block rows, ``byte + 256 * column block`` indexes the
-        band's tables laid end to end.
+        (measured about twice as fast; ``np.take(mode="clip", out=)`` is 1.8x fancy indexing again). Per
+        band of block rows, ``byte + 256 * column block`` indexes the band's tables laid end to end.
         """
         (r0, r1), (c0, c1) = bounds
         b0, b1 = self.source.block
@@ -192,7 +202,8 @@ class Dequantized:
             if _overflows(tables, products):
                 return None  # the float32 path copies it, and the cast there names the tensor
             stored = self.values[lo:hi, c0:c1].view(np.uint8)
-            out[lo - r0 : hi - r0] = tables.reshape(-1)[stored + offsets]
+            # mode="clip" (every index is in range): no bounds-checking buffer, straight into ``out``
+            np.take(tables.reshape(-1), stored + offsets, out=out[lo - r0 : hi - r0], mode="clip")
         return out
 
     @functools.cached_property
@@ -230,17 +241,32 @@ class Quantized:
     Per ``b0 x b1`` block (edge blocks partial): ``scale = amax(|w|) / 448`` in float32 (1.0 for an
     all-zero block, whose values are zeros), ``value = w / scale`` clamped to +-448 and rounded to
     the nearest even F8_E4M3. Every box is computed from whole blocks, so any cut gives the same bytes.
+
+    ``memo`` (shared by a weight's values and scale): the scale rows the values computed, which its
+    scale tensor then takes instead of reading the weight again. ``release`` drops the weight's
+    resident pages once a part of it is read (the scale tensor, one row block for the executor,
+    would otherwise keep the whole weight mapped).
     """
 
-    def __init__(self, source: QuantizedSource, weight: np.ndarray, scales: bool) -> None:
+    def __init__(
+        self,
+        source: QuantizedSource,
+        weight: np.ndarray | Assembled,
+        scales: bool,
+        memo: ScaleMemo | None = None,
+        release: Callable[[], None] | None = None,
+    ) -> None:
         import ml_dtypes
 
         self.source = source
         self.weight = weight
         self.scales = scales
+        self.memo = memo if memo is not None else ScaleMemo()
+        self.release = release
         b0, b1 = source.block
         rows, cols = weight.shape
-        self.shape = (-(-rows // b0), -(-cols // b1)) if scales else (rows, cols)
+        self.grid = (-(-rows // b0), -(-cols // b1))
+        self.shape = self.grid if scales else (rows, cols)
         self.ndim = 2
         self.dtype = np.dtype(np.float32) if scales else np.dtype(ml_dtypes.float8_e4m3fn)
 
@@ -251,12 +277,16 @@ class Quantized:
         (a0, a1), (c0, c1) = _bounds(box if isinstance(box, tuple) else (box,), self.shape)
         b0, b1 = self.source.block
         if self.scales:
-            step = max(1, SCALE_CHUNK // max(1, b0 * self.weight.shape[1]))
-            parts = [self._blocks(i, min(a1, i + step), c0, c1)[1] for i in range(a0, a1, step)]
-            return np.concatenate(parts) if parts else np.empty((0, c1 - c0), dtype=np.float32)
+            return self._scales(a0, a1, c0, c1)
         i0, i1, j0, j1 = a0 // b0, -(-a1 // b0), c0 // b1, -(-c1 // b1)
         values, _ = self._blocks(i0, i1, j0, j1)
         return values[a0 - i0 * b0 : a1 - i0 * b0, c0 - j0 * b1 : c1 - j0 * b1]
+
+    def _scales(self, a0: int, a1: int, c0: int, c1: int) -> np.ndarray:
+        """Scale rows a0:a1, columns c0:c1, computed from whole rows of blocks (a few at a time)."""
+        step = max(1, SCALE_CHUNK // max(1, self.source.block[0] * self.weight.shape[1]))
+        parts = [self._blocks(i, min(a1, i + step), 0, self.grid[1])[1][:, c0:c1] for i in range(a0, a1, step)]
+        return np.concatenate(parts) if parts else np.empty((0, c1 - c0), dtype=np.float32)
 
     def _blocks(self, i0: int, i1: int, j0: int, j1: int) -> tuple[np.ndarray, np.ndarray]:
         """Values (F8_E4M3, padded to whole blocks) and scales (F32) of block rows i0:i1, columns j0:j1."""
@@ -265,9 +295,28 @@ class Quantized:
         b0, b1 = self.source.block
         rows, cols = self.weight.shape
         r1, c1 = min(i1 * b0, rows), min(j1 * b1, cols)
-        padded = np.zeros(((i1 - i0) * b0, (j1 - j0) * b1), dtype=np.float32)
+        whole_rows = (j0, j1) == (0, self.grid[1])  # whole scale rows: shared with the other pass (``memo``)
+        kept = self.memo.take(self.source.weight, self.scales, range(i0, i1)) if whole_rows else None
+        if kept is not None and self.scales:
+            return np.empty((0, 0), dtype=np.float32), kept
+        shape = ((i1 - i0) * b0, (j1 - j0) * b1)
+        edge = shape != (r1 - i0 * b0, c1 - j0 * b1)
+        padded = np.zeros(shape, dtype=np.float32) if edge else np.empty(shape, dtype=np.float32)
         padded[: r1 - i0 * b0, : c1 - j0 * b1] = self.weight[i0 * b0 : r1, j0 * b1 : c1]
+        if self.release is not None:
+            self.release()  # the rows are in ``padded`` now
         grid = padded.reshape(i1 - i0, b0, j1 - j0, b1)
+        scale = kept if kept is not None else self._scale_of(grid, i0, j0)
+        if whole_rows and kept is None:
+            self.memo.keep(self.source.weight, self.scales, i0, scale)
+        if self.scales:
+            return padded, scale
+        grid /= scale[:, None, :, None]
+        np.clip(padded, -dtypes.FP8_E4M3_LARGEST, dtypes.FP8_E4M3_LARGEST, out=padded)
+        return padded.astype(ml_dtypes.float8_e4m3fn), scale
+
+    def _scale_of(self, grid: np.ndarray, i0: int, j0: int) -> np.ndarray:
+        """DeepSeek's scale of each block of ``grid`` ``[rows, b0, cols, b1]`` (refusing NaN or infinity)."""
         amax = np.abs(grid).max(axis=(1, 3))
         if not np.isfinite(amax).all():
             i, j = (int(k) for k in np.argwhere(~np.isfinite(amax))[0])
@@ -277,11 +326,42 @@ class Quantized:
             )
         scale = amax / np.float32(dtypes.FP8_E4M3_LARGEST)
         scale[amax == 0] = 1.0
-        if self.scales:
-            return padded, scale
-        grid /= scale[:, None, :, None]
-        np.clip(padded, -dtypes.FP8_E4M3_LARGEST, dtypes.FP8_E4M3_LARGEST, out=padded)
-        return padded.astype(ml_dtypes.float8_e4m3fn), scale
+        return scale
+
+
+class ScaleMemo:
+    """Scale rows one pass over a ``--quantize`` weight computed (its values or its scale tensor, whichever
+    the executor writes first: safetensors puts the F32 scale first), until the other pass takes them.
+
+    Bounded (``MEMO_BYTES``): past it rows are not kept and the other pass computes them itself, so a
+    weight and its scale written far apart (other Hugging Face shards) cannot grow it.
+    """
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, int], np.ndarray] = {}
+        self.first: dict[str, bool] = {}  # weight -> which pass came first (True: its scale tensor)
+        self.nbytes = 0
+        self.lock = threading.Lock()
+
+    def keep(self, weight: str, scales: bool, first_row: int, scale: np.ndarray) -> None:
+        """Keep rows ``first_row...`` of ``weight``'s scale, computed by its values (or scale) pass."""
+        with self.lock:
+            if self.first.setdefault(weight, scales) != scales or self.nbytes + scale.nbytes > MEMO_BYTES:
+                return  # the other pass came first (it needs nothing), or the memo is full
+            for k, row in enumerate(scale):
+                self.rows[(weight, first_row + k)] = row
+            self.nbytes += scale.nbytes
+
+    def take(self, weight: str, scales: bool, rows: range) -> np.ndarray | None:
+        """Scale rows ``rows`` of ``weight`` the other pass kept (None unless it kept every one)."""
+        with self.lock:
+            if self.first.setdefault(weight, scales) == scales:
+                return None
+            if not rows or any((weight, i) not in self.rows for i in rows):
+                return None  # not kept, or not yet (the other pass runs on another thread)
+            got = [self.rows.pop((weight, i)) for i in rows]
+            self.nbytes -= sum(g.nbytes for g in got)
+            return np.stack(got)
 
 
 class Viewed:
@@ -351,11 +431,22 @@ def wrapped_opener(plan: Plan, opener: Opener) -> Opener:
 
         entries = dict(index.entries)
         made: dict[str, Callable[[], Any]] = {}
+        memo = ScaleMemo()  # one per opened file: its quantized weights' values hand their scales on
         for q in records:
+            if q.assembled is not None:  # --quantize after a model map: the weight is a planned tensor
+                if q.name in index.entries:
+                    raise UsageError(
+                        f"{q.name}: --quantize would compute this tensor after the model map, but {path} "
+                        "already holds a tensor of that name"
+                    )
+                shape = _shape(q, q.assembled.shape)
+                entries[q.name] = TensorEntry(q.name, q.assembled.dtype, shape, ())
+                made[q.name] = functools.partial(_assembled, q, scale_index, memo)
+                continue
             stored = index.entries[q.weight]
             shape = _shape(q, stored.shape)
             entries[q.name] = TensorEntry(q.name, stored.dtype, shape, stored.segments)
-            made[q.name] = functools.partial(_dequantized, q, index, scale_index, shape)
+            made[q.name] = functools.partial(_dequantized, q, index, scale_index, shape, memo)
         return QuantizedIndex(
             index.path, index.format, index.buffer, entries, index.metadata, close, index.file_backed, made
         )
@@ -373,11 +464,63 @@ def _shape(q: QuantizedSource, stored: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _dequantized(
-    q: QuantizedSource, index: TensorIndex, scale_index: Callable[[str], TensorIndex], shape: tuple[int, ...]
+    q: QuantizedSource,
+    index: TensorIndex,
+    scale_index: Callable[[str], TensorIndex],
+    shape: tuple[int, ...],
+    memo: ScaleMemo | None = None,
 ) -> Dequantized | Quantized:
     if q.kind in (QUANTIZE, QUANTIZE_SCALE):
-        return Quantized(q, index.array(q.weight), scales=q.kind == QUANTIZE_SCALE)
+        release = functools.partial(_release, index, q.weight)
+        return Quantized(q, index.array(q.weight), q.kind == QUANTIZE_SCALE, memo, release)
     return Dequantized(q, index.array(q.weight), scale_index(q.scale_path).array(q.scale), shape)
+
+
+def _release(index: TensorIndex, name: str) -> None:
+    """Drop the resident pages of tensor ``name`` of ``index`` (they stay in the page cache)."""
+    for offset, length in index.entries[name].segments:
+        start = offset - offset % mmap.PAGESIZE
+        drop_resident(index.buffer, start, offset + length - start)
+
+
+class Assembled:
+    """A planned tensor (``TensorPlan``) read as an array, rows by rows from its copies' sources.
+
+    What ``Quantized`` reads when ``--quantize`` comes after a model map: the Hugging Face tensor a
+    rename, join or stack makes of the stored ones, assembled only for the rows asked.
+    """
+
+    def __init__(self, t: TensorPlan, source_array: SourceArray) -> None:
+        self.t = t
+        self.source_array = source_array
+        self.shape = t.shape
+        self.ndim = len(t.shape)
+        self.dtype = np.dtype(t.dtype.numpy)
+
+    def __getitem__(self, box: Box) -> np.ndarray:
+        bounds = _bounds(box if isinstance(box, tuple) else (box,), self.shape)
+        (r0, r1), rest = bounds[0], bounds[1:]
+        rows = assemble.tensor_rows(self.t, r0, r1, self.source_array)
+        index = (slice(None), *[slice(a, b) for a, b in rest])
+        return rows[index]
+
+
+def _assembled(q: QuantizedSource, index_of: Callable[[str], TensorIndex], memo: ScaleMemo) -> Quantized:
+    assert q.assembled is not None
+    arrays: dict[tuple[int, str], np.ndarray] = {}
+
+    def source_array(source: int, tensor: str) -> np.ndarray:
+        if (source, tensor) not in arrays:
+            arrays[(source, tensor)] = index_of(q.assembled_sources[source]).array(tensor)
+        return arrays[(source, tensor)]
+
+    def release() -> None:  # the sources' pages read so far (transposed ones are read again by every block)
+        assert q.assembled is not None
+        for c in q.assembled.copies:
+            if c.src_perm is None:
+                _release(index_of(q.assembled_sources[c.source]), c.tensor)
+
+    return Quantized(q, Assembled(q.assembled, source_array), q.kind == QUANTIZE_SCALE, memo, release)
 
 
 def row_block_bytes(kinds: set[str], budget: int) -> int:
@@ -419,9 +562,11 @@ def check_scales(plan: Plan, opener: Opener) -> None:
 
 __all__ = [
     "EXPANSION",
+    "Assembled",
     "Dequantized",
     "Quantized",
     "QuantizedIndex",
+    "ScaleMemo",
     "Viewed",
     "check_scales",
     "row_block_bytes",

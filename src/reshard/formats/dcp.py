@@ -10,8 +10,16 @@ Why no ``pickle.load``: a pickle can run any code, and these files come from use
 uses are read by unpicklers whose ``find_class`` allows exactly the globals DCP (and ``torch.save``)
 name and maps each to an inert stand-in; any other global is refused with one ``FormatError`` naming
 the file and the global, before anything runs. The stand-ins become plain frozen records
-(``DcpMetadata``, ``TensorMeta``, ``Chunk``, ``BytesItem``) after validation: every chunk inside its
-tensor, chunks neither overlapping nor leaving a gap, every stored item inside an existing file.
+(``DcpMetadata``, ``TensorMeta``, ``BytesItem``) after validation: every chunk inside its tensor,
+chunks neither overlapping nor leaving a gap, every stored item inside an existing file.
+
+Why columns: a checkpoint saved by thousands of ranks has tens of millions of chunks (4,096 ranks x
+5,000 fully sharded parameters: 20 M). One Python object per chunk, built and checked one by one,
+cost some 20 us each. So each tensor's chunks are a ``ChunkTable`` (numpy columns: offsets, sizes,
+file, byte offset, length), filled from the unpickler's records in bulk, and every check runs on whole
+columns; ``TensorMeta.chunks`` (``Chunk`` records) is built only when asked for. The C unpickler is
+fed in blocks (``_PickleInput``), the allowed classes keep their pickled state without a ``__dict__``,
+and the cycle collector is paused while the records exist. ``docs/pytorch.md`` has the figures.
 
 A chunk's bytes come in one of torch's two serializations, told apart by what starts at the item's
 offset: ``torch_save`` (the default) stores each chunk as a complete ``torch.save`` ZIP archive whose
@@ -37,15 +45,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import io
+import itertools
 import json
 import math
+import operator
 import os
 import pickle
 import struct
 import zipfile
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,15 +121,154 @@ class Chunk:
         return math.prod(self.sizes)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
+class ChunkTable:
+    """The chunks of one tensor as columns: row ``k`` is chunk ``k`` (no Python object per chunk).
+
+    A checkpoint saved on thousands of ranks has tens of millions of chunks; a row costs
+    ``16 x ndim + 20`` bytes here against some 300 bytes as a ``Chunk``, and the checks run on
+    whole columns (``check_chunks``). The columns are read-only; stream transforms are not kept
+    (the reader refuses them). Compare tables by their columns (``==`` is identity)."""
+
+    offsets: np.ndarray  # (n, ndim) int64: each chunk's offsets in the global tensor
+    sizes: np.ndarray  # (n, ndim) int64
+    files: tuple[str, ...]  # the relative paths that file_ids index
+    file_ids: np.ndarray  # (n,) int32
+    starts: np.ndarray  # (n,) int64: where each stored item starts in its file
+    lengths: np.ndarray  # (n,) int64
+
+    def __post_init__(self) -> None:
+        for column in (self.offsets, self.sizes, self.file_ids, self.starts, self.lengths):
+            column.setflags(write=False)
+
+    def __len__(self) -> int:
+        return len(self.file_ids)
+
+    @property
+    def numels(self) -> np.ndarray:
+        """Each chunk's element count (int64; ``check_chunks`` guards against overflow)."""
+        return np.prod(self.sizes, axis=1, dtype=np.int64)
+
+    def rows_in(self, relative_path: str) -> np.ndarray:
+        """The row numbers of the chunks stored in one data file, in order."""
+        if relative_path not in self.files:
+            return np.zeros(0, dtype=np.intp)
+        return np.flatnonzero(self.file_ids == self.files.index(relative_path))
+
+    def chunk(self, fqn: str, row: int) -> Chunk:
+        return Chunk(
+            fqn,
+            tuple(self.offsets[row].tolist()),
+            tuple(self.sizes[row].tolist()),
+            self.files[int(self.file_ids[row])],
+            int(self.starts[row]),
+            int(self.lengths[row]),
+        )
+
+    def chunks(self, fqn: str) -> tuple[Chunk, ...]:
+        offsets, sizes = map(tuple, self.offsets.tolist()), map(tuple, self.sizes.tolist())
+        files = [self.files[i] for i in self.file_ids.tolist()]
+        rows = zip(offsets, sizes, files, self.starts.tolist(), self.lengths.tolist(), strict=True)
+        with collector_paused():
+            return tuple(Chunk(fqn, o, s, f, b, n) for o, s, f, b, n in rows)
+
+    @classmethod
+    def of(cls, chunks: Sequence[Chunk], ndim: int) -> ChunkTable:
+        """The table of chunk records (their ranks must all be ``ndim``: ``check_chunks`` says so first)."""
+        files = tuple(dict.fromkeys(c.file for c in chunks))
+        ids = {rel: k for k, rel in enumerate(files)}
+        return cls(
+            _int_matrix([c.offsets for c in chunks], ndim),
+            _int_matrix([c.sizes for c in chunks], ndim),
+            files,
+            np.fromiter((ids[c.file] for c in chunks), np.int32, len(chunks)),
+            np.fromiter((c.offset for c in chunks), np.int64, len(chunks)),
+            np.fromiter((c.length for c in chunks), np.int64, len(chunks)),
+        )
+
+
+def _int_matrix(rows: Sequence[Sequence[int]], ndim: int) -> np.ndarray:
+    """``rows`` (each ``ndim`` Python ints) as an (n, ndim) int64 array; OverflowError past int64."""
+    flat = np.fromiter(itertools.chain.from_iterable(rows), np.int64, len(rows) * ndim)
+    return flat.reshape(len(rows), ndim)
+
+
 class TensorMeta:
-    """A tensor of the state dict: dtype, global shape and the chunks that tile it."""
+    """A tensor of the state dict: dtype, global shape and the chunks that tile it.
+
+    ``chunks`` is given either as ``Chunk`` records or as a ``ChunkTable`` (what the reader makes);
+    both ``chunks`` and ``table`` are there to read, each built from the other on first use."""
+
+    __slots__ = ("_chunks", "_table", "dtype", "fqn", "requires_grad", "shape")
 
     fqn: str
     dtype: DType
     shape: tuple[int, ...]
-    chunks: tuple[Chunk, ...]
-    requires_grad: bool = False
+    requires_grad: bool
+    _chunks: tuple[Chunk, ...] | None
+    _table: ChunkTable | None
+
+    def __init__(
+        self,
+        fqn: str,
+        dtype: DType,
+        shape: tuple[int, ...],
+        chunks: Sequence[Chunk] | ChunkTable = (),
+        requires_grad: bool = False,
+    ) -> None:
+        table = chunks if isinstance(chunks, ChunkTable) else None
+        records = None if isinstance(chunks, ChunkTable) else tuple(chunks)
+        for name, value in (
+            ("fqn", fqn),
+            ("dtype", dtype),
+            ("shape", tuple(shape)),
+            ("requires_grad", requires_grad),
+            ("_table", table),
+            ("_chunks", records),
+        ):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"TensorMeta is frozen: cannot set {name}")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled (by Ray, multiprocessing) as its columns or records
+        held = self._table if self._table is not None else self._chunks
+        return (TensorMeta, (self.fqn, self.dtype, self.shape, held, self.requires_grad))
+
+    @property
+    def chunks(self) -> tuple[Chunk, ...]:
+        if self._chunks is None:
+            assert self._table is not None
+            object.__setattr__(self, "_chunks", self._table.chunks(self.fqn))
+        assert self._chunks is not None
+        return self._chunks
+
+    @property
+    def table(self) -> ChunkTable:
+        """The chunks as columns (made from the records on first use: ``check_chunks`` checks their ranks first)."""
+        if self._table is None:
+            object.__setattr__(self, "_table", ChunkTable.of(self.chunks, len(self.shape)))
+        assert self._table is not None
+        return self._table
+
+    @property
+    def chunk_count(self) -> int:
+        return len(self._table) if self._table is not None else len(self.chunks)
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.fqn, self.dtype, self.shape, self.chunks, self.requires_grad)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TensorMeta) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (
+            f"TensorMeta(fqn={self.fqn!r}, dtype={self.dtype!r}, shape={self.shape!r}, "
+            f"chunks=<{self.chunk_count} chunks>, requires_grad={self.requires_grad!r})"
+        )
 
 
 @dataclass(frozen=True)
@@ -142,28 +292,44 @@ class DcpMetadata:
     planner_data: Any = None  # plain values (DefaultSavePlanner: fqn -> key path); None when absent
     version: str | None = None
 
-    @property
+    @functools.cached_property
     def files(self) -> tuple[str, ...]:
         """The data files the metadata refers to, sorted."""
-        names = {c.file for t in self.tensors.values() for c in t.chunks}
+        names = {rel for t in self.tensors.values() for rel in t.table.files}
         return tuple(sorted(names | {b.file for b in self.byte_items.values()}))
+
+    def chunks_in(self, relative_path: str) -> list[tuple[TensorMeta, np.ndarray]]:
+        """The chunks stored in one data file: per tensor (in order) its rows of ``tensor.table``."""
+        return self._rows_by_file.get(relative_path, [])
+
+    @functools.cached_property
+    def _rows_by_file(self) -> dict[str, list[tuple[TensorMeta, np.ndarray]]]:
+        """Every data file's chunks, found in one pass (not one pass over all chunks per file)."""
+        out: dict[str, list[tuple[TensorMeta, np.ndarray]]] = {}
+        for tensor in self.tensors.values():
+            table = tensor.table
+            order = np.argsort(table.file_ids, kind="stable")
+            bounds = np.searchsorted(table.file_ids[order], np.arange(len(table.files) + 1))
+            for k, rel in enumerate(table.files):
+                rows = order[bounds[k] : bounds[k + 1]]
+                if len(rows):
+                    out.setdefault(rel, []).append((tensor, rows))
+        return out
 
 
 # ------------------------------------------------------------------- allowlisting unpicklers
 
 
 class _Pickled:
-    """An instance of an allowed class: NEWOBJ makes it (``object.__new__``) and BUILD fills its
-    ``__dict__`` with the pickled state, both inside the C unpickler; no code of ours or torch's runs."""
+    """An instance of an allowed class: NEWOBJ makes it (``object.__new__``) and BUILD hands it its
+    pickled state, which it keeps as is (no copy into a ``__dict__``); no code of ours or torch's runs
+    but this one assignment."""
 
+    __slots__ = ("state",)
     global_name = ""
 
-
-class _PickledTuple(_Pickled):
-    """An allowed class pickled with a tuple state (``TensorProperties``): BUILD hands it over here."""
-
     def __setstate__(self, state: Any) -> None:
-        self.__dict__["tuple_state"] = state
+        self.state = state
 
 
 @dataclass(frozen=True)
@@ -193,8 +359,7 @@ class _Rebuilt:
 
 
 def _record_class(module: str, name: str) -> type[_Pickled]:
-    base = _PickledTuple if name == "TensorProperties" else _Pickled
-    return type(name, (base,), {"global_name": f"{module}.{name}"})
+    return type(name, (_Pickled,), {"__slots__": (), "global_name": f"{module}.{name}"})
 
 
 _RECORD_CLASSES: dict[tuple[str, str], type[_Pickled]] = {
@@ -227,6 +392,13 @@ def _int_tuple(values: Any) -> tuple[int, ...]:
 
 
 _INT_ONLY = {int}
+
+
+def _int_tuples(values: list[Any]) -> list[tuple[int, ...]]:
+    """Many ``_int_tuple`` at once (checked in bulk when they are tuples already, as torch.Size makes them)."""
+    if set(map(type, values)) <= {tuple} and set(map(type, itertools.chain.from_iterable(values))) <= _INT_ONLY:
+        return values
+    return [_int_tuple(v) for v in values]
 
 
 def _layout(name: Any) -> str:
@@ -354,14 +526,51 @@ _UNPICKLE_ERRORS = (
 
 
 def _unpickle(unpickler: type[pickle.Unpickler], data: bytes, path: str, what: str) -> Any:
+    """Unpickle ``data`` from a ``_PickleInput``."""
     try:
-        return unpickler(io.BytesIO(data)).load()
+        return unpickler(_PickleInput(data)).load()
     except _Refused as exc:
         raise FormatError(
             f"{what} names {exc}, which a DCP checkpoint never does: refused, nothing run", path
         ) from None
     except _UNPICKLE_ERRORS as exc:
         raise FormatError(f"{what} is not a DCP pickle: {first_line(exc)}", path) from None
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cycle collector off: it would walk the millions of records of a large checkpoint's metadata
+    again and again while they are made and turned into columns (they hold no cycles)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+class _PickleInput:
+    """The pickle's bytes as the file the C unpickler reads. With ``peek`` it takes them in blocks of
+    128 KiB (over ``io.BytesIO`` it calls ``read`` once per opcode: 3x slower); ``read`` never hands
+    out more than there is, so a length field of a corrupt pickle allocates nothing."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._pos = 0
+
+    def peek(self, size: int = 1) -> bytes:
+        return self._data[self._pos : self._pos + max(size, 1)]
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self._data) if size < 0 else min(len(self._data), self._pos + size)
+        block = self._data[self._pos : end]
+        self._pos = end
+        return block
+
+    def readline(self) -> bytes:
+        end = self._data.find(b"\n", self._pos)
+        return self.read(-1 if end < 0 else end + 1 - self._pos)
 
 
 # -------------------------------------------------------------------------------- metadata
@@ -373,7 +582,8 @@ def read_dcp_metadata(folder: str | os.PathLike[str]) -> DcpMetadata:
     Raises ``FormatError`` (naming the file and what is wrong) for a pickle naming any global outside
     DCP's, a structure that is not DCP's, chunks outside their tensor, overlapping or leaving a gap,
     items in missing files or past their end; ``UnsupportedError`` for stream transforms, sparse
-    layouts and dtypes reshard does not carry.
+    layouts and dtypes reshard does not carry. Each tensor's chunks come as a ``ChunkTable`` (no
+    Python object per chunk is kept: ``docs/pytorch.md`` has the time and memory per chunk).
     """
     folder = os.fspath(folder)
     path = os.path.join(folder, METADATA_NAME)
@@ -382,20 +592,52 @@ def read_dcp_metadata(folder: str | os.PathLike[str]) -> DcpMetadata:
             raw = fh.read()
     except OSError as exc:
         raise FormatError(f"cannot read: {exc.strerror}", path) from None
-    top = _unpickle(_MetadataUnpickler, raw, path, "the metadata pickle")
-    try:
-        meta = _build_metadata(top, folder, path)
-    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
-        raise FormatError(f"not a DCP metadata pickle: {first_line(exc)}", path) from None
+    with collector_paused():
+        top = _unpickle(_MetadataUnpickler, raw, path, "the metadata pickle")
+        del raw
+        try:
+            meta = _build_metadata(top, folder, path)
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError) as exc:
+            raise FormatError(f"not a DCP metadata pickle: {first_line(exc)}", path) from None
+        del top
     _check_files(meta, path)
     return meta
 
 
-def _state(obj: Any, kind: str, path: str) -> Any:
+def _state(obj: Any, kind: str, path: str, form: type = dict) -> Any:
     if not isinstance(obj, _Pickled) or obj.global_name != f"{kind}":
         found = obj.global_name if isinstance(obj, _Pickled) else type(obj).__name__
         raise FormatError(f"expected a {kind.rsplit('.', 1)[-1]}, found {found}", path)
-    return obj.__dict__.get("tuple_state") if isinstance(obj, _PickledTuple) else obj.__dict__
+    state = getattr(obj, "state", None)
+    if state is None and form is dict:
+        return {}  # NEWOBJ without BUILD: an instance of no fields
+    if not isinstance(state, form):
+        raise FormatError(f"a {kind.rsplit('.', 1)[-1]} has its state in an unknown form", path)
+    return state
+
+
+_STATE = operator.attrgetter("state")
+
+
+def _states(objs: list[Any], kind: str, path: str) -> list[dict[Any, Any]]:
+    """The dict states of many instances of one allowed class (checked as ``_state`` does, in bulk)."""
+    cls = _RECORD_CLASSES[tuple(kind.rsplit(".", 1))]  # type: ignore[index]
+    try:
+        if set(map(type, objs)) <= {cls}:
+            states = list(map(_STATE, objs))
+            if set(map(type, states)) <= {dict}:
+                return states
+    except AttributeError:  # an instance without BUILD: _state says what
+        pass
+    return [_state(obj, kind, path) for obj in objs]
+
+
+def _column(states: list[dict[Any, Any]], name: str, default: Any = None) -> list[Any]:
+    """``state.get(name, default)`` of every state (the faster ``itemgetter`` when all have it)."""
+    try:
+        return list(map(operator.itemgetter(name), states))
+    except KeyError:
+        return list(map(operator.methodcaller("get", name, default), states))
 
 
 def _build_metadata(top: Any, folder: str, path: str) -> DcpMetadata:
@@ -405,50 +647,78 @@ def _build_metadata(top: Any, folder: str, path: str) -> DcpMetadata:
     if not isinstance(entries, dict) or not isinstance(storage, dict):
         raise FormatError("metadata has no state_dict_metadata / storage_data dictionaries", path)
     where = _storage_index(storage, path)
+    del storage, state
     tensors: dict[str, TensorMeta] = {}
     byte_items: dict[str, BytesItem] = {}
+    planner = top.state.get("planner_data")
+    version = top.state.get("version")
     for fqn, entry in entries.items():
         if not isinstance(fqn, str):
             raise FormatError(f"state dict key {fqn!r} is not a string", path)
         if isinstance(entry, _Pickled) and entry.global_name == f"{_META}.BytesStorageMetadata":
-            info = where.get((fqn, None))
-            if info is None:
+            row = where.rows.get((fqn, None))
+            if row is None:
                 raise FormatError(f"value {fqn!r} has no storage entry", path)
-            byte_items[fqn] = BytesItem(fqn, *info)
+            byte_items[fqn] = BytesItem(fqn, *where.item(row))
         else:
             tensors[fqn] = _tensor_meta(fqn, _state(entry, f"{_META}.TensorStorageMetadata", path), where, path)
-    planner = state.get("planner_data")
-    version = state.get("version")
     return DcpMetadata(folder, tensors, byte_items, planner, version if isinstance(version, str) else None)
 
 
 StorageKey = tuple[str, tuple[int, ...] | None]
-StorageValue = tuple[str, int, int, tuple[str, ...]]
 
 
-def _storage_index(storage: dict[Any, Any], path: str) -> dict[StorageKey, StorageValue]:
-    where: dict[StorageKey, StorageValue] = {}
-    checked: set[str] = set()
-    for key, info in storage.items():
-        index = _state(key, f"{_META}.MetadataIndex", path)
-        item = _state(info, f"{_FILESYSTEM}._StorageInfo", path)
-        fqn, offset = index.get("fqn"), index.get("offset")
-        rel, start, length = item.get("relative_path"), item.get("offset"), item.get("length")
-        transforms = tuple(item.get("transform_descriptors") or ())
-        if not isinstance(fqn, str) or not isinstance(rel, str) or type(start) is not int or type(length) is not int:
-            raise FormatError(f"storage entry {fqn!r} is malformed", path)
-        if start < 0 or length < 0:
-            raise FormatError(f"storage entry {fqn!r} has a negative offset or length", path)
-        if rel not in checked:
-            _check_relative(rel, path)
-            checked.add(rel)
-        if transforms:
-            raise UnsupportedError(
-                f"{fqn!r} is stored through stream transforms {list(transforms)} (reshard reads none)",
-                path,
-            )
-        where[(fqn, None if offset is None else tuple(offset))] = (rel, start, length, transforms)
-    return where
+@dataclass(frozen=True)
+class _StorageColumns:
+    """``storage_data`` as columns: row ``k`` is the k-th entry; ``rows`` finds a row by its key."""
+
+    rows: dict[StorageKey, int]
+    files: tuple[str, ...]
+    file_ids: np.ndarray  # int32
+    starts: np.ndarray  # int64
+    lengths: np.ndarray  # int64
+
+    def item(self, row: int) -> tuple[str, int, int]:
+        return self.files[int(self.file_ids[row])], int(self.starts[row]), int(self.lengths[row])
+
+
+def _storage_index(storage: dict[Any, Any], path: str) -> _StorageColumns:
+    keys = _states(list(storage), f"{_META}.MetadataIndex", path)
+    infos = _states(list(storage.values()), f"{_FILESYSTEM}._StorageInfo", path)
+    fqns, offsets = _column(keys, "fqn"), _column(keys, "offset")
+    rels, starts, lengths = _column(infos, "relative_path"), _column(infos, "offset"), _column(infos, "length")
+    # torch leaves transform_descriptors out when there are none: states of three keys have none
+    extra = not set(map(len, infos)) <= {3}
+    transforms = _column(infos, "transform_descriptors") if extra else [None] * len(infos)
+    del keys, infos
+    typed = all(set(map(type, v)) <= {t} for v, t in ((fqns, str), (rels, str), (starts, int), (lengths, int)))
+    if not typed or any(transforms):
+        for entry in zip(fqns, rels, starts, lengths, transforms, strict=True):  # the first bad entry says what
+            _check_storage_entry(*entry, path)
+    start_column = np.fromiter(starts, np.int64, len(starts))
+    length_column = np.fromiter(lengths, np.int64, len(lengths))
+    if (start_column < 0).any() or (length_column < 0).any():
+        first = int(np.flatnonzero((start_column < 0) | (length_column < 0))[0])
+        raise FormatError(f"storage entry {fqns[first]!r} has a negative offset or length", path)
+    file_index = {rel: k for k, rel in enumerate(dict.fromkeys(rels))}
+    for rel in file_index:
+        _check_relative(rel, path)
+    file_ids = np.fromiter(map(file_index.__getitem__, rels), np.int32, len(rels))
+    offsets = [o if o is None or type(o) is tuple else tuple(o) for o in offsets]
+    rows = dict(zip(zip(fqns, offsets, strict=True), range(len(fqns)), strict=True))
+    return _StorageColumns(rows, tuple(file_index), file_ids, start_column, length_column)
+
+
+def _check_storage_entry(fqn: Any, rel: Any, start: Any, length: Any, transforms: Any, path: str) -> None:
+    if not isinstance(fqn, str) or not isinstance(rel, str) or type(start) is not int or type(length) is not int:
+        raise FormatError(f"storage entry {fqn!r} is malformed", path)
+    if start < 0 or length < 0:
+        raise FormatError(f"storage entry {fqn!r} has a negative offset or length", path)
+    _check_relative(rel, path)
+    if transforms:
+        raise UnsupportedError(
+            f"{fqn!r} is stored through stream transforms {list(transforms)} (reshard reads none)", path
+        )
 
 
 def _inside_folder(rel: str) -> bool:
@@ -462,9 +732,9 @@ def _check_relative(rel: str, path: str) -> None:
         raise FormatError(f"data file {rel!r} is not a path inside the checkpoint folder", path)
 
 
-def _tensor_meta(fqn: str, state: Any, where: dict[StorageKey, StorageValue], path: str) -> TensorMeta:
-    props = _state(state.get("properties"), f"{_META}.TensorProperties", path)
-    if not isinstance(props, tuple) or len(props) != 5:
+def _tensor_meta(fqn: str, state: Any, where: _StorageColumns, path: str) -> TensorMeta:
+    props = _state(state.get("properties"), f"{_META}.TensorProperties", path, tuple)
+    if len(props) != 5:
         raise FormatError(f"tensor {fqn!r} has properties in an unknown form", path)
     torch_dtype, layout, requires_grad, _memory_format, _pinned = props
     if not isinstance(torch_dtype, _TorchDtype):
@@ -473,114 +743,145 @@ def _tensor_meta(fqn: str, state: Any, where: dict[StorageKey, StorageValue], pa
         raise UnsupportedError(f"tensor {fqn!r} has layout {layout} (reshard reads dense tensors only)", path)
     dtype = dtypes.from_torch_name(torch_dtype.name, path)
     shape = _int_tuple(state.get("size", ()))
-    chunks = []
-    for raw in state.get("chunks") or ():
-        box = _state(raw, f"{_META}.ChunkStorageMetadata", path)
-        offsets, sizes = _int_tuple(box.get("offsets", ())), _int_tuple(box.get("sizes", ()))
-        info = where.get((fqn, offsets))
-        if info is None:
-            raise FormatError(f"tensor {fqn!r} chunk at {list(offsets)} has no storage entry", path)
-        chunks.append(Chunk(fqn, offsets, sizes, *info))
-    meta = TensorMeta(fqn, dtype, shape, tuple(chunks), bool(requires_grad))
+    boxes = _states(list(state.get("chunks") or ()), f"{_META}.ChunkStorageMetadata", path)
+    offsets, sizes = _int_tuples(_column(boxes, "offsets", ())), _int_tuples(_column(boxes, "sizes", ()))
+    rows = np.fromiter(map(where.rows.get, zip(itertools.repeat(fqn), offsets), itertools.repeat(-1)), np.int64)
+    if (rows < 0).any():
+        first = int(np.flatnonzero(rows < 0)[0])
+        raise FormatError(f"tensor {fqn!r} chunk at {list(offsets[first])} has no storage entry", path)
+    _check_ranks(fqn, offsets, sizes, len(shape), path)
+    used, file_ids = np.unique(where.file_ids[rows], return_inverse=True)
+    table = ChunkTable(
+        _int_matrix(offsets, len(shape)),
+        _int_matrix(sizes, len(shape)),
+        tuple(map(where.files.__getitem__, used.tolist())),
+        file_ids.astype(np.int32),
+        where.starts[rows],
+        where.lengths[rows],
+    )
+    meta = TensorMeta(fqn, dtype, shape, table, bool(requires_grad))
     check_chunks(meta, path)
     return meta
 
 
+def _check_ranks(
+    fqn: str, offsets: Sequence[Sequence[int]], sizes: Sequence[Sequence[int]], ndim: int, path: str | None
+) -> None:
+    if set(map(len, offsets)) | set(map(len, sizes)) <= {ndim}:
+        return
+    for o, s in zip(offsets, sizes, strict=True):
+        if len(o) != ndim or len(s) != ndim:
+            raise FormatError(f"tensor {fqn!r} chunk at {list(o)} has the wrong rank", path)
+
+
 def check_chunks(meta: TensorMeta, path: str | None = None) -> None:
-    """The chunks of ``meta`` lie inside the tensor and tile it exactly (no overlap, no gap)."""
-    shape = meta.shape
-    total = 0
-    for chunk in meta.chunks:
-        if len(chunk.offsets) != len(shape) or len(chunk.sizes) != len(shape):
-            raise FormatError(f"tensor {meta.fqn!r} chunk at {list(chunk.offsets)} has the wrong rank", path)
-        for o, s, d in zip(chunk.offsets, chunk.sizes, shape, strict=True):
-            if o < 0 or s < 0 or o + s > d:
-                raise FormatError(
-                    f"tensor {meta.fqn!r} chunk at {list(chunk.offsets)} of {list(chunk.sizes)} lies outside "
-                    f"its shape {list(shape)}",
-                    path,
-                )
-        total += chunk.numel
-    _check_tiling(meta, total, path)
+    """The chunks of ``meta`` lie inside the tensor and tile it exactly (no overlap, no gap).
+
+    Checked on whole columns of its ``ChunkTable``: bounds, then overlaps (intervals when the chunks
+    are cut along one axis, a grid of the cuts otherwise), then the volume."""
+    if meta._table is None:  # records made in memory: their ranks before they become columns
+        chunks = meta.chunks
+        _check_ranks(meta.fqn, [c.offsets for c in chunks], [c.sizes for c in chunks], len(meta.shape), path)
+    try:
+        table = meta.table
+        shape = np.array(meta.shape, dtype=np.int64).reshape(1, len(meta.shape))
+    except OverflowError:
+        raise FormatError(f"tensor {meta.fqn!r} has a size or chunk offset past 2**63", path) from None
+    offsets, sizes = table.offsets, table.sizes
+    outside = ((offsets < 0) | (sizes < 0) | (offsets > shape) | (sizes > shape - offsets)).any(axis=1)
+    if outside.any():
+        k = int(np.flatnonzero(outside)[0])
+        raise FormatError(
+            f"tensor {meta.fqn!r} chunk at {offsets[k].tolist()} of {sizes[k].tolist()} lies outside "
+            f"its shape {list(meta.shape)}",
+            path,
+        )
+    volume = math.prod(meta.shape)
+    if volume * max(1, len(table)) < 1 << 63:  # every chunk inside: each numel and their sum fit in int64
+        numels = table.numels
+        total, nonempty = int(numels.sum()), numels > 0
+    else:  # absurd shapes: exact Python integers
+        numels_exact = [math.prod(s) for s in sizes.tolist()]
+        total, nonempty = sum(numels_exact), np.array([n > 0 for n in numels_exact], dtype=bool)
+    _check_tiling(meta, offsets[nonempty], sizes[nonempty], path)
+    if total != volume:
+        raise FormatError(f"tensor {meta.fqn!r}: its chunks do not cover it ({total} of {volume} elements)", path)
 
 
 _GRID_CELLS = 1 << 22  # largest grid of chunk cuts checked cell by cell
 
 
-def _check_tiling(meta: TensorMeta, total: int, path: str | None) -> None:
-    """Exact coverage: no two chunks overlap (as intervals when they are cut along one axis, else cell
-    by cell on the grid of every chunk's cuts), and their volumes add up to the tensor's."""
-    boxes = [c for c in meta.chunks if c.numel]
+def _check_tiling(meta: TensorMeta, offsets: np.ndarray, sizes: np.ndarray, path: str | None) -> None:
+    """No two non-empty chunks overlap: as intervals when they are cut along one axis, else on the grid
+    of every chunk's cuts (``check_chunks`` then compares their volume with the tensor's)."""
     if math.prod(meta.shape) == 0:
         return
     if not meta.shape:
-        if len(boxes) > 1:
-            raise FormatError(f"tensor {meta.fqn!r} has {len(boxes)} chunks of its one element", path)
-    elif (axis := _only_cut_axis(meta.shape, boxes)) is not None:  # Shard(k), FSDP: intervals on one axis
-        _check_intervals(meta, boxes, axis, path)
+        if len(offsets) > 1:
+            raise FormatError(f"tensor {meta.fqn!r} has {len(offsets)} chunks of its one element", path)
+    elif (axis := _only_cut_axis(meta.shape, offsets, sizes)) is not None:  # Shard(k), FSDP: intervals on one axis
+        _check_intervals(meta, offsets, sizes, axis, path)
     else:
-        _check_grid(meta, boxes, path)
-    if total != math.prod(meta.shape):
-        raise FormatError(
-            f"tensor {meta.fqn!r}: its chunks do not cover it ({total} of {math.prod(meta.shape)} elements)", path
-        )
+        _check_grid(meta, offsets, sizes, path)
 
 
-def _only_cut_axis(shape: tuple[int, ...], boxes: list[Chunk]) -> int | None:
+def _only_cut_axis(shape: tuple[int, ...], offsets: np.ndarray, sizes: np.ndarray) -> int | None:
     """The one axis the chunks are cut along (each whole on every other axis), or None."""
-    whole = tuple((0, d) for d in shape)
-    cut: set[int] = set()
-    for chunk in boxes:
-        spans = tuple(zip(chunk.offsets, chunk.sizes, strict=True))
-        if spans != whole:
-            cut.update(i for i, span in enumerate(spans) if span != whole[i])
-            if len(cut) > 1:
-                return None
-    return next(iter(cut), 0)
+    whole = (offsets == 0) & (sizes == np.array(shape, dtype=np.int64))
+    cut = np.flatnonzero(~whole.all(axis=0))
+    return None if len(cut) > 1 else int(cut[0]) if len(cut) else 0
 
 
-def _check_intervals(meta: TensorMeta, boxes: list[Chunk], axis: int, path: str | None) -> None:
-    end = 0
-    for chunk in sorted(boxes, key=lambda c: c.offsets[axis]):
-        if chunk.offsets[axis] < end:
-            raise FormatError(f"tensor {meta.fqn!r} chunk at {list(chunk.offsets)} overlaps another chunk", path)
-        end = chunk.offsets[axis] + chunk.sizes[axis]
+def _overlap(meta: TensorMeta, offsets: Sequence[int], path: str | None) -> FormatError:
+    return FormatError(f"tensor {meta.fqn!r} chunk at {list(offsets)} overlaps another chunk", path)
 
 
-def _check_grid(meta: TensorMeta, boxes: list[Chunk], path: str | None) -> None:
-    cuts = [
-        sorted({0, d, *(c.offsets[i] for c in boxes), *(c.offsets[i] + c.sizes[i] for c in boxes)})
-        for i, d in enumerate(meta.shape)
-    ]
+def _check_intervals(meta: TensorMeta, offsets: np.ndarray, sizes: np.ndarray, axis: int, path: str | None) -> None:
+    order = np.argsort(offsets[:, axis], kind="stable")
+    starts = offsets[order, axis]
+    ends = starts + sizes[order, axis]
+    clash = np.flatnonzero(starts[1:] < ends[:-1])
+    if len(clash):
+        raise _overlap(meta, offsets[order[clash[0] + 1]].tolist(), path)
+
+
+def _check_grid(meta: TensorMeta, offsets: np.ndarray, sizes: np.ndarray, path: str | None) -> None:
+    ends = offsets + sizes
+    cuts = [np.unique(np.concatenate(([0, d], offsets[:, i], ends[:, i]))) for i, d in enumerate(meta.shape)]
     cells = math.prod(len(axis) - 1 for axis in cuts)
     # a real tiling has one cell per chunk; more cells than a few per chunk (or than _GRID_CELLS) are
     # not worth marking: pairwise disjointness, then the volume says coverage
-    if cells > min(_GRID_CELLS, 64 * len(boxes) + 4096):
-        _check_disjoint(meta, boxes, path)
-    else:
-        grid = np.zeros([len(axis) - 1 for axis in cuts], dtype=np.int32)
-        position = [{cut: k for k, cut in enumerate(axis)} for axis in cuts]
-        for c in boxes:
-            window = tuple(
-                slice(position[i][o], position[i][o + s])
-                for i, (o, s) in enumerate(zip(c.offsets, c.sizes, strict=True))
-            )
-            grid[window] += 1
-            if grid[window].max() > 1:
-                raise FormatError(f"tensor {meta.fqn!r} chunk at {list(c.offsets)} overlaps another chunk", path)
+    if cells > min(_GRID_CELLS, 64 * len(offsets) + 4096):
+        _check_disjoint(meta, offsets.tolist(), sizes.tolist(), path)
+        return
+    low = np.stack([np.searchsorted(axis, offsets[:, i]) for i, axis in enumerate(cuts)], axis=1)
+    high = np.stack([np.searchsorted(axis, ends[:, i]) for i, axis in enumerate(cuts)], axis=1)
+    dims = tuple(len(axis) - 1 for axis in cuts)
+    if (high - low == 1).all():  # every chunk one cell (a regular mesh): a cell twice is an overlap
+        cell = np.ravel_multi_index(tuple(low.T), dims)
+        order = np.argsort(cell, kind="stable")
+        again = order[1:][cell[order[1:]] == cell[order[:-1]]]
+        if len(again):
+            raise _overlap(meta, offsets[int(again.min())].tolist(), path)
+        return
+    grid = np.zeros(dims, dtype=np.int32)
+    for k, (lo, hi) in enumerate(zip(low.tolist(), high.tolist(), strict=True)):
+        window = tuple(slice(a, b) for a, b in zip(lo, hi, strict=True))
+        grid[window] += 1
+        if grid[window].max() > 1:
+            raise _overlap(meta, offsets[k].tolist(), path)
 
 
-def _check_disjoint(meta: TensorMeta, boxes: list[Chunk], path: str | None) -> None:
-    boxes = sorted(boxes, key=lambda c: c.offsets)
-    for k, a in enumerate(boxes):
-        for b in boxes[k + 1 :]:
-            if b.offsets[0] >= a.offsets[0] + a.sizes[0]:
+def _check_disjoint(meta: TensorMeta, offsets: list[list[int]], sizes: list[list[int]], path: str | None) -> None:
+    boxes = sorted(zip(offsets, sizes, strict=True))
+    for k, (a_off, a_size) in enumerate(boxes):
+        for b_off, b_size in boxes[k + 1 :]:
+            if b_off[0] >= a_off[0] + a_size[0]:
                 break
             if all(
-                bo < ao + asz and ao < bo + bsz
-                for ao, asz, bo, bsz in zip(a.offsets, a.sizes, b.offsets, b.sizes, strict=True)
+                bo < ao + asz and ao < bo + bsz for ao, asz, bo, bsz in zip(a_off, a_size, b_off, b_size, strict=True)
             ):
-                raise FormatError(f"tensor {meta.fqn!r} chunk at {list(b.offsets)} overlaps another chunk", path)
+                raise _overlap(meta, b_off, path)
 
 
 def _check_files(meta: DcpMetadata, path: str) -> None:
@@ -591,14 +892,23 @@ def _check_files(meta: DcpMetadata, path: str) -> None:
             sizes[rel] = os.stat(file).st_size
         except OSError as exc:
             raise FormatError(f"data file {rel!r} named by the metadata is missing ({exc.strerror})", path) from None
-    items: Iterable[Chunk | BytesItem] = [c for t in meta.tensors.values() for c in t.chunks]
-    for item in [*items, *meta.byte_items.values()]:
+    for tensor in meta.tensors.values():
+        table = tensor.table
+        room = np.array([sizes[rel] for rel in table.files], dtype=np.int64)[table.file_ids] - table.starts
+        past = np.flatnonzero(table.lengths > room)
+        if len(past):
+            _past_the_end(meta, table.chunk(tensor.fqn, int(past[0])), sizes)
+    for item in meta.byte_items.values():
         if item.offset + item.length > sizes[item.file]:
-            raise FormatError(
-                f"{item.fqn!r} is stored at bytes {item.offset}..{item.offset + item.length} but the file has "
-                f"{sizes[item.file]} bytes (truncated)",
-                os.path.join(meta.folder, item.file),
-            )
+            _past_the_end(meta, item, sizes)
+
+
+def _past_the_end(meta: DcpMetadata, item: Chunk | BytesItem, sizes: dict[str, int]) -> None:
+    raise FormatError(
+        f"{item.fqn!r} is stored at bytes {item.offset}..{item.offset + item.length} but the file has "
+        f"{sizes[item.file]} bytes (truncated)",
+        os.path.join(meta.folder, item.file),
+    )
 
 
 # ------------------------------------------------------------------------------ data files
@@ -615,7 +925,7 @@ def index_distcp(meta: DcpMetadata, relative_path: str) -> TensorIndex:
     path = os.path.join(meta.folder, relative_path)
     buffer, closer, size = map_file(path)
     try:
-        chunks = [(t, c) for t in meta.tensors.values() for c in t.chunks if c.file == relative_path]
+        chunks = [(t, t.table.chunk(t.fqn, int(row))) for t, rows in meta.chunks_in(relative_path) for row in rows]
         blobs: dict[int, _SafetensorsBlob] = {}
         entries: dict[str, TensorEntry] = {}
         for tensor, chunk in chunks:
@@ -657,12 +967,10 @@ def _cached_metadata(folder: str, _size: int, _mtime_ns: int) -> DcpMetadata:
 
 def serialization_of(meta: DcpMetadata, relative_path: str) -> str | None:
     """``torch_save`` or ``safetensors`` for a data file with tensors (None for values only)."""
-    for tensor in meta.tensors.values():
-        for chunk in tensor.chunks:
-            if chunk.file == relative_path:
-                with open(os.path.join(meta.folder, relative_path), "rb") as fh:
-                    fh.seek(chunk.offset)
-                    return TORCH_SAVE if fh.read(4) == _ZIP_LOCAL else SAFETENSORS
+    for tensor, rows in meta.chunks_in(relative_path):
+        with open(os.path.join(meta.folder, relative_path), "rb") as fh:
+            fh.seek(int(tensor.table.starts[rows[0]]))
+            return TORCH_SAVE if fh.read(4) == _ZIP_LOCAL else SAFETENSORS
     return None
 
 
@@ -1383,12 +1691,14 @@ __all__ = [
     "BytesItem",
     "Chunk",
     "ChunkSpec",
+    "ChunkTable",
     "DcpMetadata",
     "DistcpLayout",
     "TensorMeta",
     "bytes_name",
     "check_chunks",
     "chunk_name",
+    "collector_paused",
     "distcp_finish",
     "distcp_layout",
     "index_distcp",

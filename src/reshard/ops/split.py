@@ -77,7 +77,8 @@ def split(
     if sf is None:
         raise UsageError("split needs the destination strategy")
     inputs = pipeline.apply(Inputs(files, mapping, hyper), notes, whole=True)
-    plan = plan_split(inputs.files, inputs.mapping or {}, inputs.hyper, sf, dst_dir, fmt, ranks, name_map)
+    paired = pipeline.paired_destination(sf, inputs, notes) or sf  # each FP8 scale laid out as its weight
+    plan = plan_split(inputs.files, inputs.mapping or {}, inputs.hyper, paired, dst_dir, fmt, ranks, name_map)
     plan = pipeline.finish(inputs.resolve(plan), notes)
     where = destination or Destination()
     target = Target(dst_dir, [model_folder(unified_dir)], superseded=folder_superseded(dst_dir, sf, where))

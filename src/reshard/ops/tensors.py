@@ -12,10 +12,11 @@ map is applied before planning, so a destination strategy slices the mapped tens
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from reshard import statenames
 from reshard.errors import UsageError
@@ -24,9 +25,19 @@ from reshard.naming import NameReport
 from reshard.ops.options import TensorOptions
 from reshard.plan import Plan, SourceFile
 from reshard.plan.cast import cast_files, cast_rule
-from reshard.plan.quantized import Dequantizer, Precision
+from reshard.plan.quantized import (
+    Dequantizer,
+    Pair,
+    Precision,
+    block_of_slices,
+    full_pairs,
+    paired_layouts,
+    sharded_pairs,
+)
 from reshard.plan.surgery import MAPPED_SOURCE, MappedModel, NameRun
 from reshard.sources import ReadOptions, model_folder, open_checkpoint
+
+TableT = TypeVar("TableT", bound=LayoutTable)
 
 
 @dataclass
@@ -35,7 +46,8 @@ class Inputs:
 
     ``hyper``: unify's hyper-parameter file beside a unified model (split carries it over).
     ``model``: the map applied before planning (``MAPPED_SOURCE`` then stands for it in ``files``);
-    ``read``: the files the plan's copies really read (before the map stood in for them).
+    ``read``: the files the plan's copies really read (before the map stood in for them). ``table``:
+    rank sources' strategy, which block-scaled pairs are checked and laid out through.
     """
 
     files: dict[Any, SourceFile]  # rank -> file, or a full model's file key -> file
@@ -43,6 +55,9 @@ class Inputs:
     hyper: SourceFile | None = None
     model: MappedModel | None = None
     read: dict[Any, SourceFile] | None = None
+    table: LayoutTable | None = None  # rank sources' strategy (after apply: each FP8 scale laid out as its weight)
+    narrowed: dict[Any, SourceFile] | None = None  # rank sources after the filters, as stored
+    stored: LayoutTable | None = None  # the strategy as given
 
     def resolve(self, plan: Plan) -> Plan:
         """``plan`` reading the real files again where the map stood in for them."""
@@ -58,6 +73,7 @@ class TensorPipeline:
         self.naming = NameRun(tensors.names)
         self.cast = cast_rule(tensors.dtype, tensors.dtype_all, optimizer_prefixes)
         self.dequantizer = _dequantizer(tensors.precision, src)
+        self.precision, self.src = tensors.precision, src
 
     @property
     def report(self) -> NameReport | None:
@@ -83,9 +99,10 @@ class TensorPipeline:
                 another model family, a model config the shapes contradict.
         """
         if inputs.mapping is None:
-            files = self.naming.narrow(inputs.files)
-            files = self.dequantizer.ranks(files) if self.dequantizer is not None else files
-            out = Inputs(cast_files(files, self.cast, notes))
+            narrowed, stored = self.naming.narrow(inputs.files), inputs.table
+            table = self.paired(stored, sharded_pairs(narrowed, stored), "source", notes, narrowed, stored)
+            files = self.dequantizer.ranks(narrowed, table) if self.dequantizer is not None else narrowed
+            out = Inputs(cast_files(files, self.cast, notes), table=table, narrowed=narrowed, stored=stored)
             out.model = self.naming.mapped_file(out.files) if whole else None
         else:
             files, mapping, hyper = self.naming.narrow_full(inputs.files, inputs.mapping, inputs.hyper)
@@ -102,6 +119,51 @@ class TensorPipeline:
         elif out.model is not None:
             out.files, out.mapping = {MAPPED_SOURCE: out.model.source}, out.model.name_to_file
         return out
+
+    def paired(
+        self,
+        table: TableT | None,
+        pairs: dict[str, Pair],
+        side: str,
+        notes: list[str],
+        ranks: Mapping[Any, SourceFile] | None = None,
+        ranks_table: LayoutTable | None = None,
+    ) -> TableT | None:
+        """``table`` laying out each FP8 weight's block scale as the weight (``plan.quantized.paired_layouts``);
+        the block size given, else in config.json, else shown by the slices of ``ranks`` (cut by ``ranks_table``).
+
+        Raises:
+            UsageError: A cut not on a block boundary, a block size unknown for a cut weight.
+        """
+        seen = functools.partial(block_of_slices, ranks, ranks_table) if ranks is not None else None
+        precision = self.precision or Precision()
+        block = functools.partial(precision.pair_block, functools.partial(_config_beside, self.src), seen)
+        # A StrategyFile stays one (dataclasses.replace); another table becomes a PairedTable of the same layouts.
+        return cast("TableT | None", paired_layouts(table, pairs, block, side, notes))
+
+    def paired_destination(self, table: TableT | None, inputs: Inputs, notes: list[str]) -> TableT | None:
+        """The destination ``table`` with the pairs of ``inputs`` (as planned: after the map) laid out together."""
+        if inputs.mapping is not None:
+            pairs = full_pairs({n: inputs.files[f].tensors[n] for n, f in inputs.mapping.items()})
+            return self.paired(table, pairs, "destination", notes)
+        if inputs.table is not None:
+            pairs = sharded_pairs(inputs.files, inputs.table)
+        else:
+            pairs = full_pairs(next(iter(inputs.files.values())).tensors)
+        return self.paired(table, pairs, "destination", notes, inputs.narrowed, inputs.stored)
+
+    def defer_quantize(self) -> None:
+        """With a model map, ``--quantize`` applies to the map's outputs (``planned``): DeepSeek's rule, their names."""
+        if self.dequantizer is not None:
+            self.dequantizer.defer(self.naming.model_map is not None)
+
+    def planned(self, plan: Plan, full: bool) -> Plan:
+        """``plan`` with its outputs quantized when ``--quantize`` waited for a model map (``full``: whole tensors out).
+
+        Raises:
+            UnsupportedError: A deferred quantization of sharded outputs.
+        """
+        return self.dequantizer.planned(plan, full) if self.dequantizer is not None else plan
 
     def after(self, plan: Plan, inputs: Inputs, full: bool) -> Plan:
         """``plan`` with the map applied, when it was not applied before planning."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from reshard import statenames
 from reshard.errors import UsageError
@@ -183,6 +184,7 @@ def _job(
     dst_sf = _strategy(dst_strategy, notes)
     rule = statenames.DEFAULT.with_prefixes(out.optimizer_prefixes)
     pipeline = TensorPipeline(tensors, src, out.optimizer_prefixes)
+    pipeline.defer_quantize()  # --quantize: DeepSeek's rule on the map's outputs
     files_fmt = "safetensors" if cp2_out else None if fmt == "hf" else fmt
     return _Job(
         src, dst, ranks, files_fmt, cp2_out, prefix, read, notes, dst_sf, dst_sf, rule, pipeline, kind, shard_size
@@ -201,6 +203,7 @@ def _plan_full(job: _Job, src_strategy: object) -> tuple[Plan, None, Plan | None
     files, mapping = inputs.files, inputs.mapping or {}
     if job.cp2_out:
         job.plan_dst = _cp2.destination_table(job.dst_sf, list(mapping), job.rule, job.notes)
+    job.plan_dst = job.pipeline.paired_destination(job.plan_dst, inputs, job.notes)
     fmt = job.fmt or "safetensors"
     plan = inputs.resolve(plan_transform_full(files, mapping, job.plan_dst, job.dst, job.prefix, fmt, job.ranks))
     everyone = None
@@ -223,11 +226,13 @@ def _plan_sharded(job: _Job, src_strategy: str | StrategyFile | None) -> tuple[P
             "several rank folders but no source strategy (--src-strategy, src_strategy in Python)", job.src
         )
     # one full file: the map first, so a destination strategy slices its outputs
-    inputs = job.pipeline.apply(Inputs(opened.ranks), job.notes, whole=src_sf is None)
-    sources = inputs.files
+    inputs = job.pipeline.apply(Inputs(opened.ranks, table=src_sf), job.notes, whole=src_sf is None)
+    # the strategy with each FP8 scale laid out as its weight (a StrategyFile stays one: dataclasses.replace)
+    sources, src_sf = inputs.files, cast("StrategyFile | None", inputs.table)
     if job.cp2_out:
         held = list(dict.fromkeys(n for f in sources.values() for n in f.tensors))
         job.plan_dst = _cp2.destination_table(job.dst_sf, held, job.rule, job.notes)
+    job.plan_dst = job.pipeline.paired_destination(job.plan_dst, inputs, job.notes)
     fmt = job.fmt or opened.fmt or "ckpt"
     plan = plan_transform(sources, src_sf, job.plan_dst, job.dst, job.prefix, fmt, job.ranks)
     check_copies(inputs.read or {}, src_sf, job.read)
@@ -251,6 +256,7 @@ def _finish(job: _Job, plan: Plan, src_sf: LayoutTable | None, everyone: Plan | 
         )
     if job.plan_dst is None and not job.cp2_out:  # a full model out: its tensors are whole
         job.pipeline.check_config(plan_tensors(plan))
+    plan = job.pipeline.planned(plan, job.plan_dst is None)
     if job.shard_size is not None:
         plan = hf_sharded(plan, job.dst, job.shard_size)
         training_state_note(plan, job.notes)

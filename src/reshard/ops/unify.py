@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import cast
 
 from reshard.errors import LayoutError, UsageError
 from reshard.execute.options import RunOptions, WriteOptions
@@ -93,8 +94,9 @@ def unify(
     if shard_size is not None and how.split_dst_file:
         raise UsageError("split_dst_file (--split) does not apply to Hugging Face output")
     sources, sf = _sources(src, strategy, how, read, notes)
-    inputs = pipeline.apply(Inputs(sources), notes)
-    sources = inputs.files
+    inputs = pipeline.apply(Inputs(sources, table=sf), notes)
+    # each FP8 scale laid out as its weight (a StrategyFile stays one: dataclasses.replace)
+    sources, sf = inputs.files, cast(StrategyFile, inputs.table or sf)
 
     def mapped(whole: Plan) -> Plan:
         return pipeline.after(whole, inputs, full=True)

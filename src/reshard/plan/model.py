@@ -201,6 +201,10 @@ class QuantizedSource:
     scale: str
     block: tuple[int, ...]
     target: str | None = None  # safetensors code of the dtype --dequantize writes (None: --quantize)
+    # --quantize after a model map: the weight is this planned tensor (its copies read the files
+    # ``assembled_sources`` names by index), not a stored one; ``path`` is then its first source's.
+    assembled: TensorPlan | None = None
+    assembled_sources: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -19,19 +19,30 @@ values) is recorded as ``QuantizedSource`` facts that ``attach`` puts into the f
 executor (``reshard.execute.dequant``) reads each box of such a tensor from its stored pair, so no
 tensor is ever dequantized whole. Every refusal here names the tensor and happens before any byte
 is written.
+
+``--quantize`` rewrites the planning inputs the same way, except with a model map (a preset to Hugging
+Face names): DeepSeek's rule is about the map's outputs, so the finished plan's output tensors are
+quantized instead (``Quantizer.planned``), each computed from its own copies.
+
+Without either, a pair is moved as two tensors of bytes, and ``paired_layouts`` keeps each rank's pair
+self-consistent: a scale the strategy does not name is laid out like its weight (FP8: axes counted in
+blocks; MXFP4: without the 16 bytes of a block), and a cut off the block grid is refused here, while
+planning, naming the tensor, the cut and the block. ``quantized_view`` and ``counted_once`` are what
+``reshard inspect`` shows of the pairs (plain data from names, dtypes and shapes).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields, is_dataclass, replace
+from typing import Any, TypeVar
 
 from reshard import dtypes
 from reshard.dtypes import DType
-from reshard.errors import UnsupportedError, UsageError
-from reshard.plan.model import Plan, QuantizedSource, SourceFile, SourceTensor
+from reshard.errors import LayoutError, UnsupportedError, UsageError
+from reshard.layout import Box, LayoutTable, ParamLayout, full_shape, layout_map, rank_boxes, split_stage_name
+from reshard.plan.model import Copy, Plan, QuantizedSource, SourceFile, SourceTensor, TensorPlan
 
 K = TypeVar("K")
 
@@ -85,6 +96,17 @@ class Precision:
     def active(self) -> bool:
         return self.dequantize is not None or self.quantize is not None
 
+    def pair_block(
+        self, config: Callable[[], Mapping[str, object] | None], seen: Callable[[], Block] | None = None
+    ) -> Block | None:
+        """The FP8 block size of the pairs a strategy cuts: given, ``--quantize``'s, ``config()``'s, else ``seen()``
+        (what a sharded source's slices show, ``block_of_slices``)."""
+        if self.block_size is not None:
+            return self.block_size
+        if self.quantize is not None:
+            return DEFAULT_BLOCK
+        return block_from_config(config()) or (seen() if seen is not None else None)
+
     def dequantizer(self, config: Mapping[str, object] | None) -> Dequantizer | None:
         """The run's ``Dequantizer`` or ``Quantizer`` (None without either); ``config``: the source's config.json.
 
@@ -100,9 +122,7 @@ class Precision:
         if self.quantize_include or self.quantize_exclude:
             raise UsageError("--quantize-include/--quantize-exclude need --quantize")
         if self.dequantize is None:
-            if self.block_size is not None:
-                raise UsageError("--block-size needs --dequantize or --quantize")
-            return None
+            return None  # a block size alone: the FP8 pairs a strategy cuts (``paired_layouts``)
         target = dequantize_target(self.dequantize)
         return Dequantizer(Dequantize(target, self.block_size), block_from_config(config))
 
@@ -156,8 +176,17 @@ class Dequantizer:
         self.block = rule.block or config_block
         self.records: dict[tuple[str, str], QuantizedSource] = {}
         self.pairs = {FP8_BLOCK: 0, MXFP4: 0}
+        self.deferred = False  # --quantize with a model map: applied to the planned outputs (``planned``)
 
     flag = "--dequantize"
+
+    def defer(self, mapped: bool) -> None:
+        """A model map renames and reshapes the tensors: --quantize then applies to the map's outputs
+        (``planned``, DeepSeek's rule on the Hugging Face names); --dequantize always comes before it."""
+
+    def planned(self, plan: Plan, full: bool) -> Plan:
+        """``plan`` with its outputs quantized (``--quantize`` after a model map); ``plan`` itself otherwise."""
+        return plan
 
     # ---- full models: names unique across files, a pair may span two files
 
@@ -165,6 +194,8 @@ class Dequantizer:
         self, files: Mapping[str, SourceFile], name_to_file: Mapping[str, str]
     ) -> tuple[dict[str, SourceFile], dict[str, str]]:
         """A full model's files and name map with every pair replaced by its dequantized tensor."""
+        if self.deferred:
+            return dict(files), dict(name_to_file)
         catalogue = {n: files[f] for n, f in name_to_file.items()}
         changes = self._changes(catalogue)
         new_files = {k: self._rewritten(sf, changes) for k, sf in files.items()}
@@ -180,17 +211,28 @@ class Dequantizer:
 
     # ---- sharded sources: each file holds its own pairs
 
-    def ranks(self, sources: Mapping[K, SourceFile]) -> dict[K, SourceFile]:
-        """Per-rank sources with every pair (within one file) replaced by its dequantized tensor."""
+    def ranks(self, sources: Mapping[K, SourceFile], table: LayoutTable | None = None) -> dict[K, SourceFile]:
+        """Per-rank sources with every pair (within one file) replaced by its dequantized tensor.
+
+        ``table``: the source strategy, its pairs checked by ``paired_layouts`` (each rank's cut on the block
+        grid, so each rank's pair dequantizes exactly); without one, several ranks holding pairs are refused.
+        """
+        if self.deferred:
+            return dict(sources)
         out: dict[K, SourceFile] = {}
+        checked: dict[frozenset[str], bool] = {}  # the pairs a rank holds (most ranks hold the same) -> exact
         for key, sf in sources.items():
             catalogue = dict.fromkeys(sf.tensors, sf)
             changes = self._changes(catalogue)
-            if changes.made and len(sources) > 1:
+            made = frozenset(changes.made)
+            if made and len(sources) > 1 and made not in checked:
+                checked[made] = _paired_checked(table, sources, changes.made, self.block)
+            if made and len(sources) > 1 and not checked[made]:
                 # A rank's slice of a pair is only exact when its cut falls on a block boundary, which
                 # a rank's file alone cannot tell: merge the pairs first (unify copies them as bytes).
                 raise UnsupportedError(
-                    f"{next(iter(changes.made))}: {self.flag} reads full models and one-rank checkpoints; "
+                    f"{next(iter(changes.made))}: {self.flag} computes a rank's pair alone only when the source "
+                    "strategy cuts it on its block grid, and this one does not (or the block size is unknown); "
                     f"merge the ranks first (unify or transform without {self.flag}), then run {self.flag} on that"
                 )
             out[key] = self._rewritten(sf, changes)
@@ -366,6 +408,18 @@ class Quantizer(Dequantizer):
         lower = name.lower()
         return name.endswith(".weight") and not any(part in lower for part in NOT_QUANTIZED)
 
+    def defer(self, mapped: bool) -> None:
+        self.deferred = mapped
+
+    def planned(self, plan: Plan, full: bool) -> Plan:
+        if not self.deferred:
+            return plan
+        if not full:
+            raise UnsupportedError(
+                "--quantize with a model map writes a full model (Hugging Face names): give no destination strategy"
+            )
+        return _quantized_outputs(self, plan)
+
     def note(self) -> str | None:
         if not self.pairs[QUANTIZE]:
             return None
@@ -396,6 +450,40 @@ class Quantizer(Dequantizer):
         return changes
 
 
+def _quantized_outputs(quantizer: Quantizer, plan: Plan) -> Plan:
+    """``plan`` with every eligible output tensor written as F8_E4M3 plus its F32 scale, computed from its copies.
+
+    Each such tensor's copies (a model map's renames, joins and stacks of the stored tensors) are kept in the
+    plan's ``quantized`` facts; the tensor itself and its new scale each read one whole "tensor" of the same
+    name from the file of its first copy, which the executor computes (``reshard.execute.dequant``).
+    """
+    b0, b1 = quantizer.block or DEFAULT_BLOCK
+    f8, f32 = dtypes.FLOAT8_E4M3, dtypes.FLOAT32
+    sources = list(plan.sources)
+    files = []
+    for f in plan.files:
+        tensors: list[TensorPlan] = []
+        for t in f.tensors:
+            facts = SourceTensor(t.dtype, t.shape, t.nbytes)
+            if not t.copies or t.literal is not None or not quantizer.eligible(t.name, facts):
+                tensors.append(t)
+                continue
+            if t.name.endswith(SCALE_INV) or t.dtype in dtypes.FP8_WEIGHTS:
+                raise UsageError(f"{t.name}: already block-quantized (--quantize takes a checkpoint of floats)")
+            first = t.copies[0].source
+            path, scale = sources[first], t.name + SCALE_INV
+            grid = (math.ceil(t.shape[0] / b0), math.ceil(t.shape[1] / b1))
+            for name, dtype, shape, kind in ((t.name, f8, t.shape, QUANTIZE), (scale, f32, grid, QUANTIZE_SCALE)):
+                copy = Copy(first, name, (0, 0), (0, 0), shape, whole_source=True)
+                tensors.append(TensorPlan(name, dtype, shape, (copy,), math.prod(shape) * dtype.itemsize))
+                quantizer.records[(path, name)] = QuantizedSource(
+                    path, name, kind, t.name, path, scale, (b0, b1), None, t, plan.sources
+                )
+            quantizer.pairs[QUANTIZE] += 1
+        files.append(replace(f, tensors=tuple(tensors)))
+    return replace(plan, files=tuple(files))
+
+
 def quantization_config(block: tuple[int, int]) -> dict[str, object]:
     """The ``config.json`` ``quantization_config`` of a ``--quantize fp8-block`` output (DeepSeek-V3's keys)."""
     return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(block)}
@@ -404,6 +492,383 @@ def quantization_config(block: tuple[int, int]) -> dict[str, object]:
 def quantized_names(sources: Sequence[SourceFile]) -> bool:
     """Whether any source holds a block-scaled pair (a ``*_scale_inv`` or MXFP4 ``*_scales`` tensor)."""
     return any(n.endswith((SCALE_INV, SCALES)) for sf in sources for n in sf.tensors)
+
+
+# --------------------------------------------------------------------------------------------
+# resharding pairs as pairs: a weight's block scale cut by the same blocks
+
+
+def _paired_checked(
+    table: LayoutTable | None, sources: Mapping[K, SourceFile], weights: Mapping[str, object], block: Block | None
+) -> bool:
+    """Whether every rank's slice of these FP8 pairs sits on the block grid of ``table`` (each rank's pair exact)."""
+    if table is None or any(w.endswith(BLOCKS) for w in weights):
+        return False
+    stored = layout_map(table)
+    pairs = sharded_pairs(sources, table)
+    for weight in weights:
+        if weight not in stored:
+            continue  # not laid out: every rank holds the whole pair
+        scale = stored.get(weight + SCALE_INV)
+        if weight not in pairs or scale is None:
+            return False
+        try:
+            _check_pair(pairs[weight], stored[weight].layout, scale.layout, lambda: block, "source")
+        except UsageError:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class PairedTable:
+    """A strategy (``LayoutTable``) with a layout for each block scale of the weights it lays out."""
+
+    base: LayoutTable
+    layouts: Mapping[str, ParamLayout]
+
+    @property
+    def path(self) -> str | None:
+        return self.base.path
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A block-scaled pair as full tensors: names and full shapes (an FP8 weight and its ``_scale_inv``, or
+    MXFP4 ``P_blocks`` and ``P_scales``)."""
+
+    weight: str
+    weight_shape: tuple[int, ...]
+    scale_shape: tuple[int, ...]
+    kind: str = FP8_BLOCK
+
+    @property
+    def scale(self) -> str:
+        return self.weight + SCALE_INV if self.kind == FP8_BLOCK else self.weight[: -len(BLOCKS)] + SCALES
+
+    def scale_key(self, key: str) -> str:
+        """The strategy name of the scale beside the weight's ``key`` (``"0-..."`` in merged files)."""
+        return key + SCALE_INV if self.kind == FP8_BLOCK else key[: -len(BLOCKS)] + SCALES
+
+
+def full_pairs(tensors: Mapping[str, SourceTensor]) -> dict[str, Pair]:
+    """The block-scaled pairs among a full model's tensors (name -> facts), keyed by weight (blocks) name."""
+    out: dict[str, Pair] = {}
+    for n, t in tensors.items():
+        if n.endswith(SCALE_INV):
+            w = tensors.get(n[: -len(SCALE_INV)])
+            if w is not None and w.dtype in dtypes.FP8_WEIGHTS:
+                out[n[: -len(SCALE_INV)]] = Pair(n[: -len(SCALE_INV)], w.shape, t.shape)
+        elif n.endswith(SCALES) and t.dtype in (dtypes.UINT8, dtypes.FLOAT8_E8M0):
+            blocks = n[: -len(SCALES)] + BLOCKS
+            b = tensors.get(blocks)
+            if b is not None and b.dtype is dtypes.UINT8 and len(b.shape) == len(t.shape) + 1:
+                out[blocks] = Pair(blocks, b.shape, t.shape, MXFP4)
+    return out
+
+
+def _derived_layout(pair: Pair, p: ParamLayout, side: str) -> ParamLayout:
+    """The layout a scale the strategy does not name takes from its weight's ``p``.
+
+    FP8: the weight's own (the scale's axes are the weight's, counted in blocks). MXFP4: without the
+    blocks' last axis (the 16 bytes of one block), which must not be cut.
+    """
+    if pair.kind == FP8_BLOCK:
+        return p
+    if p.is_list_map or p.split_shape or p.indices_offset or p.tensor_map[-1] != -1:
+        raise UsageError(
+            f"{pair.weight}: the {side} strategy cuts its last axis (the 16 bytes of an MXFP4 block) or lays it "
+            "out in a way reshard cannot follow for its scales: cut the experts, rows or block groups instead"
+        )
+    return replace(p, tensor_map=p.tensor_map[:-1])
+
+
+def sharded_pairs(sources: Mapping[K, SourceFile], table: LayoutTable | None) -> dict[str, Pair]:
+    """The FP8 block pairs of per-rank files, with full shapes through ``table``'s weight layouts.
+
+    The scale's full shape is its slice through its weight's layout (the layout ``paired_layouts`` gives it)
+    unless ``table`` has one of its own.
+    """
+    if table is None:
+        return {}
+    stored = layout_map(table)
+    out: dict[str, Pair] = {}
+    for sf in sources.values():
+        for weight, pair in full_pairs(sf.tensors).items():
+            if weight in out or weight not in stored:
+                continue
+            given = stored.get(pair.scale)
+            own = given.layout if given is not None else _derived_layout(pair, stored[weight].layout, "source")
+            whole = full_shape(stored[weight].layout, pair.weight_shape)
+            out[weight] = Pair(weight, whole, full_shape(own, pair.scale_shape), pair.kind)
+    return out
+
+
+Block = tuple[int | None, int | None]  # an FP8 block size, an axis None where unknown
+
+
+def block_of_slices(sources: Mapping[K, SourceFile], table: LayoutTable | None) -> Block:
+    """The FP8 block size the per-rank pairs of ``sources`` show along each axis ``table`` cuts (else None).
+
+    A rank's slice of a pair cut on the block grid holds whole blocks along a cut axis, so its rows divided by
+    its scale's rows is the block's rows: one value over every cut pair, or unknown.
+    """
+    seen: tuple[set[int], set[int]] = (set(), set())
+    stored = layout_map(table) if table is not None else {}
+    for sf in sources.values():
+        for weight, pair in full_pairs(sf.tensors).items():
+            if weight not in stored or pair.kind != FP8_BLOCK:
+                continue
+            whole = full_shape(stored[weight].layout, pair.weight_shape)
+            for axis, found in zip((-2, -1), seen, strict=True):
+                size, blocks = pair.weight_shape[axis], pair.scale_shape[axis]
+                if whole[axis] != size:
+                    found.add(size // blocks if blocks and size % blocks == 0 else 0)
+    b0, b1 = (next(iter(f)) if len(f) == 1 and 0 not in f else None for f in seen)
+    return b0, b1
+
+
+def paired_layouts(
+    table: LayoutTable | None,
+    pairs: Mapping[str, Pair],
+    block: Callable[[], Block | None],
+    side: str,
+    notes: list[str] | None = None,
+) -> LayoutTable | None:
+    """``table`` with each laid-out FP8 weight's block scale laid out like the weight (``table`` itself without any).
+
+    A scale the strategy does not name gets its weight's layout; either way every rank's scale box must be
+    its weight box divided by the block (edge blocks partial), so each rank's pair is self-consistent.
+    ``block``: the FP8 block size (asked only when a weight is cut); ``side``: "source" or "destination",
+    for messages. ``notes`` gains one line saying how many pairs are cut.
+
+    Raises:
+        UsageError: A cut not on a block boundary (naming the tensor, the cut and the block), a block size
+            unknown for a cut weight, a scale whose shape does not fit its weight, a scale laid out apart.
+    """
+    if table is None or not pairs:
+        return table
+    layouts = dict(table.layouts)
+    out: dict[str, ParamLayout] = {}
+    cut = 0
+    for key, p in layouts.items():
+        if key in out:
+            continue
+        out[key] = p
+        _, origin = split_stage_name(key, table.path)
+        pair = pairs.get(origin)
+        if pair is None:
+            continue
+        scale_key = pair.scale_key(key)
+        scale_layout = layouts[scale_key] if scale_key in layouts else _derived_layout(pair, p, side)
+        if pair.kind == MXFP4:
+            cut += _check_mxfp4(pair, p, scale_layout, side)
+        elif side != "source" or scale_key not in layouts:  # a source's own scale layout moves its bytes as stored
+            cut += _check_pair(pair, p, scale_layout, block, side)
+        out[scale_key] = scale_layout
+    scales = {pair.scale: pair for pair in pairs.values()}
+    for key, p in layouts.items():  # a scale laid out without its weight
+        _, origin = split_stage_name(key, table.path)
+        if origin in scales and key not in out and _is_cut(p, scales[origin].scale_shape):
+            weight = scales[origin].weight
+            raise UsageError(f"{origin}: the {side} strategy cuts this block scale but not its weight {weight}")
+    if cut and notes is not None:
+        notes.append(f"block scales cut with their weights for the {side} strategy: {cut} pair(s)")
+    if is_dataclass(table) and any(f.name == "layouts" and f.init for f in fields(table)):
+        return replace(table, layouts=out)  # a StrategyFile stays one (its stages, items and notes kept)
+    return PairedTable(table, out)
+
+
+def _is_cut(p: ParamLayout, shape: tuple[int, ...]) -> bool:
+    return any(box != tuple((0, d) for d in shape) for box in rank_boxes(p, shape))
+
+
+def _check_pair(
+    pair: Pair,
+    weight_layout: ParamLayout,
+    scale_layout: ParamLayout,
+    block: Callable[[], Block | None],
+    side: str,
+) -> bool:
+    """Whether the weight is cut; refuses a cut off the block grid or a scale box that is not the weight's."""
+    weight_boxes = rank_boxes(weight_layout, pair.weight_shape)
+    whole = tuple((0, d) for d in pair.weight_shape)
+    if all(box == whole for box in weight_boxes):
+        if _is_cut(scale_layout, pair.scale_shape):
+            raise UsageError(
+                f"{pair.scale}: the {side} strategy cuts this block scale but not its weight {pair.weight}"
+            )
+        return False
+    size = block() or (None, None)
+    *lead, rows, cols = pair.weight_shape
+    want = (
+        *lead,
+        *(math.ceil(d / b) if b else n for d, b, n in zip((rows, cols), size, pair.scale_shape[-2:], strict=True)),
+    )
+    if pair.scale_shape != tuple(want):
+        b0, b1 = size
+        raise UsageError(
+            f"{pair.scale}: shape {list(pair.scale_shape)} does not fit weight {pair.weight} "
+            f"{list(pair.weight_shape)} in {b0}x{b1} blocks (expected {list(want)})"
+        )
+    expected = [_scale_box(pair, box, size, side, rank) for rank, box in enumerate(weight_boxes)]
+    try:
+        scale_boxes: tuple[Box, ...] | None = rank_boxes(scale_layout, pair.scale_shape)
+    except LayoutError:
+        scale_boxes = None
+    if scale_boxes is None or list(scale_boxes) != expected:
+        raise UsageError(
+            f"{pair.scale}: the {side} strategy lays it out apart from its weight {pair.weight} "
+            f"(its ranks' boxes must be the weight's blocks, {[list(b) for b in expected[:2]]}...)"
+        )
+    return True
+
+
+def _check_mxfp4(pair: Pair, blocks_layout: ParamLayout, scale_layout: ParamLayout, side: str) -> bool:
+    """Whether MXFP4 blocks are cut; refuses scales whose boxes are not the blocks' (without their last axis)."""
+    boxes = rank_boxes(blocks_layout, pair.weight_shape)
+    expected = [box[:-1] for box in boxes]
+    try:
+        scale_boxes: list[Box] | None = list(rank_boxes(scale_layout, pair.scale_shape))
+    except LayoutError:
+        scale_boxes = None
+    if scale_boxes != expected:
+        raise UsageError(
+            f"{pair.scale}: the {side} strategy lays it out apart from its MXFP4 blocks {pair.weight} "
+            "(each rank's scales must be its blocks' groups)"
+        )
+    return any(box != tuple((0, d) for d in pair.weight_shape) for box in boxes)
+
+
+def _scale_box(pair: Pair, box: Box, block: Block, side: str, rank: int) -> Box:
+    """The scale box of a weight box (block-aligned cuts, the tensor's far edge partial), or refused."""
+    *lead, rows_box, cols_box = box
+    out = []
+    shown = "x".join(str(b) if b else "?" for b in block)
+    for what, (a, b), size, edge in zip(
+        ("row", "column"), (rows_box, cols_box), block, pair.weight_shape[-2:], strict=True
+    ):
+        if size is None:
+            if (a, b) != (0, edge):
+                raise UsageError(
+                    f"{pair.weight}: the {side} strategy cuts this FP8 weight's {what}s, and its block size is "
+                    "unknown: config.json has no quantization_config.weight_block_size (give --block-size, "
+                    "e.g. 128x128)"
+                )
+            out.append((0, pair.scale_shape[-2 if what == "row" else -1]))
+            continue
+        for at in (a, b):
+            if at % size and at != edge:
+                raise UsageError(
+                    f"{pair.weight}: the {side} strategy cuts it at {what} {at} (rank {rank}), not on a "
+                    f"{shown} block boundary of its scale {pair.scale}: give --dequantize "
+                    f"(exact at any cut) or a strategy whose cuts fall on multiples of {size}"
+                )
+        out.append((a // size, -(-b // size)))
+    return (*lead, *out)
+
+
+# --------------------------------------------------------------------------------------------
+# what inspect shows: quantized weights as such, their parameters counted once
+
+
+def quantized_view(rows: Sequence[Mapping[str, Any]], block: tuple[int, int] | None) -> dict[str, dict[str, object]]:
+    """Each stored tensor of a block-scaled pair among ``rows`` (inspect's ``name``/``dtype``/``shape`` rows).
+
+    A weight maps to ``{"format", "block", "scale", "values"}`` (``values``: what its bytes hold, two a byte for
+    MXFP4), a scale to ``{"scale_of": weight}``; other tensors are absent. ``block``: the FP8 block size of the
+    model's config.json (None: unknown, shown so).
+    """
+    dtype_of = {str(r["name"]): str(r["dtype"]) for r in rows}
+    shape_of = {str(r["name"]): tuple(r.get("full_shape") or r.get("shape") or ()) for r in rows}
+    fp8 = {d.ms_name for d in dtypes.FP8_WEIGHTS}
+    out: dict[str, dict[str, object]] = {}
+    for name in dtype_of:
+        if name.endswith(SCALE_INV) and dtype_of.get(name[: -len(SCALE_INV)]) in fp8:
+            weight = name[: -len(SCALE_INV)]
+            shown = list(block) if block is not None else None
+            values = math.prod(shape_of[weight])
+            out[weight] = {"format": FP8_BLOCK, "block": shown, "scale": name, "values": values}
+            out[name] = {"scale_of": weight}
+        elif name.endswith(SCALES) and name[: -len(SCALES)] + BLOCKS in dtype_of:
+            blocks = name[: -len(SCALES)] + BLOCKS
+            values = math.prod(shape_of[blocks]) * dtypes.LOW_PRECISION["MXFP4"].values_per_item
+            out[blocks] = {"format": MXFP4, "block": [dtypes.MXFP4_BLOCK], "scale": name, "values": values}
+            out[name] = {"scale_of": blocks}
+    return out
+
+
+def counted_once(
+    summary: dict[str, Any],
+    view: Mapping[str, Mapping[str, object]],
+    rows: Sequence[Mapping[str, Any]],
+    is_state: Callable[[str], object],
+) -> None:
+    """Inspect's summary with each pair one parameter: scales not counted, MXFP4 bytes as their two values.
+
+    ``rows``: every rank's tensor rows; ``is_state(name)``: truthy for training state (not a parameter). The
+    elements are the full tensors' (a rank's slices need ``full_shape``: a scale the strategy leaves out has
+    its weight's layout, so only its weight's full shape counts).
+    """
+    if not view:
+        return
+    first: dict[str, Mapping[str, Any]] = {}
+    for row in rows:
+        first.setdefault(str(row["name"]), row)
+    weights = [n for n in first if not is_state(n) and "scale_of" not in view.get(n, {})]
+    summary["parameters"] = len(weights)
+    sliced = summary.get("source") == "distributed" and (summary.get("ranks") or 0) > 1
+    shapes: list[Sequence[int] | None] = [
+        first[n].get("full_shape") or (None if sliced else first[n].get("shape")) for n in weights
+    ]
+    if any(shape is None for shape in shapes):
+        return  # a rank's slices without a strategy: the full shapes are unknown
+    per_value = {n: int(str(view[n]["values"])) for n in weights if "values" in view.get(n, {})}
+    summary["parameter_elements"] = sum(
+        per_value.get(n, math.prod(s or ())) for n, s in zip(weights, shapes, strict=True)
+    )
+
+
+def quantized_lines(view: Mapping[str, Mapping[str, object]]) -> list[str]:
+    """``quantized: 61 FP8 block weight(s) (128x128 blocks, scales in *_scale_inv); 2 MXFP4 ...`` (none: [])."""
+    parts = []
+    fp8 = [q for q in view.values() if q.get("format") == FP8_BLOCK]
+    if fp8:
+        sizes = sorted({_block_text(q["block"]) for q in fp8})
+        parts.append(f"{len(fp8)} FP8 block weight(s) ({', '.join(sizes)}, scales in *{SCALE_INV})")
+    mx = [q for q in view.values() if q.get("format") == MXFP4]
+    if mx:
+        parts.append(f"{len(mx)} MXFP4 weight(s) ({dtypes.MXFP4_BLOCK} values a block, scales in *{SCALES})")
+    return [f"quantized: {'; '.join(parts)}; each pair counted once"] if parts else []
+
+
+def quantized_dtype(dtype: str, q: Mapping[str, object] | None) -> str:
+    """Inspect's dtype column of a tensor: ``F8 ... fp8-block 128x128`` for a weight, ``... scale`` for its scale."""
+    if q is None:
+        return dtype
+    if "scale_of" in q:
+        return f"{dtype} (block scale)"
+    return f"{dtype} ({q['format']}, {_block_text(q['block'])})"
+
+
+def _block_text(block: object) -> str:
+    """``128x128 blocks``, ``32 values a block`` (MXFP4), or ``block size unknown`` (no config.json says it)."""
+    if not isinstance(block, list):
+        return "block size unknown"
+    return f"{block[0]} values a block" if len(block) == 1 else "x".join(str(b) for b in block) + " blocks"
+
+
+def config_block(folder: str) -> tuple[int, int] | None:
+    """The FP8 block size in the config.json of ``folder`` (or beside a file; None: none, or not readable)."""
+    import json
+    import os
+
+    folder = folder if os.path.isdir(folder) else os.path.dirname(os.path.abspath(folder))
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            doc = json.load(f)
+        return block_from_config(doc if isinstance(doc, dict) else None)
+    except (OSError, ValueError, UsageError):
+        return None
 
 
 __all__ = [
@@ -416,14 +881,26 @@ __all__ = [
     "QUANTIZE_SCALE",
     "SCALES",
     "SCALE_INV",
+    "Block",
     "Dequantize",
     "Dequantizer",
+    "Pair",
+    "PairedTable",
     "Precision",
     "QuantizedSource",
     "Quantizer",
     "block_from_config",
+    "block_of_slices",
+    "config_block",
+    "counted_once",
     "dequantize_target",
+    "full_pairs",
+    "paired_layouts",
     "parse_block",
     "quantization_config",
+    "quantized_dtype",
+    "quantized_lines",
     "quantized_names",
+    "quantized_view",
+    "sharded_pairs",
 ]

@@ -3,7 +3,8 @@
 ``detect`` looks at names only (a ``.metadata`` file beside at least one ``.distcp`` file); ``open``
 reads ``.metadata`` alone (``reshard.formats.dcp.read_dcp_metadata``: the allowlisting unpickler and
 every check of the chunks against their tensors and the files), never the data files, so planning
-stays a matter of headers however many ranks saved.
+stays a matter of headers however many ranks saved. The facts are made from each tensor's
+``ChunkTable`` (no ``Chunk`` record per chunk), chunks of one shape sharing one ``SourceTensor``.
 
 The planning facts: every chunk is a tensor of its own, named ``chunk_name(fqn, offsets)`` (a box of
 the global tensor ``fqn``; ``DcpSource.metadata`` says which box), with its dtype and the chunk's
@@ -16,6 +17,7 @@ the chunks' bytes needs the DCP reader (``reshard.formats.dcp.index_distcp``), n
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -51,19 +53,42 @@ def saving_rank(relative_path: str, default: int = 0) -> int:
 
 
 def open_dcp(path: str) -> DcpSource:
-    """Read a DCP folder's ``.metadata`` and lay out its chunks as planning facts (no data file is read)."""
+    """Read a DCP folder's ``.metadata`` and lay out its chunks as planning facts (no data file is read).
+
+    Built from each tensor's ``ChunkTable`` with no ``Chunk`` record made; chunks of one shape share
+    one ``SourceTensor`` (a checkpoint of many ranks has millions of chunks but few chunk shapes)."""
+    with dcp.collector_paused():
+        return _open_dcp(path)
+
+
+def _open_dcp(path: str) -> DcpSource:
     meta = dcp.read_dcp_metadata(path)
     folder = os.path.abspath(path)
     files = {rel: SourceFile(os.path.join(folder, rel), saving_rank(rel), {}) for rel in meta.files}
     homes: dict[int, dict[str, str]] = {}
     rank_tensors: dict[int, dict[str, SourceTensor]] = {}
     for tensor in meta.tensors.values():
-        for chunk in tensor.chunks:
-            facts = SourceTensor(tensor.dtype, chunk.sizes, chunk.numel * tensor.dtype.itemsize)
-            home = files[chunk.file]
-            home.tensors[chunk.name] = facts
-            rank_tensors.setdefault(home.rank, {})[chunk.name] = facts
-            homes.setdefault(home.rank, {})[chunk.name] = home.path
+        table = tensor.table
+        shared: dict[tuple[int, ...], SourceTensor] = {}
+        itemsize = tensor.dtype.itemsize
+        targets = []
+        for rel in table.files:
+            home = files[rel]
+            targets.append(
+                (home.tensors, rank_tensors.setdefault(home.rank, {}), homes.setdefault(home.rank, {}), home.path)
+            )
+        prefix = f"{tensor.fqn}@"
+        for offsets, sizes, file_id in zip(
+            table.offsets.tolist(), map(tuple, table.sizes.tolist()), table.file_ids.tolist(), strict=True
+        ):
+            facts = shared.get(sizes)
+            if facts is None:
+                facts = shared[sizes] = SourceTensor(tensor.dtype, sizes, math.prod(sizes) * itemsize)
+            name = prefix + ",".join(map(str, offsets))  # dcp.chunk_name(tensor.fqn, offsets)
+            in_file, in_rank, home_of, home_path = targets[file_id]
+            in_file[name] = facts
+            in_rank[name] = facts
+            home_of[name] = home_path
     ranks = {
         rank: SourceFile(next(iter(homes[rank].values())), rank, rank_tensors[rank], homes=homes[rank])
         for rank in sorted(rank_tensors)

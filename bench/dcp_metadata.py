@@ -1,0 +1,214 @@
+"""Reading a huge DCP ``.metadata``: time and memory per chunk, on a synthetic checkpoint of N chunks.
+
+    python3 bench/dcp_metadata.py --chunks 1000000                 # 250 params x 4 096 ranks, a table
+    python3 bench/dcp_metadata.py --chunks 1000000 --ranks 256 --json
+    python3 bench/dcp_metadata.py --chunks 200000 --profile        # + cProfile top entries of the read
+    python3 bench/dcp_metadata.py --chunks 1000000 --grid          # chunks cut along two axes (2-D grid)
+    python3 bench/dcp_metadata.py --chunks 1000000 --torch ~/.cache/reshard/torch-venv/bin/python
+
+The checkpoint is what an FSDP / ``Shard(0)`` save of ``--chunks / --ranks`` parameters on
+``--ranks`` ranks writes: every parameter (a ``(4 x ranks, 64)`` float32 tensor) cut into one chunk
+per rank, each rank's chunks in its own ``__<r>_0.distcp``. ``--grid`` cuts each parameter along
+both axes instead (a 2-D device mesh: ``Shard(0)`` x ``Shard(1)`` over ranks = a x b), which takes
+the grid check rather than the one-axis interval check. The ``.metadata`` is written by reshard's own
+writer (``reshard.formats.dcp.write_metadata``, the globals torch's has: pickle protocol 2, strings and
+globals memoised), or with ``--torch PYTHON`` by torch's own classes and ``pickle.dump`` in that
+interpreter (protocol 4, every object memoised: what ``FileSystemWriter`` writes; the row
+``torch-load`` then times torch's own ``pickle.load`` of it, as ``FileSystemReader`` does). The data
+files are sparse files of the right sizes (``.metadata`` is checked against their sizes, never read).
+
+Each timing runs in a fresh process (the page cache warm: the pickle is read once beforehand), so
+its peak RSS is its own:
+
+* ``read``: ``read_dcp_metadata``, the allowlisting unpickler, the records and every check (chunks
+  inside their tensor, no overlap, no gap, every item inside its file);
+* ``chunks``: then walking every chunk record once (``tensor.chunks``, built lazily on first use);
+* ``open``: ``reshard.sources.dcp.open_dcp``, the planning facts (one ``SourceTensor`` per chunk).
+
+``cpu`` is the process's CPU time (what the machine's other load inflates least), ``seconds`` its
+wall time; ``bytes/chunk`` is the peak RSS above the interpreter with numpy imported, per chunk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import math
+import os
+import pstats
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+from reshard import dtypes
+from reshard.formats import dcp
+
+ROWS_PER_RANK, COLUMNS = 4, 64
+
+
+def grid_of(ranks: int) -> tuple[int, int]:
+    """The most square a x b = ranks."""
+    a = math.isqrt(ranks)
+    while ranks % a:
+        a -= 1
+    return a, ranks // a
+
+
+def make(folder: str, chunks: int, ranks: int, grid: bool) -> None:
+    params = max(1, chunks // ranks)
+    a, b = grid_of(ranks) if grid else (ranks, 1)
+    shape = (ROWS_PER_RANK * a, COLUMNS * b)
+    sizes = (ROWS_PER_RANK, COLUMNS)
+    length = math.prod(sizes) * 4 + 1024  # an archive's size, roughly
+    tensors = []
+    for p in range(params):
+        boxes = []
+        for r in range(ranks):
+            offsets = ((r // b) * ROWS_PER_RANK, (r % b) * COLUMNS)
+            boxes.append(dcp.Chunk(f"layers.{p}.weight", offsets, sizes, f"__{r}_0.distcp", p * length, length))
+        tensors.append(dcp.TensorMeta(f"layers.{p}.weight", dtypes.FLOAT32, shape, tuple(boxes)))
+    for r in range(ranks):
+        with open(os.path.join(folder, f"__{r}_0.distcp"), "wb") as fh:
+            fh.truncate(params * length)
+    dcp.write_metadata(folder, tensors)
+
+
+_TORCH_MAKE = """
+import os, pickle, sys
+import torch
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata, Metadata, MetadataIndex, TensorProperties, TensorStorageMetadata)
+folder, params, ranks, a, b, rows, columns, length = sys.argv[1], *map(int, sys.argv[2:])
+entries, storage = {}, {}
+for p in range(params):
+    fqn = f"layers.{p}.weight"
+    boxes = [torch.Size([(r // b) * rows, (r % b) * columns]) for r in range(ranks)]
+    chunks = [ChunkStorageMetadata(o, torch.Size([rows, columns])) for o in boxes]
+    shape = torch.Size([rows * a, columns * b])
+    entries[fqn] = TensorStorageMetadata(TensorProperties(dtype=torch.float32), shape, chunks)
+    for r, o in enumerate(boxes):
+        storage[MetadataIndex(fqn, o, r)] = _StorageInfo(f"__{r}_0.distcp", p * length, length)
+with open(os.path.join(folder, ".metadata"), "wb") as fh:
+    pickle.dump(Metadata(entries, planner_data={k: (k,) for k in entries}, storage_data=storage), fh)
+"""
+
+_TORCH_LOAD = """
+import json, pickle, resource, sys, time
+import torch.distributed.checkpoint  # noqa: F401
+with open(sys.argv[1], "rb") as fh:
+    raw = fh.read()
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start, cpu = time.perf_counter(), time.process_time()
+pickle.loads(raw)
+seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"seconds": seconds, "cpu": cpu, "rss_kib": peak - base}))
+"""
+
+
+def make_with_torch(python: str, folder: str, chunks: int, ranks: int, grid: bool) -> None:
+    """The same checkpoint's ``.metadata`` pickled by torch itself (its classes, ``pickle.dump``)."""
+    params = max(1, chunks // ranks)
+    a, b = grid_of(ranks) if grid else (ranks, 1)
+    length = ROWS_PER_RANK * COLUMNS * 4 + 1024
+    numbers = [params, ranks, a, b, ROWS_PER_RANK, COLUMNS, length]
+    subprocess.run([python, "-c", _TORCH_MAKE, folder, *map(str, numbers)], check=True)
+    for r in range(ranks):
+        with open(os.path.join(folder, f"__{r}_0.distcp"), "wb") as fh:
+            fh.truncate(params * length)
+
+
+def child(folder: str, what: str, profile: bool) -> dict[str, float]:
+    """Run in a fresh process: time ``what`` once, and the peak RSS it added."""
+    import numpy  # noqa: F401  (the baseline RSS includes numpy, which the reader imports anyway)
+
+    from reshard.sources.dcp import open_dcp  # imported before the clock starts
+
+    with open(os.path.join(folder, dcp.METADATA_NAME), "rb") as fh:
+        fh.read()
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    profiler = cProfile.Profile() if profile else None
+    start, cpu = time.perf_counter(), time.process_time()
+    if profiler:
+        profiler.enable()
+    count = 0
+    if what == "open":
+        source = open_dcp(folder)
+        count = sum(len(f.tensors) for f in source.files.values())
+    else:
+        meta = dcp.read_dcp_metadata(folder)
+        if what == "chunks":
+            count = sum(len(t.chunks) for t in meta.tensors.values())
+    if profiler:
+        profiler.disable()
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    if profiler:
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(25)
+        print(out.getvalue(), file=sys.stderr)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"seconds": seconds, "cpu": cpu, "rss_kib": peak - base, "count": count}
+
+
+def run_child(folder: str, what: str, profile: bool) -> dict[str, float]:
+    args = [sys.executable, __file__, "--child", what, "--folder", folder] + (["--profile"] if profile else [])
+    done = subprocess.run(args, check=True, stdout=subprocess.PIPE, text=True)
+    return json.loads(done.stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chunks", type=int, default=1_000_000)
+    parser.add_argument("--ranks", type=int, default=4096)
+    parser.add_argument("--grid", action="store_true", help="chunks cut along two axes")
+    parser.add_argument("--rows", default="read,chunks,open", help="comma-separated: read, chunks, open")
+    parser.add_argument("--torch", metavar="PYTHON", help="pickle the metadata with torch in this interpreter")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--folder", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.folder, args.child, args.profile)))
+        return
+    with tempfile.TemporaryDirectory(prefix="dcp-metadata-") as folder:
+        start = time.perf_counter()
+        if args.torch:
+            make_with_torch(args.torch, folder, args.chunks, args.ranks, args.grid)
+        else:
+            make(folder, args.chunks, args.ranks, args.grid)
+        made = time.perf_counter() - start
+        chunks = max(1, args.chunks // args.ranks) * args.ranks
+        size = os.path.getsize(os.path.join(folder, dcp.METADATA_NAME))
+        results = {"chunks": chunks, "ranks": args.ranks, "metadata_bytes": size, "write_seconds": made}
+        rows = args.rows.split(",") + (["torch-load"] if args.torch else [])
+        for what in rows:
+            if what == "torch-load":
+                meta = os.path.join(folder, dcp.METADATA_NAME)
+                done = subprocess.run([args.torch, "-c", _TORCH_LOAD, meta], check=True, stdout=subprocess.PIPE)
+                results[what] = json.loads(done.stdout)
+            else:
+                results[what] = run_child(folder, what, args.profile)
+    if args.json:
+        print(json.dumps(results))
+        return
+    writer = "torch" if args.torch else "reshard"
+    print(f"{chunks:,} chunks on {args.ranks} ranks; .metadata by {writer}, {size / 1e6:.1f} MB, made in {made:.1f} s")
+    print("| row | seconds | cpu | cpu µs/chunk | peak RSS added | bytes/chunk |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for what in rows:
+        row = results[what]
+        kib = row["rss_kib"]
+        print(
+            f"| {what} | {row['seconds']:.2f} | {row['cpu']:.2f} | {row['cpu'] / chunks * 1e6:.2f} "
+            f"| {kib / 1024:.0f} MiB | {kib * 1024 / chunks:.0f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
