@@ -18,7 +18,7 @@ from typing import cast
 from reshard import statenames
 from reshard.errors import UsageError
 from reshard.execute.options import RunOptions, WriteOptions
-from reshard.formats import checkpoint2, layout_dir
+from reshard.formats import checkpoint2, rank_dirs
 from reshard.formats.strategy import StrategyFile
 from reshard.layout import LayoutTable
 from reshard.ops import checkpoint2 as _cp2
@@ -170,7 +170,7 @@ def _job(
     _cp2.check_options(out)
     _cp2.refuse_map(cp2_out, tensors.names if tensors is not None else None)
     prefix = out.prefix if out.prefix is not None else ("" if cp2_out else "checkpoint_")
-    layout_dir.check_prefix(prefix)  # before anything is read: output names never leave the destination
+    rank_dirs.check_prefix(prefix)  # before anything is read: output names never leave the destination
     notes: list[str] = []
     shard_size = shard_bytes(out)
     if shard_size is not None and dst_strategy is not None:

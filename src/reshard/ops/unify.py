@@ -15,7 +15,7 @@ from typing import cast
 
 from reshard.errors import LayoutError, UsageError
 from reshard.execute.options import RunOptions, WriteOptions
-from reshard.formats import layout_dir
+from reshard.formats import rank_dirs
 from reshard.formats.strategy import StrategyFile
 from reshard.ops import checkpoint2 as _cp2
 from reshard.ops.options import Destination, OutputSpec, TensorOptions, UnifyOptions, output_format, shard_bytes
@@ -133,12 +133,12 @@ def _sources(
 
 def _refuse_ckpt_ranks(src_dir: str) -> None:
     """unify reads safetensors: rank folders of .ckpt files get the two ways forward, not "missing"."""
-    dirs = layout_dir.rank_dirs(src_dir) if os.path.isdir(src_dir) else {}
+    dirs = rank_dirs.rank_dirs(src_dir) if os.path.isdir(src_dir) else {}
     folders = list(dirs.values())
     if (
         folders
-        and not any(layout_dir.files_in(d, "safetensors") for d in folders)
-        and any(layout_dir.files_in(d, "ckpt") for d in folders)
+        and not any(rank_dirs.files_in(d, "safetensors") for d in folders)
+        and any(rank_dirs.files_in(d, "ckpt") for d in folders)
     ):
         raise UsageError(
             "the rank folders hold .ckpt files and unify reads .safetensors: convert them first "
