@@ -22,9 +22,8 @@ from reshard.ops.options import Destination, OutputSpec, TensorOptions, UnifyOpt
 from reshard.ops.run import Report, Target, run_plan
 from reshard.ops.tensors import Inputs, TensorPipeline, check_copies, plan_tensors, training_state_note
 from reshard.plan import Plan, SourceFile, plan_unify, plan_unify_hf
-from reshard.sources import CHECKPOINT2, RANK_FOLDERS, ReadOptions, identify, rank_sources
+from reshard.sources import CHECKPOINT2, RANK_FOLDERS, ReadOptions, rank_sources, resolve
 from reshard.sources import strategy as _strategy
-from reshard.sources.checkpoint2 import check_iteration
 
 FORMATS = ("safetensors", "hf")  # what unify writes
 
@@ -117,10 +116,9 @@ def _sources(
 ) -> tuple[dict[int, SourceFile], StrategyFile]:
     """The rank sources and their strategy (a Checkpoint 2.0's from its metadata.json)."""
     sf: StrategyFile | None
-    kind = identify(src, (RANK_FOLDERS, CHECKPOINT2))
-    check_iteration(src, kind, read)
+    kind = resolve(src, (RANK_FOLDERS, CHECKPOINT2), strategy=strategy, read=read)
     if kind is CHECKPOINT2:
-        sources, sf = _cp2.virtual_ranks(src, strategy, read, notes)
+        sources, sf = _cp2.virtual_ranks(src, read, notes)
     else:
         _refuse_ckpt_ranks(src)
         _, sources = rank_sources(src, "safetensors", None, how.file_suffix, read, notes, how.mindspore_order)
