@@ -17,6 +17,7 @@ from reshard.errors import IntegrityError, UsageError
 from reshard.formats.ckpt import read_ckpt, save_ckpt
 from reshard.formats.strategy import make_strategy, write_strategy
 from reshard.layout import ParamLayout
+from reshard.sources import ReadOptions
 from reshard.synthetic import full_model
 from tests.trust_helpers import SMALL, make_job, run_cli
 
@@ -138,7 +139,7 @@ def test_crc_trailers_checked_by_default(tmp_path) -> None:
     assert report.ok and any("crc trailers of 1 file" in n for n in report.notes)
     with pytest.raises(IntegrityError, match="crc mismatch"):
         verify.verify(good, str(bad))
-    assert verify.verify(good, str(bad), verify_crc=False).differing == ["w"]
+    assert verify.verify(good, str(bad), read=ReadOptions(verify_crc=False)).differing == ["w"]
 
 
 def test_encrypted_side(job, tmp_path) -> None:

@@ -396,7 +396,6 @@ def verify(
     a_strategy: str | StrategyFile | None = None,
     b_strategy: str | StrategyFile | None = None,
     read: ReadOptions | None = None,
-    verify_crc: bool = True,
     atol: float = 0.0,
     max_memory: int = DEFAULT_MAX_MEMORY,
     dtype: str | None = None,
@@ -416,8 +415,8 @@ def verify(
         b: the other checkpoint.
         a_strategy: strategy of ``a``'s rank folders (None: a full model or a Checkpoint 2.0).
         b_strategy: strategy of ``b``'s rank folders.
-        read: decryption key, which file of a rank folder, iteration.
-        verify_crc: check the crc trailers of ``.ckpt`` sources that have one.
+        read: decryption key, which file of a rank folder, iteration, and whether to check the crc
+            trailers of ``.ckpt`` sources that have one (``read.verify_crc``, the default).
         atol: values within this absolute difference count as equal.
         max_memory: bound on the tensor blocks compared at once.
         dtype: read both sides' floating tensors as this dtype before comparing (None: as stored).
@@ -438,7 +437,7 @@ def verify(
     """
     if atol < 0 or not np.isfinite(atol):
         raise UsageError(f"atol must be a finite number >= 0, got {atol}")
-    read = replace(read or ReadOptions(), verify_crc=verify_crc)
+    read = read or ReadOptions()
     notes: list[str] = []
     check_iteration(a, [k for k in (kind_of(a), kind_of(b)) if k is not None] or [identify(a)], read)
     _need_strategy(a, a_strategy, "a")

@@ -77,7 +77,6 @@ def run(args: argparse.Namespace) -> int:
         a_strategy=a_strategy,
         b_strategy=b_strategy,
         read=read,
-        verify_crc=read.verify_crc,
         atol=args.atol,
         max_memory=args.max_memory,
         dtype=args.dtype,
