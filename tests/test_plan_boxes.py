@@ -56,7 +56,7 @@ from reshard.plan.boxes import (
     strategy_chunks,
 )
 from reshard.plan.model import SourcePaths, output_metadata
-from reshard.plan.unify import _plan_split_reference
+from reshard.plan.split import _plan_split_reference
 from reshard.plan.validate import PlanError
 from reshard.sources.registry import open_source
 from tests import checkpoint2_fixtures as fx

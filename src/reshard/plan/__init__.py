@@ -24,7 +24,7 @@ The modules, each importing only the ones before it:
   ``plan_transform``;
 * ``boxes`` — ``plan_boxes``: plans from chunk boxes (``reshard.layout.chunks``), any chunking of
   the sources into any chunking of the outputs, built lazily (``BoxTensors``) like ``bulk``'s;
-* ``unify`` — ``plan_unify`` (full tensors in parts) and ``plan_split`` (full tensors to ranks);
+* ``unify`` — ``plan_unify`` (full tensors in parts); ``split`` — ``plan_split`` (full tensors to ranks);
 * ``convert`` — ``plan_convert`` (whole files, other format) and the Hugging Face side of full
   models (shards, ``plan_unify_hf``, ``plan_transform_full``);
 * ``validate`` — ``validate_plan``: every output filled exactly once, inside all bounds;
@@ -51,8 +51,9 @@ from reshard.plan.model import (
     TensorPlan,
     TextOutput,
 )
+from reshard.plan.split import plan_split
 from reshard.plan.transform import StageCut, TransformPlanner, plan_transform_by_rank
-from reshard.plan.unify import REDUNDANT_STATE_PREFIXES, ChoiceFunc, plan_split, plan_unify
+from reshard.plan.unify import REDUNDANT_STATE_PREFIXES, ChoiceFunc, plan_unify
 from reshard.plan.validate import PlanError, validate_plan
 
 __all__ = [
