@@ -36,7 +36,7 @@ from reshard.plan import (
 )
 from reshard.plan.model import Role, SourcePaths, output_metadata
 from reshard.plan.split import _plan_split_reference
-from reshard.plan.transform import StageCut, stage_cut
+from reshard.plan.transform_reference import StageCut, stage_cut
 
 DEVS = {2: [(2,), (1, 2)], 4: [(4,), (2, 2)], 6: [(2, 3), (3, 2)], 8: [(2, 2, 2), (4, 2), (2, 4)]}
 PARAMS = {"emb": (24, 12), "w": (12, 24), "v": (24,), "s": ()}  # "emb" is shared by first and last stage

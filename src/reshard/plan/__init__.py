@@ -18,10 +18,12 @@ The modules, each importing only the ones before it:
   ``SourceFile`` / ``SourceTensor``; the ``Role`` of a parameter) and the helpers every planner shares;
 * ``agree`` — the strategy and the source headers tell one story (one slice shape per stage, one
   global shape per parameter across stages and for its optimizer states), checked before planning;
-* ``transform`` — the reference transform planner (``TransformPlanner``), the one decision of
-  what a destination file does with a parameter (``StageCut.role``), ``plan_transform_by_rank``;
-* ``bulk`` — the same plans from shared per-class tables, built lazily (``RankTensors``), and
-  ``plan_transform``;
+* ``transform_reference`` — the reference transform planner (``TransformPlanner``), the one
+  decision of what a destination file does with a parameter (``StageCut.role``),
+  ``plan_transform_by_rank``;
+* ``bulk`` — the machinery every bulk planner shares: per-class tables, templates, lazily built
+  tensor lists (``RankTensors``);
+* ``transform`` — ``plan_transform``: the reference's plans, built in bulk;
 * ``boxes`` — ``plan_boxes``: plans from chunk boxes (``reshard.layout.chunks``), any chunking of
   the sources into any chunking of the outputs, built lazily (``BoxTensors``) like ``bulk``'s;
 * ``unify`` — ``plan_unify`` (full tensors in parts); ``split`` — ``plan_split`` (full tensors to ranks);
@@ -38,7 +40,7 @@ Everything other modules use is importable from ``reshard.plan`` itself.
 """
 
 from reshard.plan.boxes import BoxTensors, OutputFile, Target, plan_boxes
-from reshard.plan.bulk import MATERIALISED_FILES, RankTensors, plan_transform
+from reshard.plan.bulk import MATERIALISED_FILES, RankTensors
 from reshard.plan.convert import hf_sharded, plan_convert, plan_hf_shards, plan_transform_full, plan_unify_hf
 from reshard.plan.model import (
     Copy,
@@ -52,7 +54,8 @@ from reshard.plan.model import (
     TextOutput,
 )
 from reshard.plan.split import plan_split
-from reshard.plan.transform import StageCut, TransformPlanner, plan_transform_by_rank
+from reshard.plan.transform import plan_transform
+from reshard.plan.transform_reference import StageCut, TransformPlanner, plan_transform_by_rank
 from reshard.plan.unify import REDUNDANT_STATE_PREFIXES, ChoiceFunc, plan_unify
 from reshard.plan.validate import PlanError, validate_plan
 

@@ -14,7 +14,7 @@ from reshard.errors import UsageError
 from reshard.formats import rank_dirs
 from reshard.layout import LayoutTable, device_num, layout_map, stage_count
 from reshard.plan.model import Plan, SourceFile
-from reshard.plan.transform import plan_transform_by_rank
+from reshard.plan.transform_reference import plan_transform_by_rank
 from reshard.plan.unify import REDUNDANT_STATE_PREFIXES
 
 

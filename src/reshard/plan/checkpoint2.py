@@ -35,7 +35,7 @@ from reshard.formats.checkpoint2 import TensorFacts
 from reshard.layout import LayoutTable, opt_shard_size, tensor_strategy
 from reshard.plan.bulk import RankTensors
 from reshard.plan.model import FilePlan, FileStats, LazyTensors, Plan, Role, TensorPlan, TextOutput
-from reshard.plan.transform import StageCut, TransformPlanner
+from reshard.plan.transform_reference import StageCut, TransformPlanner
 from reshard.statenames import DEFAULT, StateNames
 
 Entry = tuple[str, DType, tuple[int, ...]]

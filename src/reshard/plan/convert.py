@@ -31,7 +31,7 @@ from reshard.plan.model import (
     wanted_ranks,
     whole_tensor,
 )
-from reshard.plan.transform import TransformPlanner, stage_cut
+from reshard.plan.transform_reference import TransformPlanner, stage_cut
 from reshard.plan.unify import ChoiceFunc, plan_unify
 
 STRING_META_PREFIX = "reshard.str:"  # safetensors cannot hold strings; we keep them in the metadata

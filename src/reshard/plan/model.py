@@ -345,7 +345,7 @@ class SourcePaths:
 
 
 class Role(Enum):
-    """What a destination file does with one parameter (``reshard.plan.transform.StageCut.role``)."""
+    """What a destination file does with one parameter (``reshard.plan.transform_reference.StageCut.role``)."""
 
     SKIP = "skip"  # not in this file (another pipeline stage's)
     WHOLE = "whole"  # copied whole from one source file (in only one of the two strategies)

@@ -30,7 +30,7 @@ from reshard.plan.model import (
     rank_ranges,
     whole_tensor,
 )
-from reshard.plan.transform import TransformPlanner
+from reshard.plan.transform_reference import TransformPlanner
 
 PART_BYTES = 3 * 1024**3  # unified_safetensors' part size (docs/formats.md §4.1 step 6)
 REDUNDANT_STATE_PREFIXES = ("accu_grads", "adam_v", "adam_m")
