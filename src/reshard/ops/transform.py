@@ -22,10 +22,11 @@ from reshard.formats import checkpoint2, layout_dir
 from reshard.formats.strategy import StrategyFile
 from reshard.layout import LayoutTable
 from reshard.ops import checkpoint2 as _cp2
+from reshard.ops import chunked
 from reshard.ops.options import Destination, OutputSpec, TensorOptions, output_format, shard_bytes
 from reshard.ops.run import Report, Target, folder_superseded, run_plan, strategy_paths
 from reshard.ops.tensors import Inputs, TensorPipeline, check_copies, plan_tensors, training_state_note
-from reshard.plan import Plan, hf_sharded, plan_transform, plan_transform_full
+from reshard.plan import Plan, SourceFile, hf_sharded, plan_transform, plan_transform_full
 from reshard.sources import (
     CHECKPOINT2,
     ENCRYPTED_CKPT,
@@ -40,8 +41,10 @@ from reshard.sources import (
     full_model_file,
     identify,
     model_folder,
+    resolve,
     unified_index,
 )
+from reshard.sources.dcp import DCP
 from reshard.sources import strategy as _strategy
 from reshard.sources.checkpoint2 import check_iteration
 
@@ -143,6 +146,8 @@ def transform(
         _cp2.check_write(write)
     if job.kind in (HUGGING_FACE, UNIFIED):
         plan, src_sf, everyone = _plan_full(job, src_strategy)
+    elif job.kind is DCP:
+        plan, src_sf, everyone = _plan_chunked(job)
     else:
         plan, src_sf, everyone = _plan_sharded(job, src_strategy)
     plan = _finish(job, plan, src_sf, everyone, out)
@@ -181,6 +186,8 @@ def _job(
     check_iteration(src, kind, read)
     if kind is CHECKPOINT2:
         _cp2.strategy_of(src, src_strategy, None)  # refused before any file is read
+    if kind is DCP:
+        resolve(src, (DCP,), strategy=src_strategy)  # its layouts are its .metadata's chunks
     dst_sf = _strategy(dst_strategy, notes)
     rule = statenames.DEFAULT.with_prefixes(out.optimizer_prefixes)
     pipeline = TensorPipeline(tensors, src, out.optimizer_prefixes)
@@ -191,11 +198,28 @@ def _job(
     )
 
 
-def _plan_full(job: _Job, src_strategy: object) -> tuple[Plan, None, Plan | None]:
-    """A full model's plan (a Hugging Face folder, unify's output), from its name -> file map."""
+def _plan_chunked(job: _Job) -> tuple[Plan, None, Plan | None]:
+    """A chunked source's plan (a PyTorch DCP folder): planned as the full model of its global
+    tensors, then read from the chunks (``ops.chunked``)."""
+    opened = DCP.open(job.src, job.read, job.notes)
+    if job.cp2_out or job.shard_size is not None:
+        output = "a Checkpoint 2.0 output" if job.cp2_out else "a Hugging Face output"
+    else:
+        output = f"a {job.fmt or 'safetensors'} output"
+    chunked.values_note(opened, job.notes, output)
+    files, mapping = chunked.virtual_model(opened)
+    plan, _, everyone = _plan_full(job, None, (files, mapping, None))
+    return chunked.resourced(plan, opened), None, chunked.resourced(everyone, opened) if everyone else None
+
+
+def _plan_full(
+    job: _Job, src_strategy: object, model: tuple[dict[str, SourceFile], dict[str, str], SourceFile | None] | None = None
+) -> tuple[Plan, None, Plan | None]:
+    """A full model's plan (a Hugging Face folder, unify's output), from its name -> file map
+    (``model``: the files, map and hyper-parameter file of a virtual full model instead)."""
     if src_strategy is not None:
         raise UsageError(f"{job.kind.name} is a full model: give no source strategy", job.src)
-    files, mapping, hyper = unified_index(job.src)
+    files, mapping, hyper = unified_index(job.src) if model is None else model
     if hyper is not None:  # unify --hf keeps them beside the shards; a full model holds them
         files[HYPER_NAME] = hyper
         mapping = {**mapping, **{n: HYPER_NAME for n in hyper.tensors if n not in mapping}}
@@ -280,10 +304,10 @@ def _source_config(src: str, kind: Kind) -> tuple[dict[str, object], str] | None
 
 
 def _kinds(src: str, src_strategy: object) -> tuple[Kind, ...]:
-    """What transform reads: rank folders, a MindFormers Checkpoint 2.0, a full checkpoint, a unify
+    """What transform reads: rank folders, a MindFormers Checkpoint 2.0, a PyTorch DCP folder, a full checkpoint, a unify
     output, a Hugging Face model; one rank's folder only as the full checkpoint it holds, and never
     with a source strategy (its parent was meant)."""
-    kinds: tuple[Kind, ...] = (HUGGING_FACE, UNIFIED, RANK_FOLDERS, CHECKPOINT2, ENCRYPTED_CKPT, FULL_FILE)
+    kinds: tuple[Kind, ...] = (HUGGING_FACE, UNIFIED, RANK_FOLDERS, CHECKPOINT2, DCP, ENCRYPTED_CKPT, FULL_FILE)
     if src_strategy is None and full_model_file(src) is not None:
         kinds += (ONE_RANK_FOLDER,)
     return kinds

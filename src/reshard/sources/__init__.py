@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from reshard.sources.checkpoint2 import CHECKPOINT2
 from reshard.sources.files import has_crc_trailer, open_checkpoint, source_file, source_files
+from reshard.sources.dcp import DCP
 from reshard.sources.full_model import (
     ENCRYPTED_CKPT,
     FULL_FILE,
@@ -30,6 +31,7 @@ from reshard.sources.kind import (
     AnyKind,
     Kind,
     Opened,
+    OpenedChunks,
     OpenedModel,
     OpenedRanks,
     OpenedStrategy,
@@ -59,6 +61,7 @@ __all__ = [
     "ANY_CHECKPOINT",
     "CHECKPOINT2",
     "CHECKPOINTS",
+    "DCP",
     "ENCRYPTED_CKPT",
     "FULL",
     "FULL_FILE",
@@ -75,6 +78,7 @@ __all__ = [
     "AnyKind",
     "Kind",
     "Opened",
+    "OpenedChunks",
     "OpenedModel",
     "OpenedRanks",
     "OpenedStrategy",
