@@ -570,7 +570,8 @@ def summary_lines(info: dict[str, Any]) -> list[str]:
         values = info["values"]
         lines.append(
             f"chunks: {sum(t['chunks'] for t in info['tensors'])} in {len(info['files'])} data files; "
-            f"non-tensor values: {len(values)}" + (f" ({format_size(sum(v['bytes'] for v in values))})" if values else "")
+            f"non-tensor values: {len(values)}"
+            + (f" ({format_size(sum(v['bytes'] for v in values))})" if values else "")
         )
     if info["kind"] == "checkpoint2":
         common = info["common"]
@@ -681,7 +682,14 @@ def params_table(info: dict[str, Any]) -> tuple[str, list[Column], list[list[str
         return f"Checkpoint 2.0 {info['iteration_folder']}", [*cols, ("files", False), ("size", True)], rows
     if kind == "dcp":
         rows = [
-            [r["name"], r["dtype"], str(r["shape"]), str(r["chunks"]), ranges_text(r["saved_by"]), format_size(r["bytes"])]
+            [
+                r["name"],
+                r["dtype"],
+                str(r["shape"]),
+                str(r["chunks"]),
+                ranges_text(r["saved_by"]),
+                format_size(r["bytes"]),
+            ]
             for r in info["tensors"]
         ]
         cols = [("name", False), ("dtype", False), ("global shape", False), ("chunks", True), ("saved by", False)]

@@ -22,9 +22,9 @@ _NO_WRITE = "writing .distcp files: use --output-format dcp"
 class DistcpFormat:
     """The data files of a DCP checkpoint, read through their folder's ``.metadata``."""
 
-    name = "distcp"
-    suffixes = (".distcp",)
-    encrypts = False
+    name: str = "distcp"
+    suffixes: tuple[str, ...] = (".distcp",)
+    encrypts: bool = False
 
     def read(
         self, path: str, *, verify_crc: bool = True, dec_key: bytes | None = None, dec_mode: str = "AES-GCM"

@@ -21,6 +21,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from reshard.errors import UnsupportedError
 from reshard.formats import dcp
@@ -37,7 +38,8 @@ VIRTUAL = dcp.METADATA_NAME  # the virtual full model's file key (its path: the 
 def virtual_model(opened: OpenedChunks) -> tuple[dict[str, SourceFile], dict[str, str]]:
     """The source as one full model: a file holding every global tensor whole, and its name -> file map."""
     tensors = {
-        name: SourceTensor(t.dtype, t.shape, math.prod(t.shape) * t.dtype.itemsize) for name, t in opened.tensors.items()
+        name: SourceTensor(t.dtype, t.shape, math.prod(t.shape) * t.dtype.itemsize)
+        for name, t in opened.tensors.items()
     }
     path = os.path.join(os.path.abspath(opened.path), dcp.METADATA_NAME)
     return {VIRTUAL: SourceFile(path, 0, tensors)}, dict.fromkeys(tensors, VIRTUAL)
@@ -129,7 +131,9 @@ def parts_plan(
     import json
 
     text = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=4)
-    return Plan("unify", tuple(interned.paths), tuple(parts), (TextOutput(os.path.join(dst, "param_name_map.json"), text),))
+    return Plan(
+        "unify", tuple(interned.paths), tuple(parts), (TextOutput(os.path.join(dst, "param_name_map.json"), text),)
+    )
 
 
 def saving_ranks(opened: OpenedChunks, paths: Sequence[str]) -> list[int]:
@@ -137,14 +141,14 @@ def saving_ranks(opened: OpenedChunks, paths: Sequence[str]) -> list[int]:
     return sorted({opened.saved_by[p] for p in paths if p in opened.saved_by})
 
 
-def chunk_facts(opened: OpenedChunks) -> dict[str, object]:
+def chunk_facts(opened: OpenedChunks) -> dict[str, Any]:
     """What a chunked source holds, as plain data (``inspect``'s view, read from ``.metadata`` alone):
     each tensor's global shape, chunks, data files and saving ranks; each data file's rank, size and
     chunks; the non-tensor values; the bytes each rank saved."""
     folder = os.path.abspath(opened.path)
     per_file: dict[str, dict[str, int]] = {p: {"chunks": 0, "chunk_bytes": 0} for p in opened.files}
     rank_bytes: dict[int, int] = {}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, t in opened.tensors.items():
         for box, path in zip(t.boxes, t.files, strict=True):
             held = math.prod(b - a for a, b in box) * t.dtype.itemsize
@@ -184,4 +188,13 @@ def chunk_facts(opened: OpenedChunks) -> dict[str, object]:
     }
 
 
-__all__ = ["VIRTUAL", "chunk_facts", "full_plan", "parts_plan", "resourced", "saving_ranks", "values_note", "virtual_model"]
+__all__ = [
+    "VIRTUAL",
+    "chunk_facts",
+    "full_plan",
+    "parts_plan",
+    "resourced",
+    "saving_ranks",
+    "values_note",
+    "virtual_model",
+]

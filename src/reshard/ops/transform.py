@@ -37,6 +37,7 @@ from reshard.sources import (
     RANK_FOLDERS,
     UNIFIED,
     Kind,
+    OpenedChunks,
     ReadOptions,
     full_model_file,
     identify,
@@ -44,9 +45,9 @@ from reshard.sources import (
     resolve,
     unified_index,
 )
-from reshard.sources.dcp import DCP
 from reshard.sources import strategy as _strategy
 from reshard.sources.checkpoint2 import check_iteration
+from reshard.sources.dcp import DCP
 
 FORMATS = ("ckpt", "safetensors", "hf", "checkpoint2")  # what transform writes
 
@@ -213,7 +214,9 @@ def _plan_chunked(job: _Job) -> tuple[Plan, None, Plan | None]:
 
 
 def _plan_full(
-    job: _Job, src_strategy: object, model: tuple[dict[str, SourceFile], dict[str, str], SourceFile | None] | None = None
+    job: _Job,
+    src_strategy: object,
+    model: tuple[dict[str, SourceFile], dict[str, str], SourceFile | None] | None = None,
 ) -> tuple[Plan, None, Plan | None]:
     """A full model's plan (a Hugging Face folder, unify's output), from its name -> file map
     (``model``: the files, map and hyper-parameter file of a virtual full model instead)."""
@@ -241,6 +244,7 @@ def _plan_full(
 def _plan_sharded(job: _Job, src_strategy: str | StrategyFile | None) -> tuple[Plan, StrategyFile | None, Plan | None]:
     """The plan from rank sources (rank folders, one full file, a Checkpoint 2.0) and their strategy."""
     opened = job.kind.open(job.src, job.read, job.notes)
+    assert not isinstance(opened, OpenedChunks)  # a chunked source is planned by _plan_chunked
     if job.kind is CHECKPOINT2:
         src_sf = _cp2.strategy_of(job.src, src_strategy, opened)
     else:
@@ -304,8 +308,8 @@ def _source_config(src: str, kind: Kind) -> tuple[dict[str, object], str] | None
 
 
 def _kinds(src: str, src_strategy: object) -> tuple[Kind, ...]:
-    """What transform reads: rank folders, a MindFormers Checkpoint 2.0, a PyTorch DCP folder, a full checkpoint, a unify
-    output, a Hugging Face model; one rank's folder only as the full checkpoint it holds, and never
+    """What transform reads: rank folders, a MindFormers Checkpoint 2.0, a PyTorch DCP folder, a full
+    checkpoint, a unify output, a Hugging Face model; one rank's folder only as the full checkpoint it holds, and never
     with a source strategy (its parent was meant)."""
     kinds: tuple[Kind, ...] = (HUGGING_FACE, UNIFIED, RANK_FOLDERS, CHECKPOINT2, DCP, ENCRYPTED_CKPT, FULL_FILE)
     if src_strategy is None and full_model_file(src) is not None:

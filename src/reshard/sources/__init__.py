@@ -12,8 +12,8 @@ checkpoint through ``formats.registry``; ``options`` holds ``ReadOptions``.
 from __future__ import annotations
 
 from reshard.sources.checkpoint2 import CHECKPOINT2
-from reshard.sources.files import has_crc_trailer, open_checkpoint, source_file, source_files
 from reshard.sources.dcp import DCP
+from reshard.sources.files import has_crc_trailer, open_checkpoint, source_file, source_files
 from reshard.sources.full_model import (
     ENCRYPTED_CKPT,
     FULL_FILE,

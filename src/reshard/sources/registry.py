@@ -56,7 +56,8 @@ CHECKPOINTS: tuple[Kind, ...] = (RANK_FOLDERS, ENCRYPTED_CKPT, FULL_FILE)  # wha
 FULL_MODELS: tuple[Kind, ...] = (UNIFIED, HUGGING_FACE, ENCRYPTED_CKPT, FULL_FILE)  # what split and verify take
 SHARDED_JOBS: tuple[Kind, ...] = (RANK_FOLDERS, CHECKPOINT2)  # what unify takes
 # Every checkpoint (rank folders, a Checkpoint 2.0, a full model), in the order refusals list them: what
-# verify's sides and inspect read (a PyTorch DCP folder too); transform adds one rank's folder as the full checkpoint it holds.
+# verify's sides and inspect read (a PyTorch DCP folder too); transform adds one rank's folder as the full
+# checkpoint it holds.
 ANY_CHECKPOINT: tuple[Kind, ...] = (*SHARDED_JOBS, DCP, *FULL_MODELS)
 
 _UNIFY_FIRST = (
