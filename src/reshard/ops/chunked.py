@@ -35,6 +35,20 @@ from reshard.sources.kind import OpenedChunks
 VIRTUAL = dcp.METADATA_NAME  # the virtual full model's file key (its path: the folder's .metadata)
 
 
+def check_run(run: object) -> None:
+    """A chunked source's data files are read through their folder's ``.metadata``: Ray must read them
+    where they are (a shared disk), not from shipped copies of the files alone.
+
+    Raises:
+        UnsupportedError: ``RayOptions(shared_disk=False)``.
+    """
+    if getattr(run, "shared_disk", True) is False:
+        raise UnsupportedError(
+            "a PyTorch DCP source on Ray needs a shared disk (RayOptions(shared_disk=True)): its .distcp files "
+            "are read through their folder's .metadata"
+        )
+
+
 def virtual_model(opened: OpenedChunks) -> tuple[dict[str, SourceFile], dict[str, str]]:
     """The source as one full model: a file holding every global tensor whole, and its name -> file map."""
     tensors = {
@@ -190,6 +204,7 @@ def chunk_facts(opened: OpenedChunks) -> dict[str, Any]:
 
 __all__ = [
     "VIRTUAL",
+    "check_run",
     "chunk_facts",
     "full_plan",
     "parts_plan",

@@ -148,6 +148,7 @@ def transform(
     if job.kind in (HUGGING_FACE, UNIFIED):
         plan, src_sf, everyone = _plan_full(job, src_strategy)
     elif job.kind is DCP:
+        chunked.check_run(run)
         plan, src_sf, everyone = _plan_chunked(job)
     else:
         plan, src_sf, everyone = _plan_sharded(job, src_strategy)
@@ -206,7 +207,7 @@ def _plan_chunked(job: _Job) -> tuple[Plan, None, Plan | None]:
     if job.cp2_out or job.shard_size is not None:
         output = "a Checkpoint 2.0 output" if job.cp2_out else "a Hugging Face output"
     else:
-        output = f"a {job.fmt or 'safetensors'} output"
+        output = "a .ckpt output" if job.fmt == "ckpt" else "a safetensors output"
     chunked.values_note(opened, job.notes, output)
     files, mapping = chunked.virtual_model(opened)
     plan, _, everyone = _plan_full(job, None, (files, mapping, None))

@@ -96,6 +96,7 @@ def unify(
     if shard_size is not None and how.split_dst_file:
         raise UsageError("split_dst_file (--split) does not apply to Hugging Face output")
     if identify(src, (RANK_FOLDERS, CHECKPOINT2, DCP)) is DCP:
+        chunked.check_run(run)
         plan = _chunked_plan(src, strategy, dst, how, shard_size, pipeline, read, notes)
     else:
         plan = _sharded_plan(src, strategy, dst, how, shard_size, pipeline, read, notes)
