@@ -31,7 +31,7 @@ from reshard.formats import layout_dir, registry
 from reshard.formats.strategy import StrategyFile, load_strategy
 from reshard.layout import STAGE_SEPARATOR, ParamLayout, device_num, layout_map, stage_count
 from reshard.ops import chunked
-from reshard.plan import quantized
+from reshard.plan import quantized_view as quantized
 from reshard.sources import (
     CHECKPOINT2,
     DCP,

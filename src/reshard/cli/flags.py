@@ -579,7 +579,7 @@ class RunFlags:
         """The run options; progress is off for a dry run and with ``--quiet``."""
         hooks = progress.hooks(args.progress, args.quiet or dry_run)
         if args.executor == "ray":  # Ray imported only when the run starts
-            from reshard.execute.ray import RayOptions
+            from reshard.execute.options import RayOptions
 
             on_nodes: Callable[[Any], None] | None = None if args.quiet else _print_nodes
             return RayOptions(
