@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from reshard import api, dtypes
+from reshard.errors import UnsupportedError
 from reshard.formats import dcp
 from reshard.formats.dcp import ChunkSpec
 from reshard.layout.chunks import even_boxes
@@ -253,3 +254,35 @@ def test_the_python_api_reads_a_dcp(job: dict[str, str], tmp_path: Path) -> None
     report = api.transform(job["mixed"], str(tmp_path / "o"), output=api.OutputSpec(format="safetensors"))
     assert any("non-tensor values not carried" in n for n in report.notes)
     assert report.plan.files and all(s.endswith(".distcp") for s in report.plan.sources)
+
+
+# ------------------------------------------------------------------------------------ re-sourcing a plan onto chunks
+
+
+def _apply(copies: list, chunks: dict[str, np.ndarray], out: np.ndarray) -> None:
+    """What the executor does with each copy: a box of the chunk, permuted, put in place."""
+    for c in copies:
+        box = tuple(slice(s, s + n) for s, n in zip(c.src_start, c.src_lengths, strict=True))
+        piece = chunks[c.tensor][box]
+        if c.src_perm is not None:
+            piece = piece.transpose(c.src_perm)
+        out[tuple(slice(d, d + n) for d, n in zip(c.dst_start, c.lengths, strict=True))] = piece
+
+
+def test_a_transposing_copy_reads_the_right_chunk_boxes() -> None:
+    from reshard.layout.chunks import ChunkedTensor
+    from reshard.ops.chunked import _chunk_copies
+    from reshard.plan.boxes import Indexes
+    from reshard.plan.model import Copy, SourcePaths
+
+    full = np.arange(4 * 7, dtype=np.float32).reshape(4, 7)
+    boxes = (((0, 4), (0, 4)), ((0, 2), (4, 7)), ((2, 4), (4, 7)))  # uneven, three chunks, not a grid in dim 0
+    chunks = {f"w@{b[0][0]},{b[1][0]}": full[b[0][0] : b[0][1], b[1][0] : b[1][1]] for b in boxes}
+    tensor = ChunkedTensor("w", (4, 7), dtypes.FLOAT32, boxes, ("f0", "f1", "f1"), tuple(chunks))
+    # source box [1:4, 3:7] of w read transposed: the transpose's [3:7, 1:4]
+    copy = Copy(0, "w", (1, 3), (0, 0), (4, 3), src_perm=(1, 0))
+    out = np.zeros((4, 3), dtype=np.float32)
+    _apply(_chunk_copies(copy, tensor, SourcePaths(), Indexes()), chunks, out)
+    assert np.array_equal(out, full.T[3:7, 1:4])
+    with pytest.raises(UnsupportedError, match="reshapes a tensor of a PyTorch DCP checkpoint"):
+        _chunk_copies(Copy(0, "w", (0,), (0,), (28,), src_view=(28,)), tensor, SourcePaths(), Indexes())
