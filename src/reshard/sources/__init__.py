@@ -4,8 +4,9 @@ Layer 4 of reshard: below the executors and the operations, above the plans and 
 ``registry.identify`` answers "what is this path?" for every operation (transform, unify, split,
 convert, inspect, verify), and ``registry.resolve`` adds every refusal a kind's ``Traits`` decide
 (a strategy for a kind that carries its layouts, an iteration for one without); the kinds live one
-family per module (``rank_folders``, ``full_model``, ``checkpoint2``, ``strategy``) and open to typed
-records (``kind.OpenedRanks``, ``kind.OpenedModel``, ``kind.OpenedStrategy``); ``files`` opens one
+family per module (``rank_folders``, ``full_model``, ``checkpoint2``, ``dcp``, ``strategy``) and open to
+typed records (``kind.OpenedRanks``, ``kind.OpenedModel``, ``kind.OpenedChunks`` for a PyTorch DCP
+folder's chunk boxes, ``kind.OpenedStrategy``); ``files`` opens one
 checkpoint through ``formats.registry``; ``options`` holds ``ReadOptions``.
 """
 
