@@ -735,6 +735,40 @@ CASES += [
     dequantize_unknown_dtype,
 ]
 
+# ------------------------------------------------------------------------------------ PyTorch DCP sources
+
+
+def _dcp(tmp: Path, job: dict[str, str]) -> Path:
+    """The job's full model as a DCP folder of two ranks (dim 0 split unevenly), written by reshard."""
+    from reshard.formats import dcp
+    from reshard.sources import open_checkpoint
+    from tests.test_dcp_ops import chunked_files
+
+    with open_checkpoint(job["full"]) as index:
+        tensors = {name: np.array(index.array(name)) for name in index.entries}
+    dcp.save_dcp(tmp / "dcp", tensors, chunked_files(tensors), {"extra_state": b"opaque"})
+    return tmp / "dcp"
+
+
+def dcp_truncated_distcp(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _dcp(tmp, job)
+    _truncate(str(src / "__1_0.distcp"), 0.5)
+    return ["transform", str(src), OUT, "--output-format", "safetensors"], "__1_0.distcp"
+
+
+def dcp_metadata_names_a_missing_file(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _dcp(tmp, job)
+    os.remove(src / "__2_0.distcp")
+    return ["unify", str(src), OUT], "__2_0.distcp"
+
+
+def dcp_with_a_source_strategy(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _dcp(tmp, job)
+    return ["transform", str(src), OUT, "--src-strategy", job["s4"]], "carries its layouts in .metadata"
+
+
+CASES += [dcp_truncated_distcp, dcp_metadata_names_a_missing_file, dcp_with_a_source_strategy]
+
 try:
     import ray  # noqa: F401  (the test extra installs it)
 

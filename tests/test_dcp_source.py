@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -33,15 +34,19 @@ def test_detects_by_names(saved: Path, tmp_path: Path) -> None:
 def test_planning_facts_from_the_metadata(saved: Path) -> None:
     notes: list[str] = []
     opened = DCP.open(str(saved), None, notes)
-    assert opened.fmt == dcp.FORMAT and opened.kind == DCP.name
-    assert sorted(opened.files) == ["__0_0.distcp", "__1_0.distcp", "__1_1.distcp"]
-    assert sorted(opened.ranks) == [0, 1]
-    rank1 = opened.ranks[1]
-    assert rank1.tensors["a@4,0"].shape == (3, 5) and rank1.tensors["a@4,0"].dtype is dtypes.FLOAT32
-    assert rank1.path_of("e@0,0").endswith("__1_1.distcp") and rank1.path_of("a@4,0").endswith("__1_0.distcp")
-    assert opened.weight_map["b@0,2"] == "__1_0.distcp"
-    assert opened.files["__0_0.distcp"].tensors["b@0,0"].nbytes == 4 * 2 * 2
-    assert notes == ["1 non-tensor values (opaque torch.save bytes) are not tensors"]
+    assert opened.fmt == "distcp" and opened.kind == DCP.name
+    assert [os.path.basename(p) for p in opened.files] == ["__0_0.distcp", "__1_0.distcp", "__1_1.distcp"]
+    assert sorted(set(opened.saved_by.values())) == [0, 1]
+    a = opened.tensors["a"]
+    assert a.shape == (7, 5) and a.dtype is dtypes.FLOAT32
+    assert a.boxes == (((0, 4), (0, 5)), ((4, 7), (0, 5))) and a.tensors == ("a@0,0", "a@4,0")
+    assert a.files[1].endswith("__1_0.distcp")
+    assert opened.tensors["e"].files[0].endswith("__1_1.distcp")
+    assert list(opened.values) == ["step"] and opened.values["step"].file.endswith("__0_0.distcp")
+    assert notes == []
+    # the per-chunk facts (open_dcp) stay: every chunk a tensor of its own
+    rank1 = open_dcp(str(saved)).ranks[1]
+    assert rank1.tensors["a@4,0"].shape == (3, 5) and rank1.path_of("e@0,0").endswith("__1_1.distcp")
 
 
 def test_no_data_file_is_read(saved: Path) -> None:

@@ -95,5 +95,6 @@ def test_an_unknown_format_is_refused_not_defaulted(npyraw: None) -> None:
         formats.get("npz")
     with pytest.raises(UsageError, match="unknown format 'npz'"):
         byte_layout(FilePlan("out/x.npz", "npz", ()), WriteOptions())
-    with pytest.raises(UsageError, match=r"not a \.ckpt, \.safetensors or \.npyraw file"):  # the list is the registry's
+    # the list is the registry's
+    with pytest.raises(UsageError, match=r"not a \.ckpt, \.safetensors, \.distcp or \.npyraw file"):
         formats.detect("model.npz")

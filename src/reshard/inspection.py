@@ -30,9 +30,11 @@ from reshard.errors import UsageError
 from reshard.formats import rank_dirs, registry
 from reshard.formats.strategy import StrategyFile, load_strategy
 from reshard.layout import STAGE_SEPARATOR, ParamLayout, device_num, layout_map, stage_count
+from reshard.ops import chunked
 from reshard.plan import quantized_view as quantized
 from reshard.sources import (
     CHECKPOINT2,
+    DCP,
     HUGGING_FACE,
     ONE_RANK_FOLDER,
     RANK_FOLDERS,
@@ -263,6 +265,8 @@ def _gather(path: str, strategy: str | None, read: Any, notes: list[str]) -> tup
     kind = resolve(path, strategy=strategy, read=read, flag="strategy", full_takes_strategy=True)
     if kind is CHECKPOINT2:
         return _checkpoint2(path, read, notes)
+    if kind is DCP:  # its layouts are its chunks (.metadata): each tensor's global shape, chunks, saving ranks
+        return chunked.chunk_facts(DCP.open(path, read, notes)), None
     sf = load_strategy(strategy) if strategy else None
     if sf is not None:
         notes.extend(sf.notes)
@@ -464,7 +468,7 @@ def summarize(info: dict[str, Any], sf: StrategyFile | None = None) -> dict[str,
     weights = [name for name in names if _state_kind(name) is None]
     summary: dict[str, Any] = {
         "source": info["kind"],
-        "ranks": info["ranks"] if info["kind"] == "checkpoint2" else len(per_rank) if per_rank else None,
+        "ranks": info["ranks"] if info["kind"] in ("checkpoint2", "dcp") else len(per_rank) if per_rank else None,
         "stages": None,
         "stage": None,
         "devices_per_stage": None,
@@ -540,6 +544,8 @@ def summary_lines(info: dict[str, Any]) -> list[str]:
         if s["stage"] is not None:  # one stage's file: its own devices only
             ranks, stages = "", f"pipeline stage {s['stage']}'s file, {s['devices_per_stage']} devices"
         lines.append(f"job: {ranks}{stages}; dp {s['dp']}, mp {s['mp']}{opt}")
+    elif info["kind"] == "dcp":
+        lines.append(f"job: saved by {s['ranks']} rank{'s' if s['ranks'] != 1 else ''} (each chunk's box in .metadata)")
     elif s["ranks"] and s["ranks"] > 1:
         lines.append(f"job: {s['ranks']} rank{'s' if s['ranks'] != 1 else ''} (give --strategy for stages and degrees)")
     elements = s["parameter_elements"]
@@ -559,6 +565,13 @@ def summary_lines(info: dict[str, Any]) -> list[str]:
         lines.append(
             f"per rank: min {format_size(rb['min'])} (rank {rb['min_rank']}), "
             f"max {format_size(rb['max'])} (rank {rb['max_rank']}), total {format_size(rb['total'])}"
+        )
+    if info["kind"] == "dcp":
+        values = info["values"]
+        lines.append(
+            f"chunks: {sum(t['chunks'] for t in info['tensors'])} in {len(info['files'])} data files; "
+            f"non-tensor values: {len(values)}"
+            + (f" ({format_size(sum(v['bytes'] for v in values))})" if values else "")
         )
     if info["kind"] == "checkpoint2":
         common = info["common"]
@@ -583,6 +596,8 @@ def _what(info: dict[str, Any]) -> str:
         return f"MindFormers Checkpoint 2.0 {os.path.basename(info['iteration_folder'])}"
     if kind == "strategy":
         return "strategy"
+    if kind == "dcp":
+        return f"PyTorch DCP checkpoint ({len(info['files'])} data files)"
     if "files" in info:  # a Hugging Face model or a unify output
         count = len(info["files"])
         return f"{info.get('source', 'a full model').removeprefix('a ')} ({count} file{'s' if count != 1 else ''})"
@@ -665,6 +680,20 @@ def params_table(info: dict[str, Any]) -> tuple[str, list[Column], list[list[str
             ])  # fmt: skip
         cols = [("name", False), ("dtype", False), ("global shape", False), ("layout", False), ("chunks", True)]
         return f"Checkpoint 2.0 {info['iteration_folder']}", [*cols, ("files", False), ("size", True)], rows
+    if kind == "dcp":
+        rows = [
+            [
+                r["name"],
+                r["dtype"],
+                str(r["shape"]),
+                str(r["chunks"]),
+                ranges_text(r["saved_by"]),
+                format_size(r["bytes"]),
+            ]
+            for r in info["tensors"]
+        ]
+        cols = [("name", False), ("dtype", False), ("global shape", False), ("chunks", True), ("saved by", False)]
+        return f"PyTorch DCP {info['path']}", [*cols, ("size", True)], rows
     rows = []
     for row in info["tensors"]:
         shape = repr(row["value"]) if "value" in row else str(row["shape"])

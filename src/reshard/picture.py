@@ -151,10 +151,24 @@ class ParamView:
     """What is needed to draw one parameter: its layout in each stage holding it, and its full shape."""
 
     name: str
-    stages: Mapping[int, ParamLayout]
+    stages: Mapping[int, ParamLayout | None]  # None: a chunked source's one view (``chunks``)
     shape: tuple[int, ...]
     shape_known: bool
     devices: int  # devices per stage: global rank = stage * devices + local rank
+    chunks: Mapping[Box, tuple[int, ...]] | None = None  # a chunked source's boxes -> the ranks saving them
+
+
+def chunk_views(tensors: Mapping[str, Any], saved_by: Mapping[str, int]) -> dict[str, ParamView]:
+    """Every tensor of a chunked source (a PyTorch DCP folder: ``ChunkedTensor`` s) with its chunks'
+    boxes and the ranks that saved each (no layout: the boxes are what the files hold)."""
+    views = {}
+    for name, t in tensors.items():
+        found: dict[Box, list[int]] = {}
+        for box, path in zip(t.boxes, t.files, strict=True):
+            found.setdefault(box, []).append(saved_by[path])
+        chunks = {box: tuple(sorted(set(ranks))) for box, ranks in found.items()}
+        views[name] = ParamView(name, {0: None}, t.shape, True, max(saved_by.values(), default=0) + 1, chunks)
+    return views
 
 
 def param_views(sf: StrategyFile, shapes: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, ParamView]:
@@ -209,8 +223,13 @@ def param_panel(view: ParamView, stage: int, x: float = 0.0, y: float = 0.0, siz
     p = view.stages[stage]
     base = stage * view.devices
     shape = view.shape
-    sliced = _grouped(layout.rank_boxes(p, shape), base)
-    blocks = _grouped(layout.rank_boxes(model_parallel(p), shape), base) if has_optimizer_shard(p) else {}
+    if view.chunks is not None:  # a chunked source: its chunks as saved, no layout to apply
+        sliced, blocks, layout_text = dict(view.chunks), {}, f"{len(view.chunks)} chunks (from .metadata)"
+    else:
+        assert p is not None  # a strategy's view has a layout per stage
+        sliced = _grouped(layout.rank_boxes(p, shape), base)
+        blocks = _grouped(layout.rank_boxes(model_parallel(p), shape), base) if has_optimizer_shard(p) else {}
+        layout_text = describe_layout(p)
     trailing_keys = sorted({box[2:] for box in sliced}) or [()]
     panels = []
     for trailing in trailing_keys:
@@ -236,7 +255,9 @@ def param_panel(view: ParamView, stage: int, x: float = 0.0, y: float = 0.0, siz
         extra = f" dims 2+: {_box_text(trailing)}" if trailing else ""
         ranks = f"ranks {base}-{base + view.devices - 1}"
         title = f"{view.name} {list(shape)}{'' if view.shape_known else ' (in blocks)'}, stage {stage} ({ranks}){extra}"
-        panels.append(Panel(title, view.name, stage, shape, describe_layout(p), slices, outlines, trailing))
+        if view.chunks is not None:
+            title = f"{view.name} {list(shape)}, chunks as saved by {ranks}{extra}"
+        panels.append(Panel(title, view.name, stage, shape, layout_text, slices, outlines, trailing))
     return panels
 
 
@@ -384,7 +405,7 @@ def source_views(
     Raises:
         UsageError: No strategy to draw with, or one given where the source carries its own.
     """
-    from reshard.sources import ONE_RANK_FOLDER, OpenedModel, OpenedStrategy, registry, resolve
+    from reshard.sources import ONE_RANK_FOLDER, OpenedChunks, OpenedModel, OpenedStrategy, registry, resolve
 
     notes = notes if notes is not None else []
     kind = resolve(
@@ -393,6 +414,8 @@ def source_views(
     opened = kind.open(source, read, notes)
     if isinstance(opened, OpenedStrategy):
         return param_views(opened.strategy)
+    if isinstance(opened, OpenedChunks):  # its chunks are its layout: drawn as saved
+        return chunk_views(opened.tensors, opened.saved_by)
     sf = registry.strategy(strategy, notes) if strategy else opened.strategy
     if sf is None:
         raise UsageError(f"this is {opened.kind}: give a strategy with --strategy to draw how it is split", source)

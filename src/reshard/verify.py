@@ -186,6 +186,9 @@ def _side_read(path: str, read: ReadOptions) -> ReadOptions:
     return read if is_encrypted(first) else replace(read, dec_key=None)
 
 
+_VALUES = "non-tensor values not carried"  # ops.chunked.values_note's words
+
+
 def _side_kinds(path: str) -> tuple[Kind, ...]:
     """What a side may be: rank folders, or a full model (one rank's folder only as the file it holds)."""
     return (*ANY_CHECKPOINT, ONE_RANK_FOLDER) if full_model_file(path) is not None else ANY_CHECKPOINT
@@ -222,7 +225,9 @@ def side_plan(
                 precision=Precision(dequantize) if dequantize is not None else None,
             ),
         )
-        notes.extend(f"{path}: {note}" for note in report.notes)
+        # a DCP side's non-tensor values are opaque bytes: not compared (the dry run words them for its output)
+        notes.extend(f"{path}: {note.split(':')[0].replace('not carried', 'not compared')}" if _VALUES in note else
+                     f"{path}: {note}" for note in report.notes)  # fmt: skip
         return report.plan
     if strategy is not None:
         if os.path.isfile(path) and kind not in (HUGGING_FACE, UNIFIED):

@@ -55,4 +55,12 @@ def is_checkpoint2(path: str) -> bool:
     return kind_of(path) is CHECKPOINT2
 
 
-__all__ = ["add_ranks", "add_strategy", "is_checkpoint2", "source_strategy"]
+def carries_layouts(path: str) -> bool:
+    """A source whose kind keeps its own layouts (a Checkpoint 2.0's metadata.json, a DCP .metadata)."""
+    from reshard.sources import kind_of
+
+    kind = kind_of(path)
+    return kind is not None and kind.traits.owns_layouts is not None
+
+
+__all__ = ["add_ranks", "add_strategy", "carries_layouts", "is_checkpoint2", "source_strategy"]

@@ -35,6 +35,12 @@ def _safetensors() -> Format:
     return SAFETENSORS
 
 
+def _distcp() -> Format:
+    from reshard.formats.distcp_format import DISTCP
+
+    return DISTCP
+
+
 @dataclass
 class _Entry:
     name: str
@@ -47,6 +53,7 @@ class _Entry:
 _BUILTIN = (
     _Entry("ckpt", (".ckpt",), _ckpt),
     _Entry("safetensors", (".safetensors",), _safetensors),
+    _Entry("distcp", (".distcp",), _distcp),
 )
 _ENTRIES: dict[str, _Entry] = {e.name: e for e in _BUILTIN}
 

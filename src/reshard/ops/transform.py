@@ -22,10 +22,11 @@ from reshard.formats import checkpoint2, rank_dirs
 from reshard.formats.strategy import StrategyFile
 from reshard.layout import LayoutTable
 from reshard.ops import checkpoint2 as _cp2
+from reshard.ops import chunked
 from reshard.ops.options import Destination, OutputSpec, TensorOptions, output_format, shard_bytes
 from reshard.ops.run import Report, Target, folder_superseded, run_plan, strategy_paths
 from reshard.ops.tensors import Inputs, TensorPipeline, check_copies, plan_tensors, training_state_note
-from reshard.plan import Plan, hf_sharded, plan_transform, plan_transform_full
+from reshard.plan import Plan, SourceFile, hf_sharded, plan_transform, plan_transform_full
 from reshard.sources import (
     CHECKPOINT2,
     ENCRYPTED_CKPT,
@@ -36,6 +37,7 @@ from reshard.sources import (
     RANK_FOLDERS,
     UNIFIED,
     Kind,
+    OpenedChunks,
     ReadOptions,
     full_model_file,
     model_folder,
@@ -43,6 +45,7 @@ from reshard.sources import (
     unified_index,
 )
 from reshard.sources import strategy as _strategy
+from reshard.sources.dcp import DCP
 
 FORMATS = ("ckpt", "safetensors", "hf", "checkpoint2")  # what transform writes
 
@@ -142,6 +145,9 @@ def transform(
         _cp2.check_write(write)
     if job.kind in (HUGGING_FACE, UNIFIED):
         plan, src_sf, everyone = _plan_full(job, src_strategy)
+    elif job.kind is DCP:
+        chunked.check_run(run)
+        plan, src_sf, everyone = _plan_chunked(job)
     else:
         plan, src_sf, everyone = _plan_sharded(job, src_strategy)
     plan = _finish(job, plan, src_sf, everyone, out)
@@ -188,9 +194,28 @@ def _job(
     )
 
 
-def _plan_full(job: _Job, src_strategy: object) -> tuple[Plan, None, Plan | None]:
-    """A full model's plan (a Hugging Face folder, unify's output), from its name -> file map."""
-    files, mapping, hyper = unified_index(job.src)  # a strategy with it was refused by resolve
+def _plan_chunked(job: _Job) -> tuple[Plan, None, Plan | None]:
+    """A chunked source's plan (a PyTorch DCP folder): planned as the full model of its global
+    tensors, then read from the chunks (``ops.chunked``)."""
+    opened = DCP.open(job.src, job.read, job.notes)
+    if job.cp2_out or job.shard_size is not None:
+        output = "a Checkpoint 2.0 output" if job.cp2_out else "a Hugging Face output"
+    else:
+        output = "a .ckpt output" if job.fmt == "ckpt" else "a safetensors output"
+    chunked.values_note(opened, job.notes, output)
+    files, mapping = chunked.virtual_model(opened)
+    plan, _, everyone = _plan_full(job, None, (files, mapping, None))
+    return chunked.resourced(plan, opened), None, chunked.resourced(everyone, opened) if everyone else None
+
+
+def _plan_full(
+    job: _Job,
+    src_strategy: object,
+    model: tuple[dict[str, SourceFile], dict[str, str], SourceFile | None] | None = None,
+) -> tuple[Plan, None, Plan | None]:
+    """A full model's plan (a Hugging Face folder, unify's output), from its name -> file map
+    (``model``: the files, map and hyper-parameter file of a virtual full model instead)."""
+    files, mapping, hyper = unified_index(job.src) if model is None else model  # a strategy: refused by resolve
     if hyper is not None:  # unify --hf keeps them beside the shards; a full model holds them
         files[HYPER_NAME] = hyper
         mapping = {**mapping, **{n: HYPER_NAME for n in hyper.tensors if n not in mapping}}
@@ -212,6 +237,7 @@ def _plan_full(job: _Job, src_strategy: object) -> tuple[Plan, None, Plan | None
 def _plan_sharded(job: _Job, src_strategy: str | StrategyFile | None) -> tuple[Plan, StrategyFile | None, Plan | None]:
     """The plan from rank sources (rank folders, one full file, a Checkpoint 2.0) and their strategy."""
     opened = job.kind.open(job.src, job.read, job.notes)
+    assert not isinstance(opened, OpenedChunks)  # a chunked source is planned by _plan_chunked
     src_sf = opened.strategy if job.kind.traits.owns_layouts else _strategy(src_strategy, job.notes)
     if src_sf is None and len(opened.ranks) > 1:
         raise UsageError(
@@ -272,10 +298,10 @@ def _source_config(src: str, kind: Kind) -> tuple[dict[str, object], str] | None
 
 
 def _kinds(src: str, src_strategy: object) -> tuple[Kind, ...]:
-    """What transform reads: rank folders, a MindFormers Checkpoint 2.0, a full checkpoint, a unify
-    output, a Hugging Face model; one rank's folder only as the full checkpoint it holds, and never
+    """What transform reads: rank folders, a MindFormers Checkpoint 2.0, a PyTorch DCP folder, a full
+    checkpoint, a unify output, a Hugging Face model; one rank's folder only as the full checkpoint it holds, and never
     with a source strategy (its parent was meant)."""
-    kinds: tuple[Kind, ...] = (HUGGING_FACE, UNIFIED, RANK_FOLDERS, CHECKPOINT2, ENCRYPTED_CKPT, FULL_FILE)
+    kinds: tuple[Kind, ...] = (HUGGING_FACE, UNIFIED, RANK_FOLDERS, CHECKPOINT2, DCP, ENCRYPTED_CKPT, FULL_FILE)
     if src_strategy is None and full_model_file(src) is not None:
         kinds += (ONE_RANK_FOLDER,)
     return kinds

@@ -18,11 +18,12 @@ from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats import rank_dirs
 from reshard.formats.strategy import StrategyFile
 from reshard.ops import checkpoint2 as _cp2
+from reshard.ops import chunked
 from reshard.ops.options import Destination, OutputSpec, TensorOptions, UnifyOptions, output_format, shard_bytes
 from reshard.ops.run import Report, Target, run_plan
 from reshard.ops.tensors import Inputs, TensorPipeline, check_copies, plan_tensors, training_state_note
 from reshard.plan import Plan, SourceFile, plan_unify, plan_unify_hf
-from reshard.sources import CHECKPOINT2, RANK_FOLDERS, ReadOptions, rank_sources, resolve
+from reshard.sources import CHECKPOINT2, DCP, RANK_FOLDERS, ReadOptions, identify, rank_sources, resolve
 from reshard.sources import strategy as _strategy
 
 FORMATS = ("safetensors", "hf")  # what unify writes
@@ -50,8 +51,9 @@ def unify(
     ``model.safetensors`` when everything fits); ``hyper_param.safetensors`` is written as usual.
 
     Args:
-        src: The folder of ``rank_<r>`` folders holding ``.safetensors`` files, or a MindFormers
-            Checkpoint 2.0 (its root or an ``iteration_*`` folder; ``read.iteration`` picks one).
+        src: The folder of ``rank_<r>`` folders holding ``.safetensors`` files, a MindFormers
+            Checkpoint 2.0 (its root or an ``iteration_*`` folder; ``read.iteration`` picks one), or a
+            PyTorch DCP folder (its layouts are its chunks: ``strategy`` None).
         strategy: Their strategy, a path (file or folder of per-stage files) or a ``StrategyFile``
             (None for a Checkpoint 2.0: its layouts are in its ``metadata.json``).
         dst: The output folder.
@@ -92,6 +94,27 @@ def unify(
     shard_size = shard_bytes(output)
     if shard_size is not None and how.split_dst_file:
         raise UsageError("split_dst_file (--split) does not apply to Hugging Face output")
+    if identify(src, (RANK_FOLDERS, CHECKPOINT2, DCP)) is DCP:
+        chunked.check_run(run)
+        plan = _chunked_plan(src, strategy, dst, how, shard_size, pipeline, read, notes)
+    else:
+        plan = _sharded_plan(src, strategy, dst, how, shard_size, pipeline, read, notes)
+    pipeline.check_config(plan_tensors(plan))
+    plan = pipeline.finish(plan, notes, read)
+    return run_plan(plan, Target(dst, [src]), destination, read, write, run, notes, pipeline.report)
+
+
+def _sharded_plan(
+    src: str,
+    strategy: str | StrategyFile | None,
+    dst: str,
+    how: UnifyOptions,
+    shard_size: int | None,
+    pipeline: TensorPipeline,
+    read: ReadOptions | None,
+    notes: list[str],
+) -> Plan:
+    """Rank folders or a Checkpoint 2.0 and their strategy, unified."""
     sources, sf = _sources(src, strategy, how, read, notes)
     inputs = pipeline.apply(Inputs(sources, table=sf), notes)
     # each FP8 scale laid out as its weight (a StrategyFile stays one: dataclasses.replace)
@@ -106,9 +129,34 @@ def unify(
     else:
         plan = mapped(plan_unify(sources, sf, dst, how.choice_func, how.split_dst_file))
     check_copies(sources, sf, read)
-    pipeline.check_config(plan_tensors(plan))
-    plan = pipeline.finish(plan, notes, read)
-    return run_plan(plan, Target(dst, [src]), destination, read, write, run, notes, pipeline.report)
+    return plan
+
+
+def _chunked_plan(
+    src: str,
+    strategy: str | StrategyFile | None,
+    dst: str,
+    how: UnifyOptions,
+    shard_size: int | None,
+    pipeline: TensorPipeline,
+    read: ReadOptions | None,
+    notes: list[str],
+) -> Plan:
+    """A PyTorch DCP folder unified: its global tensors (``ops.chunked``), in parts or Hugging Face shards."""
+    resolve(src, (DCP,), strategy=strategy, flag="strategy")  # its layouts are its .metadata's chunks
+    if how.split_dst_file:
+        raise UsageError("split_dst_file (--split) is not supported for a PyTorch DCP source", src)
+    opened = DCP.open(src, read, notes)
+    files, mapping = chunked.virtual_model(opened)
+    inputs = pipeline.apply(Inputs(files, mapping), notes, whole=True)
+    files, mapping = inputs.files, inputs.mapping or {}
+    if shard_size is not None:
+        plan, output = chunked.full_plan(files, mapping, dst, shard_size)
+        training_state_note(plan, notes)
+    else:
+        plan, output = chunked.parts_plan(files, mapping, dst, how.choice_func), "a unified model"
+    chunked.values_note(opened, notes, output)
+    return chunked.resourced(inputs.resolve(plan), opened)
 
 
 def _sources(

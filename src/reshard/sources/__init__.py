@@ -4,14 +4,16 @@ Layer 4 of reshard: below the executors and the operations, above the plans and 
 ``registry.identify`` answers "what is this path?" for every operation (transform, unify, split,
 convert, inspect, verify), and ``registry.resolve`` adds every refusal a kind's ``Traits`` decide
 (a strategy for a kind that carries its layouts, an iteration for one without); the kinds live one
-family per module (``rank_folders``, ``full_model``, ``checkpoint2``, ``strategy``) and open to typed
-records (``kind.OpenedRanks``, ``kind.OpenedModel``, ``kind.OpenedStrategy``); ``files`` opens one
+family per module (``rank_folders``, ``full_model``, ``checkpoint2``, ``dcp``, ``strategy``) and open to
+typed records (``kind.OpenedRanks``, ``kind.OpenedModel``, ``kind.OpenedChunks`` for a PyTorch DCP
+folder's chunk boxes, ``kind.OpenedStrategy``); ``files`` opens one
 checkpoint through ``formats.registry``; ``options`` holds ``ReadOptions``.
 """
 
 from __future__ import annotations
 
 from reshard.sources.checkpoint2 import CHECKPOINT2
+from reshard.sources.dcp import DCP
 from reshard.sources.files import has_crc_trailer, open_checkpoint, source_file, source_files
 from reshard.sources.full_model import (
     ENCRYPTED_CKPT,
@@ -30,6 +32,7 @@ from reshard.sources.kind import (
     AnyKind,
     Kind,
     Opened,
+    OpenedChunks,
     OpenedModel,
     OpenedRanks,
     OpenedStrategy,
@@ -59,6 +62,7 @@ __all__ = [
     "ANY_CHECKPOINT",
     "CHECKPOINT2",
     "CHECKPOINTS",
+    "DCP",
     "ENCRYPTED_CKPT",
     "FULL",
     "FULL_FILE",
@@ -75,6 +79,7 @@ __all__ = [
     "AnyKind",
     "Kind",
     "Opened",
+    "OpenedChunks",
     "OpenedModel",
     "OpenedRanks",
     "OpenedStrategy",

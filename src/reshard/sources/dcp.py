@@ -6,7 +6,9 @@ every check of the chunks against their tensors and the files), never the data f
 stays a matter of headers however many ranks saved. The facts are made from each tensor's
 ``ChunkTable`` (no ``Chunk`` record per chunk), chunks of one shape sharing one ``SourceTensor``.
 
-The planning facts: every chunk is a tensor of its own, named ``chunk_name(fqn, offsets)`` (a box of
+``DCP.open`` gives ``OpenedChunks``: every tensor as a ``ChunkedTensor`` (``chunked_tensors``), the
+data files, the non-tensor values as byte ranges. ``open_dcp`` gives the older per-chunk facts:
+every chunk is a tensor of its own, named ``chunk_name(fqn, offsets)`` (a box of
 the global tensor ``fqn``; ``DcpSource.metadata`` says which box), with its dtype and the chunk's
 shape. ``files`` holds one ``SourceFile`` per data file, ``ranks`` one virtual ``SourceFile`` per
 saving rank ``r`` (its chunks, ``homes`` naming each one's ``__<r>_<k>.distcp``), ``weight_map`` the
@@ -23,10 +25,13 @@ import re
 from dataclasses import dataclass
 
 from reshard.formats import dcp
+from reshard.layout import Box
+from reshard.layout.chunks import ChunkedTensor
 from reshard.plan import SourceFile, SourceTensor
-from reshard.sources.kind import SHARDED, OpenedModel, Traits
+from reshard.sources.kind import SHARDED, ByteValue, OpenedChunks, Traits
 from reshard.sources.options import ReadOptions
 
+DISTCP = "distcp"  # the data files' byte format (formats.registry)
 _DATA_FILE = re.compile(r"__(\d+)_(\d+)\.distcp")
 
 
@@ -96,8 +101,44 @@ def _open_dcp(path: str) -> DcpSource:
     return DcpSource(meta, files, ranks)
 
 
+def chunked_tensors(meta: dcp.DcpMetadata) -> dict[str, ChunkedTensor]:
+    """Every tensor of a checked ``.metadata`` as a ``ChunkedTensor``: chunk ``k`` is box ``k`` of the
+    global tensor, held by tensor ``chunk_name(fqn, offsets)`` of its data file (an absolute path).
+
+    Tensors with one chunking share one tuple of boxes and one tuple of files (a checkpoint of many
+    ranks has thousands of tensors, few chunkings), so ``plan.boxes`` indexes each chunking once."""
+    folder = os.path.abspath(meta.folder)
+    boxes_of: dict[tuple[bytes, bytes], tuple[Box, ...]] = {}
+    files_of: dict[tuple[tuple[str, ...], bytes], tuple[str, ...]] = {}
+    out: dict[str, ChunkedTensor] = {}
+    with dcp.collector_paused():
+        for tensor in meta.tensors.values():
+            table = tensor.table
+            key = (table.offsets.tobytes() + bytes([table.offsets.shape[1]]), table.sizes.tobytes())
+            boxes = boxes_of.get(key)
+            offsets = table.offsets.tolist()
+            if boxes is None:
+                sizes = table.sizes.tolist()
+                boxes = tuple(
+                    tuple((o, o + n) for o, n in zip(offs, size, strict=True))
+                    for offs, size in zip(offsets, sizes, strict=True)
+                )
+                boxes_of[key] = boxes
+            file_key = (table.files, table.file_ids.tobytes())
+            files = files_of.get(file_key)
+            if files is None:
+                paths = [os.path.join(folder, rel) for rel in table.files]
+                files = files_of[file_key] = tuple(paths[i] for i in table.file_ids.tolist())
+            names = tuple(dcp.chunk_name(tensor.fqn, offs) for offs in offsets)
+            out[tensor.fqn] = ChunkedTensor(tensor.fqn, tensor.shape, tensor.dtype, boxes, files, names)
+    return out
+
+
 class DcpFolder:
-    """A PyTorch DCP checkpoint folder (torchtitan, FSDP2, veRL, Megatron-core's torch_dist data)."""
+    """A PyTorch DCP checkpoint folder (torchtitan, FSDP2, veRL, Megatron-core's torch_dist data).
+
+    It carries its layouts (each chunk's box in ``.metadata``), so a strategy given with it is refused;
+    ``open`` hands back ``OpenedChunks``, planned from the chunk boxes (``plan.boxes``)."""
 
     name = "a PyTorch DCP checkpoint"
     looks_for = "a PyTorch DCP folder (.metadata and __<rank>_<k>.distcp files)"
@@ -106,16 +147,18 @@ class DcpFolder:
     def detect(self, path: str) -> bool:
         return is_dcp_folder(path)
 
-    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> OpenedModel:
-        source = open_dcp(path)
-        if source.metadata.byte_items:
-            notes.append(
-                f"{len(source.metadata.byte_items)} non-tensor values (opaque torch.save bytes) are not tensors"
-            )
-        weight_map = {name: rel for rel, facts in source.files.items() for name in facts.tensors}
-        return OpenedModel(self.name, path, dcp.FORMAT, source.files, weight_map, ranks=source.ranks)
+    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> OpenedChunks:
+        meta = dcp.read_dcp_metadata(path)
+        folder = os.path.abspath(path)
+        values = {
+            fqn: ByteValue(fqn, os.path.join(folder, item.file), item.offset, item.length)
+            for fqn, item in meta.byte_items.items()
+        }
+        files = tuple(os.path.join(folder, rel) for rel in meta.files)
+        saved_by = {p: saving_rank(rel) for p, rel in zip(files, meta.files, strict=True)}
+        return OpenedChunks(self.name, path, DISTCP, chunked_tensors(meta), files, saved_by, values)
 
 
 DCP = DcpFolder()
 
-__all__ = ["DCP", "DcpFolder", "DcpSource", "is_dcp_folder", "open_dcp", "saving_rank"]
+__all__ = ["DCP", "DcpFolder", "DcpSource", "chunked_tensors", "is_dcp_folder", "open_dcp", "saving_rank"]

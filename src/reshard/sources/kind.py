@@ -10,6 +10,9 @@ to ..." refusal in one place.
 A checkpoint kind's ``open`` returns one of two records, so a caller matches on what it got
 instead of probing a union's empty fields: ``OpenedRanks`` (a job's ranks, and the layouts when the
 kind carries them) or ``OpenedModel`` (a full model: its files and which file holds each tensor).
+A kind whose shards are not MindSpore layouts (a PyTorch DCP folder: arbitrary boxes of each global
+tensor, several per file) returns ``OpenedChunks``: every tensor as a ``layout.chunks.ChunkedTensor``,
+planned from its chunk boxes (``plan.boxes``), never through a strategy.
 The strategy kind (``StrategyKind``) is not a checkpoint: its ``open`` gives ``OpenedStrategy``.
 """
 
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from reshard.formats.strategy import StrategyFile
+from reshard.layout.chunks import ChunkedTensor
 from reshard.plan import SourceFile
 from reshard.sources.options import ReadOptions
 
@@ -88,6 +92,40 @@ class OpenedModel:
 
 
 @dataclass(frozen=True)
+class ByteValue:
+    """A non-tensor value of a chunked source: opaque bytes at ``offset`` of data file ``file`` (never unpickled)."""
+
+    name: str
+    file: str
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class OpenedChunks:
+    """A source whose tensors are chunk boxes of global tensors (a PyTorch DCP folder).
+
+    ``tensors``: name -> ``ChunkedTensor`` (its chunks held by the data files, each by its own
+    tensor name there); ``files``: the data files (absolute paths) in order, with the rank that
+    saved each (``saved_by``); ``values``: the non-tensor entries, carried as bytes where an output
+    can hold them. ``fmt`` is the data files' byte format (``formats.registry``).
+    """
+
+    kind: str
+    path: str
+    fmt: str
+    tensors: dict[str, ChunkedTensor]
+    files: tuple[str, ...]
+    saved_by: dict[str, int]
+    values: dict[str, ByteValue] = field(default_factory=dict)
+
+    @property
+    def strategy(self) -> None:
+        """Its layouts are its chunks, no strategy's (the question ``OpenedRanks.strategy`` answers)."""
+        return None
+
+
+@dataclass(frozen=True)
 class OpenedStrategy:
     """A strategy file or folder: its layouts."""
 
@@ -96,7 +134,7 @@ class OpenedStrategy:
     strategy: StrategyFile
 
 
-Opened = OpenedRanks | OpenedModel  # what opening a checkpoint gives
+Opened = OpenedRanks | OpenedModel | OpenedChunks  # what opening a checkpoint gives
 
 
 class Kind(Protocol):
@@ -145,8 +183,10 @@ __all__ = [
     "SHARDED",
     "STRATEGY",
     "AnyKind",
+    "ByteValue",
     "Kind",
     "Opened",
+    "OpenedChunks",
     "OpenedModel",
     "OpenedRanks",
     "OpenedStrategy",

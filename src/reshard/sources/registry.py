@@ -30,6 +30,7 @@ from typing import overload
 from reshard.errors import UsageError
 from reshard.formats.strategy import StrategyFile
 from reshard.sources.checkpoint2 import CHECKPOINT2, check_iteration
+from reshard.sources.dcp import DCP
 from reshard.sources.full_model import ENCRYPTED_CKPT, FULL_FILE, HUGGING_FACE, UNIFIED, FullModel
 from reshard.sources.kind import SHARDED, AnyKind, Kind, Opened, OpenedModel, OpenedRanks, OpenedStrategy
 from reshard.sources.options import ReadOptions
@@ -40,6 +41,7 @@ from reshard.sources.strategy import STRATEGY
 # output wins over the files beside it; a strategy .ckpt and an encrypted .ckpt before a plain file.
 BUILT_IN: tuple[AnyKind, ...] = (
     CHECKPOINT2,  # before the kinds that would take an iteration folder's files for a full model
+    DCP,  # before FULL_FILE and the rank-folder kinds, which would take its .distcp files for checkpoints
     HUGGING_FACE,
     UNIFIED,
     RANK_FOLDERS,
@@ -54,8 +56,9 @@ CHECKPOINTS: tuple[Kind, ...] = (RANK_FOLDERS, ENCRYPTED_CKPT, FULL_FILE)  # wha
 FULL_MODELS: tuple[Kind, ...] = (UNIFIED, HUGGING_FACE, ENCRYPTED_CKPT, FULL_FILE)  # what split and verify take
 SHARDED_JOBS: tuple[Kind, ...] = (RANK_FOLDERS, CHECKPOINT2)  # what unify takes
 # Every checkpoint (rank folders, a Checkpoint 2.0, a full model), in the order refusals list them: what
-# verify's sides and inspect read; transform adds one rank's folder as the full checkpoint it holds.
-ANY_CHECKPOINT: tuple[Kind, ...] = (*SHARDED_JOBS, *FULL_MODELS)
+# verify's sides and inspect read (a PyTorch DCP folder too); transform adds one rank's folder as the full
+# checkpoint it holds.
+ANY_CHECKPOINT: tuple[Kind, ...] = (*SHARDED_JOBS, DCP, *FULL_MODELS)
 
 _UNIFY_FIRST = (
     "unify them first (reshard unify SRC UNIFIED --src-strategy S), or reshard them directly (reshard transform)"

@@ -12,7 +12,7 @@ from typing import Any
 from reshard.cli import calls
 from reshard.cli.flags import DestinationFlags, OutputFlags, ReadFlags, RunFlags, WriteFlags, add_json, flag, section
 from reshard.cli.report import Printing, finish
-from reshard.cli.strategies import add_strategy, is_checkpoint2, source_strategy
+from reshard.cli.strategies import add_strategy, carries_layouts, source_strategy
 from reshard.cli.tensor_flags import TensorFlags, input_paths
 from reshard.cli.values import part_group
 from reshard.errors import UsageError
@@ -28,7 +28,9 @@ TENSORS = TensorFlags()
 
 def add(sub: Any) -> None:
     p = sub.add_parser(NAME, help="merge rank shards into full safetensors parts + param_name_map.json")
-    p.add_argument("src", help="folder of rank_<r> folders (safetensors), or a MindFormers Checkpoint 2.0")
+    p.add_argument(
+        "src", help="folder of rank_<r> folders (safetensors), a MindFormers Checkpoint 2.0 or a PyTorch DCP folder"
+    )
     p.add_argument("dst", help="output folder")
     add_strategy(
         p,
@@ -51,7 +53,7 @@ def add(sub: Any) -> None:
 def run(args: argparse.Namespace) -> None:
     split = args.split or ()
     strategy = source_strategy(args.src, args.strategy, "--src-strategy", args.quiet)
-    if strategy is None and not is_checkpoint2(args.src):  # a Checkpoint 2.0's layouts are in its metadata.json
+    if strategy is None and not carries_layouts(args.src):  # a Checkpoint 2.0's metadata.json, a DCP .metadata
         raise UsageError("unify needs the strategy of the rank folders: give --src-strategy", args.src)
     read, write = READ.options(args), WRITE.options(args)
     destination = DESTINATION.options(args)

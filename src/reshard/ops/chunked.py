@@ -1,0 +1,215 @@
+"""What the operations add for a chunked source (a PyTorch DCP folder): its tensors as one full model.
+
+A DCP folder holds boxes of each global tensor, not MindSpore layouts, so it is planned from its
+chunk boxes (``reshard.plan.boxes``) and never through a strategy. To give it every operation's
+outputs (a full file, Hugging Face shards, unify's parts, MindSpore rank folders of a destination
+strategy) and the one tensor pipeline (filters, casts, maps) without a second copy of each
+planner, the source is first seen as one *virtual* full model (``virtual_model``: one file holding
+every global tensor whole, at a path no executor reads), planned by the planners every full model
+goes through, and the plan is then re-sourced (``resourced``): each copy of a box of a global
+tensor becomes the copies of that box from the chunks holding it (``plan.boxes.assembled_tensor``
+over the chunking's ``ChunkIndex``, one per chunking). Chunk bytes move as bytes (bf16, fp8), and
+a copy that reads through a reshaping view (a model map's stacked tensors) is refused in one line.
+
+Non-tensor values (opaque ``torch.save`` bytes) are never unpickled; an output that holds tensors
+only says in one note how many it does not carry (``values_note``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from reshard.errors import UnsupportedError
+from reshard.formats import dcp
+from reshard.layout.chunks import ChunkedTensor
+from reshard.plan import Plan, SourceFile, hf_sharded, plan_transform_full
+from reshard.plan.boxes import Indexes, assembled_tensor
+from reshard.plan.model import Copy, FilePlan, SourcePaths, SourceTensor, TensorPlan, TextOutput, whole_tensor
+from reshard.plan.unify import PART_BYTES, _bin_pack, _choice
+from reshard.sources.kind import OpenedChunks
+
+VIRTUAL = dcp.METADATA_NAME  # the virtual full model's file key (its path: the folder's .metadata)
+
+
+def check_run(run: object) -> None:
+    """A chunked source's data files are read through their folder's ``.metadata``: Ray must read them
+    where they are (a shared disk), not from shipped copies of the files alone.
+
+    Raises:
+        UnsupportedError: ``RayOptions(shared_disk=False)``.
+    """
+    if getattr(run, "shared_disk", True) is False:
+        raise UnsupportedError(
+            "a PyTorch DCP source on Ray needs a shared disk (RayOptions(shared_disk=True)): its .distcp files "
+            "are read through their folder's .metadata"
+        )
+
+
+def virtual_model(opened: OpenedChunks) -> tuple[dict[str, SourceFile], dict[str, str]]:
+    """The source as one full model: a file holding every global tensor whole, and its name -> file map."""
+    tensors = {
+        name: SourceTensor(t.dtype, t.shape, math.prod(t.shape) * t.dtype.itemsize)
+        for name, t in opened.tensors.items()
+    }
+    path = os.path.join(os.path.abspath(opened.path), dcp.METADATA_NAME)
+    return {VIRTUAL: SourceFile(path, 0, tensors)}, dict.fromkeys(tensors, VIRTUAL)
+
+
+def values_note(opened: OpenedChunks, notes: list[str], output: str) -> None:
+    """One note for the non-tensor values an output that holds tensors only does not carry."""
+    if opened.values:
+        notes.append(f"{len(opened.values)} non-tensor values not carried: {output} holds tensors only")
+
+
+def resourced(plan: Plan, opened: OpenedChunks) -> Plan:
+    """``plan`` (from ``virtual_model``) reading the chunks: each copy of a box of a global tensor
+    becomes the copies of that box from the chunks holding it, the sources interned anew.
+
+    Raises:
+        UnsupportedError: A copy through a reshaping view of a chunked tensor, or dequantized tensors.
+    """
+    virtual = os.path.join(os.path.abspath(opened.path), dcp.METADATA_NAME)
+    if plan.quantized:
+        raise UnsupportedError("--dequantize and --quantize of a PyTorch DCP checkpoint are not supported")
+    interned, indexes = SourcePaths(), Indexes()
+
+    def moved(t: TensorPlan) -> TensorPlan:
+        copies: list[Copy] = []
+        for c in t.copies:
+            if plan.sources[c.source] != virtual:
+                copies.append(replace(c, source=interned.id(plan.sources[c.source])))
+            else:
+                copies.extend(_chunk_copies(c, opened.tensors[c.tensor], interned, indexes))
+        return replace(t, copies=tuple(copies))
+
+    files = tuple(replace(f, tensors=tuple(moved(t) for t in f.tensors)) for f in plan.files)
+    return Plan(plan.operation, tuple(interned.paths), files, plan.texts)
+
+
+def _chunk_copies(c: Copy, tensor: ChunkedTensor, interned: SourcePaths, indexes: Indexes) -> list[Copy]:
+    """The copies from ``tensor``'s chunks that fill what copy ``c`` (of the whole tensor) fills."""
+    if c.src_view is not None and tuple(c.src_view) != tensor.shape:
+        raise UnsupportedError(
+            f"tensor {tensor.name!r}: a model map that reshapes a tensor of a PyTorch DCP checkpoint is not "
+            "supported (convert it to safetensors first: reshard transform SRC FULL --output-format safetensors)"
+        )
+    perm = c.src_perm if c.src_perm is not None else tuple(range(len(c.lengths)))
+    box = tuple((s, s + n) for s, n in zip(c.src_start, c.src_lengths, strict=True))
+    piece_plan = assembled_tensor(interned, tensor, box, indexes=indexes)
+    out = []
+    for p in piece_plan.copies:
+        # p.dst_start: the piece's place in ``box`` (source axes); c's destination is in its own axis order
+        dst = tuple(c.dst_start[j] + p.dst_start[perm[j]] for j in range(len(perm)))
+        lengths = tuple(p.lengths[perm[j]] for j in range(len(perm)))
+        out.append(Copy(p.source, p.tensor, p.src_start, dst, lengths, p.whole_source, None, c.src_perm))
+    return out
+
+
+def full_plan(
+    files: dict[str, SourceFile], mapping: dict[str, str], dst: str, shard_size: int | None
+) -> tuple[Plan, str]:
+    """A full model of the virtual source in one safetensors file, or Hugging Face shards; and what the
+    output is called in a note."""
+    plan = plan_transform_full(files, mapping, None, dst, "", "safetensors")
+    if shard_size is None:
+        return plan, "a safetensors output"
+    return hf_sharded(plan, dst, shard_size), "a Hugging Face output"
+
+
+def parts_plan(
+    files: dict[str, SourceFile], mapping: dict[str, str], dst: str, choice_func: Callable[[str], object] | None
+) -> Plan:
+    """unify's parts of a full model: ``part<j>.safetensors`` packed as MindSpore packs them, and
+    ``param_name_map.json`` (every tensor of a DCP checkpoint is a parameter: no hyper-parameter file)."""
+    sizes: dict[str, int] = {}
+    renamed: dict[str, str] = {}
+    for name, key in mapping.items():
+        choice = _choice(choice_func, name)
+        if choice is False:
+            continue
+        if isinstance(choice, str):
+            renamed[name] = choice
+        sizes[name] = files[key].tensors[name].nbytes
+    total = sum(sizes.values())
+    groups = _bin_pack(list(sizes.items()), max(1, min(math.ceil(total / PART_BYTES), len(sizes))) if sizes else 1)
+    interned = SourcePaths()
+    parts: list[FilePlan] = []
+    for j, group in enumerate(groups):
+        tensors = tuple(whole_tensor(interned, files[mapping[n]], n, renamed.get(n, n)) for n in group)
+        parts.append(FilePlan(os.path.join(dst, f"part{j}.safetensors"), "safetensors", tensors, (("format", "ms"),)))
+    weight_map = {renamed.get(n, n): f"part{j}.safetensors" for j, g in enumerate(groups) for n in g}
+    import json
+
+    text = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=4)
+    return Plan(
+        "unify", tuple(interned.paths), tuple(parts), (TextOutput(os.path.join(dst, "param_name_map.json"), text),)
+    )
+
+
+def saving_ranks(opened: OpenedChunks, paths: Sequence[str]) -> list[int]:
+    """The ranks that saved the data files ``paths`` (``rank-list --files``, ``inspect``)."""
+    return sorted({opened.saved_by[p] for p in paths if p in opened.saved_by})
+
+
+def chunk_facts(opened: OpenedChunks) -> dict[str, Any]:
+    """What a chunked source holds, as plain data (``inspect``'s view, read from ``.metadata`` alone):
+    each tensor's global shape, chunks, data files and saving ranks; each data file's rank, size and
+    chunks; the non-tensor values; the bytes each rank saved."""
+    folder = os.path.abspath(opened.path)
+    per_file: dict[str, dict[str, int]] = {p: {"chunks": 0, "chunk_bytes": 0} for p in opened.files}
+    rank_bytes: dict[int, int] = {}
+    rows: list[dict[str, Any]] = []
+    for name, t in opened.tensors.items():
+        for box, path in zip(t.boxes, t.files, strict=True):
+            held = math.prod(b - a for a, b in box) * t.dtype.itemsize
+            per_file[path]["chunks"] += 1
+            per_file[path]["chunk_bytes"] += held
+            rank = opened.saved_by[path]
+            rank_bytes[rank] = rank_bytes.get(rank, 0) + held
+        used = list(dict.fromkeys(t.files))
+        rows.append(
+            {
+                "name": name,
+                "dtype": t.dtype.ms_name,
+                "shape": list(t.shape),
+                "bytes": math.prod(t.shape) * t.dtype.itemsize,
+                "chunks": len(t.boxes),
+                "files": [os.path.relpath(p, folder) for p in used],
+                "saved_by": saving_ranks(opened, used),
+            }
+        )
+    files = [
+        {"name": os.path.relpath(p, folder), "rank": opened.saved_by[p], "bytes": os.path.getsize(p), **per_file[p]}
+        for p in opened.files
+    ]
+    values = [
+        {"name": v.name, "file": os.path.relpath(v.file, folder), "bytes": v.length} for v in opened.values.values()
+    ]
+    return {
+        "kind": "dcp",
+        "format": opened.fmt,
+        "path": opened.path,
+        "ranks": len(set(opened.saved_by.values())),
+        "tensors": rows,
+        "files": files,
+        "values": values,
+        "bytes": sum(r["bytes"] for r in rows),
+        "rank_bytes": {str(r): b for r, b in sorted(rank_bytes.items())},
+    }
+
+
+__all__ = [
+    "VIRTUAL",
+    "check_run",
+    "chunk_facts",
+    "full_plan",
+    "parts_plan",
+    "resourced",
+    "saving_ranks",
+    "values_note",
+    "virtual_model",
+]
