@@ -35,6 +35,12 @@ def _safetensors() -> Format:
     return SAFETENSORS
 
 
+def _distcp() -> Format:
+    from reshard.formats.distcp_format import DISTCP
+
+    return DISTCP
+
+
 @dataclass
 class _Entry:
     name: str
@@ -49,6 +55,9 @@ _BUILTIN = (
     _Entry("safetensors", (".safetensors",), _safetensors),
 )
 _ENTRIES: dict[str, _Entry] = {e.name: e for e in _BUILTIN}
+# Formats only written so far: ``get`` knows them (the executors write them), but no reader, rank-folder rule or
+# choice list sees them (a PyTorch DCP folder's ``.distcp`` data files, issue 21: its reading side joins later).
+_WRITTEN_ONLY: dict[str, _Entry] = {"distcp": _Entry("distcp", (".distcp",), _distcp)}
 
 
 def register(fmt: Format) -> None:
@@ -124,7 +133,7 @@ def detect(path: str) -> str:
 
 
 def _entry(name: str) -> _Entry:
-    entry = _ENTRIES.get(name)
+    entry = _ENTRIES.get(name) or _WRITTEN_ONLY.get(name)
     if entry is None:
         check(name)
     assert entry is not None

@@ -22,6 +22,7 @@ from reshard.formats import checkpoint2, layout_dir
 from reshard.formats.strategy import StrategyFile
 from reshard.layout import LayoutTable
 from reshard.ops import checkpoint2 as _cp2
+from reshard.ops import dcp_output
 from reshard.ops.options import Destination, OutputSpec, TensorOptions, output_format, shard_bytes
 from reshard.ops.run import Report, Target, folder_superseded, run_plan, strategy_paths
 from reshard.ops.tensors import Inputs, TensorPipeline, check_copies, plan_tensors, training_state_note
@@ -45,7 +46,7 @@ from reshard.sources import (
 from reshard.sources import strategy as _strategy
 from reshard.sources.checkpoint2 import check_iteration
 
-FORMATS = ("ckpt", "safetensors", "hf", "checkpoint2")  # what transform writes
+FORMATS = ("ckpt", "safetensors", "hf", "checkpoint2", "dcp")  # what transform writes
 
 
 @dataclass
@@ -66,6 +67,7 @@ class _Job:
     pipeline: TensorPipeline
     kind: Kind
     shard_size: int | None  # Hugging Face output's shard size (None: not Hugging Face)
+    dcp_out: bool = False  # a PyTorch DCP checkpoint: full tensors planned, then re-cut as chunks
 
 
 def transform(
@@ -138,6 +140,7 @@ def transform(
                                 output=api.OutputSpec(format="hf"), tensors=api.TensorOptions(dtype="bf16"))
     """
     out, where = output or OutputSpec(), destination or Destination()
+    dcp_output.check_options(out, write)
     job = _job(src, dst, src_strategy, dst_strategy, ranks, out, tensors, read)
     if job.cp2_out:
         _cp2.check_write(write)
@@ -149,6 +152,8 @@ def transform(
     sources = [model_folder(src), *strategy_paths(src_strategy, dst_strategy)]
     if job.cp2_out:
         target = Target(dst, sources, superseded=lambda p: _cp2.superseded(dst, p, where.overwrite, where.resume))
+    elif job.dcp_out:
+        target = Target(dst, sources)
     else:
         target = Target(dst, sources, superseded=folder_superseded(dst, job.dst_sf, where))
     return run_plan(plan, target, where, read, write, run, job.notes, job.pipeline.report)
@@ -185,10 +190,15 @@ def _job(
     rule = statenames.DEFAULT.with_prefixes(out.optimizer_prefixes)
     pipeline = TensorPipeline(tensors, src, out.optimizer_prefixes)
     pipeline.defer_quantize()  # --quantize: DeepSeek's rule on the map's outputs
-    files_fmt = "safetensors" if cp2_out else None if fmt == "hf" else fmt
+    dcp_out = fmt == dcp_output.FORMAT
+    if dcp_out and ranks is not None:
+        raise UsageError("a DCP checkpoint is written whole: give no destination ranks")
+    files_fmt = "safetensors" if cp2_out or dcp_out else None if fmt == "hf" else fmt
+    plan_dst = None if dcp_out else dst_sf  # DCP: the full tensors, cut into chunks once planned
     return _Job(
-        src, dst, ranks, files_fmt, cp2_out, prefix, read, notes, dst_sf, dst_sf, rule, pipeline, kind, shard_size
-    )
+        src, dst, ranks, files_fmt, cp2_out, prefix, read, notes, dst_sf, plan_dst, rule, pipeline, kind, shard_size,
+        dcp_out,
+    )  # fmt: skip
 
 
 def _plan_full(job: _Job, src_strategy: object) -> tuple[Plan, None, Plan | None]:
@@ -260,7 +270,11 @@ def _finish(job: _Job, plan: Plan, src_sf: LayoutTable | None, everyone: Plan | 
     if job.shard_size is not None:
         plan = hf_sharded(plan, job.dst, job.shard_size)
         training_state_note(plan, job.notes)
-    return job.pipeline.finish(plan, job.notes, job.read)
+    plan = job.pipeline.finish(plan, job.notes, job.read)
+    if job.dcp_out:
+        how = dcp_output.chunking(out, job.dst_sf, sharded=job.kind in (RANK_FOLDERS, CHECKPOINT2))
+        plan = dcp_output.as_dcp(plan, job.dst, how, job.notes)
+    return plan
 
 
 def _source_config(src: str, kind: Kind) -> tuple[dict[str, object], str] | None:
