@@ -36,7 +36,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 def full_tensors(path: str) -> dict[str, np.ndarray]:
     index = read_ckpt(path)
-    return {n: np.array(index.items(n)) for n, e in index.entries.items() if e.dtype.ms_name != "String"}
+    return {n: np.array(index.array(n)) for n, e in index.entries.items() if e.dtype.ms_name != "String"}
 
 
 def read_back(folder: str) -> dict[str, np.ndarray]:
