@@ -154,6 +154,19 @@ def test_metadata_is_written_last(job: dict[str, str], tmp_path: Path) -> None:
     assert interrupts.PAUSE_ENV not in os.environ
 
 
+def test_an_overwrite_removes_the_earlier_metadata_first(job: dict[str, str], tmp_path: Path) -> None:
+    dst = str(tmp_path / "d")
+    api.transform(job["full"], dst, None, None, output=api.OutputSpec(format="dcp", dcp_ranks=3))
+    args = ["transform", job["full"], dst, "--output-format", "dcp", "--dcp-ranks", "2", "--overwrite"]
+    proc = run_paused(args, "file", signal.SIGINT, str(tmp_path / "marker"))
+    assert proc.returncode == 130, proc.stderr
+    assert not os.path.exists(os.path.join(dst, ".metadata"))  # the earlier checkpoint no longer looks complete
+    done = run_cli(*args)
+    assert done.returncode == 0, done.stderr
+    assert sorted(n for n in os.listdir(dst) if n.endswith(".distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert_equal(read_back(dst), full_tensors(job["full"]))
+
+
 @pytest.mark.parametrize(
     ("extra", "words"),
     [

@@ -4,13 +4,19 @@ Every operation plans its full tensors as it does for a full model; this module 
 (``plan.dcp``): the source slices themselves for rank folders (nothing merged), the destination
 strategy's rank boxes when one is given, else ``dcp_ranks`` even parts of dim 0 (default 1), and
 re-cuts the plan with it. The options that only ``.ckpt`` outputs have (the crc trailer,
-encryption) and an output prefix are refused before anything is read.
+encryption) and an output prefix are refused before anything is read. An ``--overwrite`` removes an
+earlier checkpoint's ``.metadata`` first (``superseded``).
 """
 
 from __future__ import annotations
 
+import glob
+import os
+from collections.abc import Callable
+
 from reshard.errors import UsageError
 from reshard.execute.options import WriteOptions
+from reshard.formats.dcp import DATA_SUFFIX, METADATA_NAME
 from reshard.layout import LayoutTable
 from reshard.ops.options import OutputSpec
 from reshard.plan import Plan
@@ -54,9 +60,26 @@ def chunking(output: OutputSpec, strategy: LayoutTable | None, sharded: bool) ->
     return EvenRows(output.dcp_ranks or 1)
 
 
+def superseded(dst: str, overwrite: bool, resume: bool) -> Callable[[Plan], list[str]]:
+    """``Target.superseded`` of a DCP output: with ``--overwrite``, an earlier checkpoint's ``.metadata``
+    (removed under the lock before the first data file is replaced, so no half-replaced folder ever
+    looks complete) and the data files this plan does not write."""
+
+    def stale(plan: Plan) -> list[str]:
+        if not overwrite or resume or not os.path.isdir(dst):
+            return []
+        ours = {os.path.abspath(f.path) for f in plan.files}
+        earlier = sorted(glob.glob(os.path.join(glob.escape(dst), f"__*{DATA_SUFFIX}")))
+        found = [p for p in earlier if os.path.abspath(p) not in ours]
+        metadata = os.path.join(dst, METADATA_NAME)
+        return ([metadata] if os.path.isfile(metadata) else []) + found
+
+    return stale
+
+
 def as_dcp(full: Plan, folder: str, how: Chunking, notes: list[str]) -> Plan:
     """``full`` (a plan of full tensors) re-cut as a DCP checkpoint in ``folder``, ``.metadata`` last."""
     return dcp_plan(full, folder, how, notes)
 
 
-__all__ = ["FORMAT", "as_dcp", "asked", "check_options", "chunking"]
+__all__ = ["FORMAT", "as_dcp", "asked", "check_options", "chunking", "superseded"]

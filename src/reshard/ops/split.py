@@ -85,7 +85,8 @@ def split(
     if fmt == dcp_output.FORMAT:
         plan = _dcp_plan(inputs, paired, dst_dir, ranks, notes)
         plan = dcp_output.as_dcp(pipeline.finish(plan, notes), dst_dir, StrategyBoxes(paired), notes)
-        target = Target(dst_dir, [model_folder(unified_dir)])
+        stale = dcp_output.superseded(dst_dir, where.overwrite, where.resume)
+        target = Target(dst_dir, [model_folder(unified_dir)], superseded=stale)
         return run_plan(plan, target, where, None, write, run, notes, pipeline.report)
     plan = plan_split(inputs.files, inputs.mapping or {}, inputs.hyper, paired, dst_dir, fmt, ranks, name_map)
     plan = pipeline.finish(inputs.resolve(plan), notes)

@@ -153,7 +153,7 @@ def transform(
     if job.cp2_out:
         target = Target(dst, sources, superseded=lambda p: _cp2.superseded(dst, p, where.overwrite, where.resume))
     elif job.dcp_out:
-        target = Target(dst, sources)
+        target = Target(dst, sources, superseded=dcp_output.superseded(dst, where.overwrite, where.resume))
     else:
         target = Target(dst, sources, superseded=folder_superseded(dst, job.dst_sf, where))
     return run_plan(plan, target, where, read, write, run, job.notes, job.pipeline.report)
