@@ -2,9 +2,10 @@
 
 Every ``--output-format dcp`` output (rank folders' own slices; a ``--dtype bf16`` cast; a full model
 cut into 3 row parts; ``split`` into a 4-rank strategy's boxes; ``convert --to dcp``; a model with
-int64 and 0-d tensors) is loaded by torch 2.13 (its own venv, ``scripts/torch_env.sh``) alone, and
-into 3 gloo ranks' DTensors sharded ``Shard(0)`` and ``Shard(1)`` (another world size and sharding
-than the one written), then gathered: each tensor must equal the source's bytes.
+int64 and 0-d tensors; a ``--preset llama`` model map, against the same map's safetensors) is loaded
+by torch 2.13 (its own venv, ``scripts/torch_env.sh``) alone, and into 3 gloo ranks' DTensors
+sharded ``Shard(0)`` and ``Shard(1)`` (another world size and sharding than the one written), then
+gathered: each tensor must equal the source's bytes.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import numpy as np
 import pytest
 
 from reshard import api, statenames
-from reshard.formats.safetensors import save_safetensors
+from reshard.formats.safetensors import read_safetensors, save_safetensors
 from tests.test_dcp_write import full_tensors
 from tests.torch_oracle import run_torch_script
-from tests.trust_helpers import make_job
+from tests.trust_helpers import make_job, run_cli
 
 DCP = api.OutputSpec(format="dcp")
 
@@ -60,10 +61,20 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, d
     api.transform(
         str(root / "ints.safetensors"), str(root / "int64"), None, None, output=api.OutputSpec("dcp", dcp_ranks=2)
     )
+    mapped = ["--src-strategy", job["s8"], "--preset", "llama", "--weights-only"]  # model maps: views, transposes
+    for dst, fmt in (("preset", "dcp"), ("preset_st", "safetensors")):
+        proc = run_cli("transform", job["r8"], str(root / dst), *mapped, "--output-format", fmt)
+        assert proc.returncode == 0, proc.stderr
     out = {name: (root / name, model) for name in ("slices", "rows3", "split4", "convert")}
+    out["preset"] = (root / "preset", _safetensors(root / "preset_st" / "rank_0" / "checkpoint_0.safetensors"))
     out["bf16"] = (root / "bf16", _bf16(model))
     out["int64"] = (root / "int64", ints)
     return out
+
+
+def _safetensors(path: Path) -> dict[str, np.ndarray]:
+    index = read_safetensors(str(path))
+    return {n: np.array(index.array(n)) for n in index.entries}
 
 
 def _check(loaded: Path, want: dict[str, np.ndarray], what: str) -> None:
