@@ -101,6 +101,9 @@ def test_even_rows_and_strategy_boxes(job: dict[str, str], tmp_path: Path) -> No
     report = api.split(job["full"], job["s4"], str(tmp_path / "s"), output=DCP)
     assert [f.rank for f in report.plan.files] == [0, 1, 2, 3]
     assert_equal(read_back(str(tmp_path / "s")), full_tensors(job["full"]))
+    report = api.transform(job["r8"], str(tmp_path / "t"), job["s8"], job["s4"], output=DCP)
+    assert [f.rank for f in report.plan.files] == [0, 1, 2, 3]  # the destination strategy's boxes
+    assert_equal(read_back(str(tmp_path / "t")), full_tensors(job["full"]))
     api.convert(job["full"], str(tmp_path / "c"), "dcp")
     assert sorted(os.listdir(tmp_path / "c")) == [".metadata", "__0_0.distcp", "reshard-manifest.json"]
     assert_equal(read_back(str(tmp_path / "c")), full_tensors(job["full"]))
@@ -191,6 +194,17 @@ def test_more_refusals(job: dict[str, str], tmp_path: Path) -> None:
         ["transform", job["full"], str(tmp_path / "d"), "--dcp-ranks", "2"],
         ["convert", job["r8"], str(tmp_path / "d"), "--to", "dcp"],
         ["transform", job["full"], str(tmp_path / "d"), "--output-format", "dcp", "--dcp-ranks", "0"],
+        [
+            "transform",
+            job["full"],
+            str(tmp_path / "d"),
+            "--output-format",
+            "dcp",
+            "--dcp-ranks",
+            "2",
+            "--dst-strategy",
+            job["s4"],
+        ],
     ]
     for args in cases:
         proc = run_cli(*args)

@@ -30,7 +30,7 @@ def asked(output: OutputSpec | None) -> bool:
     return output is not None and output.format == FORMAT
 
 
-def check_options(output: OutputSpec | None, write: WriteOptions | None) -> None:
+def check_options(output: OutputSpec | None, write: WriteOptions | None, strategy_given: bool = False) -> None:
     """Refuse what a DCP output cannot have, and ``dcp_ranks`` without one (before any file is read)."""
     ranks = output.dcp_ranks if output is not None else None
     if not asked(output):
@@ -40,6 +40,8 @@ def check_options(output: OutputSpec | None, write: WriteOptions | None) -> None
     assert output is not None
     if ranks is not None and ranks < 1:
         raise UsageError(f"a DCP checkpoint needs at least 1 rank, not {ranks}")
+    if ranks is not None and strategy_given:
+        raise UsageError("give a destination strategy or a DCP rank count, not both")
     if output.prefix is not None:
         raise UsageError("a DCP checkpoint's files are named __<rank>_0.distcp: give no --prefix")
     if write is not None and write.write_crc:

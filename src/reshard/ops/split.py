@@ -47,7 +47,8 @@ def split(
         dst_strategy: The destination strategy, a path or a ``StrategyFile``.
         dst_dir: The output folder.
         ranks: Only these destination ranks (None: all).
-        output: ``OutputSpec(format="safetensors")`` (the default, None) or ``format="ckpt"``.
+        output: ``OutputSpec(format="safetensors")`` (the default, None), ``format="ckpt"``, or ``format="dcp"``
+            (a PyTorch DCP checkpoint of the strategy's distinct rank boxes, ``.metadata`` last).
         name_map: Output name -> name in the unified model (None: names kept).
         destination: How ``dst_dir`` is treated (``Destination``: overwrite, resume, dry run, manifest).
         tensors: Filters, maps (applied to the full model first, so the strategy names its outputs),
@@ -72,7 +73,7 @@ def split(
         api.split("unified", "demo/strategy_4", "st_4ranks", ranks=[0, 1])
     """
     fmt = output_format(output, FORMATS, "split") or FORMATS[0]
-    dcp_output.check_options(output, write)
+    dcp_output.check_options(output, write, strategy_given=True)
     pipeline = TensorPipeline(tensors, unified_dir)
     files, mapping, hyper = unified_index(unified_dir, name_map)
     notes: list[str] = []

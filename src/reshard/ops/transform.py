@@ -93,7 +93,9 @@ def transform(
     files or folders of per-stage files (merged in memory). ``OutputSpec(format="hf")`` writes the full
     model (no ``dst_strategy``) as Hugging Face shards plus ``model.safetensors.index.json``;
     ``format="checkpoint2"`` a Checkpoint 2.0 (``iteration_{n:08d}/``, ``metadata.json``,
-    ``common.json``, the tracker last; docs/formats.md §10).
+    ``common.json``, the tracker last; docs/formats.md §10); ``format="dcp"`` a PyTorch DCP checkpoint
+    (``__<r>_0.distcp`` files, ``.metadata`` last: rank folders' own slices as chunks, a ``dst_strategy``'s
+    rank boxes, or ``OutputSpec.dcp_ranks`` even row parts; docs/pytorch.md).
 
     Args:
         src: The source checkpoint (rank folders, a full file, a Hugging Face model, a Checkpoint 2.0).
@@ -101,7 +103,7 @@ def transform(
         src_strategy: The source's strategy, a path or a loaded ``StrategyFile`` (None: a full model).
         dst_strategy: The destination strategy (None: one full model in ``rank_0``).
         ranks: Only these destination ranks (None: all; multi-node runs).
-        output: What to write (``OutputSpec``: ``ckpt``, ``safetensors``, ``hf`` or ``checkpoint2``; None:
+        output: What to write (``OutputSpec``: ``ckpt``, ``safetensors``, ``hf``, ``checkpoint2`` or ``dcp``; None:
             the source's format, safetensors from a Hugging Face model; prefix, default ``"checkpoint_"``;
             shard size; a Checkpoint 2.0's iteration, ``common.json`` values and optimizer prefixes).
         destination: How ``dst`` is treated (``Destination``: overwrite, resume, dry run, manifest).
@@ -140,7 +142,7 @@ def transform(
                                 output=api.OutputSpec(format="hf"), tensors=api.TensorOptions(dtype="bf16"))
     """
     out, where = output or OutputSpec(), destination or Destination()
-    dcp_output.check_options(out, write)
+    dcp_output.check_options(out, write, strategy_given=dst_strategy is not None)
     job = _job(src, dst, src_strategy, dst_strategy, ranks, out, tensors, read)
     if job.cp2_out:
         _cp2.check_write(write)
