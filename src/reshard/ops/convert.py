@@ -65,8 +65,8 @@ def convert(
     Args:
         src: A checkpoint file, or a folder of ``rank*`` folders.
         dst: The output folder (None: next to the inputs; rank folders only without a manifest).
-        to: The output format, ``"ckpt"`` or ``"safetensors"``, or an ``OutputSpec`` (``format="hf"``
-            with its ``max_shard_size``).
+        to: The output format, ``"ckpt"``, ``"safetensors"`` or ``"dcp"`` (one full checkpoint as a
+            one-file PyTorch DCP checkpoint), or an ``OutputSpec`` (``format="hf"`` with its ``max_shard_size``).
         name_map: Output name -> source name (None: names kept).
         file_regex: Only inputs whose name matches (None: all).
         destination: How ``dst`` is treated (``Destination``: overwrite, resume, dry run, manifest).
