@@ -40,7 +40,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "reshard.mindspore",
         "reshard.transform_ckpt",
         "reshard.cli",
-        "reshard.inspect",
+        "reshard.inspection",
         "reshard.picture",
         "reshard.verify",
         "reshard.demo",

@@ -25,7 +25,7 @@ RUN = {  # page -> the part of it whose blocks run (None: all of it)
     "hugging-face.md": None,
     "ray.md": None,
     "python-api.md": None,
-    "low-precision.md": "## 6. Try it",
+    "low-precision.md": "## 8. Try it",
     "pytorch.md": "## Writing",
 }
 ELSEWHERE = {

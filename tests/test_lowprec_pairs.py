@@ -201,7 +201,7 @@ def test_plan_json_lists_the_scales_beside_their_weights(model: Path, tmp_path: 
 
 
 def test_inspect_shows_quantized_weights_and_counts_each_pair_once(tmp_path: Path) -> None:
-    from reshard.inspect import gather
+    from reshard.inspection import gather
     from tests.lowprec_fixtures import EXPERTS, NORM, K, fp8_tensors
 
     src = fp8_model(tmp_path / "fp8", fp8_tensors())
@@ -222,7 +222,7 @@ def test_inspect_shows_quantized_weights_and_counts_each_pair_once(tmp_path: Pat
 
 
 def test_inspect_rank_folders_with_their_strategy(model: Path, tmp_path: Path) -> None:
-    from reshard.inspect import gather
+    from reshard.inspection import gather
 
     s4 = _strategy(tmp_path / "s4.ckpt", FOUR)
     api.split(str(model), str(s4), str(tmp_path / "ranks"))

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from reshard import api, dtypes
 from reshard.errors import LayoutError, UsageError
-from reshard.formats import layout_dir
+from reshard.formats import rank_dirs
 from reshard.formats.safetensors import read_safetensors, save_safetensors
 from reshard.formats.strategy import make_strategy
 from reshard.layout import ParamLayout, rank_boxes
@@ -121,7 +121,7 @@ def box_transform(items, dst_items, files, root) -> Plan:
     n_dst = next(iter(dst_items.values())).device_num
     outputs = [
         OutputFile(
-            layout_dir.rank_output(root, r, "checkpoint_", "safetensors"),
+            rank_dirs.rank_output(root, r, "checkpoint_", "safetensors"),
             "safetensors",
             output_metadata("safetensors"),
             r,

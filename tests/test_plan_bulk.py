@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from reshard import dtypes, layout
 from reshard.errors import ReshardError
-from reshard.formats import layout_dir
+from reshard.formats import rank_dirs
 from reshard.formats.strategy import StrategyFile, make_strategy
 from reshard.layout import ParamLayout, StagedLayout, device_num, stage_count
 from reshard.plan import (
@@ -117,7 +117,7 @@ def _reference(sources: dict[int, SourceFile], src: StrategyFile | None, dst: St
     interned = SourcePaths()
     files = []
     for rank in range(planner.dst_total):
-        path = layout_dir.rank_output("/out", rank, "checkpoint_", "ckpt")
+        path = rank_dirs.rank_output("/out", rank, "checkpoint_", "ckpt")
         files.append(FilePlan(path, "ckpt", planner.plan_rank(rank, interned), output_metadata("ckpt"), rank))
     return Plan("transform", tuple(interned.paths), tuple(files))
 

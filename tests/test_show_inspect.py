@@ -127,7 +127,7 @@ def test_params_piped_is_one_whole_line_per_parameter(demo: dict[str, str]) -> N
 def test_params_on_a_terminal_fold_names(demo: dict[str, str]) -> None:
     from rich.console import Console
 
-    from reshard import inspect
+    from reshard import inspection as inspect
 
     info = inspect.gather(demo["r8"], demo["s8"])
     console = Console(force_terminal=True, width=70, record=True, color_system=None)

@@ -56,7 +56,7 @@ def svg_texts(path: Path) -> list[str]:
 
 def expected_slices(strategy: str, name: str, shape: tuple[int, ...]) -> dict[int, set[tuple[int, ...]]]:
     """Stage -> the rank groups holding each distinct box, from the layout algebra itself."""
-    from reshard.inspect import stage_layouts
+    from reshard.inspection import stage_layouts
 
     sf = load_strategy(strategy)
     found: dict[int, set[tuple[int, ...]]] = {}

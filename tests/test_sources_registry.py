@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from reshard import api, inspect, sources, verify
+from reshard import api, inspection, sources, verify
 from reshard.errors import UsageError
 from reshard.formats.ckpt import save_ckpt
 from reshard.sources import registry
@@ -137,7 +137,7 @@ def test_known_kind_not_read_by_the_operation(job: dict[str, str]) -> None:
 def _operations(job: dict[str, str], out: str) -> dict[str, Callable[[str], Any]]:
     """Each operation called on one path (dry runs: nothing is written)."""
     return {
-        "inspect": lambda p: inspect.gather(p),
+        "inspect": lambda p: inspection.gather(p),
         "verify": lambda p: verify.verify(p, job["full"]),
         "transform": lambda p: api.transform(p, out, None, job["s4"], destination=api.Destination(dry_run=True)),
         "unify": lambda p: api.unify(p, job["s8"], out, destination=api.Destination(dry_run=True)),

@@ -25,7 +25,7 @@ from reshard import dtypes
 # Loaded only when a run needs them: bf16/fp8 numbers, encryption, human output, rules files, PNG
 # pictures, the cluster executor, checksums.
 OPTIONAL = ("ml_dtypes", "cryptography", "rich", "yaml", "matplotlib", "ray", "blake3")
-WATCHED = ("numpy", *OPTIONAL)
+WATCHED = ("numpy", *OPTIONAL, "reshard.execute.ray", "reshard.execute.ray_nodes")
 
 # Runs the ``reshard`` command (or imports a module) in this interpreter and prints, at exit, which
 # of the watched packages it loaded. ``atexit`` sees --help/--version, which end in SystemExit.

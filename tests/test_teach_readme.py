@@ -133,7 +133,7 @@ def test_no_two_guides_write_the_same_output() -> None:
                 continue
             words = words[words.index("reshard") :]  # after an environment assignment
             outs = [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("--dst", "-o")]
-            if len(words) > 3 and words[1] in WRITING[1:] and not words[3].startswith("-"):
+            if len(words) > 3 and words[1] in (*WRITING, "plan") and not words[3].startswith("-"):
                 outs.append(words[3])
             for out in outs:
                 assert written.setdefault(out, title) == title, f"{out}: {written[out]} and {title}"

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from reshard import api, cli, inspect, verify
+from reshard import api, cli, inspection, verify
 from reshard.errors import UsageError
-from reshard.execute.local import file_layout
+from reshard.execute.local import byte_layout
 from reshard.execute.options import WriteOptions
 from reshard.formats import registry as formats
 from reshard.formats.ckpt import read_ckpt
@@ -62,7 +62,7 @@ def _files(root: str) -> list[str]:
 
 
 def test_inspect_reads_the_new_kind(job: dict[str, str]) -> None:
-    info = inspect.gather(job["toy"])
+    info = inspection.gather(job["toy"])
     assert info["source"] == "an npyraw model"
     assert info["format"] == "npyraw"
     assert {row["file"] for row in info["tensors"]} == {"a.npyraw", "b.npyraw"}
@@ -75,7 +75,7 @@ def test_transform_writes_the_new_format_whole_and_sharded(job: dict[str, str], 
     assert verify.verify(job["toy"], whole).ok
     api.transform(job["toy"], sharded, None, job["s4"])
     assert "rank_3/checkpoint_3.npyraw" in _files(sharded)
-    assert inspect.gather(sharded, job["s4"])["format"] == "npyraw"  # rank folders of the new format
+    assert inspection.gather(sharded, job["s4"])["format"] == "npyraw"  # rank folders of the new format
     assert verify.verify(job["toy"], sharded, b_strategy=job["s4"]).ok
     back = str(tmp_path / "back")  # and back to the built-in format, from npyraw rank folders
     api.transform(sharded, back, job["s4"], None, output=api.OutputSpec(format="ckpt"))
@@ -94,6 +94,6 @@ def test_an_unknown_format_is_refused_not_defaulted(npyraw: None) -> None:
     with pytest.raises(UsageError, match="unknown format 'npz'"):
         formats.get("npz")
     with pytest.raises(UsageError, match="unknown format 'npz'"):
-        file_layout(FilePlan("out/x.npz", "npz", ()), WriteOptions())
+        byte_layout(FilePlan("out/x.npz", "npz", ()), WriteOptions())
     with pytest.raises(UsageError, match=r"not a \.ckpt, \.safetensors or \.npyraw file"):  # the list is the registry's
         formats.detect("model.npz")

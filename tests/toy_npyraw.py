@@ -20,7 +20,7 @@ import numpy as np
 from reshard import dtypes
 from reshard.errors import FormatError, UnsupportedError
 from reshard.formats.base import (
-    FileLayout,
+    ByteLayout,
     TensorEntry,
     TensorIndex,
     TensorSpec,
@@ -65,7 +65,7 @@ class NpyRaw:
             raise
         return TensorIndex(path, NAME, buffer, entries, dict(header.get("metadata", {})), closer, file_backed=True)
 
-    def layout(self, specs: Sequence[TensorSpec], metadata: Mapping[str, str], chunk_bytes: int) -> FileLayout:
+    def layout(self, specs: Sequence[TensorSpec], metadata: Mapping[str, str], chunk_bytes: int) -> ByteLayout:
         rows: list[dict[str, Any]] = []
         offset = 0
         for spec in specs:
@@ -79,13 +79,13 @@ class NpyRaw:
         start = _LEN + len(text)
         placements = {r["name"]: ((start + r["offset"], r["nbytes"]),) for r in rows}
         framing = ((0, struct.pack("<Q", len(text)) + text),)
-        return FileLayout(start + offset, framing, placements, tuple(placements))
+        return ByteLayout(start + offset, framing, placements, tuple(placements))
 
-    def finish(self, fd: int, layout: FileLayout, write_crc: bool) -> None:
+    def finish(self, fd: int, layout: ByteLayout, write_crc: bool) -> None:
         return None  # no trailer
 
     def write_encrypted(
-        self, path: str, layout: FileLayout, fill: Callable[[int, FileLayout], None], key: bytes, mode: str
+        self, path: str, layout: ByteLayout, fill: Callable[[int, ByteLayout], None], key: bytes, mode: str
     ) -> None:
         raise UnsupportedError("npyraw files are never encrypted", path)
 

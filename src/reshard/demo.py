@@ -20,7 +20,7 @@ import numpy as np
 
 from reshard import api
 from reshard.errors import UsageError
-from reshard.formats import layout_dir
+from reshard.formats import rank_dirs
 from reshard.formats.ckpt import save_ckpt
 from reshard.formats.strategy import merge_pipeline_strategies
 from reshard.synthetic import ModelShape, full_model, stage_strategies, write_stage_strategies
@@ -136,7 +136,7 @@ def main(work_dir: str | None = None) -> None:
             "DIR/merged/src_strategy.ckpt)"
         )
     else:
-        rank0 = layout_dir.rank_output(ranks8, 0, "checkpoint_", "ckpt")
+        rank0 = rank_dirs.rank_output(ranks8, 0, "checkpoint_", "ckpt")
         console.print(f"next: reshard inspect {rank0} --strategy {src_merged}")
 
 

@@ -57,7 +57,7 @@ from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM, file_digest, new_hash
 from reshard.execute.options import KEEP_FINISHED, RunOptions, WriteOptions
-from reshard.formats import crypto, layout_dir, registry
+from reshard.formats import crypto, rank_dirs, registry
 from reshard.formats.base import TEMP_SUFFIX, atomic_path
 from reshard.lock import DestinationLock
 from reshard.plan import FilePlan, Plan
@@ -267,7 +267,7 @@ def superseded_outputs(root: str, plan: Plan, rank_total: int) -> list[str]:
     written_ranks = {f.rank for f in plan.files if f.rank is not None}
     listed = {os.path.normpath(os.path.join(root, rel)) for rel in previous_outputs(root)}
     doomed: list[str] = []
-    for rank, folder in layout_dir.rank_dirs(root).items():
+    for rank, folder in rank_dirs.rank_dirs(root).items():
         if rank < rank_total and rank not in written_ranks:
             continue
         for name in sorted(os.listdir(folder)):

@@ -39,7 +39,7 @@ from xml.sax.saxutils import escape, quoteattr
 from reshard import layout
 from reshard.errors import ReshardError, UnsupportedError, UsageError
 from reshard.formats.strategy import StrategyFile
-from reshard.inspect import describe_layout, param_layouts, ranges_text, stage_layouts
+from reshard.inspection import describe_layout, param_layouts, ranges_text, stage_layouts
 from reshard.layout import Box, ParamLayout, StagedLayout, device_num, layout_map
 from reshard.layout.slices import has_optimizer_shard, model_parallel
 from reshard.plan import Plan, SourceFile

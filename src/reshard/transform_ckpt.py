@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from reshard import mindspore as drop_in
 from reshard.errors import ReshardError, UsageError
-from reshard.formats import layout_dir
+from reshard.formats import rank_dirs
 from reshard.formats.strategy import JSON, find_strategy_files, format_of, merge_strategy_files
 from reshard.text import one_line
 
@@ -159,7 +159,7 @@ def _link_models(models: dict[str, list[tuple[str, str]]], into: str) -> dict[st
 def check_model(folder: str, src_strategy: str | None) -> None:
     """The tool's checks of one model: ``rank_0 .. rank_<n-1>`` without gaps, and a source strategy
     for a sliced model."""
-    ranks = sorted(layout_dir.rank_dirs(folder))
+    ranks = sorted(rank_dirs.rank_dirs(folder))
     for expected, rank in enumerate(ranks):
         if rank != expected:
             raise UsageError(f"the rank_{expected} folder is missing", os.path.realpath(folder))
@@ -282,7 +282,7 @@ def convert_by_rank(
     for rank in ranks:
         needed = drop_in.rank_list_for_transform(rank, src, dst)
         files = {r: newest_ckpt(os.path.join(model, f"rank_{r}"), r) for r in needed}
-        out = layout_dir.rank_output(model_dir, rank, prefix, "ckpt")
+        out = rank_dirs.rank_output(model_dir, rank, prefix, "ckpt")
         os.makedirs(os.path.dirname(out), exist_ok=True)
         drop_in.transform_checkpoint_by_rank(rank, files, out, src, dst)
         written.append(out)
@@ -328,7 +328,7 @@ def run(args: ToolArgs, say: Callable[[str], None] = lambda _: None) -> ToolResu
     """
     notes: list[str] = []
     job = plan_job(args, notes)
-    layout_dir.check_prefix(args.prefix)
+    rank_dirs.check_prefix(args.prefix)
     models = source_models(args.src_checkpoint)
     dst_dir = os.path.realpath(args.dst_checkpoint_dir) if args.dst_checkpoint_dir else ""
     if not dst_dir:

@@ -42,7 +42,7 @@ from reshard.errors import UsageError
 from reshard.execute import assemble
 from reshard.execute.dequant import wrapped_opener
 from reshard.execute.local import SourceCache
-from reshard.formats import layout_dir
+from reshard.formats import rank_dirs
 from reshard.formats.base import decode_string
 from reshard.formats.strategy import StrategyFile
 from reshard.naming import NameFilter, NameOptions
@@ -166,10 +166,10 @@ class _Side:
 def _first_ckpt(path: str) -> str | None:
     if os.path.isfile(path):
         return path if path.endswith(".ckpt") else None
-    found = layout_dir.files_in(path, "ckpt")
+    found = rank_dirs.files_in(path, "ckpt")
     if not found and os.path.isdir(path):
-        for folder in layout_dir.rank_dirs(path).values():
-            found = layout_dir.files_in(folder, "ckpt")
+        for folder in rank_dirs.rank_dirs(path).values():
+            found = rank_dirs.files_in(folder, "ckpt")
             if found:
                 break
     return found[0] if found else None
@@ -383,7 +383,7 @@ def _compare(
 
 def _need_strategy(path: str, strategy: str | StrategyFile | None, side: str) -> None:
     """Several rank folders need their strategy; the hint names this command's flag for that side."""
-    if strategy is None and os.path.isdir(path) and len(layout_dir.rank_dirs(path)) > 1:
+    if strategy is None and os.path.isdir(path) and len(rank_dirs.rank_dirs(path)) > 1:
         raise UsageError(
             f"several rank folders but no strategy for them: give --{side}-strategy ({side}_strategy in Python)", path
         )

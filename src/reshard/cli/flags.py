@@ -25,7 +25,7 @@ from reshard.cli.values import memory_size, positive_int, source_iteration
 from reshard.errors import UsageError
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM
 from reshard.execute.options import DEFAULT_MAX_MEMORY, RunOptions, WriteOptions, default_workers
-from reshard.formats.layout_dir import PICKS
+from reshard.formats.rank_dirs import PICKS
 from reshard.ops.options import Destination, OutputSpec
 from reshard.text import one_line
 
@@ -594,7 +594,7 @@ class RunFlags:
         """The run options; progress is off for a dry run and with ``--quiet``."""
         hooks = progress.hooks(args.progress, args.quiet or dry_run)
         if args.executor == "ray":  # Ray imported only when the run starts
-            from reshard.execute.ray import RayOptions
+            from reshard.execute.options import RayOptions
 
             on_nodes: Callable[[Any], None] | None = None if args.quiet else _print_nodes
             return RayOptions(

@@ -49,7 +49,7 @@ def print_plan(plan: Plan, as_json: bool, names: NameReport | None = None) -> No
             doc["names"] = names.to_json()
         print(json.dumps(doc, indent=1))
         return
-    from reshard.inspect import print_table  # paths never cut: folded on a terminal, whole lines on a pipe
+    from reshard.inspection import print_table  # paths never cut: folded on a terminal, whole lines on a pipe
 
     columns = [
         (c, c in ("tensors", "copies", "size", "rank"))

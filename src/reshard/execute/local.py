@@ -4,7 +4,7 @@ Why this shape (see design.md, "Techniques the peers proved"; every choice was m
 1.1 GB model against ``cp``, which copies it in ~0.36 s from the page cache here):
 
 * Outputs are preallocated (``posix_fallocate``) with their framing already written
-  (``FileLayout``); tensor bytes go straight to their final offset.
+  (``ByteLayout``); tensor bytes go straight to their final offset.
 * A box that is one contiguous byte run in its source and in its destination (an unchanged
   tensor in a convert, a replicated parameter, a row split, an optimizer-shard split: most of a
   reshard) is copied kernel-side with ``copy_file_range``: no page faults, no user-space copy
@@ -49,7 +49,7 @@ from reshard.execute import assemble, dequant
 from reshard.execute.digest import StreamingDigest, hash_pool
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats import base, registry
-from reshard.formats.base import FileLayout, TensorIndex, TensorSpec, pwrite_all
+from reshard.formats.base import ByteLayout, TensorIndex, TensorSpec, pwrite_all
 from reshard.plan import FilePlan, Plan, TensorPlan
 from reshard.plan.validate import validate_plan
 
@@ -115,7 +115,7 @@ class SourceCache:
         self._fds.clear()
 
 
-def file_layout(file: FilePlan, write: WriteOptions) -> FileLayout:
+def byte_layout(file: FilePlan, write: WriteOptions) -> ByteLayout:
     """Every byte position of an output, from its format (``formats.registry``: an unknown one is refused)."""
     specs = [TensorSpec(t.name, t.dtype, t.shape, t.nbytes) for t in file.tensors]
     return registry.get(file.format).layout(specs, dict(file.metadata), write.chunk_bytes)
@@ -354,13 +354,13 @@ def run_file(
     """
     stop = cancel if cancel is not None else threading.Event()
     fmt = registry.get(file.format)
-    layout = file_layout(file, write)
+    layout = byte_layout(file, write)
     by_name = {t.name: t for t in file.tensors}
     encrypted = write.enc_key is not None and fmt.encrypts
     hasher: StreamingDigest | None = None  # follows the file while it is written (plain outputs)
     checksum: str | None = None
 
-    def one(out: _Output, lay: FileLayout, name: str) -> None:
+    def one(out: _Output, lay: ByteLayout, name: str) -> None:
         interrupts.check()  # no lock is held here: the main thread raises a deferred signal
         if stop.is_set() or interrupts.requested():
             raise Cancelled(file.path)
@@ -375,7 +375,7 @@ def run_file(
         if run.progress is not None:
             run.progress(t.nbytes)
 
-    def fill_tensors(fd: int, lay: FileLayout) -> None:
+    def fill_tensors(fd: int, lay: ByteLayout) -> None:
         out = _Output(fd)
         if tensor_workers > 1 and len(lay.order) > 1:  # tensors fill disjoint byte ranges
             with ThreadPoolExecutor(tensor_workers, thread_name_prefix="reshard-tensor") as pool:
@@ -389,7 +389,7 @@ def run_file(
             for name in lay.order:
                 one(out, lay, name)
 
-    def fill(fd: int, lay: FileLayout) -> None:
+    def fill(fd: int, lay: ByteLayout) -> None:
         nonlocal hasher
         base.preallocate(fd, lay.size)  # write_file did it already; the encrypted path's plaintext needs it
         interrupts.reached("file")  # a test-only pause point (reshard.interrupts): the temporary file exists
@@ -405,7 +405,7 @@ def run_file(
             hasher.abandon()
             raise
 
-    def finish(fd: int, lay: FileLayout) -> None:
+    def finish(fd: int, lay: ByteLayout) -> None:
         nonlocal checksum
         try:  # every format's last step (a .ckpt's crc trailer only with write_crc; a .distcp's ZIP CRCs always)
             fmt.finish(fd, lay, write.write_crc)
@@ -517,4 +517,4 @@ def write_texts(plan: Plan) -> None:
         base.write_whole(text.path, text.text)
 
 
-__all__ = ["Cancelled", "Opener", "SourceCache", "file_layout", "run_file", "run_plan", "write_texts"]
+__all__ = ["Cancelled", "Opener", "SourceCache", "byte_layout", "run_file", "run_plan", "write_texts"]

@@ -3,7 +3,8 @@
 ``WriteOptions`` change the bytes of the outputs (a crc trailer, encryption, the record chunk size)
 and the checksum the manifest records; a resumed run must use the same ones, so the manifest
 fingerprints them. ``RunOptions`` change only how the work is done (threads, memory, progress
-hooks); the Ray executor adds its fields in ``execute.ray.RayOptions``. How sources are read is a
+hooks); ``RayOptions`` adds the Ray executor's fields (defined here, so that choosing an executor
+imports neither Ray nor its executor). How sources are read is a
 third concern, ``ReadOptions``. The API takes each as its own keyword: ``read=``, ``write=``,
 ``run=``.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from reshard.execute.digest import DEFAULT_ALGORITHM
 
@@ -71,4 +72,32 @@ class RunOptions:
     hash_outputs: bool = False  # checksum each plain output while writing it (encrypted ones: None)
 
 
-__all__ = ["DEFAULT_MAX_MEMORY", "KEEP_FINISHED", "RunOptions", "WriteOptions", "default_workers"]
+# Bytes fetched from other nodes per writer node and not yet written (execute.ray_nodes), by default.
+DEFAULT_IN_FLIGHT = 256 * 1024**2
+
+
+@dataclass(frozen=True)
+class RayOptions(RunOptions):
+    """``RunOptions`` plus where and how to run on Ray (``api.execute`` picks Ray for these)."""
+
+    address: str | None = None  # None: the running Ray, RAY_ADDRESS, or a new local cluster
+    shared_disk: bool = True
+    max_tasks: int | None = None  # at most this many tasks (output files are grouped); None: one per file
+    # Sources on the nodes' own disks: "auto" (ask every node) or a placement file (execute.ray_nodes).
+    placement: str | None = None
+    in_flight: int = DEFAULT_IN_FLIGHT  # with a placement: fetched bytes per writer node not yet written
+    # with a placement: called with the schedule (an ``execute.ray_nodes.NodeRun``), then the result
+    on_nodes: Callable[[Any], None] | None = None
+    # (header-only copy, real source): the plan was made from ``source_from_nodes``' copy
+    sources_from: tuple[str, str] | None = None
+
+
+__all__ = [
+    "DEFAULT_IN_FLIGHT",
+    "DEFAULT_MAX_MEMORY",
+    "KEEP_FINISHED",
+    "RayOptions",
+    "RunOptions",
+    "WriteOptions",
+    "default_workers",
+]

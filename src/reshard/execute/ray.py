@@ -39,7 +39,7 @@ import os
 import socket
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -47,8 +47,8 @@ import numpy as np
 from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
 from reshard.execute.digest import hash_pool
-from reshard.execute.options import RunOptions, WriteOptions
-from reshard.execute.ray_nodes import DEFAULT_IN_FLIGHT, NodeRun, plan_from_nodes, run_plan_nodes
+from reshard.execute.options import DEFAULT_IN_FLIGHT, RayOptions, RunOptions, WriteOptions
+from reshard.execute.ray_nodes import NodeRun, plan_from_nodes, run_plan_nodes
 from reshard.execute.ray_nodes import cancel_refs as _cancel
 from reshard.execute.ray_nodes import task_error as _task_error
 from reshard.formats import base
@@ -58,21 +58,6 @@ from reshard.sources import ReadOptions, open_checkpoint
 from reshard.text import first_line
 
 TEMP_PREFIX = "reshard-ray-"  # node-local folder of one task (no shared disk), removed when it ends
-
-
-@dataclass(frozen=True)
-class RayOptions(RunOptions):
-    """``RunOptions`` plus where and how to run on Ray (``api.execute`` picks Ray for these)."""
-
-    address: str | None = None  # None: the running Ray, RAY_ADDRESS, or a new local cluster
-    shared_disk: bool = True
-    max_tasks: int | None = None  # at most this many tasks (output files are grouped); None: one per file
-    # Sources on the nodes' own disks: "auto" (ask every node) or a placement file (execute.ray_nodes).
-    placement: str | None = None
-    in_flight: int = DEFAULT_IN_FLIGHT  # with a placement: fetched bytes per writer node not yet written
-    on_nodes: Callable[[NodeRun], None] | None = None  # with a placement: called with the schedule, then the result
-    # (header-only copy, real source): the plan was made from ``source_from_nodes``' copy
-    sources_from: tuple[str, str] | None = None
 
 
 def _ray() -> Any:

@@ -57,7 +57,7 @@ from reshard.execute.nodes import (
     schedule,
     source_facts,
 )
-from reshard.execute.options import KEEP_FINISHED, RunOptions, WriteOptions
+from reshard.execute.options import DEFAULT_IN_FLIGHT, KEEP_FINISHED, RunOptions, WriteOptions
 from reshard.formats import registry
 from reshard.formats.base import TensorEntry, TensorIndex, stale_temps
 from reshard.plan import FilePlan, Plan
@@ -65,7 +65,6 @@ from reshard.plan.validate import PlanError
 from reshard.sources import ReadOptions, open_checkpoint
 from reshard.text import first_line
 
-DEFAULT_IN_FLIGHT = 256 * 1024**2  # bytes of fetched pieces per writer node not yet written
 TASK_RETRIES = 3  # a killed worker's task is run again this many times
 TEMP_PREFIX = "reshard-ray-node-"  # node-local folder of one writer task (sparse replicas)
 AUTO = "auto"  # placement: ask every alive node what it holds

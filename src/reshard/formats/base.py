@@ -6,7 +6,7 @@ decrypted plaintext). A tensor has one segment unless the format chunks it (``.c
 tensors over 512 MiB into several records), so ``array()`` is a zero-copy view in the common case.
 
 Writers are split in two steps, which is what lets the executor write a multi-GB output without
-building it in memory: ``layout(specs) -> FileLayout`` computes the final size, the framing bytes
+building it in memory: ``layout(specs) -> ByteLayout`` computes the final size, the framing bytes
 (headers, protobuf keys, lengths) at their offsets, and where each tensor's bytes go; then
 ``write_file`` preallocates a temporary file, writes the framing, lets a ``fill`` callback put
 tensor bytes in place, runs an optional ``finish`` step (crc trailer) and renames atomically.
@@ -174,7 +174,7 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
-class FileLayout:
+class ByteLayout:
     """Every byte position of an output file, decided before any tensor data is read."""
 
     size: int
@@ -193,10 +193,10 @@ def value_bytes(value: np.ndarray | str) -> bytes | memoryview:
     return arr.reshape(-1).view(np.uint8).data if arr.size else b""
 
 
-def fill_from_values(values: Mapping[str, np.ndarray | str]) -> Callable[[int, FileLayout], None]:
+def fill_from_values(values: Mapping[str, np.ndarray | str]) -> Callable[[int, ByteLayout], None]:
     """A ``fill`` callback for ``write_file`` that copies in-memory values into place."""
 
-    def fill(fd: int, layout: FileLayout) -> None:
+    def fill(fd: int, layout: ByteLayout) -> None:
         for name, segments in layout.placements.items():
             data = value_bytes(values[name])
             pos = 0
@@ -282,9 +282,9 @@ def write_whole(path: str | os.PathLike[str], data: bytes | memoryview | str) ->
 
 def write_file(
     path: str | os.PathLike[str],
-    layout: FileLayout,
-    fill: Callable[[int, FileLayout], None],
-    finish: Callable[[int, FileLayout], None] | None = None,
+    layout: ByteLayout,
+    fill: Callable[[int, ByteLayout], None],
+    finish: Callable[[int, ByteLayout], None] | None = None,
 ) -> None:
     """Write ``layout`` to ``path`` atomically: preallocate, framing, ``fill`` data, ``finish``."""
     with atomic_path(path) as tmp:
@@ -297,9 +297,9 @@ def write_file(
 
 def _write_with_errors(
     fd: int,
-    layout: FileLayout,
-    fill: Callable[[int, FileLayout], None],
-    finish: Callable[[int, FileLayout], None] | None,
+    layout: ByteLayout,
+    fill: Callable[[int, ByteLayout], None],
+    finish: Callable[[int, ByteLayout], None] | None,
     path: str,
 ) -> None:
     try:
@@ -363,7 +363,7 @@ def map_file(path: str | os.PathLike[str]) -> tuple[Any, Callable[[], None], int
 
 __all__ = [
     "TEMP_SUFFIX",
-    "FileLayout",
+    "ByteLayout",
     "Segment",
     "TensorEntry",
     "TensorIndex",

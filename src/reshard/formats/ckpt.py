@@ -55,7 +55,7 @@ from reshard.errors import (
 )
 from reshard.formats import crypto
 from reshard.formats.base import (
-    FileLayout,
+    ByteLayout,
     Segment,
     TensorEntry,
     TensorIndex,
@@ -494,7 +494,7 @@ def _utf8_name(name: str) -> bytes:
         raise UsageError(f"parameter name {name!r} cannot be encoded as UTF-8") from None
 
 
-def ckpt_layout(specs: Sequence[TensorSpec], *, chunk_bytes: int = SLICE_BYTES) -> FileLayout:
+def ckpt_layout(specs: Sequence[TensorSpec], *, chunk_bytes: int = SLICE_BYTES) -> ByteLayout:
     """Exact byte layout of MindSpore's ``save_checkpoint`` output for ``specs`` (no data needed)."""
     if chunk_bytes <= 0:
         raise UsageError(f"chunk_bytes must be positive, got {chunk_bytes}")
@@ -518,10 +518,10 @@ def ckpt_layout(specs: Sequence[TensorSpec], *, chunk_bytes: int = SLICE_BYTES) 
             segments.append((pos, length))
             pos += length
         placements[spec.name] = tuple(segments)
-    return FileLayout(pos, tuple(framing), placements, tuple(placements))
+    return ByteLayout(pos, tuple(framing), placements, tuple(placements))
 
 
-def crc_finish(fd: int, layout: FileLayout) -> None:
+def crc_finish(fd: int, layout: ByteLayout) -> None:
     """``write_file`` finish step: crc32 of the written bytes (read back in blocks) as a trailer."""
     crc, pos = 0, 0
     while pos < layout.size:
@@ -589,7 +589,7 @@ def save_ckpt(
 
 
 def write_encrypted(
-    path: str, layout: FileLayout, fill: Callable[[int, FileLayout], None], key: bytes, mode: str
+    path: str, layout: ByteLayout, fill: Callable[[int, ByteLayout], None], key: bytes, mode: str
 ) -> None:
     """Plaintext into an anonymous temp file beside the output, then encrypted into place."""
     crypto.check_key(key, mode, path)
@@ -623,15 +623,15 @@ class CkptFormat:
         crc = verify_crc and _has_crc_trailer(path)
         return read_ckpt(path, verify_crc=crc, dec_key=dec_key, dec_mode=dec_mode)
 
-    def layout(self, specs: Sequence[TensorSpec], metadata: Mapping[str, str], chunk_bytes: int) -> FileLayout:
+    def layout(self, specs: Sequence[TensorSpec], metadata: Mapping[str, str], chunk_bytes: int) -> ByteLayout:
         return ckpt_layout(specs, chunk_bytes=chunk_bytes)  # a .ckpt holds no file metadata
 
-    def finish(self, fd: int, layout: FileLayout, write_crc: bool) -> None:
+    def finish(self, fd: int, layout: ByteLayout, write_crc: bool) -> None:
         if write_crc:
             crc_finish(fd, layout)
 
     def write_encrypted(
-        self, path: str, layout: FileLayout, fill: Callable[[int, FileLayout], None], key: bytes, mode: str
+        self, path: str, layout: ByteLayout, fill: Callable[[int, ByteLayout], None], key: bytes, mode: str
     ) -> None:
         write_encrypted(path, layout, fill, key, mode)
 

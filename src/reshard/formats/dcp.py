@@ -66,7 +66,7 @@ from reshard import dtypes
 from reshard.dtypes import DType
 from reshard.errors import FormatError, ReshardError, UnsupportedError, UsageError
 from reshard.formats.base import (
-    FileLayout,
+    ByteLayout,
     Segment,
     TensorEntry,
     TensorIndex,
@@ -1415,7 +1415,7 @@ class DistcpLayout:
     """
 
     relative_path: str
-    layout: FileLayout
+    layout: ByteLayout
     chunks: tuple[Chunk, ...]
     byte_items: tuple[BytesItem, ...]
     crc_fields: tuple[tuple[Segment, tuple[int, ...]], ...] = field(repr=False, default=())
@@ -1448,7 +1448,7 @@ def distcp_layout(
         crc_fields.append((data, tuple(pos + f for f in plan.crc_fields)))
         stored.append(Chunk(spec.fqn, spec.offsets, spec.sizes, relative_path, pos, plan.size))
         pos += plan.size
-    layout = FileLayout(pos, tuple(framing), placements, tuple(placements))
+    layout = ByteLayout(pos, tuple(framing), placements, tuple(placements))
     return DistcpLayout(relative_path, layout, tuple(stored), tuple(items), tuple(crc_fields))
 
 
@@ -1466,10 +1466,10 @@ def _check_spec(spec: ChunkSpec) -> None:
 _CRC_BLOCK = 8 << 20
 
 
-def distcp_finish(planned: DistcpLayout) -> Callable[[int, FileLayout], None]:
+def distcp_finish(planned: DistcpLayout) -> Callable[[int, ByteLayout], None]:
     """A ``write_file`` finish step: the CRC-32 of every written ``data/0``, patched into its ZIP records."""
 
-    def finish(fd: int, _layout: FileLayout) -> None:
+    def finish(fd: int, _layout: ByteLayout) -> None:
         for (start, length), positions in planned.crc_fields:
             crc = 0
             done = 0
@@ -1486,7 +1486,7 @@ def distcp_finish(planned: DistcpLayout) -> Callable[[int, FileLayout], None]:
 
 
 def write_distcp(
-    folder: str | os.PathLike[str], planned: DistcpLayout, fill: Callable[[int, FileLayout], None]
+    folder: str | os.PathLike[str], planned: DistcpLayout, fill: Callable[[int, ByteLayout], None]
 ) -> None:
     """Write one data file atomically: framing, ``fill`` puts every placement's bytes, then the CRCs."""
     write_file(os.path.join(os.fspath(folder), planned.relative_path), planned.layout, fill, distcp_finish(planned))
@@ -1669,8 +1669,8 @@ def save_dcp(
     return read_dcp_metadata(folder)
 
 
-def _fill_bytes(contents: Mapping[str, Any]) -> Callable[[int, FileLayout], None]:
-    def fill(fd: int, layout: FileLayout) -> None:
+def _fill_bytes(contents: Mapping[str, Any]) -> Callable[[int, ByteLayout], None]:
+    def fill(fd: int, layout: ByteLayout) -> None:
         for name, segments in layout.placements.items():
             data = memoryview(contents[name]).cast("B")
             ((offset, length),) = segments

@@ -21,14 +21,14 @@ from dataclasses import dataclass
 
 from reshard.errors import UnsupportedError, UsageError
 from reshard.formats import dcp
-from reshard.formats.base import FileLayout, Segment, TensorIndex, TensorSpec
+from reshard.formats.base import ByteLayout, Segment, TensorIndex, TensorSpec
 
 NAME = "distcp"
 
 
 @dataclass(frozen=True)
-class DistcpFileLayout(FileLayout):
-    """A ``FileLayout`` that also knows where each archive's CRC-32 fields are (``finish`` fills them)."""
+class DistcpByteLayout(ByteLayout):
+    """A ``ByteLayout`` that also knows where each archive's CRC-32 fields are (``finish`` fills them)."""
 
     crc_fields: tuple[tuple[Segment, tuple[int, ...]], ...] = ()
 
@@ -66,23 +66,23 @@ class DistcpFormat:
     ) -> TensorIndex:
         return dcp.open_distcp(path)  # chunks named dcp.chunk_name, found through the folder's .metadata
 
-    def layout(self, specs: Sequence[TensorSpec], metadata: Mapping[str, str], chunk_bytes: int) -> FileLayout:
+    def layout(self, specs: Sequence[TensorSpec], metadata: Mapping[str, str], chunk_bytes: int) -> ByteLayout:
         planned = dcp.distcp_layout("data.distcp", [chunk_spec(s) for s in specs])
         lay = planned.layout
-        return DistcpFileLayout(lay.size, lay.framing, lay.placements, lay.order, planned.crc_fields)
+        return DistcpByteLayout(lay.size, lay.framing, lay.placements, lay.order, planned.crc_fields)
 
-    def finish(self, fd: int, layout: FileLayout, write_crc: bool) -> None:
-        if not isinstance(layout, DistcpFileLayout):
+    def finish(self, fd: int, layout: ByteLayout, write_crc: bool) -> None:
+        if not isinstance(layout, DistcpByteLayout):
             raise UsageError("a .distcp file is finished from its own layout")
         planned = dcp.DistcpLayout("data.distcp", layout, (), (), layout.crc_fields)
         dcp.distcp_finish(planned)(fd, layout)
 
     def write_encrypted(
-        self, path: str, layout: FileLayout, fill: Callable[[int, FileLayout], None], key: bytes, mode: str
+        self, path: str, layout: ByteLayout, fill: Callable[[int, ByteLayout], None], key: bytes, mode: str
     ) -> None:
         raise UnsupportedError("PyTorch DCP checkpoints cannot be encrypted", path)
 
 
 DISTCP = DistcpFormat()
 
-__all__ = ["DISTCP", "NAME", "DistcpFileLayout", "DistcpFormat", "chunk_spec", "parse_chunk_name"]
+__all__ = ["DISTCP", "NAME", "DistcpByteLayout", "DistcpFormat", "chunk_spec", "parse_chunk_name"]

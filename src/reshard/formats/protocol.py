@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # numpy-free at run time: the registry (and the command's --help) import this module
-    from reshard.formats.base import FileLayout, TensorIndex, TensorSpec
+    from reshard.formats.base import ByteLayout, TensorIndex, TensorSpec
 
-Fill = Callable[[int, "FileLayout"], None]  # puts tensor bytes into the open output (fd) at the layout's places
+Fill = Callable[[int, "ByteLayout"], None]  # puts tensor bytes into the open output (fd) at the layout's places
 
 
 class Format(Protocol):
@@ -44,17 +44,17 @@ class Format(Protocol):
         ``dec_key``/``dec_mode``: decrypt it (formats that cannot be encrypted never are)."""
         ...
 
-    def layout(self, specs: Sequence[TensorSpec], metadata: Mapping[str, str], chunk_bytes: int) -> FileLayout:
+    def layout(self, specs: Sequence[TensorSpec], metadata: Mapping[str, str], chunk_bytes: int) -> ByteLayout:
         """Every byte position of an output holding ``specs`` (in this order where the format keeps
         order), its ``metadata`` where the format stores any, large tensors in ``chunk_bytes`` pieces
         where the format chunks them."""
         ...
 
-    def finish(self, fd: int, layout: FileLayout, write_crc: bool) -> None:
+    def finish(self, fd: int, layout: ByteLayout, write_crc: bool) -> None:
         """After the tensor bytes are in place: a trailer (``write_crc``: MindSpore's crc), or nothing."""
         ...
 
-    def write_encrypted(self, path: str, layout: FileLayout, fill: Fill, key: bytes, mode: str) -> None:
+    def write_encrypted(self, path: str, layout: ByteLayout, fill: Fill, key: bytes, mode: str) -> None:
         """Write ``layout`` to ``path`` encrypted with ``key``, atomically (only when ``encrypts``)."""
         ...
 

@@ -1,7 +1,7 @@
 """The byte formats reshard reads and writes, and the one answer to "which format is this file?".
 
 The list of formats is kept here and nowhere else: the readers (``sources.files``), the executors
-(``execute.local``, and through it Ray's), the rank-folder rules (``layout_dir``) and the command's
+(``execute.local``, and through it Ray's), the rank-folder rules (``rank_dirs``) and the command's
 choices (``names()``) all ask this module. A name or a file this module does not know is a
 ``UsageError``, never a silent default.
 

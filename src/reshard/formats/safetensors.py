@@ -54,7 +54,7 @@ from reshard import dtypes
 from reshard.dtypes import DType
 from reshard.errors import FormatError, UnsupportedError, UsageError
 from reshard.formats.base import (
-    FileLayout,
+    ByteLayout,
     TensorEntry,
     TensorIndex,
     TensorSpec,
@@ -259,7 +259,7 @@ def int4_metadata(specs: Sequence[TensorSpec]) -> dict[str, str]:
     return {spec.name: INT4_MARKER for spec in specs if spec.dtype is dtypes.INT4}
 
 
-def safetensors_layout(specs: Sequence[TensorSpec], metadata: Mapping[str, str] | None = None) -> FileLayout:
+def safetensors_layout(specs: Sequence[TensorSpec], metadata: Mapping[str, str] | None = None) -> ByteLayout:
     """Every byte position of the file ``safetensors.numpy.save_file`` would write for ``specs``.
 
     ``INT4`` specs are stored as ``I8`` (add ``int4_metadata(specs)`` to ``metadata`` to mark them).
@@ -284,7 +284,7 @@ def safetensors_layout(specs: Sequence[TensorSpec], metadata: Mapping[str, str] 
     data_start = _LEN_BYTES + len(text)
     placements = {name: ((data_start + o, n),) for name, ((o, n),) in placements.items()}
     framing = ((0, struct.pack("<Q", len(text)) + text),)
-    return FileLayout(data_start + offset, framing, placements, tuple(placements))
+    return ByteLayout(data_start + offset, framing, placements, tuple(placements))
 
 
 def _st_code(spec: TensorSpec) -> str:
@@ -366,14 +366,14 @@ class SafetensorsFormat:
     ) -> TensorIndex:
         return read_safetensors(path)  # no integrity data, never encrypted: the options do not apply
 
-    def layout(self, specs: Sequence[TensorSpec], metadata: Mapping[str, str], chunk_bytes: int) -> FileLayout:
+    def layout(self, specs: Sequence[TensorSpec], metadata: Mapping[str, str], chunk_bytes: int) -> ByteLayout:
         return safetensors_layout(specs, dict(metadata) or None)  # one segment per tensor: nothing is chunked
 
-    def finish(self, fd: int, layout: FileLayout, write_crc: bool) -> None:
+    def finish(self, fd: int, layout: ByteLayout, write_crc: bool) -> None:
         return None  # no trailer
 
     def write_encrypted(
-        self, path: str, layout: FileLayout, fill: Callable[[int, FileLayout], None], key: bytes, mode: str
+        self, path: str, layout: ByteLayout, fill: Callable[[int, ByteLayout], None], key: bytes, mode: str
     ) -> None:
         raise UnsupportedError("only .ckpt outputs can be encrypted", path)
 

@@ -29,12 +29,8 @@ from reshard.layout.algebra import (
     opt_shard_size,
     rank_box,
     rank_boxes,
-    rank_list_for_transform,
-    redundancy_groups,
     slice_shape,
     tensor_strategy,
-    transfer_pieces,
-    transfer_table,
     unsharded_flat,
 )
 from reshard.layout.chunks import (
@@ -47,6 +43,7 @@ from reshard.layout.chunks import (
     layout_chunks,
     whole_chunks,
 )
+from reshard.layout.rank_list import rank_list_for_transform
 from reshard.layout.stages import (
     STAGE_SEPARATOR,
     device_num,
@@ -55,6 +52,7 @@ from reshard.layout.stages import (
     split_stage_name,
     stage_count,
 )
+from reshard.layout.transfer import redundancy_groups, transfer_pieces, transfer_table
 from reshard.layout.types import LayoutTable, ParamLayout, StagedLayout, TensorMapEntry
 
 __all__ = [

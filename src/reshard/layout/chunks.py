@@ -25,7 +25,7 @@ Why it is built this way:
   one chunk per cell: every MindSpore layout, every DTensor placement, uneven ones included) are
   intersected by bisecting each dimension's cuts; any other tiling by bisecting the first
   dimension's starts (within the longest chunk's reach). Pieces come in row-major order of the
-  chunks' starts, the order in which ``algebra.transfer_pieces`` lists a grid's slices.
+  chunks' starts, the order in which ``transfer.transfer_pieces`` lists a grid's slices.
 * **Pure.** Plain ints and tuples, like the rest of this layer: no numpy, no file.
 """
 

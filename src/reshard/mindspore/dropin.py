@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from reshard.errors import LayoutError, UnsupportedError, UsageError
-from reshard.formats import layout_dir
+from reshard.formats import rank_dirs
 from reshard.formats.base import write_whole
 from reshard.formats.strategy import (
     JSON,
@@ -290,7 +290,7 @@ def rank_list_for_transform(
 def _source_format(src_dir: str) -> str:
     if not os.path.isdir(src_dir):
         raise UsageError("src_checkpoints_dir does not exist or is not a directory", src_dir)
-    fmt, chosen = layout_dir.collect_rank_files(src_dir)
+    fmt, chosen = rank_dirs.collect_rank_files(src_dir)
     if not chosen:
         raise UsageError("src_checkpoints_dir holds no checkpoints in rank_<r> folders", src_dir)
     return fmt
@@ -351,7 +351,7 @@ def transform_checkpoints(
         raise UsageError("output_format='safetensors' needs .safetensors sources; this folder holds .ckpt", src_dir)
     src = optional_strategy(src_strategy_file, "src_strategy_file")
     dst = optional_strategy(dst_strategy_file, "dst_strategy_file")
-    if src is None and len(layout_dir.rank_dirs(src_dir)) > 1:
+    if src is None and len(rank_dirs.rank_dirs(src_dir)) > 1:
         raise UsageError(
             "src_strategy_file is None but src_checkpoints_dir holds several rank folders: pass their "
             "strategy as src_strategy_file",

@@ -179,24 +179,19 @@ def superseded(dst: str, plan: Plan, overwrite: bool, resume: bool) -> list[str]
     return doomed
 
 
-def strategy_of(src: str, src_strategy: object, opened: Opened | None) -> StrategyFile | None:
-    """A Checkpoint 2.0's layouts come from its metadata.json (docs/formats.md §13): no strategy is taken."""
-    if src_strategy is not None:
-        raise UsageError(
-            "a MindFormers Checkpoint 2.0 carries its layouts in metadata.json: give no source strategy", src
-        )
+def strategy_of(opened: Opened | None) -> StrategyFile | None:
+    """A Checkpoint 2.0's layouts come from its metadata.json (docs/formats.md §13); a strategy given
+    with it was refused by ``sources.resolve``."""
     return opened.strategy if opened is not None else None
 
 
-def virtual_ranks(
-    src: str, src_strategy: object, read: ReadOptions | None, notes: list[str]
-) -> tuple[dict[int, SourceFile], StrategyFile]:
+def virtual_ranks(src: str, read: ReadOptions | None, notes: list[str]) -> tuple[dict[int, SourceFile], StrategyFile]:
     """A Checkpoint 2.0's virtual ranks and the strategy its metadata.json gives (a single card: one device)."""
     from reshard.formats.strategy import make_strategy
     from reshard.layout import ParamLayout
 
     opened = CHECKPOINT2.open(src, read, notes)
-    sf = strategy_of(src, src_strategy, opened)
+    sf = strategy_of(opened)
     if sf is None:  # a single card: every tensor whole on one device
         tensors = opened.ranks[0].tensors
         sf = make_strategy({n: ParamLayout((1,), (-1,) * len(t.shape)) for n, t in tensors.items() if t.shape})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from reshard.errors import UsageError
-from reshard.formats import layout_dir
+from reshard.formats import rank_dirs
 from reshard.sources import (
     CHECKPOINTS,
     RANK_FOLDERS,
@@ -97,8 +97,8 @@ def holds_only_ckpt(src: str) -> bool:
     if not os.path.isdir(src):
         return False
     folders = [os.path.join(src, d) for d in rank_subfolders(src)]
-    return any(layout_dir.files_in(f, "ckpt") for f in folders) and not any(
-        layout_dir.files_in(f, "safetensors") for f in folders
+    return any(rank_dirs.files_in(f, "ckpt") for f in folders) and not any(
+        rank_dirs.files_in(f, "safetensors") for f in folders
     )
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from reshard import destination as _destination
 from reshard import manifest as _manifest
 from reshard.errors import UnsupportedError, UsageError
-from reshard.execute.options import RunOptions, WriteOptions
+from reshard.execute.options import RayOptions, RunOptions, WriteOptions
 from reshard.formats.strategy import StrategyFile
 from reshard.naming import NameReport
 from reshard.ops.options import Destination
@@ -174,14 +174,15 @@ def execute(
         api.execute(report.plan, root="out_4ranks")
     """
     opened = replace(read, verify_crc=False) if read is not None else None
-    from reshard.execute import ray as ray_executor  # light: Ray itself is imported only when used
-
     if executor not in ("local", "ray"):
         raise UsageError(f"unknown executor {executor!r} (choose local or ray)")
-    if executor == "ray" or isinstance(run, ray_executor.RayOptions):
+    if executor == "ray" or isinstance(run, RayOptions):
+        # imported here: a local run loads neither the Ray executor nor Ray (about 0.1 s of start-up)
+        from reshard.execute import ray as ray_executor
+
         if plan.quantized:
             raise UnsupportedError("--dequantize runs on the local executor only (not on Ray yet)")
-        run = run or ray_executor.RayOptions()
+        run = run or RayOptions()
         if getattr(run, "shared_disk", True):  # without one, each node writes to its own disk: this one cannot say
             _destination.check_free_space(plan, root or _manifest.common_root(plan), resume)
         return _manifest.run_recorded(

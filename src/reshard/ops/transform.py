@@ -18,7 +18,7 @@ from typing import cast
 from reshard import statenames
 from reshard.errors import UsageError
 from reshard.execute.options import RunOptions, WriteOptions
-from reshard.formats import checkpoint2, layout_dir
+from reshard.formats import checkpoint2, rank_dirs
 from reshard.formats.strategy import StrategyFile
 from reshard.layout import LayoutTable
 from reshard.ops import checkpoint2 as _cp2
@@ -39,12 +39,11 @@ from reshard.sources import (
     Kind,
     ReadOptions,
     full_model_file,
-    identify,
     model_folder,
+    resolve,
     unified_index,
 )
 from reshard.sources import strategy as _strategy
-from reshard.sources.checkpoint2 import check_iteration
 
 FORMATS = ("ckpt", "safetensors", "hf", "checkpoint2", "dcp")  # what transform writes
 
@@ -177,17 +176,15 @@ def _job(
     _cp2.check_options(out)
     _cp2.refuse_map(cp2_out, tensors.names if tensors is not None else None)
     prefix = out.prefix if out.prefix is not None else ("" if cp2_out else "checkpoint_")
-    layout_dir.check_prefix(prefix)  # before anything is read: output names never leave the destination
+    rank_dirs.check_prefix(prefix)  # before anything is read: output names never leave the destination
     notes: list[str] = []
     shard_size = shard_bytes(out)
     if shard_size is not None and dst_strategy is not None:
         raise UsageError(
             "Hugging Face output is a full safetensors model: give no destination strategy and no ckpt output format"
         )
-    kind = identify(src, _kinds(src, src_strategy))
-    check_iteration(src, kind, read)
-    if kind is CHECKPOINT2:
-        _cp2.strategy_of(src, src_strategy, None)  # refused before any file is read
+    # every "give no strategy" / "an iteration applies to ..." refusal, before any file is read
+    kind = resolve(src, _kinds(src, src_strategy), strategy=src_strategy, read=read)
     dst_sf = _strategy(dst_strategy, notes)
     rule = statenames.DEFAULT.with_prefixes(out.optimizer_prefixes)
     pipeline = TensorPipeline(tensors, src, out.optimizer_prefixes)
@@ -205,9 +202,7 @@ def _job(
 
 def _plan_full(job: _Job, src_strategy: object) -> tuple[Plan, None, Plan | None]:
     """A full model's plan (a Hugging Face folder, unify's output), from its name -> file map."""
-    if src_strategy is not None:
-        raise UsageError(f"{job.kind.name} is a full model: give no source strategy", job.src)
-    files, mapping, hyper = unified_index(job.src)
+    files, mapping, hyper = unified_index(job.src)  # a strategy with it was refused by resolve
     if hyper is not None:  # unify --hf keeps them beside the shards; a full model holds them
         files[HYPER_NAME] = hyper
         mapping = {**mapping, **{n: HYPER_NAME for n in hyper.tensors if n not in mapping}}
@@ -229,10 +224,7 @@ def _plan_full(job: _Job, src_strategy: object) -> tuple[Plan, None, Plan | None
 def _plan_sharded(job: _Job, src_strategy: str | StrategyFile | None) -> tuple[Plan, StrategyFile | None, Plan | None]:
     """The plan from rank sources (rank folders, one full file, a Checkpoint 2.0) and their strategy."""
     opened = job.kind.open(job.src, job.read, job.notes)
-    if job.kind is CHECKPOINT2:
-        src_sf = _cp2.strategy_of(job.src, src_strategy, opened)
-    else:
-        src_sf = _strategy(src_strategy, job.notes)
+    src_sf = opened.strategy if job.kind.traits.owns_layouts else _strategy(src_strategy, job.notes)
     if src_sf is None and len(opened.ranks) > 1:
         raise UsageError(
             "several rank folders but no source strategy (--src-strategy, src_strategy in Python)", job.src

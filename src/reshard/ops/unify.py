@@ -15,16 +15,15 @@ from typing import cast
 
 from reshard.errors import LayoutError, UsageError
 from reshard.execute.options import RunOptions, WriteOptions
-from reshard.formats import layout_dir
+from reshard.formats import rank_dirs
 from reshard.formats.strategy import StrategyFile
 from reshard.ops import checkpoint2 as _cp2
 from reshard.ops.options import Destination, OutputSpec, TensorOptions, UnifyOptions, output_format, shard_bytes
 from reshard.ops.run import Report, Target, run_plan
 from reshard.ops.tensors import Inputs, TensorPipeline, check_copies, plan_tensors, training_state_note
 from reshard.plan import Plan, SourceFile, plan_unify, plan_unify_hf
-from reshard.sources import CHECKPOINT2, RANK_FOLDERS, ReadOptions, identify, rank_sources
+from reshard.sources import CHECKPOINT2, RANK_FOLDERS, ReadOptions, rank_sources, resolve
 from reshard.sources import strategy as _strategy
-from reshard.sources.checkpoint2 import check_iteration
 
 FORMATS = ("safetensors", "hf")  # what unify writes
 
@@ -117,10 +116,9 @@ def _sources(
 ) -> tuple[dict[int, SourceFile], StrategyFile]:
     """The rank sources and their strategy (a Checkpoint 2.0's from its metadata.json)."""
     sf: StrategyFile | None
-    kind = identify(src, (RANK_FOLDERS, CHECKPOINT2))
-    check_iteration(src, kind, read)
+    kind = resolve(src, (RANK_FOLDERS, CHECKPOINT2), strategy=strategy, read=read)
     if kind is CHECKPOINT2:
-        sources, sf = _cp2.virtual_ranks(src, strategy, read, notes)
+        sources, sf = _cp2.virtual_ranks(src, read, notes)
     else:
         _refuse_ckpt_ranks(src)
         _, sources = rank_sources(src, "safetensors", None, how.file_suffix, read, notes, how.mindspore_order)
@@ -133,12 +131,12 @@ def _sources(
 
 def _refuse_ckpt_ranks(src_dir: str) -> None:
     """unify reads safetensors: rank folders of .ckpt files get the two ways forward, not "missing"."""
-    dirs = layout_dir.rank_dirs(src_dir) if os.path.isdir(src_dir) else {}
+    dirs = rank_dirs.rank_dirs(src_dir) if os.path.isdir(src_dir) else {}
     folders = list(dirs.values())
     if (
         folders
-        and not any(layout_dir.files_in(d, "safetensors") for d in folders)
-        and any(layout_dir.files_in(d, "ckpt") for d in folders)
+        and not any(rank_dirs.files_in(d, "safetensors") for d in folders)
+        and any(rank_dirs.files_in(d, "ckpt") for d in folders)
     ):
         raise UsageError(
             "the rank folders hold .ckpt files and unify reads .safetensors: convert them first "

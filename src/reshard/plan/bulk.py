@@ -34,7 +34,7 @@ from typing import Any
 from reshard import layout
 from reshard.dtypes import DType
 from reshard.errors import LayoutError, ReshardError, UsageError
-from reshard.formats import layout_dir
+from reshard.formats import rank_dirs
 from reshard.layout import LayoutTable, ParamLayout, StagedLayout
 from reshard.plan.model import (
     Copy,
@@ -564,7 +564,7 @@ def plan_transform(
     meta = output_metadata(output_format)
     files = []
     for rank in wanted:
-        path = layout_dir.rank_output(dst_dir, rank, prefix, output_format)
+        path = rank_dirs.rank_output(dst_dir, rank, prefix, output_format)
         files.append(FilePlan(path, output_format, bulk.rank(rank), meta, rank))
     read = tuple(bulk.sources.paths)
     keep = () if ranks is None else tuple(planner.stage_representatives(wanted, read))

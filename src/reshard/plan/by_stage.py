@@ -11,7 +11,7 @@ drop-in opens the files and runs the plans.
 from __future__ import annotations
 
 from reshard.errors import UsageError
-from reshard.formats import layout_dir
+from reshard.formats import rank_dirs
 from reshard.layout import LayoutTable, device_num, layout_map, stage_count
 from reshard.plan.model import Plan, SourceFile
 from reshard.plan.transform import plan_transform_by_rank
@@ -41,7 +41,7 @@ def stage_files(src_dir: str, src: LayoutTable) -> dict[int, tuple[int, str]]:
     """
     stage = getattr(src, "stage", None) or 0
     n_src = device_num(src)
-    _, chosen = layout_dir.collect_rank_files(src_dir, "ckpt")
+    _, chosen = rank_dirs.collect_rank_files(src_dir, "ckpt")
     wanted = range(stage * n_src, (stage + 1) * n_src)
     missing = [r for r in wanted if r not in chosen]
     if missing:
@@ -57,7 +57,7 @@ def plan_by_stage(
     total = device_num(dst) * stage_count(dst)
     return [
         plan_transform_by_rank(
-            rank, sources, layout_dir.rank_output(dst_dir, rank, prefix, "ckpt", part=stage), src, dst
+            rank, sources, rank_dirs.rank_output(dst_dir, rank, prefix, "ckpt", part=stage), src, dst
         )
         for rank in range(total)
     ]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from reshard import dtypes
 from reshard.errors import LayoutError, UnsupportedError, UsageError
-from reshard.formats import hf_index, layout_dir
+from reshard.formats import hf_index, rank_dirs
 from reshard.layout import LayoutTable, StagedLayout
 from reshard.plan.bulk import BuiltFiles, Tables, Template, bulk_or_reference, rank_tensors
 from reshard.plan.model import (
@@ -208,7 +208,7 @@ def _plan_transform_full_reference(
             if not transformed:
                 raise LayoutError("none of the checkpoint's parameters is in the source or destination strategy")
             tensors = (*transformed, *(whole_tensor(interned, unified[name_to_file[n]], n) for n in deferred))
-        path = layout_dir.rank_output(dst_dir, rank, prefix, output_format)
+        path = rank_dirs.rank_output(dst_dir, rank, prefix, output_format)
         files.append(FilePlan(path, output_format, tuple(tensors), output_metadata(output_format), rank))
     return Plan("transform", tuple(interned.paths), tuple(files))
 
@@ -235,7 +235,7 @@ def _plan_transform_full_bulk(
         template = templates[stage]
         if template is None:
             return None
-        path = layout_dir.rank_output(dst_dir, rank, prefix, output_format)
+        path = rank_dirs.rank_output(dst_dir, rank, prefix, output_format)
         files.append(
             FilePlan(
                 path,

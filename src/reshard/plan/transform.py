@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from reshard import layout
 from reshard.dtypes import DType
 from reshard.errors import LayoutError, UsageError
-from reshard.formats import layout_dir
+from reshard.formats import rank_dirs
 from reshard.layout import (
     Box,
     LayoutTable,
@@ -478,7 +478,7 @@ def plan_transform_by_rank(
     planner.check_agreement()
     order = list(files_map)
     interned = SourcePaths()
-    fmt = layout_dir.detect_format(out_path)
+    fmt = rank_dirs.detect_format(out_path)
     tensors = planner.plan_rank(rank, interned, order)
     return Plan("transform", tuple(interned.paths), (FilePlan(out_path, fmt, tensors, output_metadata(fmt), rank),))
 

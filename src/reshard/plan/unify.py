@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from reshard import layout
 from reshard.errors import ReshardError, UsageError
-from reshard.formats import layout_dir
+from reshard.formats import rank_dirs
 from reshard.layout import LayoutTable, ParamLayout, StagedLayout, device_num, layout_map, stage_count
 from reshard.layout.chunks import whole_box
 from reshard.plan.boxes import Indexes, assembled_tensor, source_chunks
@@ -206,7 +206,7 @@ def plan_split(
 
 
 def _split_path(dst_dir: str, rank: int, file_name: str, output_format: str) -> str:
-    return os.path.join(layout_dir.rank_dir(dst_dir, rank), f"{file_name}.{output_format}")
+    return os.path.join(rank_dirs.rank_dir(dst_dir, rank), f"{file_name}.{output_format}")
 
 
 def _split_params(

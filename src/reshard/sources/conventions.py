@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 
 from reshard.errors import ReshardError, UsageError
-from reshard.formats import layout_dir
+from reshard.formats import rank_dirs
 from reshard.formats.strategy import find_strategy_files
 
 STRATEGY_FOLDER = "strategy"
@@ -57,7 +57,7 @@ def _holds_strategies(folder: str) -> bool:
 
 def needs_strategy(checkpoint: str) -> bool:
     """Whether ``checkpoint`` is a folder of several ``rank_<r>`` folders (a sliced model)."""
-    return os.path.isdir(checkpoint) and len(layout_dir.rank_dirs(checkpoint)) > 1
+    return os.path.isdir(checkpoint) and len(rank_dirs.rank_dirs(checkpoint)) > 1
 
 
 def find_source_strategy(checkpoint: str | None, flag: str, notes: list[str]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from reshard.errors import FormatError, UsageError
-from reshard.formats import hf_index, layout_dir, registry
+from reshard.formats import hf_index, rank_dirs, registry
 from reshard.formats.ckpt import probe_ckpt
 from reshard.plan import SourceFile
 from reshard.sources.files import source_file
@@ -57,7 +57,7 @@ def _single(path: str, options: ReadOptions | None, name: str) -> OpenedModel:
     single = full_model_file(path)
     if single is None:  # detect said otherwise: the registry asked the wrong kind
         raise UsageError(f"not {name}", path)
-    return single_file_model(name, path, layout_dir.detect_format(single), source_file(single, 0, options))
+    return single_file_model(name, path, rank_dirs.detect_format(single), source_file(single, 0, options))
 
 
 class FullFile:

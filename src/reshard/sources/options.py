@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reshard.errors import UsageError
-from reshard.formats import layout_dir, registry
+from reshard.formats import rank_dirs, registry
 
 
 @dataclass(frozen=True)
@@ -48,11 +48,11 @@ def source_choice(
             raise UsageError(
                 f"this operation reads .{fmt} files; the source format {options.src_format} does not apply"
             )
-    if options.pick is not None and options.pick not in layout_dir.PICKS:
-        raise UsageError(f"unknown pick rule {options.pick!r} (choose {' or '.join(layout_dir.PICKS)})")
+    if options.pick is not None and options.pick not in rank_dirs.PICKS:
+        raise UsageError(f"unknown pick rule {options.pick!r} (choose {' or '.join(rank_dirs.PICKS)})")
     return (
         fmt or options.src_format,
-        rule or layout_dir.PICKS.get(options.pick or ""),
+        rule or rank_dirs.PICKS.get(options.pick or ""),
         file_suffix or options.file_suffix,
     )
 

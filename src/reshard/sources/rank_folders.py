@@ -1,7 +1,7 @@
 """Distributed checkpoints as MindSpore saves them: ``rank_<r>`` folders, and one such folder alone.
 
 The file layout itself (folder names, which of several checkpoints a rank uses) is
-``reshard.formats.layout_dir``'s; this module turns it into planning facts and says which file of
+``reshard.formats.rank_dirs``'s; this module turns it into planning facts and says which file of
 each folder was used and which were passed over.
 """
 
@@ -11,7 +11,7 @@ import os
 import re
 
 from reshard.errors import UsageError
-from reshard.formats import layout_dir, registry
+from reshard.formats import rank_dirs, registry
 from reshard.plan import SourceFile
 from reshard.sources.files import source_file, source_files
 from reshard.sources.kind import FULL, SHARDED, OpenedModel, OpenedRanks, Traits, single_file_model
@@ -35,25 +35,25 @@ def rank_sources(
     ``file_suffix``; a note names the file used, the rule that chose it and the files passed over.
     """
     # ``auto`` is a ReadOptions (CLI) choice; an explicit file_suffix argument is MindSpore's literal suffix
-    auto = file_suffix is None and options is not None and options.file_suffix == layout_dir.AUTO_SUFFIX
+    auto = file_suffix is None and options is not None and options.file_suffix == rank_dirs.AUTO_SUFFIX
     fmt, rule, file_suffix = source_choice(fmt, rule, file_suffix, options)
     check_rank_folders(model_dir)
     if auto:
         file_suffix = _auto_suffix(model_dir, notes)
-    fmt, chosen = layout_dir.collect_rank_files(model_dir, fmt, rule, file_suffix, listing_order)
-    rule = rule or layout_dir.default_rule(fmt)
+    fmt, chosen = rank_dirs.collect_rank_files(model_dir, fmt, rule, file_suffix, listing_order)
+    rule = rule or rank_dirs.default_rule(fmt)
     if notes is not None:
         for picked in chosen.values():
             if picked.ignored:
                 ignored = ", ".join(os.path.basename(p) for p in picked.ignored)
-                why = f"the one ending in {file_suffix}" if file_suffix else layout_dir.RULE_TEXT[rule]
+                why = f"the one ending in {file_suffix}" if file_suffix else rank_dirs.RULE_TEXT[rule]
                 notes.append(f"rank {picked.rank}: using {os.path.basename(picked.path)} ({why}), ignoring {ignored}")
     return fmt, source_files({r: p.path for r, p in chosen.items()}, options)
 
 
 def _auto_suffix(model_dir: str, notes: list[str] | None) -> str:
     """``--file-suffix auto``: the newest step every rank folder holds, said in a note."""
-    suffix, text = layout_dir.newest_common_suffix(model_dir)
+    suffix, text = rank_dirs.newest_common_suffix(model_dir)
     if notes is not None:
         notes.append(text)
     return suffix
@@ -63,8 +63,8 @@ def check_rank_folders(model_dir: str) -> None:
     """An empty ``rank_<r>`` folder inside a rank-folder tree is said plainly (it is no rank's checkpoint)."""
     if not os.path.isdir(model_dir):
         return
-    for rank, folder in layout_dir.rank_dirs(model_dir).items():
-        if not any(layout_dir.files_in(folder, f) for f in registry.names()):
+    for rank, folder in rank_dirs.rank_dirs(model_dir).items():
+        if not any(rank_dirs.files_in(folder, f) for f in registry.names()):
             raise UsageError(f"rank {rank}'s folder is empty (no {registry.listed()} file)", folder)
 
 
@@ -78,19 +78,19 @@ def chosen_names(folder: str, fmt: str, choose: ReadOptions, notes: list[str] | 
     if not (choose.file_suffix or choose.pick):
         return sorted(os.listdir(folder))
     _, rule, suffix = source_choice(None, None, None, choose)
-    if suffix == layout_dir.AUTO_SUFFIX:  # across the rank* folders beside this one (convert)
+    if suffix == rank_dirs.AUTO_SUFFIX:  # across the rank* folders beside this one (convert)
         parent = os.path.dirname(os.path.abspath(folder))
         siblings = {i: os.path.join(parent, name) for i, name in enumerate(rank_subfolders(parent))}
-        suffix, text = layout_dir.newest_common_suffix(parent, siblings)
+        suffix, text = rank_dirs.newest_common_suffix(parent, siblings)
         if notes is not None and text not in notes:
             notes.append(text)
-    files = layout_dir.files_in(folder, fmt)
+    files = rank_dirs.files_in(folder, fmt)
     if not files and not suffix:
         return []
-    chosen = layout_dir.choose_file(folder, files, fmt, rule or "name", suffix)
+    chosen = rank_dirs.choose_file(folder, files, fmt, rule or "name", suffix)
     ignored = [os.path.basename(p) for p in files if p != chosen]
     if ignored and notes is not None:
-        why = f"the one ending in {suffix}" if suffix else layout_dir.RULE_TEXT[rule or "name"]
+        why = f"the one ending in {suffix}" if suffix else rank_dirs.RULE_TEXT[rule or "name"]
         notes.append(
             f"{os.path.basename(folder)}: using {os.path.basename(chosen)} ({why}), ignoring {', '.join(ignored)}"
         )
@@ -99,7 +99,7 @@ def chosen_names(folder: str, fmt: str, choose: ReadOptions, notes: list[str] | 
 
 def checkpoints_in(folder: str) -> list[str]:
     """The checkpoint files (``.ckpt``, ``.safetensors``, any registered format's) directly in ``folder``."""
-    return [f for fmt in registry.names() for f in layout_dir.files_in(folder, fmt)]
+    return [f for fmt in registry.names() for f in rank_dirs.files_in(folder, fmt)]
 
 
 class RankFolders:
@@ -147,7 +147,7 @@ class OneRankFolder:
         single = self.single(path)
         if single is None:
             raise UsageError(self.refusal(path), path)
-        fmt = layout_dir.detect_format(single)
+        fmt = rank_dirs.detect_format(single)
         return single_file_model(self.name, path, fmt, source_file(single, 0, options))
 
 

@@ -33,7 +33,7 @@ def add(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from reshard import inspect as inspect_mod
+    from reshard import inspection as inspect_mod
 
     inspect_mod.main(args.path, as_json=args.json, strategy=args.strategy, read=READ.options(args), params=args.params)
 

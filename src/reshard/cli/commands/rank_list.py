@@ -76,16 +76,13 @@ def _source_layouts(args: argparse.Namespace, notes: list[str]) -> Any:
         if args.read_iteration is not None:
             raise UsageError("--src-iteration applies to a MindFormers Checkpoint 2.0 given with --src")
         return source_strategy(None, args.src_strategy, "--src-strategy", args.quiet)
-    from reshard.sources import CHECKPOINT2, identify
-    from reshard.sources.checkpoint2 import check_iteration
+    from reshard.sources import resolve
 
-    kind = identify(args.src)
-    check_iteration(args.src, kind, READ.options(args))
-    if kind is not CHECKPOINT2:
+    read = READ.options(args)
+    kind = resolve(args.src, strategy=args.src_strategy, read=read, full_takes_strategy=True)
+    if kind.traits.owns_layouts is None:
         return source_strategy(args.src, args.src_strategy, "--src-strategy", args.quiet)
-    if args.src_strategy is not None:
-        raise UsageError("a MindFormers Checkpoint 2.0 carries its layouts in metadata.json: give no source strategy")
-    return CHECKPOINT2.open(args.src, READ.options(args), notes).strategy
+    return kind.open(args.src, read, notes).strategy
 
 
 def _print_rank_files(args: argparse.Namespace, dst_sf: Any, notes: list[str]) -> None:

@@ -165,10 +165,12 @@ def run(args: argparse.Namespace) -> None:
 
 def _source_from_nodes(src: str, run_options: Any, read: Any) -> tuple[str, Any]:
     """``--placement``: plan from a header-only copy of the source made from the nodes (none need be here)."""
-    from reshard.execute.ray import RayOptions, source_from_nodes
+    from reshard.execute.options import RayOptions
 
     if not isinstance(run_options, RayOptions) or run_options.placement is None:
         return src, run_options
+    from reshard.execute.ray import source_from_nodes  # only for a Ray run: a local one never imports it
+
     return source_from_nodes(src, run_options, read)
 
 

@@ -27,10 +27,10 @@ from typing import Any
 
 from reshard import layout
 from reshard.errors import UsageError
-from reshard.formats import layout_dir, registry
+from reshard.formats import rank_dirs, registry
 from reshard.formats.strategy import StrategyFile, load_strategy
 from reshard.layout import STAGE_SEPARATOR, ParamLayout, device_num, layout_map, stage_count
-from reshard.plan import quantized
+from reshard.plan import quantized_view as quantized
 from reshard.sources import (
     CHECKPOINT2,
     HUGGING_FACE,
@@ -166,7 +166,7 @@ def _file_info(path: str, sf: StrategyFile | None, read: Any, ignored: tuple[str
     rows = checkpoint_rows(path, sf, rank, read)
     info = {
         "kind": "checkpoint",
-        "format": layout_dir.detect_format(path),
+        "format": rank_dirs.detect_format(path),
         "path": path,
         "tensors": rows,
         "bytes": sum(r["bytes"] for r in rows),
@@ -179,7 +179,7 @@ def _file_info(path: str, sf: StrategyFile | None, read: Any, ignored: tuple[str
 
 
 def _distributed_info(path: str, sf: StrategyFile | None, read: Any) -> dict[str, Any]:
-    fmt, chosen = layout_dir.collect_rank_files(path)
+    fmt, chosen = rank_dirs.collect_rank_files(path)
     sources = {rank: source_file(p.path, rank, _read_for(p.path, read)) for rank, p in chosen.items()}
     ranks = {}
     for rank, picked in chosen.items():
@@ -224,12 +224,12 @@ def agreement(sources: dict[int, Any], sf: StrategyFile, read: Any = None) -> di
 
 def _rank_folder_info(path: str, sf: StrategyFile | None, read: Any) -> dict[str, Any]:
     """One ``rank_<r>`` folder: the file MindSpore's rule picks for its format, as that rank."""
-    fmts = [fmt for fmt in registry.names() if layout_dir.files_in(path, fmt)]
+    fmts = [fmt for fmt in registry.names() if rank_dirs.files_in(path, fmt)]
     if len(fmts) > 1:
         first, second = (registry.suffix(f) for f in fmts[:2])
         raise UsageError(f"the rank folder holds both {first} and {second} files; inspect one of them", path)
     fmt = fmts[0]
-    picked = layout_dir.pick_file(path, fmt, layout_dir.default_rule(fmt))
+    picked = rank_dirs.pick_file(path, fmt, rank_dirs.default_rule(fmt))
     assert picked is not None  # the registry recognised a rank folder holding checkpoints
     return _file_info(picked.path, sf, read, picked.ignored)
 
