@@ -126,6 +126,15 @@ def test_cut_moves_the_source_start_along_permuted_axes() -> None:
     assert (c.src_start, c.dst_start, c.lengths, c.whole_source) == ((3, 2), (0, 0), (2, 3), False)
 
 
+def test_an_empty_tensor_is_one_empty_chunk(tmp_path: Path) -> None:
+    from reshard.formats.safetensors import save_safetensors
+
+    save_safetensors(str(tmp_path / "m.safetensors"), {"e": np.zeros((0, 4), np.float32), "w": np.ones(3, np.float32)})
+    api.transform(str(tmp_path / "m.safetensors"), str(tmp_path / "d"), None, None, output=DCP)
+    meta = dcp.read_dcp_metadata(str(tmp_path / "d"))
+    assert [(c.offsets, c.sizes) for c in meta.tensors["e"].chunks] == [((0, 0), (0, 4))]
+
+
 def test_plan_prints_the_data_files_and_metadata(job: dict[str, str], tmp_path: Path) -> None:
     proc = run_cli("plan", job["r8"], str(tmp_path / "p"), "--src-strategy", job["s8"], "--output-format", "dcp")
     assert proc.returncode == 0, proc.stderr

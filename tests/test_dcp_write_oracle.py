@@ -2,7 +2,7 @@
 
 Every ``--output-format dcp`` output (rank folders' own slices; a ``--dtype bf16`` cast; a full model
 cut into 3 row parts; ``split`` into a 4-rank strategy's boxes; ``convert --to dcp``; a model with
-int64 and 0-d tensors; a ``--preset llama`` model map, against the same map's safetensors) is loaded
+int64, 0-d and empty tensors; a ``--preset llama`` model map, against the same map's safetensors) is loaded
 by torch 2.13 (its own venv, ``scripts/torch_env.sh``) alone, and into 3 gloo ranks' DTensors
 sharded ``Shard(0)`` and ``Shard(1)`` (another world size and sharding than the one written), then
 gathered: each tensor must equal the source's bytes.
@@ -31,6 +31,7 @@ def _int64_model(path: Path) -> dict[str, np.ndarray]:
         "ids": rng.integers(-(2**62), 2**62, size=(7, 5), dtype=np.int64),
         "weight": rng.standard_normal((5, 3)).astype(np.float32),
         "step": np.array(12345678901, dtype=np.int64),
+        "empty": np.zeros((0, 4), dtype=np.float32),
     }
     save_safetensors(str(path), tensors)
     return tensors

@@ -144,7 +144,7 @@ def dcp_plan(full: Plan, folder: str, chunking: Chunking, notes: list[str] | Non
             continue
         dtypes.torch_name(t.dtype)
         shapes[t.name] = (t.dtype, t.shape)
-        for rank, box in placements(t, chunking, ranks):
+        for rank, box in placements(t, chunking, ranks) or [(0, whole_box(t.shape))]:  # an empty tensor: one chunk
             by_rank.setdefault(rank, []).append(cut(t, box, dcp.chunk_name(t.name, tuple(a for a, _ in box))))
     if strings and notes is not None:
         listed = ", ".join(strings)
