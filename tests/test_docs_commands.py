@@ -26,6 +26,7 @@ RUN = {  # page -> the part of it whose blocks run (None: all of it)
     "ray.md": None,
     "python-api.md": None,
     "low-precision.md": "## 8. Try it",
+    "pytorch.md": "## Writing",
 }
 ELSEWHERE = {
     "job-start.md": "tests/test_auto_job_start_page.py runs its wrapper on 4 ranks",
@@ -113,6 +114,14 @@ def test_python_api(demo_root: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "py_hf" / "hyper_param.safetensors").exists()  # weights only
     assert len(list((tmp_path / "py_enc_4ranks").glob("rank_*/*.ckpt"))) == 4
     assert sorted(p.name for p in (tmp_path / "ms_4ranks").iterdir() if p.is_dir()) == [f"rank_{r}" for r in range(4)]
+
+
+def test_pytorch_writing(demo_root: Path, tmp_path: Path) -> None:
+    out = _run_page("pytorch.md", demo_root, tmp_path)
+    for folder in ("dcp_8ranks", "dcp_rows3", "dcp_split4", "dcp_full", "dcp_bf16"):
+        assert (tmp_path / folder / ".metadata").is_file(), folder
+    assert len(list((tmp_path / "dcp_rows3").glob("__*_0.distcp"))) == 3
+    assert "BFloat16 (128, 128)" in out and "__0_0.distcp" in out
 
 
 def test_low_precision_try_it(demo_root: Path, tmp_path: Path) -> None:

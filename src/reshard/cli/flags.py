@@ -298,14 +298,15 @@ class OutputFlags:
         prefix: bool = False,
         hf: bool = True,
         checkpoint2: bool = False,
+        dcp_ranks: bool = False,
     ) -> None:
         self.formats, self.default, self.format_help, self.to = tuple(formats), default, format_help, to
-        self.prefix, self.hf, self.checkpoint2 = prefix, hf, checkpoint2
+        self.prefix, self.hf, self.checkpoint2, self.dcp_ranks = prefix, hf, checkpoint2, dcp_ranks
 
     def add(self, parser: argparse.ArgumentParser) -> None:
         g = section(parser, "output")
         if self.to:
-            flag(g, "--to", required=True, choices=self.formats, help="the format to write: safetensors or ckpt")
+            flag(g, "--to", required=True, choices=self.formats, help=f"the format to write: {', '.join(self.formats)}")
         elif self.formats:
             flag(
                 g,
@@ -327,6 +328,18 @@ class OutputFlags:
             self._add_hf_flags(g)
         if self.checkpoint2:
             self._add_checkpoint2_flags(g)
+        if self.dcp_ranks:
+            from reshard.cli.values import positive_int
+
+            flag(
+                g,
+                "--dcp-ranks",
+                dest="dcp_ranks",
+                metavar="N",
+                type=positive_int,
+                help="with --output-format dcp: N data files, dim 0 of every tensor cut as torch.chunk does "
+                "(default: rank folders' own slices, a --dst-strategy's rank boxes, or 1 for a full model)",
+            )
 
     def _add_hf_flags(self, g: Any) -> None:
         flag(g, "--hf", action="store_true", help=HF_HELP)
@@ -410,6 +423,8 @@ class OutputFlags:
         spec = OutputSpec(format=fmt, max_shard_size=args.max_shard_size if self.hf else None)
         if self.prefix:
             spec = _replace(spec, prefix=args.prefix)
+        if self.dcp_ranks:
+            spec = _replace(spec, dcp_ranks=args.dcp_ranks)
         if self.checkpoint2:
             common = _load_common(args.common_json) if args.common_json else None
             spec = _replace(

@@ -407,13 +407,12 @@ def run_file(
 
     def finish(fd: int, lay: ByteLayout) -> None:
         nonlocal checksum
-        if write.write_crc:
-            try:
-                fmt.finish(fd, lay, write.write_crc)
-            except BaseException:
-                if hasher is not None:
-                    hasher.abandon()
-                raise
+        try:  # every format's last step (a .ckpt's crc trailer only with write_crc; a .distcp's ZIP CRCs always)
+            fmt.finish(fd, lay, write.write_crc)
+        except BaseException:
+            if hasher is not None:
+                hasher.abandon()
+            raise
         if hasher is not None:  # the trailer is in the file now: hash up to its real end
             checksum = hasher.result(os.fstat(fd).st_size)
 

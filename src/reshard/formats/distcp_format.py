@@ -1,48 +1,90 @@
-"""The ``distcp`` byte format: one data file of a PyTorch DCP folder (``__<rank>_<k>.distcp``).
+"""A PyTorch DCP data file (``__<rank>_<k>.distcp``) as a ``formats.protocol.Format``.
 
-Reading a ``.distcp`` file is indexing it by its folder's ``.metadata`` (``formats.dcp.open_distcp``):
-each chunk is a zero-copy tensor named ``chunk_name(fqn, offsets)``, whichever serialization
-(torch.save ZIP members or safetensors blobs) holds it. Registering it as a format is what lets the
-executors (local and Ray: they open every source through ``formats.registry``) read chunk bytes as
-they read any checkpoint's. Writing ``.distcp`` files belongs to ``--output-format dcp`` (a DCP
-folder with its ``.metadata``), not to a single file of this format, so the writer steps refuse.
+Why a format of its own: the executors write every output through ``registry.get(file.format)``'s
+``layout`` and ``finish``, so a plan that writes a DCP checkpoint is plain ``FilePlan`` s of format
+``"distcp"`` whose tensors are the chunks (``reshard.plan.dcp``), and every executor, the journal,
+``--resume`` and the manifest handle them as any other output. A chunk's tensor name says what the
+layout needs besides its dtype and shape: ``dcp.chunk_name(fqn, offsets)``. ``layout`` lays the
+chunks out as torch.save archives (``dcp.distcp_layout``, every byte position fixed before any data)
+and ``finish`` patches each archive's CRC-32s once its data is in place (always: they are part of
+the ZIP records, not an optional trailer). The ``.metadata`` that makes the files a checkpoint is
+written by the plan as its last output, after every data file.
+
+Reading is indexing a data file by its folder's ``.metadata`` (``dcp.open_distcp``: each chunk a
+zero-copy tensor named ``chunk_name(fqn, offsets)``, whichever serialization holds it), so the
+executors (local and Ray) read chunk bytes as they read any checkpoint's. Encryption: DCP has none
+(refused).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
-from reshard.errors import UnsupportedError
-from reshard.formats.base import ByteLayout, TensorIndex, TensorSpec
-from reshard.formats.protocol import Fill
+from reshard.errors import UnsupportedError, UsageError
+from reshard.formats import dcp
+from reshard.formats.base import ByteLayout, Segment, TensorIndex, TensorSpec
 
-_NO_WRITE = "writing .distcp files: use --output-format dcp"
+NAME = "distcp"
+
+
+@dataclass(frozen=True)
+class DistcpByteLayout(ByteLayout):
+    """A ``ByteLayout`` that also knows where each archive's CRC-32 fields are (``finish`` fills them)."""
+
+    crc_fields: tuple[tuple[Segment, tuple[int, ...]], ...] = ()
+
+
+def parse_chunk_name(name: str) -> tuple[str, tuple[int, ...]]:
+    """``fqn@o0,o1,...`` (``dcp.chunk_name``) -> (fqn, offsets); a name without ``@`` is refused."""
+    fqn, at, text = name.rpartition("@")
+    if not at:
+        raise UsageError(f"{name!r} is not a DCP chunk name (fqn@offsets)")
+    try:
+        offsets = tuple(int(v) for v in text.split(",")) if text else ()
+    except ValueError:
+        raise UsageError(f"{name!r} is not a DCP chunk name (fqn@offsets)") from None
+    return fqn, offsets
+
+
+def chunk_spec(spec: TensorSpec) -> dcp.ChunkSpec:
+    """The chunk a planned tensor is: its fqn and offsets from its name, its sizes from its shape."""
+    fqn, offsets = parse_chunk_name(spec.name)
+    if len(offsets) != len(spec.shape):
+        raise UsageError(f"chunk {spec.name!r}: {len(offsets)} offsets for a {len(spec.shape)}-dim shape")
+    reach = tuple(o + s for o, s in zip(offsets, spec.shape, strict=True))  # the global shape is the metadata's
+    return dcp.ChunkSpec(fqn, spec.dtype, reach, offsets, tuple(spec.shape))
 
 
 class DistcpFormat:
-    """The data files of a DCP checkpoint, read through their folder's ``.metadata``."""
+    """``.distcp`` data files in torch's ``torch_save`` serialization; no encryption."""
 
-    name: str = "distcp"
-    suffixes: tuple[str, ...] = (".distcp",)
-    encrypts: bool = False
+    name = NAME
+    suffixes: tuple[str, ...] = (dcp.DATA_SUFFIX,)
+    encrypts = False
 
     def read(
         self, path: str, *, verify_crc: bool = True, dec_key: bytes | None = None, dec_mode: str = "AES-GCM"
     ) -> TensorIndex:
-        from reshard.formats.dcp import open_distcp
-
-        return open_distcp(path)
+        return dcp.open_distcp(path)  # chunks named dcp.chunk_name, found through the folder's .metadata
 
     def layout(self, specs: Sequence[TensorSpec], metadata: Mapping[str, str], chunk_bytes: int) -> ByteLayout:
-        raise UnsupportedError(_NO_WRITE)
+        planned = dcp.distcp_layout("data.distcp", [chunk_spec(s) for s in specs])
+        lay = planned.layout
+        return DistcpByteLayout(lay.size, lay.framing, lay.placements, lay.order, planned.crc_fields)
 
     def finish(self, fd: int, layout: ByteLayout, write_crc: bool) -> None:
-        raise UnsupportedError(_NO_WRITE)
+        if not isinstance(layout, DistcpByteLayout):
+            raise UsageError("a .distcp file is finished from its own layout")
+        planned = dcp.DistcpLayout("data.distcp", layout, (), (), layout.crc_fields)
+        dcp.distcp_finish(planned)(fd, layout)
 
-    def write_encrypted(self, path: str, layout: ByteLayout, fill: Fill, key: bytes, mode: str) -> None:
-        raise UnsupportedError(_NO_WRITE)
+    def write_encrypted(
+        self, path: str, layout: ByteLayout, fill: Callable[[int, ByteLayout], None], key: bytes, mode: str
+    ) -> None:
+        raise UnsupportedError("PyTorch DCP checkpoints cannot be encrypted", path)
 
 
 DISTCP = DistcpFormat()
 
-__all__ = ["DISTCP", "DistcpFormat"]
+__all__ = ["DISTCP", "NAME", "DistcpByteLayout", "DistcpFormat", "chunk_spec", "parse_chunk_name"]

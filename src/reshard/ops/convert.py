@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from reshard.errors import UsageError
 from reshard.execute.options import RunOptions, WriteOptions
+from reshard.ops import dcp_output
 from reshard.ops.options import Destination, OutputSpec, TensorOptions, shard_bytes
 from reshard.ops.pairs import convert_targets, holds_only_ckpt
 from reshard.ops.recrypt import recrypt
@@ -34,7 +35,7 @@ from reshard.sources import (
     source_file,
 )
 
-FORMATS = ("ckpt", "safetensors", "hf")  # what convert writes
+FORMATS = ("ckpt", "safetensors", "hf", "dcp")  # what convert writes
 
 
 def convert(
@@ -64,8 +65,8 @@ def convert(
     Args:
         src: A checkpoint file, or a folder of ``rank*`` folders.
         dst: The output folder (None: next to the inputs; rank folders only without a manifest).
-        to: The output format, ``"ckpt"`` or ``"safetensors"``, or an ``OutputSpec`` (``format="hf"``
-            with its ``max_shard_size``).
+        to: The output format, ``"ckpt"``, ``"safetensors"`` or ``"dcp"`` (one full checkpoint as a
+            one-file PyTorch DCP checkpoint), or an ``OutputSpec`` (``format="hf"`` with its ``max_shard_size``).
         name_map: Output name -> source name (None: names kept).
         file_regex: Only inputs whose name matches (None: all).
         destination: How ``dst`` is treated (``Destination``: overwrite, resume, dry run, manifest).
@@ -97,7 +98,9 @@ def convert(
     """
     output = to if isinstance(to, OutputSpec) else OutputSpec(format=to)
     if output.format not in FORMATS:
-        raise UsageError(f"--to must be ckpt or safetensors, not {output.format!r}")
+        raise UsageError(f"--to must be ckpt, safetensors or dcp, not {output.format!r}")
+    if output.format == dcp_output.FORMAT:
+        return _to_dcp(src, dst, output, name_map, file_regex, destination, tensors, read, write, run)
     fmt = "safetensors" if output.format == "hf" else output.format
     shard_size = shard_bytes(output)
     where = destination or Destination()
@@ -122,6 +125,37 @@ def convert(
     root = dst if dst else (src if os.path.isdir(src) else os.path.dirname(os.path.abspath(src)))
     target = Target(root, [given, src]) if dst else Target(root, check=lambda: _check_beside(src, plan, where))
     return run_plan(plan, target, where, read, write, run, notes, pipeline.report)
+
+
+def _to_dcp(
+    src: str,
+    dst: str | None,
+    output: OutputSpec,
+    name_map: Mapping[str, str] | None,
+    file_regex: str | None,
+    destination: Destination | None,
+    tensors: TensorOptions | None,
+    read: ReadOptions | None,
+    write: WriteOptions | None,
+    run: RunOptions | None,
+) -> Report:
+    """A full model (one checkpoint file) as a one-file PyTorch DCP checkpoint in ``dst``: transform's DCP output."""
+    from reshard.ops.transform import transform
+
+    dcp_output.check_options(output, write)
+    if dst is None:
+        raise UsageError("a DCP checkpoint is a folder: give a destination")
+    if name_map is not None or file_regex is not None:
+        raise UsageError("convert --to dcp converts one full checkpoint: no name map or file pattern (use --rename)")
+    full = _convert_source(src)
+    if os.path.isdir(full) and kind_of(full) is RANK_FOLDERS:
+        raise UsageError(
+            "convert --to dcp converts one full checkpoint file; for rank folders use "
+            "reshard transform SRC DST --src-strategy S --output-format dcp",
+            src,
+        )
+    spec = OutputSpec(format=dcp_output.FORMAT, dcp_ranks=output.dcp_ranks or 1)
+    return transform(full, dst, output=spec, destination=destination, tensors=tensors, read=read, write=write, run=run)
 
 
 def _check_recrypt(src: str, pipeline: TensorPipeline) -> None:

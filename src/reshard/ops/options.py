@@ -27,8 +27,9 @@ if TYPE_CHECKING:
     from reshard.plan.quantized import Precision
 
 # The output formats an operation can be asked for. "hf" is safetensors laid out as a Hugging Face
-# model folder (shards + index); "checkpoint2" is MindFormers 2.x's Checkpoint 2.0.
-OUTPUT_FORMATS = ("ckpt", "safetensors", "hf", "checkpoint2")
+# model folder (shards + index); "checkpoint2" is MindFormers 2.x's Checkpoint 2.0; "dcp" a PyTorch
+# Distributed Checkpoint folder (``__<r>_0.distcp`` data files, ``.metadata`` last: ``ops.dcp_output``).
+OUTPUT_FORMATS = ("ckpt", "safetensors", "hf", "checkpoint2", "dcp")
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,9 @@ class OutputSpec:
     ``prefix``: output file name prefix (MindSpore's ``dst_checkpoint_prefix``). ``max_shard_size``:
     Hugging Face shard size (``hf`` only; bytes or text such as ``"5GB"``). ``iteration``, ``common``
     and ``optimizer_prefixes``: a Checkpoint 2.0 output's iteration folder, the ``common.json``
-    content and the names that go to its optimizer files (``checkpoint2`` only).
+    content and the names that go to its optimizer files (``checkpoint2`` only). ``dcp_ranks``: a
+    ``dcp`` output's data files, dim 0 cut into that many even parts (None: the source slices of rank
+    folders, the destination strategy's boxes, or 1).
     """
 
     format: str | None = None
@@ -47,6 +50,7 @@ class OutputSpec:
     iteration: int | None = None
     common: Mapping[str, object] | None = None
     optimizer_prefixes: Sequence[str] = ()
+    dcp_ranks: int | None = None
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,16 @@ from collections.abc import Mapping, Sequence
 from reshard.errors import UsageError
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats.strategy import StrategyFile
+from reshard.ops import dcp_output
 from reshard.ops.options import Destination, OutputSpec, TensorOptions, output_format
 from reshard.ops.run import Report, Target, folder_superseded, run_plan
 from reshard.ops.tensors import Inputs, TensorPipeline
-from reshard.plan import plan_split
-from reshard.sources import model_folder, unified_index
+from reshard.plan import Plan, plan_split, plan_transform_full
+from reshard.plan.dcp import StrategyBoxes
+from reshard.sources import HYPER_NAME, model_folder, unified_index
 from reshard.sources import strategy as _strategy
 
-FORMATS = ("safetensors", "ckpt")  # what split writes (the first is its default)
+FORMATS = ("safetensors", "ckpt", "dcp")  # what split writes (the first is its default)
 
 
 def split(
@@ -45,7 +47,8 @@ def split(
         dst_strategy: The destination strategy, a path or a ``StrategyFile``.
         dst_dir: The output folder.
         ranks: Only these destination ranks (None: all).
-        output: ``OutputSpec(format="safetensors")`` (the default, None) or ``format="ckpt"``.
+        output: ``OutputSpec(format="safetensors")`` (the default, None), ``format="ckpt"``, or ``format="dcp"``
+            (a PyTorch DCP checkpoint of the strategy's distinct rank boxes, ``.metadata`` last).
         name_map: Output name -> name in the unified model (None: names kept).
         destination: How ``dst_dir`` is treated (``Destination``: overwrite, resume, dry run, manifest).
         tensors: Filters, maps (applied to the full model first, so the strategy names its outputs),
@@ -70,6 +73,7 @@ def split(
         api.split("unified", "demo/strategy_4", "st_4ranks", ranks=[0, 1])
     """
     fmt = output_format(output, FORMATS, "split") or FORMATS[0]
+    dcp_output.check_options(output, write, strategy_given=True)
     pipeline = TensorPipeline(tensors, unified_dir)
     files, mapping, hyper = unified_index(unified_dir, name_map)
     notes: list[str] = []
@@ -78,11 +82,30 @@ def split(
         raise UsageError("split needs the destination strategy")
     inputs = pipeline.apply(Inputs(files, mapping, hyper), notes, whole=True)
     paired = pipeline.paired_destination(sf, inputs, notes) or sf  # each FP8 scale laid out as its weight
+    where = destination or Destination()
+    if fmt == dcp_output.FORMAT:
+        plan = _dcp_plan(inputs, paired, dst_dir, ranks, notes)
+        plan = dcp_output.as_dcp(pipeline.finish(plan, notes), dst_dir, StrategyBoxes(paired), notes)
+        stale = dcp_output.superseded(dst_dir, where.overwrite, where.resume)
+        target = Target(dst_dir, [model_folder(unified_dir)], superseded=stale)
+        return run_plan(plan, target, where, None, write, run, notes, pipeline.report)
     plan = plan_split(inputs.files, inputs.mapping or {}, inputs.hyper, paired, dst_dir, fmt, ranks, name_map)
     plan = pipeline.finish(inputs.resolve(plan), notes)
-    where = destination or Destination()
     target = Target(dst_dir, [model_folder(unified_dir)], superseded=folder_superseded(dst_dir, sf, where))
     return run_plan(plan, target, where, None, write, run, notes, pipeline.report)
+
+
+def _dcp_plan(
+    inputs: Inputs, strategy: StrategyFile, dst_dir: str, ranks: Sequence[int] | None, notes: list[str]
+) -> Plan:
+    """The full tensors ``--output-format dcp`` cuts into the strategy's rank boxes (the hyper-parameters too)."""
+    if ranks is not None:
+        raise UsageError("a DCP checkpoint is written whole: give no destination ranks")
+    files, mapping = dict(inputs.files), dict(inputs.mapping or {})
+    if inputs.hyper is not None:
+        files[HYPER_NAME] = inputs.hyper
+        mapping.update({n: HYPER_NAME for n in inputs.hyper.tensors if n not in mapping})
+    return inputs.resolve(plan_transform_full(files, mapping, None, dst_dir, "", "safetensors"))
 
 
 __all__ = ["FORMATS", "split"]

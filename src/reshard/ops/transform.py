@@ -22,7 +22,7 @@ from reshard.formats import checkpoint2, rank_dirs
 from reshard.formats.strategy import StrategyFile
 from reshard.layout import LayoutTable
 from reshard.ops import checkpoint2 as _cp2
-from reshard.ops import chunked
+from reshard.ops import chunked, dcp_output
 from reshard.ops.options import Destination, OutputSpec, TensorOptions, output_format, shard_bytes
 from reshard.ops.run import Report, Target, folder_superseded, run_plan, strategy_paths
 from reshard.ops.tensors import Inputs, TensorPipeline, check_copies, plan_tensors, training_state_note
@@ -47,7 +47,7 @@ from reshard.sources import (
 from reshard.sources import strategy as _strategy
 from reshard.sources.dcp import DCP
 
-FORMATS = ("ckpt", "safetensors", "hf", "checkpoint2")  # what transform writes
+FORMATS = ("ckpt", "safetensors", "hf", "checkpoint2", "dcp")  # what transform writes
 
 
 @dataclass
@@ -68,6 +68,7 @@ class _Job:
     pipeline: TensorPipeline
     kind: Kind
     shard_size: int | None  # Hugging Face output's shard size (None: not Hugging Face)
+    dcp_out: bool = False  # a PyTorch DCP checkpoint: full tensors planned, then re-cut as chunks
 
 
 def transform(
@@ -93,7 +94,9 @@ def transform(
     files or folders of per-stage files (merged in memory). ``OutputSpec(format="hf")`` writes the full
     model (no ``dst_strategy``) as Hugging Face shards plus ``model.safetensors.index.json``;
     ``format="checkpoint2"`` a Checkpoint 2.0 (``iteration_{n:08d}/``, ``metadata.json``,
-    ``common.json``, the tracker last; docs/formats.md §10).
+    ``common.json``, the tracker last; docs/formats.md §10); ``format="dcp"`` a PyTorch DCP checkpoint
+    (``__<r>_0.distcp`` files, ``.metadata`` last: rank folders' own slices as chunks, a ``dst_strategy``'s
+    rank boxes, or ``OutputSpec.dcp_ranks`` even row parts; docs/pytorch.md).
 
     Args:
         src: The source checkpoint (rank folders, a full file, a Hugging Face model, a Checkpoint 2.0).
@@ -101,7 +104,7 @@ def transform(
         src_strategy: The source's strategy, a path or a loaded ``StrategyFile`` (None: a full model).
         dst_strategy: The destination strategy (None: one full model in ``rank_0``).
         ranks: Only these destination ranks (None: all; multi-node runs).
-        output: What to write (``OutputSpec``: ``ckpt``, ``safetensors``, ``hf`` or ``checkpoint2``; None:
+        output: What to write (``OutputSpec``: ``ckpt``, ``safetensors``, ``hf``, ``checkpoint2`` or ``dcp``; None:
             the source's format, safetensors from a Hugging Face model; prefix, default ``"checkpoint_"``;
             shard size; a Checkpoint 2.0's iteration, ``common.json`` values and optimizer prefixes).
         destination: How ``dst`` is treated (``Destination``: overwrite, resume, dry run, manifest).
@@ -140,6 +143,7 @@ def transform(
                                 output=api.OutputSpec(format="hf"), tensors=api.TensorOptions(dtype="bf16"))
     """
     out, where = output or OutputSpec(), destination or Destination()
+    dcp_output.check_options(out, write, strategy_given=dst_strategy is not None)
     job = _job(src, dst, src_strategy, dst_strategy, ranks, out, tensors, read)
     if job.cp2_out:
         _cp2.check_write(write)
@@ -154,6 +158,8 @@ def transform(
     sources = [model_folder(src), *strategy_paths(src_strategy, dst_strategy)]
     if job.cp2_out:
         target = Target(dst, sources, superseded=lambda p: _cp2.superseded(dst, p, where.overwrite, where.resume))
+    elif job.dcp_out:
+        target = Target(dst, sources, superseded=dcp_output.superseded(dst, where.overwrite, where.resume))
     else:
         target = Target(dst, sources, superseded=folder_superseded(dst, job.dst_sf, where))
     return run_plan(plan, target, where, read, write, run, job.notes, job.pipeline.report)
@@ -188,10 +194,15 @@ def _job(
     rule = statenames.DEFAULT.with_prefixes(out.optimizer_prefixes)
     pipeline = TensorPipeline(tensors, src, out.optimizer_prefixes)
     pipeline.defer_quantize()  # --quantize: DeepSeek's rule on the map's outputs
-    files_fmt = "safetensors" if cp2_out else None if fmt == "hf" else fmt
+    dcp_out = fmt == dcp_output.FORMAT
+    if dcp_out and ranks is not None:
+        raise UsageError("a DCP checkpoint is written whole: give no destination ranks")
+    files_fmt = "safetensors" if cp2_out or dcp_out else None if fmt == "hf" else fmt
+    plan_dst = None if dcp_out else dst_sf  # DCP: the full tensors, cut into chunks once planned
     return _Job(
-        src, dst, ranks, files_fmt, cp2_out, prefix, read, notes, dst_sf, dst_sf, rule, pipeline, kind, shard_size
-    )
+        src, dst, ranks, files_fmt, cp2_out, prefix, read, notes, dst_sf, plan_dst, rule, pipeline, kind, shard_size,
+        dcp_out,
+    )  # fmt: skip
 
 
 def _plan_chunked(job: _Job) -> tuple[Plan, None, Plan | None]:
@@ -278,7 +289,11 @@ def _finish(job: _Job, plan: Plan, src_sf: LayoutTable | None, everyone: Plan | 
     if job.shard_size is not None:
         plan = hf_sharded(plan, job.dst, job.shard_size)
         training_state_note(plan, job.notes)
-    return job.pipeline.finish(plan, job.notes, job.read)
+    plan = job.pipeline.finish(plan, job.notes, job.read)
+    if job.dcp_out:
+        how = dcp_output.chunking(out, job.dst_sf, sharded=job.kind in (RANK_FOLDERS, CHECKPOINT2))
+        plan = dcp_output.as_dcp(plan, job.dst, how, job.notes)
+    return plan
 
 
 def _source_config(src: str, kind: Kind) -> tuple[dict[str, object], str] | None:

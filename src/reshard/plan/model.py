@@ -178,10 +178,11 @@ class FilePlan:
 
 @dataclass(frozen=True)
 class TextOutput:
-    """A small text file a plan writes after its tensor files (index JSON, manifests)."""
+    """A small file a plan writes after its tensor files, in order: text (index JSON, manifests) or
+    bytes (a PyTorch DCP ``.metadata``, whose presence marks the checkpoint complete)."""
 
     path: str
-    text: str
+    text: str | bytes
 
 
 @dataclass(frozen=True)

@@ -265,6 +265,9 @@ def _rewritten_texts(texts: Sequence[TextOutput], files: Sequence[FilePlan]) -> 
 
     out = []
     for text in texts:
+        if isinstance(text.text, bytes):  # a binary output (a DCP .metadata) indexes no tensor names
+            out.append(text)
+            continue
         try:
             doc = json.loads(text.text)
         except ValueError:

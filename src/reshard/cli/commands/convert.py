@@ -29,7 +29,7 @@ from reshard.errors import UsageError
 NAME = "convert"
 KEYS = KeyFlags()
 READ = ReadFlags(KEYS, src_format=False, iteration=None)
-OUTPUT = OutputFlags(formats=("safetensors", "ckpt"), to=True)
+OUTPUT = OutputFlags(formats=("safetensors", "ckpt", "dcp"), to=True)
 DESTINATION = DestinationFlags("replace existing outputs")
 WRITE = WriteFlags(KEYS)
 RUN = RunFlags()

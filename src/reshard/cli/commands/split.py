@@ -20,7 +20,10 @@ from reshard.errors import UsageError
 NAME = "split"
 KEYS = KeyFlags(read=False)
 OUTPUT = OutputFlags(
-    formats=("ckpt", "safetensors"), default="safetensors", format_help="the format of the rank files", hf=False
+    formats=("ckpt", "safetensors", "dcp"),
+    default="safetensors",
+    format_help="the format of the rank files (dcp: a PyTorch Distributed Checkpoint of the strategy's rank boxes)",
+    hf=False,
 )
 DESTINATION = DestinationFlags("replace the files this run writes in a non-empty destination")
 WRITE = WriteFlags(KEYS)

@@ -37,11 +37,12 @@ NAME = "transform"
 KEYS = KeyFlags()
 READ = ReadFlags(KEYS, iteration="", iteration_renamed=())  # --iteration is the output's here
 OUTPUT = OutputFlags(
-    formats=("ckpt", "safetensors", "checkpoint2"),
-    format_help="ckpt or safetensors rank folders, or checkpoint2: a MindFormers 2.x Checkpoint 2.0 "
-    "(default: the source's format)",
+    formats=("ckpt", "safetensors", "checkpoint2", "dcp"),
+    format_help="ckpt or safetensors rank folders, checkpoint2: a MindFormers 2.x Checkpoint 2.0, or dcp: a "
+    "PyTorch Distributed Checkpoint (default: the source's format)",
     prefix=True,
     checkpoint2=True,
+    dcp_ranks=True,
 )
 DESTINATION = DestinationFlags("replace files in a non-empty destination")
 WRITE = WriteFlags(KEYS)
