@@ -700,6 +700,7 @@ __all__ = [
     "block_shape",
     "check_output",
     "choose_params",
+    "chunk_views",
     "matrix_scene",
     "matrix_text",
     "panel_text",
