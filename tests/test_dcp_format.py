@@ -134,7 +134,7 @@ def test_chunks_are_valid_zip_archives_as_torch_writes_them(saved: Path) -> None
 
 
 def test_zip64_records_read_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dcp, "_ZIP64_AT", 0)
+    monkeypatch.setattr(dcp.write, "_ZIP64_AT", 0)
     tensors, files, values = sample()
     meta = dcp.save_dcp(tmp_path / "z", tensors, files, values)
     chunk = meta.tensors["a"].chunks[0]
@@ -326,7 +326,7 @@ def test_a_scalar_in_two_chunks(tmp_path: Path) -> None:
 
 
 def test_overlap_found_without_the_grid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dcp, "_GRID_CELLS", 1)
+    monkeypatch.setattr(dcp.metadata, "_GRID_CELLS", 1)
     boxes_metadata(tmp_path, [((0, 0), (2, 4)), ((2, 0), (2, 2)), ((1, 1), (2, 2))])
     with pytest.raises(FormatError, match="overlaps another chunk"):
         dcp.read_dcp_metadata(tmp_path)

@@ -158,7 +158,7 @@ def reshard_made(torch_made: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     for name in FIXTURES:
         write_rechunked(torch_made / name, root / name)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(dcp, "_ZIP64_AT", 0)
+        patch.setattr(dcp.write, "_ZIP64_AT", 0)
         write_rechunked(torch_made / "dtensor", root / "dtensor_zip64")
     return root
 
