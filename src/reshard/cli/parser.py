@@ -48,7 +48,9 @@ COMMANDS = (
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: ``reshard [-V] COMMAND ...`` with every command's flags and help."""
     parser = Parser(
-        prog="reshard", description="Convert, merge, split and reshard MindSpore checkpoints.", epilog=EXIT_CODES
+        prog="reshard",
+        description="Convert, merge, split and reshard MindSpore and PyTorch DCP checkpoints.",
+        epilog=EXIT_CODES,
     )
     parser.add_argument(
         "-V", "--version", action="version", version=f"reshard {__version__}", help="print the version and exit"
