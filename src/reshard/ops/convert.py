@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from reshard.errors import UsageError
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.ops import dcp_output
-from reshard.ops.options import Destination, OutputSpec, TensorOptions, shard_bytes
+from reshard.ops.options import WRITES, Destination, OutputSpec, TensorOptions, shard_bytes
 from reshard.ops.pairs import convert_targets, holds_only_ckpt
 from reshard.ops.recrypt import recrypt
 from reshard.ops.run import Report, Target, run_plan
@@ -35,7 +35,7 @@ from reshard.sources import (
     source_file,
 )
 
-FORMATS = ("ckpt", "safetensors", "hf", "dcp")  # what convert writes
+FORMATS = WRITES["convert"]
 
 
 def convert(

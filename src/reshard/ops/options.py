@@ -30,6 +30,20 @@ if TYPE_CHECKING:
 # model folder (shards + index); "checkpoint2" is MindFormers 2.x's Checkpoint 2.0; "dcp" a PyTorch
 # Distributed Checkpoint folder (``__<r>_0.distcp`` data files, ``.metadata`` last: ``ops.dcp_output``).
 OUTPUT_FORMATS = ("ckpt", "safetensors", "hf", "checkpoint2", "dcp")
+# What each operation writes (the first: its default where it has one). The operations check an
+# ``OutputSpec.format`` against these and the command offers them (``hf`` as its own flag ``--hf``).
+WRITES: dict[str, tuple[str, ...]] = {
+    "transform": ("ckpt", "safetensors", "hf", "checkpoint2", "dcp"),
+    "split": ("safetensors", "ckpt", "dcp"),
+    "convert": ("ckpt", "safetensors", "hf", "dcp"),
+    "unify": ("safetensors", "hf"),
+    "auto-transform": ("ckpt", "safetensors"),
+}
+
+
+def format_choices(operation: str) -> tuple[str, ...]:
+    """The ``--output-format`` / ``--to`` choices of an operation: what it writes, ``hf`` aside (``--hf``)."""
+    return tuple(f for f in WRITES[operation] if f != "hf")
 
 
 @dataclass(frozen=True)
@@ -133,10 +147,12 @@ def shard_bytes(output: OutputSpec | None) -> int | None:
 
 __all__ = [
     "OUTPUT_FORMATS",
+    "WRITES",
     "Destination",
     "OutputSpec",
     "TensorOptions",
     "UnifyOptions",
+    "format_choices",
     "output_format",
     "shard_bytes",
 ]

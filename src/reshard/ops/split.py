@@ -12,7 +12,7 @@ from reshard.errors import UsageError
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats.strategy import StrategyFile
 from reshard.ops import dcp_output
-from reshard.ops.options import Destination, OutputSpec, TensorOptions, output_format
+from reshard.ops.options import WRITES, Destination, OutputSpec, TensorOptions, output_format
 from reshard.ops.run import Report, Target, folder_superseded, run_plan
 from reshard.ops.tensors import Inputs, TensorPipeline
 from reshard.plan import Plan, plan_split, plan_transform_full
@@ -20,7 +20,7 @@ from reshard.plan.dcp import StrategyBoxes
 from reshard.sources import HYPER_NAME, model_folder, unified_index
 from reshard.sources import strategy as _strategy
 
-FORMATS = ("safetensors", "ckpt", "dcp")  # what split writes (the first is its default)
+FORMATS = WRITES["split"]  # the first is its default
 
 
 def split(

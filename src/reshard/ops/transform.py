@@ -23,7 +23,7 @@ from reshard.formats.strategy import StrategyFile
 from reshard.layout import LayoutTable
 from reshard.ops import checkpoint2 as _cp2
 from reshard.ops import chunked, dcp_output
-from reshard.ops.options import Destination, OutputSpec, TensorOptions, output_format, shard_bytes
+from reshard.ops.options import WRITES, Destination, OutputSpec, TensorOptions, output_format, shard_bytes
 from reshard.ops.run import Report, Target, folder_superseded, run_plan, strategy_paths
 from reshard.ops.tensors import Inputs, TensorPipeline, check_copies, plan_tensors, training_state_note
 from reshard.plan import Plan, SourceFile, hf_sharded, plan_transform, plan_transform_full
@@ -47,7 +47,7 @@ from reshard.sources import (
 from reshard.sources import strategy as _strategy
 from reshard.sources.dcp import DCP
 
-FORMATS = ("ckpt", "safetensors", "hf", "checkpoint2", "dcp")  # what transform writes
+FORMATS = WRITES["transform"]
 
 
 @dataclass

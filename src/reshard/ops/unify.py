@@ -19,14 +19,14 @@ from reshard.formats import rank_dirs
 from reshard.formats.strategy import StrategyFile
 from reshard.ops import checkpoint2 as _cp2
 from reshard.ops import chunked
-from reshard.ops.options import Destination, OutputSpec, TensorOptions, UnifyOptions, output_format, shard_bytes
+from reshard.ops.options import WRITES, Destination, OutputSpec, TensorOptions, UnifyOptions, output_format, shard_bytes
 from reshard.ops.run import Report, Target, run_plan
 from reshard.ops.tensors import Inputs, TensorPipeline, check_copies, plan_tensors, training_state_note
 from reshard.plan import Plan, SourceFile, plan_unify, plan_unify_hf
 from reshard.sources import CHECKPOINT2, DCP, RANK_FOLDERS, ReadOptions, identify, rank_sources, resolve
 from reshard.sources import strategy as _strategy
 
-FORMATS = ("safetensors", "hf")  # what unify writes
+FORMATS = WRITES["unify"]
 
 
 def unify(

@@ -12,9 +12,10 @@ from reshard.cli.flags import OutputFlags, add_quiet, flag, say_notes, section
 from reshard.cli.strategies import add_strategy
 from reshard.cli.tensor_flags import TensorFlags, input_paths
 from reshard.cli.values import positive_int, rank_list, rank_number
+from reshard.ops.options import format_choices
 
 NAME = "auto-transform"
-OUTPUT = OutputFlags(formats=("ckpt", "safetensors"), format_help="default: the source's", hf=False)
+OUTPUT = OutputFlags(formats=format_choices(NAME), format_help="default: the source's", hf=False)
 TENSORS = TensorFlags(dtypes=False)
 
 

@@ -25,11 +25,12 @@ from reshard.cli.flags import (
 from reshard.cli.report import Printing, finish
 from reshard.cli.tensor_flags import TensorFlags, input_paths
 from reshard.errors import UsageError
+from reshard.ops.options import format_choices
 
 NAME = "convert"
 KEYS = KeyFlags()
 READ = ReadFlags(KEYS, src_format=False, iteration=None)
-OUTPUT = OutputFlags(formats=("safetensors", "ckpt", "dcp"), to=True)
+OUTPUT = OutputFlags(formats=format_choices(NAME), to=True)
 DESTINATION = DestinationFlags("replace existing outputs")
 WRITE = WriteFlags(KEYS)
 RUN = RunFlags()

@@ -16,11 +16,12 @@ from reshard.cli.report import Printing, finish
 from reshard.cli.strategies import add_ranks, add_strategy
 from reshard.cli.tensor_flags import TensorFlags, input_paths
 from reshard.errors import UsageError
+from reshard.ops.options import format_choices
 
 NAME = "split"
 KEYS = KeyFlags(read=False)
 OUTPUT = OutputFlags(
-    formats=("ckpt", "safetensors", "dcp"),
+    formats=format_choices(NAME),
     default="safetensors",
     format_help="the format of the rank files (dcp: a PyTorch Distributed Checkpoint of the strategy's rank boxes)",
     hf=False,

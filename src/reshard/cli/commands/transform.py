@@ -32,12 +32,13 @@ from reshard.cli.strategies import add_ranks, add_strategy, source_strategy
 from reshard.cli.tensor_flags import TensorFlags, input_paths
 from reshard.cli.values import no_path
 from reshard.errors import UsageError
+from reshard.ops.options import format_choices
 
 NAME = "transform"
 KEYS = KeyFlags()
 READ = ReadFlags(KEYS, iteration="", iteration_renamed=())  # --iteration is the output's here
 OUTPUT = OutputFlags(
-    formats=("ckpt", "safetensors", "checkpoint2", "dcp"),
+    formats=format_choices(NAME),
     format_help="ckpt or safetensors rank folders, checkpoint2: a MindFormers 2.x Checkpoint 2.0, or dcp: a "
     "PyTorch Distributed Checkpoint (default: the source's format)",
     prefix=True,
