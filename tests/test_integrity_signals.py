@@ -181,7 +181,14 @@ def test_every_way_of_starting_installs_the_handlers_first(tmp_path, module: str
         args: list[str] = ["-c", code, "inspect", str(tmp_path)]
         marker = str(tmp_path / "marker")
         env = {**os.environ, interrupts.PAUSE_ENV: "import:numpy", interrupts.MARKER_ENV: marker}
-        proc = subprocess.Popen([sys.executable, *args], stderr=subprocess.PIPE, text=True, env=env)
+        # SIGINT's default disposition, as run_paused gives: a suite run in the background inherits it ignored
+        proc = subprocess.Popen(
+            [sys.executable, *args],
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         while not os.path.exists(marker) and proc.poll() is None:
             time.sleep(0.005)
         proc.send_signal(signal.SIGINT)
