@@ -393,7 +393,7 @@ def run_file(
         nonlocal hasher
         base.preallocate(fd, lay.size)  # write_file did it already; the encrypted path's plaintext needs it
         interrupts.reached("file")  # a test-only pause point (reshard.interrupts): the temporary file exists
-        if hasher_pool is None or encrypted:
+        if hasher_pool is None or encrypted or lay.patched:  # a patched file is hashed once finished
             fill_tensors(fd, lay)
             return
         hasher = StreamingDigest(fd, hasher_pool, write.checksum)
@@ -406,13 +406,15 @@ def run_file(
             raise
 
     def finish(fd: int, lay: ByteLayout) -> None:
-        nonlocal checksum
+        nonlocal checksum, hasher
         try:  # every format's last step (a .ckpt's crc trailer only with write_crc; a .distcp's ZIP CRCs always)
             fmt.finish(fd, lay, write.write_crc)
         except BaseException:
             if hasher is not None:
                 hasher.abandon()
             raise
+        if hasher is None and hasher_pool is not None and not encrypted and lay.patched:
+            hasher = StreamingDigest(fd, hasher_pool, write.checksum)  # every byte is final now
         if hasher is not None:  # the trailer is in the file now: hash up to its real end
             checksum = hasher.result(os.fstat(fd).st_size)
 

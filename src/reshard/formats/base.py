@@ -22,7 +22,7 @@ import re
 import secrets
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -181,6 +181,9 @@ class ByteLayout:
     framing: tuple[tuple[int, bytes], ...]  # (offset, bytes) of headers / protobuf framing
     placements: dict[str, tuple[Segment, ...]]  # tensor name -> file segments, tensor byte order
     order: tuple[str, ...]  # tensor names in the order the format stores them
+    # True when the format's ``finish`` rewrites bytes inside the layout (a .distcp's ZIP CRC-32s), not
+    # only past its end: such a file cannot be hashed while it is written, only once it is finished
+    patched: ClassVar[bool] = False
 
 
 def value_bytes(value: np.ndarray | str) -> bytes | memoryview:

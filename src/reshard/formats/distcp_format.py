@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from reshard.errors import UnsupportedError, UsageError
 from reshard.formats import dcp
@@ -33,6 +34,7 @@ class DistcpByteLayout(ByteLayout):
     """A ``ByteLayout`` that also knows where each archive's CRC-32 fields are (``finish`` fills them)."""
 
     crc_fields: tuple[tuple[Segment, tuple[int, ...]], ...] = ()
+    patched: ClassVar[bool] = True  # finish fills the CRC-32 fields inside each archive
 
 
 def parse_chunk_name(name: str) -> tuple[str, tuple[int, ...]]:

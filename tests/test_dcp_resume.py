@@ -1,0 +1,140 @@
+"""``--resume`` into a DCP output: a finished one is kept whole ("nothing to do"), a half-finished one
+(some ``.distcp`` files, no ``.metadata``) gets only its missing files, and the manifest's checksums
+are the files' (a ``.distcp``'s ZIP CRC-32s are patched after its data, so it is hashed once
+finished, never while written).
+
+Every command that writes a DCP folder (``transform``, ``convert --to dcp``, ``split``) and one that
+writes from a DCP source (``unify``) is run twice through the CLI, the second time with ``--resume``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reshard import api, manifest
+from reshard.execute import local
+from reshard.execute.digest import file_digest
+from reshard.execute.options import RunOptions
+from tests.test_dcp_write import full_tensors, read_back
+from tests.test_integrity_signals import run_paused
+from tests.trust_helpers import make_job, run_cli, temp_files
+
+DCP = api.OutputSpec(format="dcp")
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The trust job, its full model unified (``unified``) and as a 3-rank DCP folder (``dcp``)."""
+    root = str(tmp_path_factory.mktemp("dcpresume"))
+    job = make_job(root)
+    api.unify(job["r8st"], job["s8"], f"{root}/unified")
+    api.transform(job["full"], f"{root}/dcp", None, None, output=api.OutputSpec(format="dcp", dcp_ranks=3))
+    return {**job, "unified": f"{root}/unified", "dcp": f"{root}/dcp"}
+
+
+def _commands(job: dict[str, str], dst: str) -> dict[str, list[str]]:
+    return {
+        "transform": ["transform", job["r8"], dst, "--src-strategy", job["s8"], "--output-format", "dcp"],
+        "transform-ranks": ["transform", job["full"], dst, "--output-format", "dcp", "--dcp-ranks", "4"],
+        "convert": ["convert", job["full"], dst, "--to", "dcp"],
+        "split": ["split", job["unified"], dst, "--dst-strategy", job["s4"], "--output-format", "dcp"],
+        "unify-from-dcp": ["unify", job["dcp"], dst],
+    }
+
+
+TEXTS = {manifest.MANIFEST_NAME, ".metadata", "param_name_map.json"}  # small texts a run always writes anew
+
+
+def _mtimes(dst: str) -> dict[str, int]:
+    """Each data file's mtime (relative path -> ns)."""
+    return {
+        os.path.relpath(os.path.join(folder, n), dst): os.stat(os.path.join(folder, n)).st_mtime_ns
+        for folder, _, names in os.walk(dst)
+        for n in names
+        if n not in TEXTS
+    }
+
+
+def assert_manifest_matches(dst: str) -> None:
+    """Every output the manifest lists has the size and checksum it records."""
+    for entry in manifest.read_manifest(dst)["outputs"]:
+        path = os.path.join(dst, entry["path"])
+        assert file_digest(path, "blake3") == (entry["bytes"], entry["blake3"]), entry["path"]
+
+
+@pytest.mark.parametrize("command", ["transform", "transform-ranks", "convert", "split", "unify-from-dcp"])
+def test_resume_on_a_finished_output_has_nothing_to_do(job: dict[str, str], tmp_path: Path, command: str) -> None:
+    dst = str(tmp_path / "out")
+    args = _commands(job, dst)[command]
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr
+    assert_manifest_matches(dst)
+    before = _mtimes(dst)
+    again = run_cli(*args, "--resume")
+    assert again.returncode == 0, again.stderr
+    assert "nothing to do" in again.stdout + again.stderr and "complete already" in again.stdout + again.stderr
+    assert _mtimes(dst) == before  # not one file rewritten
+    assert_manifest_matches(dst)
+
+
+def test_a_distcp_checksum_is_the_finished_file_s(job: dict[str, str], tmp_path: Path) -> None:
+    """The run's recorded checksum of each ``.distcp`` is that of its bytes with the CRC-32s in place."""
+    dst = str(tmp_path / "out")
+    report = api.transform(job["r8"], dst, job["s8"], None, output=DCP, run=RunOptions(workers=2))
+    assert any(f.path.endswith(".distcp") for f in report.plan.files)
+    assert_manifest_matches(dst)
+
+
+def _interrupt_after(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """The local executor raises Ctrl-C instead of writing output number ``n`` (0-based)."""
+    real, calls = local.run_file, {"n": 0}
+
+    def run_file(*args: Any, **kwargs: Any) -> Any:
+        if calls["n"] == n:
+            raise KeyboardInterrupt
+        calls["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(local, "run_file", run_file)
+
+
+def test_a_half_finished_dcp_output_resumes_only_the_missing_files(
+    job: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dst = str(tmp_path / "out")
+    _interrupt_after(monkeypatch, 3)
+    with pytest.raises(KeyboardInterrupt):
+        api.transform(job["r8"], dst, job["s8"], None, output=DCP, run=RunOptions(workers=1))
+    monkeypatch.undo()
+    assert not os.path.exists(os.path.join(dst, ".metadata"))  # not a checkpoint yet
+    done = sorted(n for n in os.listdir(dst) if n.endswith(".distcp"))
+    assert done == ["__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]
+    before = _mtimes(dst)
+    report = api.transform(job["r8"], dst, job["s8"], None, output=DCP, destination=api.Destination(resume=True))
+    assert sorted(report.kept) == done
+    assert all(os.stat(os.path.join(dst, n)).st_mtime_ns == before[n] for n in done)  # kept, not rewritten
+    assert sorted(n for n in os.listdir(dst) if n.endswith(".distcp")) == [f"__{r}_0.distcp" for r in range(8)]
+    assert_manifest_matches(dst)
+    want = full_tensors(job["full"])
+    got = read_back(dst)
+    assert all(got[n].tobytes() == want[n].tobytes() for n in want)
+
+
+def test_a_killed_cli_run_resumes_and_verifies(job: dict[str, str], tmp_path: Path) -> None:
+    """Ctrl-C while the fourth data file is written; ``--resume`` keeps three, ``verify`` agrees."""
+    dst = str(tmp_path / "out")
+    args = [*_commands(job, dst)["transform"], "--workers", "1"]
+    proc = run_paused(args, "file:4", signal.SIGINT, str(tmp_path / "marker"))
+    assert proc.returncode == 130, proc.stderr
+    assert not os.path.exists(os.path.join(dst, ".metadata")) and not temp_files(dst)
+    resumed = run_cli(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "kept 3 from the interrupted run" in resumed.stdout + resumed.stderr
+    same = run_cli("verify", job["full"], dst)
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert_manifest_matches(dst)
