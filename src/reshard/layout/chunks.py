@@ -72,7 +72,7 @@ class ChunkedTensor:
     dtype: DType
     boxes: tuple[Box, ...]
     files: tuple[str, ...]
-    tensors: tuple[str, ...] | None = None
+    tensors: Sequence[str] | None = None  # a tuple, or a lazy sequence (a DCP folder's chunk names)
 
     def __post_init__(self) -> None:
         if len(self.files) != len(self.boxes) or (self.tensors is not None and len(self.tensors) != len(self.boxes)):

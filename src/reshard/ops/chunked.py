@@ -23,11 +23,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from reshard import dtypes
 from reshard.errors import UnsupportedError
 from reshard.formats import dcp
-from reshard.layout.chunks import ChunkedTensor
+from reshard.formats.distcp_format import NAME as DISTCP
+from reshard.layout import Box
+from reshard.layout.chunks import ChunkedTensor, whole_box
 from reshard.plan import Plan, SourceFile, hf_sharded, plan_transform_full
-from reshard.plan.boxes import Indexes, assembled_tensor
+from reshard.plan.boxes import Indexes, OutputFile, Target, assembled_tensor, plan_boxes
+from reshard.plan.dcp import Chunking, ChunkPlace, Placement, SourceSlices, chunks_metadata, data_file_name, placements
 from reshard.plan.model import Copy, FilePlan, SourcePaths, SourceTensor, TensorPlan, TextOutput, whole_tensor
 from reshard.plan.unify import PART_BYTES, _bin_pack, _choice
 from reshard.sources.kind import OpenedChunks
@@ -88,6 +92,82 @@ def resourced(plan: Plan, opened: OpenedChunks) -> Plan:
 
     files = tuple(replace(f, tensors=tuple(moved(t) for t in f.tensors)) for f in plan.files)
     return Plan(plan.operation, tuple(interned.paths), files, plan.texts)
+
+
+def boxed_dcp(plan: Plan, opened: OpenedChunks, folder: str, how: Chunking, notes: list[str]) -> Plan | None:
+    """``plan`` (from ``virtual_model``, whole tensors) as a DCP checkpoint in ``folder`` planned from the
+    chunk boxes at once (``plan.boxes.plan_boxes``: lazy files, one table per chunking), never as
+    millions of copies of full tensors re-cut; None when a tensor is not a plain whole copy of a
+    chunked one (a cast, a reshaping map: ``resourced`` then ``plan.dcp.dcp_plan`` plan it)."""
+    virtual = os.path.join(os.path.abspath(opened.path), dcp.METADATA_NAME)
+    whole = _whole_copies(plan, virtual, opened)
+    if whole is None or isinstance(how, SourceSlices):
+        return None
+    placed, strings, shapes = [], [], {}
+    for t, c in whole:
+        if t.literal is not None or t.dtype is dtypes.STR:
+            strings.append(t.name)
+            continue
+        assert c is not None, "only strings come without their copy"
+        dtypes.torch_name(t.dtype)  # a dtype torch has none of: refused
+        where = placements(t, how, ()) or [(0, whole_box(t.shape))]  # an empty tensor: one chunk
+        if len({r for r, _ in where}) != len(where):
+            return None  # two chunks of one tensor in one file: the general re-cut plans it
+        shapes[t.name] = (t.dtype, t.shape)
+        placed.append((t, c, where))
+    if strings:
+        notes.append(
+            f"passed over {len(strings)} string entries (a DCP checkpoint holds tensors): {', '.join(strings)}"
+        )
+    if not placed:
+        raise UnsupportedError("no tensor to write as a DCP checkpoint", folder)
+    ranks = sorted({r for *_, where in placed for r, _ in where})
+    column = {r: j for j, r in enumerate(ranks)}
+    shared: dict[tuple[Placement, ...], tuple[Box | None, ...]] = {}
+    targets = []
+    per_file: list[list[ChunkPlace]] = [[] for _ in ranks]
+    for t, c, where in placed:
+        key = tuple(where)
+        boxes = shared.get(key)
+        if boxes is None:
+            cells: list[Box | None] = [None] * len(ranks)
+            for r, box in where:
+                cells[column[r]] = box
+            boxes = shared[key] = tuple(cells)
+        targets.append(Target(c.tensor, boxes, t.name))
+        for r, box in where:
+            per_file[column[r]].append((t.name, t.dtype, tuple(a for a, _ in box), tuple(b - a for a, b in box)))
+    outputs = [OutputFile(os.path.join(folder, data_file_name(r)), DISTCP, rank=r) for r in ranks]
+    sources = [opened.tensors[n] for n in dict.fromkeys(c.tensor for _, c, _ in placed)]
+    boxed = plan_boxes(sources, outputs, targets, plan.operation, chunk_names=True)
+    metadata = chunks_metadata(zip((o.path for o in outputs), per_file, strict=True), folder, shapes)
+    return Plan(plan.operation, boxed.sources, boxed.files, (metadata,), plan.quantized)
+
+
+def _whole_copies(plan: Plan, virtual: str, opened: OpenedChunks) -> list[tuple[TensorPlan, Copy | None]] | None:
+    """Each tensor of ``plan`` with its one copy, when every copy is a whole chunked tensor of the same
+    dtype, neither viewed nor permuted (None otherwise); strings come with no copy."""
+    out = []
+    for t in (t for f in plan.files for t in f.tensors):
+        if t.literal is not None or t.dtype is dtypes.STR:
+            out.append((t, None))
+            continue
+        if len(t.copies) != 1:
+            return None
+        c = t.copies[0]
+        source = opened.tensors.get(c.tensor)
+        if (
+            plan.sources[c.source] != virtual
+            or source is None
+            or source.dtype is not t.dtype
+            or c.src_perm is not None
+            or (c.src_view is not None and tuple(c.src_view) != source.shape)
+            or tuple(c.lengths) != source.shape
+            or t.shape != source.shape
+        ):
+            return None
+        out.append((t, c))
+    return out
 
 
 def _chunk_copies(c: Copy, tensor: ChunkedTensor, interned: SourcePaths, indexes: Indexes) -> list[Copy]:
@@ -204,6 +284,7 @@ def chunk_facts(opened: OpenedChunks) -> dict[str, Any]:
 
 __all__ = [
     "VIRTUAL",
+    "boxed_dcp",
     "check_run",
     "chunk_facts",
     "full_plan",

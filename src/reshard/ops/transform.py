@@ -69,6 +69,7 @@ class _Job:
     kind: Kind
     shard_size: int | None  # Hugging Face output's shard size (None: not Hugging Face)
     dcp_out: bool = False  # a PyTorch DCP checkpoint: full tensors planned, then re-cut as chunks
+    chunks: OpenedChunks | None = None  # a DCP source to a DCP output: planned from its boxes in _finish
 
 
 def transform(
@@ -216,6 +217,9 @@ def _plan_chunked(job: _Job) -> tuple[Plan, None, Plan | None]:
     chunked.values_note(opened, job.notes, output)
     files, mapping = chunked.virtual_model(opened)
     plan, _, everyone = _plan_full(job, None, (files, mapping, None))
+    if job.dcp_out and everyone is None and job.pipeline.dequantizer is None:
+        job.chunks = opened  # chunk boxes to chunk boxes: planned at once in _finish (chunked.boxed_dcp)
+        return plan, None, None
     return chunked.resourced(plan, opened), None, chunked.resourced(everyone, opened) if everyone else None
 
 
@@ -292,7 +296,10 @@ def _finish(job: _Job, plan: Plan, src_sf: LayoutTable | None, everyone: Plan | 
     plan = job.pipeline.finish(plan, job.notes, job.read)
     if job.dcp_out:
         how = dcp_output.chunking(out, job.dst_sf, sharded=job.kind in (RANK_FOLDERS, CHECKPOINT2))
-        plan = dcp_output.as_dcp(plan, job.dst, how, job.notes)
+        boxed = chunked.boxed_dcp(plan, job.chunks, job.dst, how, job.notes) if job.chunks is not None else None
+        if boxed is None and job.chunks is not None:
+            plan = chunked.resourced(plan, job.chunks)
+        plan = boxed or dcp_output.as_dcp(plan, job.dst, how, job.notes)
     return plan
 
 

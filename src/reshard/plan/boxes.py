@@ -226,9 +226,12 @@ class _Layout:
 class BoxTensors(LazyTensors):
     """The tensors of one box-plan output, built on access from the shared classes."""
 
-    def __init__(self, layout: _Layout, f: int, ids: Mapping[str, int], built: BuiltFiles) -> None:
+    def __init__(
+        self, layout: _Layout, f: int, ids: Mapping[str, int], built: BuiltFiles, chunk_names: bool = False
+    ) -> None:
         self.layout = layout
         self.f = f
+        self.chunk_names = chunk_names  # each tensor named fqn@offsets of its box (a DCP chunk's name)
         self._ids = ids  # source path -> index in Plan.sources
         self.built = built
         self._serial = built.serial()
@@ -262,9 +265,20 @@ class BoxTensors(LazyTensors):
         hit = self.built.get(self._serial)
         if hit is None:
             ids, f = self._ids, self.f
-            hit = tuple(_tensor_plan(m.source, m.cls.share(f), m.name, ids) for m in self.layout.members)
+            names = (_chunk_name(m, f) if self.chunk_names else m.name for m in self.layout.members)
+            hit = tuple(
+                _tensor_plan(m.source, m.cls.share(f), name, ids)
+                for m, name in zip(self.layout.members, names, strict=True)
+            )
             self.built.put(self._serial, hit)
         return hit
+
+
+def _chunk_name(m: _Member, f: int) -> str:
+    """``fqn@o0,o1,...``: the member's name and its box's offsets in output ``f`` (``dcp.chunk_name``)."""
+    box = m.cls.dst[f]
+    assert box is not None, "an output holds only the targets with a box in it"
+    return f"{m.name}@{','.join(str(a) for a, _ in box)}"
 
 
 def _tensor_plan(source: ChunkedTensor, share: Share, name: str, ids: Mapping[str, int]) -> TensorPlan:
@@ -279,6 +293,7 @@ def plan_boxes(
     targets: Sequence[Target],
     operation: str = "reshard",
     orders: Sequence[Sequence[int]] | None = None,
+    chunk_names: bool = False,
 ) -> Plan:
     """Plan ``targets`` into ``files`` from the chunks of ``sources``.
 
@@ -290,6 +305,7 @@ def plan_boxes(
         operation: The plan's ``operation``.
         orders: Per output file, the indexes of the targets it holds, in file order (default: the
             targets with a box for it, in ``targets`` order).
+        chunk_names: Name each output tensor ``name@offsets`` of its box (a DCP chunk, ``formats.distcp_format``).
 
     Returns:
         A ``Plan`` whose files' tensors are built lazily (``BoxTensors``).
@@ -318,7 +334,7 @@ def plan_boxes(
             layout = layouts[order] = _layout_of(order, members)
         for path in layout.paths(f):
             interned.id(path)
-        tensors = BoxTensors(layout, f, interned.ids, built)
+        tensors = BoxTensors(layout, f, interned.ids, built, chunk_names)
         plans.append(FilePlan(out.path, out.format, tensors, out.metadata, out.rank))
     return Plan(operation, tuple(interned.paths), tuple(plans))
 

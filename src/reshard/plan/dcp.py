@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from reshard import dtypes
@@ -164,23 +164,76 @@ def metadata_output(
     from reshard.formats.base import TensorSpec
     from reshard.formats.distcp_format import chunk_spec
 
-    layouts = []
+    placed = []
     for f in files:
-        specs = [chunk_spec(TensorSpec(t.name, t.dtype, t.shape, t.nbytes)) for t in f.tensors]
-        fixed = [dcp.ChunkSpec(s.fqn, s.dtype, shapes[s.fqn][1], s.offsets, s.sizes) for s in specs]
-        layouts.append(dcp.distcp_layout(os.path.basename(f.path), fixed))
-    tensors = dcp.tensors_of(layouts, shapes)
+        specs = (chunk_spec(TensorSpec(t.name, t.dtype, t.shape, t.nbytes)) for t in f.tensors)
+        placed.append((f.path, [(s.fqn, s.dtype, s.offsets, s.sizes) for s in specs]))
+    return chunks_metadata(placed, folder, shapes)
+
+
+ChunkPlace = tuple[str, dtypes.DType, tuple[int, ...], tuple[int, ...]]  # fqn, dtype, offsets, sizes
+
+
+class DeferredText(TextOutput):
+    """A text output whose bytes are made when first read: the ``.metadata`` of a checkpoint of millions
+    of chunks is pickled when the run writes it (after every data file), not while ``reshard plan``
+    prints the plan. Made once; compared, hashed and pickled (Ray) as the plain ``TextOutput`` it is."""
+
+    def __init__(self, path: str, make: Callable[[], bytes]) -> None:
+        object.__setattr__(self, "path", path)
+        object.__setattr__(self, "_make", make)
+        object.__setattr__(self, "_made", None)
+
+    @property  # type: ignore[override]
+    def text(self) -> bytes:
+        made: bytes | None = self._made
+        if made is None:
+            made = self._make()
+            object.__setattr__(self, "_made", made)
+        return made
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TextOutput):
+            return (self.path, self.text) == (other.path, other.text)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.path, self.text))
+
+    def __reduce__(self) -> tuple[type, tuple[str, bytes]]:
+        return TextOutput, (self.path, self.text)
+
+
+def chunks_metadata(
+    files: Iterable[tuple[str, Sequence[ChunkPlace]]],
+    folder: str,
+    shapes: dict[str, tuple[dtypes.DType, tuple[int, ...]]],
+) -> TextOutput:
+    """The ``.metadata`` of data files (path, chunks in file order): each chunk's archive starts where the
+    previous one ends (``dcp.archive_size``, what ``dcp.distcp_layout`` lays out, without its framing).
+    The chunks are checked now; the pickle is made when written (``DeferredText``)."""
+    gathered: dict[str, list[dcp.Chunk]] = {}
+    for path, chunks in files:
+        rel, pos = os.path.basename(path), 0
+        for fqn, dtype, offsets, sizes in chunks:
+            size = dcp.archive_size(dtype, sizes)
+            gathered.setdefault(fqn, []).append(dcp.Chunk(fqn, offsets, sizes, rel, pos, size))
+            pos += size
+    tensors = [dcp.TensorMeta(fqn, *shapes[fqn], tuple(chunks)) for fqn, chunks in gathered.items()]
     for tensor in tensors:
         dcp.check_chunks(tensor)
-    return TextOutput(os.path.join(folder, dcp.METADATA_NAME), dcp.metadata_pickle(tensors, []))
+    return DeferredText(os.path.join(folder, dcp.METADATA_NAME), lambda: dcp.metadata_pickle(tensors, []))
 
 
 __all__ = [
+    "ChunkPlace",
     "Chunking",
+    "DeferredText",
     "EvenRows",
     "Placement",
     "SourceSlices",
     "StrategyBoxes",
+    "chunks_metadata",
     "cut",
     "data_file_name",
     "dcp_plan",

@@ -22,7 +22,9 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from reshard.formats import dcp
 from reshard.layout import Box
@@ -101,6 +103,35 @@ def _open_dcp(path: str) -> DcpSource:
     return DcpSource(meta, files, ranks)
 
 
+class ChunkNames(Sequence[str]):
+    """The index names of a tensor's chunks (``dcp.chunk_name(fqn, offsets)``), made when asked for: a
+    checkpoint of 5 000 tensors on 4 096 ranks has 20 million, and a plan names only those it reads."""
+
+    def __init__(self, fqn: str, boxes: Sequence[Box]) -> None:
+        self.fqn = fqn
+        self.boxes = boxes
+
+    def __len__(self) -> int:
+        return len(self.boxes)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[str, ...]: ...
+    def __getitem__(self, index: int | slice) -> str | tuple[str, ...]:
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(len(self))[index])
+        return dcp.chunk_name(self.fqn, [a for a, _ in self.boxes[index]])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+
 def chunked_tensors(meta: dcp.DcpMetadata) -> dict[str, ChunkedTensor]:
     """Every tensor of a checked ``.metadata`` as a ``ChunkedTensor``: chunk ``k`` is box ``k`` of the
     global tensor, held by tensor ``chunk_name(fqn, offsets)`` of its data file (an absolute path).
@@ -116,9 +147,8 @@ def chunked_tensors(meta: dcp.DcpMetadata) -> dict[str, ChunkedTensor]:
             table = tensor.table
             key = (table.offsets.tobytes() + bytes([table.offsets.shape[1]]), table.sizes.tobytes())
             boxes = boxes_of.get(key)
-            offsets = table.offsets.tolist()
             if boxes is None:
-                sizes = table.sizes.tolist()
+                offsets, sizes = table.offsets.tolist(), table.sizes.tolist()
                 boxes = tuple(
                     tuple((o, o + n) for o, n in zip(offs, size, strict=True))
                     for offs, size in zip(offsets, sizes, strict=True)
@@ -129,7 +159,7 @@ def chunked_tensors(meta: dcp.DcpMetadata) -> dict[str, ChunkedTensor]:
             if files is None:
                 paths = [os.path.join(folder, rel) for rel in table.files]
                 files = files_of[file_key] = tuple(paths[i] for i in table.file_ids.tolist())
-            names = tuple(dcp.chunk_name(tensor.fqn, offs) for offs in offsets)
+            names = ChunkNames(tensor.fqn, boxes)
             out[tensor.fqn] = ChunkedTensor(tensor.fqn, tensor.shape, tensor.dtype, boxes, files, names)
     return out
 
@@ -161,4 +191,4 @@ class DcpFolder:
 
 DCP = DcpFolder()
 
-__all__ = ["DCP", "DcpFolder", "DcpSource", "chunked_tensors", "is_dcp_folder", "open_dcp", "saving_rank"]
+__all__ = ["DCP", "ChunkNames", "DcpFolder", "DcpSource", "chunked_tensors", "is_dcp_folder", "open_dcp", "saving_rank"]

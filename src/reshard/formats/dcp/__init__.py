@@ -65,6 +65,7 @@ from reshard.formats.dcp.records import (
 from reshard.formats.dcp.write import (
     ChunkSpec,
     DistcpLayout,
+    archive_size,
     bytes_name,
     distcp_finish,
     distcp_layout,
@@ -90,6 +91,7 @@ __all__ = [
     "DcpMetadata",
     "DistcpLayout",
     "TensorMeta",
+    "archive_size",
     "bytes_name",
     "check_chunks",
     "chunk_name",
