@@ -5,6 +5,7 @@
     python3 bench/dcp_metadata.py --chunks 200000 --profile        # + cProfile top entries of the read
     python3 bench/dcp_metadata.py --chunks 1000000 --grid          # chunks cut along two axes (2-D grid)
     python3 bench/dcp_metadata.py --chunks 1000000 --torch ~/.cache/reshard/torch-venv/bin/python
+    python3 bench/dcp_metadata.py --chunks 1000000 --rows plan --to-ranks 1024   # reshard plan 4 096 -> 1 024
 
 The checkpoint is what an FSDP / ``Shard(0)`` save of ``--chunks / --ranks`` parameters on
 ``--ranks`` ranks writes: every parameter (a ``(4 x ranks, 64)`` float32 tensor) cut into one chunk
@@ -23,7 +24,10 @@ its peak RSS is its own:
 * ``read``: ``read_dcp_metadata``, the allowlisting unpickler, the records and every check (chunks
   inside their tensor, no overlap, no gap, every item inside its file);
 * ``chunks``: then walking every chunk record once (``tensor.chunks``, built lazily on first use);
-* ``open``: ``reshard.sources.dcp.open_dcp``, the planning facts (one ``SourceTensor`` per chunk).
+* ``open``: ``reshard.sources.dcp.open_dcp``, the planning facts (one ``SourceTensor`` per chunk);
+* ``plan``: what ``reshard plan SRC DST --output-format dcp --dcp-ranks M`` plans (``--to-ranks M``,
+  default 1 024): the ``.metadata`` read, the chunks planned from their boxes (``ops.chunked.boxed_dcp``)
+  and the plan's totals (its files stay lazy; the output ``.metadata`` is pickled only when written).
 
 ``cpu`` is the process's CPU time (what the machine's other load inflates least), ``seconds`` its
 wall time; ``bytes/chunk`` is the peak RSS above the interpreter with numpy imported, per chunk.
@@ -123,10 +127,11 @@ def make_with_torch(python: str, folder: str, chunks: int, ranks: int, grid: boo
             fh.truncate(params * length)
 
 
-def child(folder: str, what: str, profile: bool) -> dict[str, float]:
+def child(folder: str, what: str, profile: bool, to_ranks: int = 1024) -> dict[str, float]:
     """Run in a fresh process: time ``what`` once, and the peak RSS it added."""
     import numpy  # noqa: F401  (the baseline RSS includes numpy, which the reader imports anyway)
 
+    from reshard import api
     from reshard.sources.dcp import open_dcp  # imported before the clock starts
 
     with open(os.path.join(folder, dcp.METADATA_NAME), "rb") as fh:
@@ -140,6 +145,11 @@ def child(folder: str, what: str, profile: bool) -> dict[str, float]:
     if what == "open":
         source = open_dcp(folder)
         count = sum(len(f.tensors) for f in source.files.values())
+    elif what == "plan":
+        out = api.OutputSpec(format="dcp", dcp_ranks=to_ranks)
+        dry = api.Destination(dry_run=True)
+        report = api.transform(folder, os.path.join(folder, "planned"), None, None, output=out, destination=dry)
+        count = report.plan.summary()["copies"]
     else:
         meta = dcp.read_dcp_metadata(folder)
         if what == "chunks":
@@ -155,8 +165,9 @@ def child(folder: str, what: str, profile: bool) -> dict[str, float]:
     return {"seconds": seconds, "cpu": cpu, "rss_kib": peak - base, "count": count}
 
 
-def run_child(folder: str, what: str, profile: bool) -> dict[str, float]:
-    args = [sys.executable, __file__, "--child", what, "--folder", folder] + (["--profile"] if profile else [])
+def run_child(folder: str, what: str, profile: bool, to_ranks: int = 1024) -> dict[str, float]:
+    args = [sys.executable, __file__, "--child", what, "--folder", folder, "--to-ranks", str(to_ranks)]
+    args += ["--profile"] if profile else []
     done = subprocess.run(args, check=True, stdout=subprocess.PIPE, text=True)
     return json.loads(done.stdout)
 
@@ -166,7 +177,8 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=1_000_000)
     parser.add_argument("--ranks", type=int, default=4096)
     parser.add_argument("--grid", action="store_true", help="chunks cut along two axes")
-    parser.add_argument("--rows", default="read,chunks,open", help="comma-separated: read, chunks, open")
+    parser.add_argument("--rows", default="read,chunks,open", help="comma-separated: read, chunks, open, plan")
+    parser.add_argument("--to-ranks", type=int, default=1024, help="the plan row's DCP rank count")
     parser.add_argument("--torch", metavar="PYTHON", help="pickle the metadata with torch in this interpreter")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--json", action="store_true")
@@ -174,7 +186,7 @@ def main() -> None:
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.folder, args.child, args.profile)))
+        print(json.dumps(child(args.folder, args.child, args.profile, args.to_ranks)))
         return
     with tempfile.TemporaryDirectory(prefix="dcp-metadata-") as folder:
         start = time.perf_counter()
@@ -193,7 +205,7 @@ def main() -> None:
                 done = subprocess.run([args.torch, "-c", _TORCH_LOAD, meta], check=True, stdout=subprocess.PIPE)
                 results[what] = json.loads(done.stdout)
             else:
-                results[what] = run_child(folder, what, args.profile)
+                results[what] = run_child(folder, what, args.profile, args.to_ranks)
     if args.json:
         print(json.dumps(results))
         return

@@ -30,6 +30,7 @@ from reshard.formats import dcp
 from reshard.layout import Box
 from reshard.layout.chunks import ChunkedTensor
 from reshard.plan import SourceFile, SourceTensor
+from reshard.sources.dcp_hf import open_hf_shards, shard_files
 from reshard.sources.kind import SHARDED, ByteValue, OpenedChunks, Traits
 from reshard.sources.options import ReadOptions
 
@@ -171,13 +172,18 @@ class DcpFolder:
     ``open`` hands back ``OpenedChunks``, planned from the chunk boxes (``plan.boxes``)."""
 
     name = "a PyTorch DCP checkpoint"
-    looks_for = "a PyTorch DCP folder (.metadata and __<rank>_<k>.distcp files)"
+    looks_for = (
+        "a PyTorch DCP folder (.metadata and __<rank>_<k>.distcp files, or the shard-<r>-model-<i>-of-<n>"
+        ".safetensors files of torch's HuggingFaceStorageWriter)"
+    )
     traits = Traits(holds=SHARDED, owns_layouts=".metadata")
 
     def detect(self, path: str) -> bool:
-        return is_dcp_folder(path)
+        return is_dcp_folder(path) or bool(shard_files(path))
 
     def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> OpenedChunks:
+        if shard_files(path):  # HuggingFaceStorageWriter's shards: no .metadata, their headers say it
+            return open_hf_shards(path, self.name)
         meta = dcp.read_dcp_metadata(path)
         folder = os.path.abspath(path)
         values = {
