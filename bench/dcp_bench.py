@@ -1,0 +1,150 @@
+"""PyTorch DCP rows: reshard against ``cp -r`` of its own output and against torch's consolidation.
+
+    python3 bench/dcp_bench.py --size 1GiB --out bench/out/dcp.json
+
+The workload is a model of float32 ``(4096 + i % 3, 4096)`` tensors (``--size`` in all) that torch
+itself saves on 2 gloo ranks as ``Shard(0)`` DTensors (``tests/oracle_scripts/dcp_hf_save.py``):
+once with ``FileSystemWriter`` (torch_save serialization: ``.metadata`` + ``.distcp``) and once with
+``HuggingFaceStorageWriter(save_distributed=True)`` (safetensors shards, no ``.metadata``). Rows:
+
+* ``dcp-to-safetensors``: ``reshard transform TS out --output-format safetensors`` against ``cp -r``
+  of that output;
+* ``hf-shards-to-safetensors``: ``reshard transform HF out --output-format safetensors`` against
+  ``consolidate_safetensors_files(HF, out, {fqn: 1})`` (torch 2.13, its default one thread) on the
+  very same files;
+* ``dcp-n-to-m``: ``reshard transform TS out --output-format dcp --dcp-ranks 3`` against ``cp -r``.
+
+Every run is a fresh process measured by ``bench/measure.py`` (wall time, peak RSS), page cache
+cold for its inputs (``posix_fadvise`` per file), the machine settled first. Results: JSON with the
+dependency versions, the CPU pressure at each start (other work on the 2-core box), the targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+import measure
+from versions import dependency_versions
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH)
+TORCH_PYTHON = os.path.expanduser("~/.cache/reshard/torch-venv/bin/python")
+COLS = 4096
+CONSOLIDATE = """
+import json, os, sys, time
+from torch.distributed.checkpoint._consolidate_hf_safetensors import consolidate_safetensors_files
+src, names_file, dst = sys.argv[1], sys.argv[2], sys.argv[3]
+with open(names_file) as fh:
+    names = json.load(fh)
+start = time.perf_counter()
+os.makedirs(dst, exist_ok=True)
+consolidate_safetensors_files(src, dst, dict.fromkeys(names, 1))
+print("@@BENCH@@" + json.dumps({"call": time.perf_counter() - start}))
+"""
+
+
+def parse_size(text: str) -> int:
+    units = {"GIB": 1024**3, "MIB": 1024**2, "GB": 10**9, "MB": 10**6}
+    for unit, factor in units.items():
+        if text.upper().endswith(unit):
+            return int(float(text[: -len(unit)]) * factor)
+    return int(text)
+
+
+def torch_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | {"OMP_NUM_THREADS": "1"}
+
+
+def make(work: str, size: int) -> dict[str, Any]:
+    """Save the workload with torch (once per folder); the tensor names and the largest tensor's bytes."""
+    tensors = max(1, size // (COLS * COLS * 4))
+    names = [f"layers.{i}.weight" for i in range(tensors)]
+    if not os.path.isdir(os.path.join(work, "hf")):
+        args = {"tensors": tensors, "rows": COLS, "cols": COLS, "hf": f"{work}/hf", "torch_save": f"{work}/ts"}
+        launcher = [TORCH_PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+        script = os.path.join(REPO, "tests", "oracle_scripts", "dcp_hf_save.py")
+        subprocess.run([*launcher, script, json.dumps(args)], check=True, env=torch_env())
+    return {"names": names, "largest": (COLS + 2) * COLS * 4, "bytes": measure.tree_bytes(f"{work}/ts")}
+
+
+def reshard_argv(args: list[str]) -> list[str]:
+    return [sys.executable, os.path.join(BENCH, "rs_child.py"), json.dumps(args)]
+
+
+def timed(argv: list[str], inputs: list[str], out: str, log: str, env: dict[str, str]) -> measure.Measurement:
+    measure.remove(out)
+    measure.prepare_cache("cold", measure.files_under(inputs))
+    return measure.run_measured(argv, log, env=env)
+
+
+def row(
+    work: str, key: str, inputs: list[str], reshard: list[str], other: list[str] | None, env: dict[str, str]
+) -> dict[str, Any]:
+    """reshard's run, then ``other`` (torch), or ``cp -r`` of reshard's output."""
+    out, theirs = f"{work}/out-{key}", f"{work}/theirs-{key}"
+    ours = timed(reshard_argv([*reshard, out]), inputs, out, f"{work}/{key}-reshard", env)
+    if other is None:
+        against = timed(measure.cp_argv(out, theirs), [out], theirs, f"{work}/{key}-cp", env)
+        name = "cp -r"
+    else:
+        against = timed([*other, theirs], inputs, theirs, f"{work}/{key}-torch", torch_env())
+        name = "consolidate_safetensors_files"
+    result = {
+        "reshard": ours.to_json(),
+        "against": name,
+        "other": against.to_json(),
+        "ratio_wall": ours.wall / against.wall,
+        "output_bytes": measure.tree_bytes(out),
+    }
+    shutil.rmtree(theirs, ignore_errors=True)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="1GiB")
+    parser.add_argument("--work", default="/tmp/reshard-dcp-bench")
+    parser.add_argument("--out", default=os.path.join(BENCH, "out", "dcp.json"))
+    parser.add_argument("--rows", default="dcp-to-safetensors,hf-shards-to-safetensors,dcp-n-to-m")
+    args = parser.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    made = make(args.work, parse_size(args.size))
+    env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "src")}
+    ts, hf = f"{args.work}/ts", f"{args.work}/hf"
+    names_file = f"{args.work}/names.json"
+    with open(names_file, "w", encoding="utf-8") as fh:
+        json.dump(made["names"], fh)
+    consolidate = [TORCH_PYTHON, "-c", CONSOLIDATE, hf, names_file]  # the output folder is appended
+    plans = {
+        "dcp-to-safetensors": ([ts], ["transform", ts, "--output-format", "safetensors", "-q"], None),
+        "hf-shards-to-safetensors": (
+            [hf],
+            ["transform", hf, "--output-format", "safetensors", "-q"],
+            consolidate,
+        ),
+        "dcp-n-to-m": ([ts], ["transform", ts, "--output-format", "dcp", "--dcp-ranks", "3", "-q"], None),
+    }
+    results: dict[str, Any] = {
+        "workload": {"bytes": made["bytes"], "tensors": len(made["names"]), "largest_tensor": made["largest"]},
+        "targets": {"cp": 1.25, "torch_consolidate": 1 / 3, "rss_allowance": 300 * 1024**2},
+        "versions": dependency_versions(),
+        "rows": {},
+    }
+    for key in args.rows.split(","):
+        inputs, reshard, other = plans[key]
+        results["rows"][key] = row(args.work, key, inputs, reshard, other, env)
+        print(key, json.dumps(results["rows"][key]), flush=True)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as fh:
+        json.dump(results, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
