@@ -163,7 +163,7 @@ def call_transform(
     hf = output.format == "hf"
     inputs = input_paths(src, args.src_strategy, args.dst_strategy)
     tensors = TENSORS.build(args, inputs, args.overwrite, hf, OUTPUT.keep_training_state(args))
-    report = calls.transform(
+    report = calls.api.transform(
         planned_from,
         args.dst,
         src_strategy,
@@ -190,4 +190,4 @@ def _source_from_nodes(src: str, run_options: Any, read: Any) -> tuple[str, Any]
     return source_from_nodes(src, run_options, read)
 
 
-__all__ = ["add", "add_places", "add_plan_flags", "places", "run"]
+__all__ = ["add", "add_places", "add_plan_flags", "call_transform", "places", "run"]
