@@ -25,6 +25,7 @@ from reshard.cli.values import memory_size, positive_int, source_iteration
 from reshard.errors import UsageError
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM
 from reshard.execute.options import DEFAULT_MAX_MEMORY, RunOptions, WriteOptions, default_workers
+from reshard.formats import registry
 from reshard.formats.rank_dirs import PICKS
 from reshard.ops.options import Destination, OutputSpec
 from reshard.text import one_line
@@ -257,8 +258,8 @@ class ReadFlags:
                 "--src-format",
                 legacy=["--src_format"],
                 dest="src_format",
-                choices=("ckpt", "safetensors"),
-                help="read these files when the rank folders hold both .ckpt and .safetensors",
+                choices=registry.names(),
+                help="read these files when the rank folders hold files of several formats (.ckpt and .safetensors)",
             )
 
     def options(self, args: argparse.Namespace) -> ReadOptions:
