@@ -45,7 +45,7 @@ from reshard.sources import (
     unified_index,
 )
 from reshard.sources import strategy as _strategy
-from reshard.sources.dcp import DCP
+from reshard.sources.registry import CHUNKED, is_chunked
 
 FORMATS = WRITES["transform"]
 
@@ -149,7 +149,7 @@ def transform(
         _cp2.check_write(write)
     if job.kind in (HUGGING_FACE, UNIFIED):
         plan, src_sf, everyone = _plan_full(job, src_strategy)
-    elif job.kind is DCP:
+    elif is_chunked(job.kind):
         chunked.check_run(run)
         plan, src_sf, everyone = _plan_chunked(job)
     else:
@@ -208,7 +208,8 @@ def _job(
 def _plan_chunked(job: _Job) -> tuple[Plan, None, Plan | None]:
     """A chunked source's plan (a PyTorch DCP folder): planned as the full model of its global
     tensors, then read from the chunks (``ops.chunked``)."""
-    opened = DCP.open(job.src, job.read, job.notes)
+    opened = job.kind.open(job.src, job.read, job.notes)
+    assert isinstance(opened, OpenedChunks)
     if job.cp2_out or job.shard_size is not None:
         output = "a Checkpoint 2.0 output" if job.cp2_out else "a Hugging Face output"
     else:
@@ -316,7 +317,7 @@ def _kinds(src: str, src_strategy: object) -> tuple[Kind, ...]:
     """What transform reads: rank folders, a MindFormers Checkpoint 2.0, a PyTorch DCP folder, a full
     checkpoint, a unify output, a Hugging Face model; one rank's folder only as the full checkpoint it holds, and never
     with a source strategy (its parent was meant)."""
-    kinds: tuple[Kind, ...] = (HUGGING_FACE, UNIFIED, RANK_FOLDERS, CHECKPOINT2, DCP, ENCRYPTED_CKPT, FULL_FILE)
+    kinds: tuple[Kind, ...] = (HUGGING_FACE, UNIFIED, RANK_FOLDERS, CHECKPOINT2, *CHUNKED, ENCRYPTED_CKPT, FULL_FILE)
     if src_strategy is None and full_model_file(src) is not None:
         kinds += (ONE_RANK_FOLDER,)
     return kinds
