@@ -634,7 +634,7 @@ def checkpoint2_negative_iteration(tmp: Path, job: dict[str, str]) -> tuple[list
 def checkpoint2_iteration_of_rank_folders(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     return [
         "transform", "--src", job["r8"], "--src-strategy", job["s8"], "--dst", OUT, "--src-iteration", "3",
-    ], "applies to a MindFormers Checkpoint 2.0 only"  # fmt: skip
+    ], "applies to a MindFormers Checkpoint 2.0 or a Megatron-LM run folder only"  # fmt: skip
 
 
 CASES += [

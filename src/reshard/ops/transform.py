@@ -44,7 +44,9 @@ from reshard.sources import (
     resolve,
     unified_index,
 )
+from reshard.sources import megatron as megatron_source
 from reshard.sources import strategy as _strategy
+from reshard.sources.megatron import MEGATRON
 from reshard.sources.registry import CHUNKED, is_chunked
 
 FORMATS = WRITES["transform"]
@@ -159,7 +161,8 @@ def transform(
     if job.cp2_out:
         target = Target(dst, sources, superseded=lambda p: _cp2.superseded(dst, p, where.overwrite, where.resume))
     elif job.dcp_out:
-        target = Target(dst, sources, superseded=dcp_output.superseded(dst, where.overwrite, where.resume))
+        save = dcp_output.save_folder(dst, out)
+        target = Target(dst, sources, superseded=dcp_output.superseded(save, where.overwrite, where.resume))
     else:
         target = Target(dst, sources, superseded=folder_superseded(dst, job.dst_sf, where))
     return run_plan(plan, target, where, read, write, run, job.notes, job.pipeline.report)
@@ -194,7 +197,7 @@ def _job(
     rule = statenames.DEFAULT.with_prefixes(out.optimizer_prefixes)
     pipeline = TensorPipeline(tensors, src, out.optimizer_prefixes)
     pipeline.defer_quantize()  # --quantize: DeepSeek's rule on the map's outputs
-    dcp_out = fmt == dcp_output.FORMAT
+    dcp_out = fmt in dcp_output.FORMATS
     if dcp_out and ranks is not None:
         raise UsageError("a DCP checkpoint is written whole: give no destination ranks")
     files_fmt = "safetensors" if cp2_out or dcp_out else None if fmt == "hf" else fmt
@@ -212,6 +215,8 @@ def _plan_chunked(job: _Job) -> tuple[Plan, None, Plan | None]:
     assert isinstance(opened, OpenedChunks)
     if job.cp2_out or job.shard_size is not None:
         output = "a Checkpoint 2.0 output" if job.cp2_out else "a Hugging Face output"
+    elif job.dcp_out:  # .metadata's byte items (Megatron's ShardedObjects) are not written yet
+        output = "reshard's DCP output"
     else:
         output = "a .ckpt output" if job.fmt == "ckpt" else "a safetensors output"
     chunked.values_note(opened, job.notes, output)
@@ -293,8 +298,15 @@ def _finish(job: _Job, plan: Plan, src_sf: LayoutTable | None, everyone: Plan | 
     plan = job.pipeline.finish(plan, job.notes, job.read)
     if job.dcp_out:
         how = dcp_output.chunking(out, job.dst_sf, sharded=job.kind in (RANK_FOLDERS, CHECKPOINT2))
-        plan = dcp_output.as_dcp(plan, job.dst, how, job.notes)
+        plan = dcp_output.as_dcp(plan, job.dst, how, job.notes, out, _source_common(job))
     return plan
+
+
+def _source_common(job: _Job) -> str | None:
+    """A torch_dist source's ``common.pt``, which a torch_dist output carries (None: another kind)."""
+    if job.kind is not MEGATRON:
+        return None
+    return megatron_source.common_file(megatron_source.save_folder(job.src, job.read))
 
 
 def _source_config(src: str, kind: Kind) -> tuple[dict[str, object], str] | None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from reshard.errors import FormatError
+from reshard.errors import FormatError, UsageError
 from reshard.formats import dcp, megatron
 from reshard.sources.dcp import DcpFolder
 from reshard.sources.kind import SHARDED, OpenedChunks, Traits
@@ -49,9 +49,20 @@ def is_run_folder(path: str) -> bool:
 
 
 def save_folder(path: str, options: ReadOptions | None) -> str:
-    """The save folder ``path`` stands for: itself, or a run folder's (the iteration asked for, else the tracker's)."""
+    """The save folder ``path`` stands for: itself, or a run folder's (the iteration asked for, else the tracker's).
+
+    Raises:
+        UsageError: An iteration for one save folder, or one the run folder does not hold.
+    """
+    iteration = options.iteration if options is not None else None
     if is_run_folder(path):
-        return megatron.resolve_iteration(path, options.iteration if options is not None else None)
+        return megatron.resolve_iteration(path, iteration)
+    if iteration is not None:
+        raise UsageError(
+            f"an iteration ({iteration}) picks a save of a Megatron-LM run folder; this is one save folder "
+            "(give the folder holding it and latest_checkpointed_iteration.txt)",
+            path,
+        )
     return path
 
 
