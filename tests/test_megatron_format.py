@@ -211,3 +211,26 @@ def test_refusals_before_anything_is_read(job: dict[str, str], tmp_path: Path) -
     proc = run_cli("unify", job["r8"], str(tmp_path / "o"), "--output-format", "torch_dist")
     assert proc.returncode == 2
     assert not (tmp_path / "o").exists()
+
+
+def test_non_tensor_values_are_carried_into_torch_dist(job: dict[str, str], tmp_path: Path) -> None:
+    from reshard.formats.dcp.data import read_bytes_item
+    from reshard.sources import open_checkpoint
+    from tests.test_dcp_ops import chunked_files
+
+    with open_checkpoint(job["full"]) as index:
+        tensors = {name: np.array(index.array(name)) for name in index.entries if name != "global_step"}
+    src = tmp_path / "src"
+    opaque = b"\x80\x02 a ShardedObject's torch.save bytes, never unpickled"
+    dcp.save_dcp(src, tensors, chunked_files(tensors), {"extra_state": opaque})
+    (src / "metadata.json").write_text(megatron.config_text())
+    (src / "common.pt").write_bytes(megatron.empty_common())
+    report = api.transform(str(src), str(tmp_path / "out"), None, None, output=TORCH_DIST)
+    assert not any("not carried" in n for n in report.notes), report.notes
+    assert [os.path.basename(t.path) for t in report.plan.texts] == [
+        "common.pt", "__0_1.distcp", ".metadata", "metadata.json"
+    ]  # fmt: skip
+    meta = dcp.read_dcp_metadata(str(tmp_path / "out"))
+    assert read_bytes_item(meta, "extra_state") == opaque
+    proc = run_cli("transform", str(src), str(tmp_path / "plain"), "--output-format", "dcp")
+    assert proc.returncode == 0 and "1 non-tensor values not carried" in proc.stderr  # a dcp output: not yet

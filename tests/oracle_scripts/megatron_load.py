@@ -8,6 +8,9 @@
 # them from F; each rank compares its part bit for bit with the .npz (bf16 kept as int16 bit patterns).
 # Rank 0 writes OUT: {"mismatched": [...], "loaded": n, "common": repr(load_common_state_dict(F))}.
 # A mismatch on any rank exits non-zero.
+# A load with "model": [tp, pp] and "resave": R instead loads megatron_save.py's tiny GPTModel on that
+# layout from F (its own sharded_state_dict(), ShardedObjects included), load_state_dict()s it, and
+# saves it again into R, for reshard to compare with the checkpoint F was made from.
 
 import json
 import sys
@@ -57,12 +60,27 @@ def compare(loaded, expected, split, bf16, rank, world):
     return mismatched
 
 
+def load_model(load):
+    from megatron_save import gpt_model, save
+
+    tp, pp = load["model"]
+    model = gpt_model(tp, pp)
+    model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), load["folder"]))
+    save(load["resave"], model.sharded_state_dict())
+    if dist.get_rank() == 0:
+        with open(load["out"], "w") as fh:
+            json.dump({"mismatched": [], "loaded": len(model.state_dict()), "common": "{}"}, fh)
+
+
 def main():
     loads = json.loads(sys.argv[1])["loads"]
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     failed = False
     for load in loads:
+        if "model" in load:
+            load_model(load)
+            continue
         with np.load(load["expected"]) as data:
             expected = {k: data[k] for k in data.files}
         split, bf16 = load["split"], set(load.get("bf16", []))

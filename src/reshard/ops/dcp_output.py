@@ -8,7 +8,9 @@ encryption) and an output prefix are refused before anything is read. An ``--ove
 earlier checkpoint's ``.metadata`` first (``superseded``).
 
 ``torch_dist`` is Megatron-core's checkpoint: the same DCP data, then ``common.pt`` (carried byte for
-byte from a torch_dist source, else the empty common state megatron-core writes), ``.metadata`` and
+byte from a torch_dist source, else the empty common state megatron-core writes), the source's
+non-tensor values (Megatron's ShardedObjects, ``_extra_state``, which its loader asks for) carried byte
+for byte in a data file of their own (``VALUES_FILE``), ``.metadata`` and
 ``metadata.json``, in megatron's order: ``metadata.json`` is what megatron's loader takes for "a
 distributed checkpoint", so it comes after everything it describes. ``OutputSpec.iteration`` (the
 ``--dst-iteration`` flag) makes the destination a Megatron-LM run folder: the checkpoint in
@@ -19,20 +21,23 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
-from reshard.errors import UsageError
+from reshard.errors import FormatError, UsageError
 from reshard.execute.options import WriteOptions
 from reshard.formats import megatron
-from reshard.formats.dcp import DATA_SUFFIX, METADATA_NAME
+from reshard.formats.dcp import DATA_SUFFIX, METADATA_NAME, BytesItem
 from reshard.layout import LayoutTable
 from reshard.ops.options import OutputSpec
 from reshard.plan import Plan, TextOutput
 from reshard.plan.dcp import Chunking, EvenRows, SourceSlices, StrategyBoxes, dcp_plan
+from reshard.sources.kind import ByteValue
 
 FORMAT = "dcp"
 TORCH_DIST = "torch_dist"  # Megatron-core's: DCP data + common.pt + metadata.json
 FORMATS = (FORMAT, TORCH_DIST)  # the outputs written as DCP data
+VALUES_FILE = f"__0_1{DATA_SUFFIX}"  # a torch_dist output's non-tensor values (the chunks are in __<r>_0)
 
 
 def asked(output: OutputSpec | None) -> bool:
@@ -98,28 +103,34 @@ def superseded(dst: str, overwrite: bool, resume: bool) -> Callable[[Plan], list
     return stale
 
 
+@dataclass(frozen=True)
+class Carried:
+    """What a torch_dist source hands a torch_dist output byte for byte: its ``common.pt`` (a path; None:
+    megatron's empty common state) and its ``.metadata``'s non-tensor values (Megatron's ShardedObjects)."""
+
+    common: str | None = None
+    values: Mapping[str, ByteValue] = field(default_factory=dict)
+
+
 def as_dcp(
     full: Plan,
     folder: str,
     how: Chunking,
     notes: list[str],
     output: OutputSpec | None = None,
-    common: str | None = None,
+    carried: Carried | None = None,
 ) -> Plan:
     """``full`` (a plan of full tensors) re-cut as a DCP checkpoint in ``folder``, ``.metadata`` last;
-    as a torch_dist checkpoint when ``output`` asks for one (``common``: the source's ``common.pt``
-    to carry; None: megatron's empty common state)."""
+    as a torch_dist checkpoint when ``output`` asks for one, with what a torch_dist source ``carried``."""
     if output is None or output.format != TORCH_DIST:
         return dcp_plan(full, folder, how, notes)
+    carried = carried or Carried()
     save = save_folder(folder, output)
-    plan = dcp_plan(full, save, how, notes)
-    if common is not None:
-        with open(common, "rb") as fh:
-            common_bytes = fh.read()
-    else:
-        common_bytes = megatron.empty_common()
+    values, items = _values_file(save, carried.values)
+    plan = dcp_plan(full, save, how, notes, items)
     texts = [
-        TextOutput(os.path.join(save, megatron.COMMON_NAME), common_bytes),
+        TextOutput(os.path.join(save, megatron.COMMON_NAME), _common_bytes(carried.common)),
+        *values,
         *plan.texts,  # .metadata
         TextOutput(os.path.join(save, megatron.CONFIG_NAME), megatron.config_text()),
     ]
@@ -128,10 +139,46 @@ def as_dcp(
     return Plan(plan.operation, plan.sources, plan.files, tuple(texts), plan.quantized)
 
 
+def _common_bytes(path: str | None) -> bytes:
+    if path is None:
+        return megatron.empty_common()
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise FormatError(f"cannot read it: {exc.strerror}", path) from None
+
+
+def _values_file(save: str, values: Mapping[str, ByteValue]) -> tuple[list[TextOutput], list[BytesItem]]:
+    """The source's non-tensor values, one after another in ``VALUES_FILE`` (a data file of their own,
+    written before ``.metadata``), and the ``.metadata`` records of where each is."""
+    if not values:
+        return [], []
+    data = bytearray()
+    items = []
+    for value in values.values():
+        items.append(BytesItem(value.name, VALUES_FILE, len(data), value.length))
+        data += _read_value(value)
+    return [TextOutput(os.path.join(save, VALUES_FILE), bytes(data))], items
+
+
+def _read_value(value: ByteValue) -> bytes:
+    try:
+        with open(value.file, "rb") as fh:
+            data = os.pread(fh.fileno(), value.length, value.offset)
+    except OSError as exc:
+        raise FormatError(f"cannot read the value {value.name!r}: {exc.strerror}", value.file) from None
+    if len(data) != value.length:
+        raise FormatError(f"the value {value.name!r} is cut short ({len(data)} of {value.length} bytes)", value.file)
+    return data
+
+
 __all__ = [
     "FORMAT",
     "FORMATS",
     "TORCH_DIST",
+    "VALUES_FILE",
+    "Carried",
     "as_dcp",
     "asked",
     "check_options",

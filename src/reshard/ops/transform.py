@@ -71,6 +71,8 @@ class _Job:
     kind: Kind
     shard_size: int | None  # Hugging Face output's shard size (None: not Hugging Face)
     dcp_out: bool = False  # a PyTorch DCP checkpoint: full tensors planned, then re-cut as chunks
+    out_format: str | None = None  # the output format asked for (None: the source's)
+    carried: dcp_output.Carried | None = None  # what a chunked source hands a torch_dist output
 
 
 def transform(
@@ -204,7 +206,7 @@ def _job(
     plan_dst = None if dcp_out else dst_sf  # DCP: the full tensors, cut into chunks once planned
     return _Job(
         src, dst, ranks, files_fmt, cp2_out, prefix, read, notes, dst_sf, plan_dst, rule, pipeline, kind, shard_size,
-        dcp_out,
+        dcp_out, fmt,
     )  # fmt: skip
 
 
@@ -213,13 +215,15 @@ def _plan_chunked(job: _Job) -> tuple[Plan, None, Plan | None]:
     tensors, then read from the chunks (``ops.chunked``)."""
     opened = job.kind.open(job.src, job.read, job.notes)
     assert isinstance(opened, OpenedChunks)
+    job.carried = _carried(job, opened)  # a torch_dist output carries the values
     if job.cp2_out or job.shard_size is not None:
         output = "a Checkpoint 2.0 output" if job.cp2_out else "a Hugging Face output"
-    elif job.dcp_out:  # .metadata's byte items (Megatron's ShardedObjects) are not written yet
+    elif job.dcp_out:  # a dcp output does not write .metadata's byte items yet
         output = "reshard's DCP output"
     else:
         output = "a .ckpt output" if job.fmt == "ckpt" else "a safetensors output"
-    chunked.values_note(opened, job.notes, output)
+    if job.carried is None:
+        chunked.values_note(opened, job.notes, output)
     files, mapping = chunked.virtual_model(opened)
     plan, _, everyone = _plan_full(job, None, (files, mapping, None))
     return chunked.resourced(plan, opened), None, chunked.resourced(everyone, opened) if everyone else None
@@ -298,15 +302,17 @@ def _finish(job: _Job, plan: Plan, src_sf: LayoutTable | None, everyone: Plan | 
     plan = job.pipeline.finish(plan, job.notes, job.read)
     if job.dcp_out:
         how = dcp_output.chunking(out, job.dst_sf, sharded=job.kind in (RANK_FOLDERS, CHECKPOINT2))
-        plan = dcp_output.as_dcp(plan, job.dst, how, job.notes, out, _source_common(job))
+        plan = dcp_output.as_dcp(plan, job.dst, how, job.notes, out, job.carried)
     return plan
 
 
-def _source_common(job: _Job) -> str | None:
-    """A torch_dist source's ``common.pt``, which a torch_dist output carries (None: another kind)."""
-    if job.kind is not MEGATRON:
+def _carried(job: _Job, opened: OpenedChunks) -> dcp_output.Carried | None:
+    """What a chunked source hands a torch_dist output: its non-tensor values and (a torch_dist source) its
+    ``common.pt``; None for another output."""
+    if job.out_format != dcp_output.TORCH_DIST:
         return None
-    return megatron_source.common_file(megatron_source.save_folder(job.src, job.read))
+    common = megatron_source.common_file(opened.path) if job.kind is MEGATRON else None
+    return dcp_output.Carried(common, opened.values)
 
 
 def _source_config(src: str, kind: Kind) -> tuple[dict[str, object], str] | None:
