@@ -234,3 +234,13 @@ def test_non_tensor_values_are_carried_into_torch_dist(job: dict[str, str], tmp_
     assert read_bytes_item(meta, "extra_state") == opaque
     proc = run_cli("transform", str(src), str(tmp_path / "plain"), "--output-format", "dcp")
     assert proc.returncode == 0 and "1 non-tensor values not carried" in proc.stderr  # a dcp output: not yet
+
+
+def test_iteration_folders_and_the_release_tracker(tmp_path: Path) -> None:
+    for name in ("iter_0000005", "iter_12345678", "release", "iteration_00000005"):
+        (tmp_path / name).mkdir()
+    assert megatron.iteration_folders(str(tmp_path)) == ["iter_0000005", "iter_12345678", "release"]
+    assert megatron.iteration_name(12345678) == "iter_12345678"
+    (tmp_path / megatron.TRACKER_NAME).write_text("release\n")
+    assert megatron.resolve_iteration(str(tmp_path), None) == str(tmp_path / "release")
+    assert megatron.resolve_iteration(str(tmp_path), 5) == str(tmp_path / "iter_0000005")
