@@ -92,15 +92,19 @@ def transform(
     """Move a distributed (or full) checkpoint to another layout: full->N, N->M, N->full.
 
     ``src`` is a folder of ``rank_<r>`` folders, one full checkpoint file, a Hugging Face sharded
-    model (its folder or its index), or a MindFormers Checkpoint 2.0 (its root or an ``iteration_*``
-    folder; ``read.iteration`` picks another than the tracker's); for a full model and a Checkpoint
-    2.0 (whose layouts are in its ``metadata.json``) ``src_strategy`` must be None. Strategies may be
+    model (its folder or its index), a MindFormers Checkpoint 2.0 (its root or an ``iteration_*``
+    folder; ``read.iteration`` picks another than the tracker's), a PyTorch DCP folder, or a
+    Megatron-core torch_dist one (a save folder, or a Megatron-LM run folder: ``read.iteration`` picks
+    an ``iter_*``); for a full model, a Checkpoint 2.0 (whose layouts are in its ``metadata.json``) and
+    a DCP or torch_dist folder (in its ``.metadata``) ``src_strategy`` must be None. Strategies may be
     files or folders of per-stage files (merged in memory). ``OutputSpec(format="hf")`` writes the full
     model (no ``dst_strategy``) as Hugging Face shards plus ``model.safetensors.index.json``;
     ``format="checkpoint2"`` a Checkpoint 2.0 (``iteration_{n:08d}/``, ``metadata.json``,
     ``common.json``, the tracker last; docs/formats.md §10); ``format="dcp"`` a PyTorch DCP checkpoint
     (``__<r>_0.distcp`` files, ``.metadata`` last: rank folders' own slices as chunks, a ``dst_strategy``'s
-    rank boxes, or ``OutputSpec.dcp_ranks`` even row parts; docs/pytorch.md).
+    rank boxes, or ``OutputSpec.dcp_ranks`` even row parts; docs/pytorch.md); ``format="torch_dist"``
+    Megatron-core's (the same, then ``common.pt``, the source's non-tensor values, ``.metadata`` and
+    ``metadata.json``; ``OutputSpec.iteration``: a Megatron-LM run folder, ``iter_{n:07d}/`` and its tracker).
 
     Args:
         src: The source checkpoint (rank folders, a full file, a Hugging Face model, a Checkpoint 2.0).

@@ -62,8 +62,8 @@ def unify(
 
     Args:
         src: The folder of ``rank_<r>`` folders holding ``.safetensors`` files, a MindFormers
-            Checkpoint 2.0 (its root or an ``iteration_*`` folder; ``read.iteration`` picks one), or a
-            PyTorch DCP folder (its layouts are its chunks: ``strategy`` None).
+            Checkpoint 2.0 (its root or an ``iteration_*`` folder; ``read.iteration`` picks one), a
+            PyTorch DCP folder or a Megatron-core torch_dist one (its layouts are its chunks: ``strategy`` None).
         strategy: Their strategy, a path (file or folder of per-stage files) or a ``StrategyFile``
             (None for a Checkpoint 2.0: its layouts are in its ``metadata.json``).
         dst: The output folder.
