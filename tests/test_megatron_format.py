@@ -244,3 +244,23 @@ def test_iteration_folders_and_the_release_tracker(tmp_path: Path) -> None:
     (tmp_path / megatron.TRACKER_NAME).write_text("release\n")
     assert megatron.resolve_iteration(str(tmp_path), None) == str(tmp_path / "release")
     assert megatron.resolve_iteration(str(tmp_path), 5) == str(tmp_path / "iter_0000005")
+
+
+def test_every_command_reads_a_run_folder(job: dict[str, str], tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    api.transform(job["r8"], str(run), job["s8"], None, output=api.OutputSpec("torch_dist", iteration=3, dcp_ranks=2))
+    data = [str(run / "iter_0000003" / f"__{r}_0.distcp") for r in range(2)]
+    proc = run_cli("rank-list", "0", "--src", str(run), "--files")
+    assert proc.returncode == 0 and proc.stdout.split() == data, proc.stdout + proc.stderr
+    proc = run_cli("plan", str(run), str(tmp_path / "p"), "--dst-strategy", job["s4"])
+    assert proc.returncode == 0 and "rank_3" in proc.stdout, proc.stderr
+    proc = run_cli("show", str(run), "model.layers.0.attention.wq.weight", "-o", str(tmp_path / "wq.svg"))
+    assert proc.returncode == 0 and (tmp_path / "wq.svg").read_text().startswith("<"), proc.stderr
+    proc = run_cli("unify", str(run), str(tmp_path / "u"))
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("verify", str(tmp_path / "u"), job["full"])
+    assert proc.returncode == 0 and "SAME" in proc.stdout, proc.stdout + proc.stderr
+    proc = run_cli(
+        "transform", str(run), str(tmp_path / "r4"), "--dst-strategy", job["s4"], "--src-strategy", job["s8"]
+    )
+    assert proc.returncode == 2 and "carries its layouts in .metadata: give no source strategy" in proc.stderr
