@@ -264,3 +264,12 @@ def test_every_command_reads_a_run_folder(job: dict[str, str], tmp_path: Path) -
         "transform", str(run), str(tmp_path / "r4"), "--dst-strategy", job["s4"], "--src-strategy", job["s8"]
     )
     assert proc.returncode == 2 and "carries its layouts in .metadata: give no source strategy" in proc.stderr
+
+
+def test_a_legacy_megatron_lm_checkpoint_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "run" / "iter_0000010" / "mp_rank_00").mkdir(parents=True)
+    (tmp_path / "run" / "iter_0000010" / "mp_rank_00" / "model_optim_rng.pt").write_bytes(b"PK")
+    (tmp_path / "run" / "latest_checkpointed_iteration.txt").write_text("10")
+    proc = run_cli("inspect", str(tmp_path / "run"))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "legacy torch checkpoint (mp_rank_*/model_optim_rng.pt) is not supported" in proc.stderr

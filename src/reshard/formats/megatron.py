@@ -41,6 +41,14 @@ CONFIG: dict[str, object] = {
     "common_backend_version": 1,
 }
 _ITER = re.compile(r"iter_(\d{7,})")
+_LEGACY = re.compile(r"mp_rank_\d{2}(_\d{3})?(_\d{3})?")  # Megatron-LM's legacy per-rank folders
+
+
+def _names(folder: str) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
 
 
 def iteration_name(iteration: int) -> str:
@@ -70,6 +78,12 @@ def read_config(folder: str) -> dict[str, object]:
         with open(path, encoding="utf-8") as fh:
             config = json.load(fh)
     except FileNotFoundError:
+        if any(_LEGACY.fullmatch(n) for n in _names(folder)):
+            raise UnsupportedError(
+                "Megatron-LM's legacy torch checkpoint (mp_rank_*/model_optim_rng.pt) is not supported; "
+                "save with --ckpt-format torch_dist",
+                folder,
+            ) from None
         raise FormatError(f"no {CONFIG_NAME}: not a Megatron-core distributed checkpoint", folder) from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise FormatError(f"{CONFIG_NAME} does not parse: {exc}", path) from None
