@@ -273,3 +273,30 @@ def test_a_legacy_megatron_lm_checkpoint_is_refused(tmp_path: Path) -> None:
     proc = run_cli("inspect", str(tmp_path / "run"))
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "legacy torch checkpoint (mp_rank_*/model_optim_rng.pt) is not supported" in proc.stderr
+
+
+def test_an_interrupted_run_folder_never_looks_complete(job: dict[str, str], tmp_path: Path) -> None:
+    import signal
+
+    from tests.test_integrity_signals import run_paused
+
+    run = tmp_path / "run"
+    args = ["transform", job["r8"], str(run), "--src-strategy", job["s8"], "--output-format", "torch_dist"]
+    args += ["--dst-iteration", "9", "--workers", "1"]
+    proc = run_paused(args, "file:8", signal.SIGINT, str(tmp_path / "marker"))
+    assert proc.returncode == 130, proc.stderr
+    save = run / "iter_0000009"
+    assert not any((save / n).exists() for n in (".metadata", "metadata.json"))  # seven data files only
+    assert not (run / "latest_checkpointed_iteration.txt").exists()
+    done = run_cli(*args, "--resume")
+    assert done.returncode == 0, done.stderr
+    marker = os.stat(save / "metadata.json").st_mtime_ns
+    assert all(os.stat(save / n).st_mtime_ns <= marker for n in os.listdir(save))  # metadata.json last
+    assert os.stat(run / "latest_checkpointed_iteration.txt").st_mtime_ns >= marker  # then the tracker
+    assert_same(read_back(str(save)), full_tensors(job["full"]))
+    dst = tmp_path / "again"
+    api.transform(job["full"], str(dst), None, None, output=api.OutputSpec("torch_dist", dcp_ranks=3))
+    args = ["transform", job["full"], str(dst), "--output-format", "torch_dist", "--dcp-ranks", "2", "--overwrite"]
+    proc = run_paused(args, "file", signal.SIGINT, str(tmp_path / "marker2"))
+    assert proc.returncode == 130, proc.stderr
+    assert not (dst / "metadata.json").exists() and not (dst / ".metadata").exists()  # no longer complete
