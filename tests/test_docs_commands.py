@@ -122,6 +122,8 @@ def test_pytorch_writing(demo_root: Path, tmp_path: Path) -> None:
         assert (tmp_path / folder / ".metadata").is_file(), folder
     assert len(list((tmp_path / "dcp_rows3").glob("__*_0.distcp"))) == 3
     assert "BFloat16 (128, 128)" in out and "__0_0.distcp" in out
+    assert (tmp_path / "megatron_run" / "iter_0000100" / "metadata.json").is_file()
+    assert "Megatron-core torch_dist checkpoint (2 data files)" in out and out.count("SAME: 119 match") == 2
 
 
 def test_low_precision_try_it(demo_root: Path, tmp_path: Path) -> None:
