@@ -138,6 +138,17 @@ class ModelMap:
     ops: tuple[Op, ...]
     config: Mapping[str, object] = field(default_factory=dict)
     name: str = "rules"  # what the report and errors call it ("rules.yaml", "preset qwen3")
+    # A further map applied to this one's outputs (``reshard.naming.stages``): a name can be
+    # unstacked by one stage and split by the next; the pieces still read the input tensors.
+    then: ModelMap | None = None
+
+    def stages(self) -> tuple[ModelMap, ...]:
+        """This map and every map after it, in order."""
+        return (self,) if self.then is None else (self, *self.then.stages())
+
+    def all_ops(self) -> tuple[Op, ...]:
+        """The operations of every stage, in order."""
+        return tuple(op for stage in self.stages() for op in stage.ops)
 
 
 @dataclass(frozen=True)
@@ -210,6 +221,15 @@ def apply(model_map: ModelMap, catalogue: Mapping[str, TensorInfo]) -> Applied:
         out = apply(ModelMap((Rename(r"a\\.(.*)", r"b.\\1"),)), {"a.w": TensorInfo((2, 3), "Float32")})
         assert [d.name for d in out.outputs] == ["b.w"]
     """
+    first = _apply_stage(model_map, catalogue)
+    if model_map.then is None:
+        return first
+    from reshard.naming.stages import chained
+
+    return chained(first, model_map.then, catalogue)
+
+
+def _apply_stage(model_map: ModelMap, catalogue: Mapping[str, TensorInfo]) -> Applied:
     compiled = [_compile(op) for op in model_map.ops]
     claims: dict[int, list[tuple[str, re.Match[str]]]] = {}
     unmatched: list[str] = []
