@@ -93,10 +93,7 @@ def resourced(plan: Plan, opened: OpenedChunks) -> Plan:
 def _chunk_copies(c: Copy, tensor: ChunkedTensor, interned: SourcePaths, indexes: Indexes) -> list[Copy]:
     """The copies from ``tensor``'s chunks that fill what copy ``c`` (of the whole tensor) fills."""
     if c.src_view is not None and tuple(c.src_view) != tensor.shape:
-        raise UnsupportedError(
-            f"tensor {tensor.name!r}: a model map that reshapes a tensor of a PyTorch DCP checkpoint is not "
-            "supported (convert it to safetensors first: reshard transform SRC FULL --output-format safetensors)"
-        )
+        return _viewed_chunk_copies(c, tensor, interned, indexes)
     perm = c.src_perm if c.src_perm is not None else tuple(range(len(c.lengths)))
     box = tuple((s, s + n) for s, n in zip(c.src_start, c.src_lengths, strict=True))
     piece_plan = assembled_tensor(interned, tensor, box, indexes=indexes)
@@ -106,6 +103,44 @@ def _chunk_copies(c: Copy, tensor: ChunkedTensor, interned: SourcePaths, indexes
         dst = tuple(c.dst_start[j] + p.dst_start[perm[j]] for j in range(len(perm)))
         lengths = tuple(p.lengths[perm[j]] for j in range(len(perm)))
         out.append(Copy(p.source, p.tensor, p.src_start, dst, lengths, p.whole_source, None, c.src_perm))
+    return out
+
+
+def _refused(tensor: ChunkedTensor) -> UnsupportedError:
+    return UnsupportedError(
+        f"tensor {tensor.name!r}: a model map reads it through a reshaping view that is not one box of its "
+        "chunks (convert it to safetensors first: reshard transform SRC FULL --output-format safetensors)"
+    )
+
+
+def _viewed_chunk_copies(c: Copy, tensor: ChunkedTensor, interned: SourcePaths, indexes: Indexes) -> list[Copy]:
+    """``_chunk_copies`` of a copy reading ``tensor`` through a view (``plan.views``): the view's box as a box
+    of the tensor, each chunk's piece read through the same view of the chunk."""
+    from reshard.plan import views
+
+    merged = views.runs(c.src_view or (), tensor.shape)
+    box = None if merged is None else views.to_tensor(merged, tensor.shape, c.src_start, c.src_lengths)
+    if merged is None or box is None:
+        raise _refused(tensor)
+    start, lengths = box
+    plan = assembled_tensor(interned, tensor, tuple((s, s + n) for s, n in zip(start, lengths)), indexes=indexes)
+    chunk_shapes = {
+        (tensor.files[k], tensor.tensor_of(k)): tuple(hi - lo for lo, hi in b) for k, b in enumerate(tensor.boxes)
+    }
+    perm = c.src_perm if c.src_perm is not None else tuple(range(len(c.lengths)))
+    out = []
+    for p in plan.copies:
+        chunk_shape = chunk_shapes[(interned.paths[p.source], p.tensor)]
+        at = tuple(s + d for s, d in zip(start, p.dst_start, strict=True))
+        in_view = views.to_view(merged, tensor.shape, at, p.lengths)
+        in_chunk = views.to_view(merged, chunk_shape, p.src_start, p.lengths)
+        if in_view is None or in_chunk is None:
+            raise _refused(tensor)
+        offset = tuple(v - s for v, s in zip(in_view[0], c.src_start, strict=True))
+        dst = tuple(c.dst_start[j] + offset[perm[j]] for j in range(len(perm)))
+        sizes = tuple(in_view[1][perm[j]] for j in range(len(perm)))
+        chunk_view = views.viewed_shape(merged, chunk_shape)
+        out.append(Copy(p.source, p.tensor, in_chunk[0], dst, sizes, False, chunk_view, c.src_perm))
     return out
 
 
