@@ -201,7 +201,10 @@ class Applied:
 
 
 def apply(model_map: ModelMap, catalogue: Mapping[str, TensorInfo]) -> Applied:
-    """The output tensors ``model_map`` makes of the input tensors ``catalogue``.
+    """The output tensors ``model_map``'s own operations make of the input tensors ``catalogue``.
+
+    One stage: ``reshard.naming.apply`` (``reshard.naming.stages.apply``) applies every stage of a
+    map (``ModelMap.then``).
 
     Args:
         model_map: The operations and the config values they need.
@@ -221,15 +224,6 @@ def apply(model_map: ModelMap, catalogue: Mapping[str, TensorInfo]) -> Applied:
         out = apply(ModelMap((Rename(r"a\\.(.*)", r"b.\\1"),)), {"a.w": TensorInfo((2, 3), "Float32")})
         assert [d.name for d in out.outputs] == ["b.w"]
     """
-    first = _apply_stage(model_map, catalogue)
-    if model_map.then is None:
-        return first
-    from reshard.naming.stages import chained
-
-    return chained(first, model_map.then, catalogue)
-
-
-def _apply_stage(model_map: ModelMap, catalogue: Mapping[str, TensorInfo]) -> Applied:
     compiled = [_compile(op) for op in model_map.ops]
     claims: dict[int, list[tuple[str, re.Match[str]]]] = {}
     unmatched: list[str] = []

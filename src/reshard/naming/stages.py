@@ -25,10 +25,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from reshard.errors import UnsupportedError
-from reshard.naming.ops import Applied, Derived, ModelMap, Piece, TensorInfo, apply
+from reshard.naming import ops
+from reshard.naming.ops import Applied, Derived, ModelMap, Piece, TensorInfo
 from reshard.naming.report import NameReport
 
 Shape = tuple[int, ...]
+
+
+def apply(model_map: ModelMap, catalogue: Mapping[str, TensorInfo]) -> Applied:
+    """Every stage of ``model_map`` applied to ``catalogue`` (``reshard.naming.ops.apply`` per stage, composed).
+
+    Example:
+        from reshard.naming import ModelMap, Rename, TensorInfo
+        from reshard.naming.stages import apply
+        m = ModelMap((Rename("a", "b"),), then=ModelMap((Rename("b", "c"),)))
+        assert [d.name for d in apply(m, {"a": TensorInfo((2,), "Float32")}).outputs] == ["c"]
+    """
+    first = ops.apply(model_map, catalogue)
+    return first if model_map.then is None else chained(first, model_map.then, catalogue)
 
 
 def chained(first: Applied, rest: ModelMap, catalogue: Mapping[str, TensorInfo]) -> Applied:
@@ -107,14 +121,31 @@ def through(p: Piece, q: Piece) -> Piece | None:
 def _in_view(x: Derived, view: Shape, shapes: Mapping[str, Shape]) -> list[Piece]:
     """``x``'s pieces with their output boxes in ``view``'s coordinates (a unit axis inserted, or two merged)."""
     shape = x.shape
-    if len(view) == len(shape) + 1:
-        k = next(k for k in range(len(view)) if view[k] == 1 and view[:k] + view[k + 1 :] == shape)
-        return [_unit(p, k, shapes) for p in x.pieces]
+    if len(view) > len(shape):
+        units = _units(view, shape)
+        if units is not None:
+            pieces = list(x.pieces)
+            for k in units:  # in increasing order: each at its place in the final view
+                pieces = [_unit(p, k, shapes) for p in pieces]
+            return pieces
     if len(view) == len(shape) - 1:
         merges = [k for k in range(len(shape) - 1) if (*shape[:k], shape[k] * shape[k + 1], *shape[k + 2 :]) == view]
         if merges:
             return [m for p in x.pieces for m in _merged(p, merges[0], shape, shapes)]
     raise UnsupportedError(f"{x.name!r} is read as {list(view)}, which is not a view a model map makes")
+
+
+def _units(view: Shape, shape: Shape) -> list[int] | None:
+    """The axes of ``view`` that are unit axes inserted into ``shape`` (None: ``view`` is not that)."""
+    units, j = [], 0
+    for i, v in enumerate(view):
+        if j < len(shape) and v == shape[j]:
+            j += 1
+        elif v == 1:
+            units.append(i)
+        else:
+            return None
+    return units if j == len(shape) else None
 
 
 def _source_view(p: Piece, shapes: Mapping[str, Shape]) -> Shape:
@@ -162,4 +193,4 @@ def _merged(p: Piece, k: int, shape: Shape, shapes: Mapping[str, Shape]) -> list
     ]
 
 
-__all__ = ["chained", "through"]
+__all__ = ["apply", "chained", "through"]

@@ -123,7 +123,9 @@ def _viewed_chunk_copies(c: Copy, tensor: ChunkedTensor, interned: SourcePaths, 
     if merged is None or box is None:
         raise _refused(tensor)
     start, lengths = box
-    plan = assembled_tensor(interned, tensor, tuple((s, s + n) for s, n in zip(start, lengths)), indexes=indexes)
+    plan = assembled_tensor(
+        interned, tensor, tuple((s, s + n) for s, n in zip(start, lengths, strict=True)), indexes=indexes
+    )
     chunk_shapes = {
         (tensor.files[k], tensor.tensor_of(k)): tuple(hi - lo for lo, hi in b) for k, b in enumerate(tensor.boxes)
     }

@@ -1,0 +1,163 @@
+"""Megatron-core names (``naming/megatron.py``), maps in stages (``naming/stages.py``) and views (``plan/views.py``).
+
+Each map is checked against a numpy reference that materialises the pieces and rearranges the
+tensors by hand: Megatron-core's stacked layers and experts, Q/K/V grouped per query group and
+``[gate; up]``; and round trips (Megatron -> Hugging Face -> Megatron, MindFormers -> Megatron ->
+MindFormers) are exact.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from reshard.errors import UsageError
+from reshard.naming import Derived, TensorInfo, apply
+from reshard.naming.megatron import world_map
+from reshard.plan import views
+
+L, E, H, FFN, MOE_FFN = 2, 4, 64, 96, 32
+CONFIG = {
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "hidden_size": H,
+    "intermediate_size": FFN,
+    "moe_intermediate_size": MOE_FFN,
+    "num_experts": E,
+}
+QKV = (4 * 16 + 2 * 2 * 16, H)
+
+
+def materialise(d: Derived, arrays: dict[str, np.ndarray]) -> np.ndarray:
+    out = np.zeros(d.shape, dtype=np.float32)
+    for p in d.pieces:
+        src = arrays[p.source].reshape(p.view or arrays[p.source].shape)
+        box = src[tuple(slice(s, s + n) for s, n in zip(p.src_start, p.src_lengths, strict=True))]
+        box = box if p.perm is None else np.transpose(box, p.perm)
+        out[tuple(slice(s, s + n) for s, n in zip(p.dst_start, p.lengths, strict=True))] = box
+    return out
+
+
+def run(model_map, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    applied = apply(model_map, {n: TensorInfo(a.shape, "Float32") for n, a in arrays.items()})
+    assert not applied.report.unmatched
+    return {d.name: materialise(d, arrays) for d in applied.outputs}
+
+
+def stacked_moe(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    shapes = {
+        "embedding.word_embeddings.weight": (96, H),
+        "decoder.layers.self_attention.linear_qkv.layer_norm_weight": (L, H),
+        "decoder.layers.self_attention.linear_qkv.weight": (L, *QKV),
+        "decoder.layers.self_attention.q_layernorm.weight": (L, 16),
+        "decoder.layers.self_attention.k_layernorm.weight": (L, 16),
+        "decoder.layers.self_attention.linear_proj.weight": (L, H, 64),
+        "decoder.layers.pre_mlp_layernorm.weight": (L, H),
+        "decoder.layers.mlp.router.weight": (L, E, H),
+        "decoder.layers.mlp.experts.experts.linear_fc1.weight": (L, E, 2 * MOE_FFN, H),
+        "decoder.layers.mlp.experts.experts.linear_fc2.weight": (L, E, H, MOE_FFN),
+        "decoder.final_layernorm.weight": (H,),
+        "output_layer.weight": (96, H),
+    }
+    return {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+
+
+def test_stacked_moe_to_hf_matches_reference() -> None:
+    src = stacked_moe(np.random.default_rng(0))
+    out = run(world_map("qwen3-moe", "megatron", "hf", CONFIG), src)
+    qkv = src["decoder.layers.self_attention.linear_qkv.weight"][1].reshape(2, 4, 16, H)  # groups x [q, q, k, v]
+    np.testing.assert_array_equal(out["model.layers.1.self_attn.q_proj.weight"], qkv[:, :2].reshape(64, H))
+    np.testing.assert_array_equal(out["model.layers.1.self_attn.v_proj.weight"], qkv[:, 3].reshape(32, H))
+    fc1 = src["decoder.layers.mlp.experts.experts.linear_fc1.weight"][1, 3]
+    np.testing.assert_array_equal(out["model.layers.1.mlp.experts.3.gate_proj.weight"], fc1[:MOE_FFN])
+    np.testing.assert_array_equal(out["model.layers.1.mlp.experts.3.up_proj.weight"], fc1[MOE_FFN:])
+    fc2 = src["decoder.layers.mlp.experts.experts.linear_fc2.weight"][0, 2]
+    np.testing.assert_array_equal(out["model.layers.0.mlp.experts.2.down_proj.weight"], fc2)
+    norm = src["decoder.layers.pre_mlp_layernorm.weight"][1]
+    np.testing.assert_array_equal(out["model.layers.1.post_attention_layernorm.weight"], norm)
+    assert len(out) == 3 + L * (9 + 3 * E)
+
+
+def test_round_trips_are_exact() -> None:
+    src = stacked_moe(np.random.default_rng(1))
+    hf = run(world_map("qwen3-moe", "megatron", "hf", CONFIG), src)
+    back = run(world_map("qwen3-moe", "hf", "megatron", CONFIG), hf)
+    assert sorted(back) == sorted(src)
+    for name, array in src.items():
+        np.testing.assert_array_equal(back[name], array)
+    mindformers = run(world_map("qwen3-moe", "megatron", "mindformers", CONFIG), src)
+    assert "decoder.layers.1.mlp.experts.weight1" in mindformers
+    again = run(world_map("qwen3-moe", "mindformers", "megatron", CONFIG), mindformers)
+    for name, array in src.items():
+        np.testing.assert_array_equal(again[name], array)
+
+
+def test_per_layer_state_dict_names_read_like_stacked() -> None:
+    src = stacked_moe(np.random.default_rng(2))
+    per_layer = {}
+    for name, array in src.items():
+        if not name.startswith("decoder.layers.") or name.startswith("decoder.layers.mlp.experts"):
+            per_layer[name] = array
+            continue
+        rest = name[len("decoder.layers.") :].replace(
+            "self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight"
+        )
+        for layer in range(L):
+            per_layer[f"decoder.layers.{layer}.{rest}"] = array[layer]
+    for layer in range(L):
+        for e in range(E):  # Transformer Engine's grouped experts: linear_fc1.weightE
+            for fc in ("linear_fc1", "linear_fc2"):
+                grouped = src[f"decoder.layers.mlp.experts.experts.{fc}.weight"]
+                per_layer[f"decoder.layers.{layer}.mlp.experts.{fc}.weight{e}"] = grouped[layer, e]
+    per_layer = {n: a for n, a in per_layer.items() if not n.startswith("decoder.layers.mlp.experts")}
+    expected = run(world_map("qwen3-moe", "megatron", "hf", CONFIG), src)
+    got = run(world_map("qwen3-moe", "megatron", "hf", CONFIG), per_layer)
+    assert sorted(got) == sorted(expected)
+    for name, array in expected.items():
+        np.testing.assert_array_equal(got[name], array)
+
+
+def test_world_map_refusals() -> None:
+    with pytest.raises(UsageError, match="one side must be megatron"):
+        world_map("llama", "hf", "mindformers", CONFIG)
+    with pytest.raises(UsageError, match="no Megatron-core names"):
+        world_map("llama-qkv-concat", "megatron", "hf", CONFIG)
+    with pytest.raises(UsageError, match=r"'num_key_value_heads'.*--hf-config"):
+        world_map("llama", "megatron", "hf", None)
+
+
+def test_views() -> None:
+    assert views.runs((6, 4), (2, 3, 4)) == ((0, 1), (2,))
+    assert views.runs((1, 3, 4), (3, 4)) == ((), (0,), (1,))
+    assert views.runs((5, 4), (2, 3, 4)) is None
+    runs = views.runs((24, 4), (2, 3, 4, 4))
+    assert views.to_tensor(runs, (2, 3, 4, 4), (16, 0), (4, 4)) == ((1, 1, 0, 0), (1, 1, 4, 4))
+    assert views.to_tensor(runs, (2, 3, 4, 4), (2, 0), (4, 4)) is None  # spans two experts, partly
+    assert views.to_view(runs, (2, 3, 4, 4), (1, 1, 2, 0), (1, 1, 2, 4)) == ((18, 0), (2, 4))
+    assert views.to_view(runs, (2, 3, 4, 4), (0, 1, 0, 0), (2, 1, 4, 4)) is None
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "reshard.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_refusals(tmp_path) -> None:
+    proc = cli("transform", "--src", str(tmp_path), "--dst", str(tmp_path / "o"), "--src-names", "megatron")
+    assert proc.returncode == 2 and "need --preset" in proc.stderr
+    proc = cli(
+        "transform",
+        "--src",
+        str(tmp_path),
+        "--dst",
+        str(tmp_path / "o"),
+        "--hf",
+        "--preset",
+        "llama",
+        "--dst-names",
+        "megatron",
+    )
+    assert proc.returncode == 2 and "contradicts" in proc.stderr
