@@ -9,7 +9,9 @@ every global tensor whole, at a path no executor reads), planned by the planners
 goes through, and the plan is then re-sourced (``resourced``): each copy of a box of a global
 tensor becomes the copies of that box from the chunks holding it (``plan.boxes.assembled_tensor``
 over the chunking's ``ChunkIndex``, one per chunking). Chunk bytes move as bytes (bf16, fp8), and
-a copy that reads through a reshaping view (a model map's stacked tensors) is refused in one line.
+a copy that reads through a reshaping view (a model map's stacked layers) reads the box of the
+tensor it is, through the same view of each chunk (``plan.views``); a view box that is not one box
+of the tensor and of its chunks is refused in one line.
 
 Non-tensor values (opaque ``torch.save`` bytes) are never unpickled; an output that holds tensors
 only says in one note how many it does not carry (``values_note``).
@@ -108,8 +110,9 @@ def _chunk_copies(c: Copy, tensor: ChunkedTensor, interned: SourcePaths, indexes
 
 def _refused(tensor: ChunkedTensor) -> UnsupportedError:
     return UnsupportedError(
-        f"tensor {tensor.name!r}: a model map reads it through a reshaping view that is not one box of its "
-        "chunks (convert it to safetensors first: reshard transform SRC FULL --output-format safetensors)"
+        f"tensor {tensor.name!r}: a model map that reshapes a tensor of a PyTorch DCP checkpoint into boxes that "
+        "are not boxes of its chunks is not supported (convert it to safetensors first: reshard transform SRC "
+        "FULL --output-format safetensors)"
     )
 
 
