@@ -161,3 +161,18 @@ def test_cli_refusals(tmp_path) -> None:
         "megatron",
     )
     assert proc.returncode == 2 and "contradicts" in proc.stderr
+
+
+def test_singleton_local_shards_experts() -> None:
+    """``dist_checkpointing``'s ``singleton_local_shards``: one key per expert, stacked on layers only."""
+    src = stacked_moe(np.random.default_rng(3))
+    singleton = {n: a for n, a in src.items() if not n.startswith("decoder.layers.mlp.experts")}
+    for fc in ("linear_fc1", "linear_fc2"):
+        grouped = src[f"decoder.layers.mlp.experts.experts.{fc}.weight"]
+        for e in range(E):
+            singleton[f"decoder.layers.mlp.experts.experts.{e}.{fc}.weight"] = grouped[:, e]
+    expected = run(world_map("qwen3-moe", "megatron", "hf", CONFIG), src)
+    got = run(world_map("qwen3-moe", "megatron", "hf", CONFIG), singleton)
+    assert sorted(got) == sorted(expected)
+    for name, array in expected.items():
+        np.testing.assert_array_equal(got[name], array)

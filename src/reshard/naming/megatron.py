@@ -129,6 +129,9 @@ READ_AS: tuple[Read, ...] = (
     (_ATT + "kv_layernorm.weight", _ATT + "linear_kv_up_proj.layer_norm_weight"),
     (_L + "mlp.experts.linear_fc1.weight{E}", _EXP + "linear_fc1.weight"),
     (_L + "mlp.experts.linear_fc2.weight{E}", _EXP + "linear_fc2.weight"),
+    # dist_checkpointing's singleton_local_shards: one key per expert, stacked on layers only
+    (_L + "mlp.experts.experts.{E}.linear_fc1.weight", _EXP + "linear_fc1.weight"),
+    (_L + "mlp.experts.experts.{E}.linear_fc2.weight", _EXP + "linear_fc2.weight"),
 )
 
 
@@ -174,10 +177,10 @@ def _stacked(template: str) -> tuple[str, str] | None:
     if not template.startswith(_L) or "{P}" in template:
         return None
     rest = template[len(_L) :]
-    if "{E}" in rest:
-        if not rest.startswith("mlp.experts.local_experts.{E}."):
-            return None
+    if rest.startswith("mlp.experts.local_experts.{E}."):
         rest = "mlp.experts.experts." + rest[len("mlp.experts.local_experts.{E}.") :]
+    elif "{E}" in rest and not rest.startswith("mlp.experts.experts.{E}."):
+        return None  # Transformer Engine's per-expert state-dict names are never stacked
     return "decoder.layers." + rest, _L + rest
 
 
@@ -189,8 +192,9 @@ def _layer_stage(table: Sequence[Entry], direction: str) -> tuple[Op, ...]:
         if pair is None:
             continue
         stacked, layer = pair
-        if direction == TO_HF:
-            out.append(Unstack(re.escape(stacked), layer.replace("{L}", "{expert}"), 0))
+        if direction == TO_HF:  # the expert index of a per-expert key is group ``e`` ({expert} is the layer's)
+            match = _regex(stacked).replace("(?P<expert>", "(?P<e>")
+            out.append(Unstack(match, layer.replace("{L}", "{expert}").replace("{E}", r"\g<e>"), 0))
         else:
             out.append(Stack(_regex(layer).replace("(?P<L>", "(?P<expert>"), stacked, 0))
     return tuple(out)
