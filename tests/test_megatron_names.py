@@ -176,3 +176,95 @@ def test_singleton_local_shards_experts() -> None:
     assert sorted(got) == sorted(expected)
     for name, array in expected.items():
         np.testing.assert_array_equal(got[name], array)
+
+
+DEEPSEEK = {
+    "hidden_size": H,
+    "num_attention_heads": 4,
+    "intermediate_size": FFN,
+    "moe_intermediate_size": MOE_FFN,
+    "n_shared_experts": 1,
+    "n_routed_experts": E,
+    "num_hidden_layers": 2,
+    "first_k_dense_replace": 1,
+}
+
+
+def deepseek_per_layer(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """megatron-core's DeepSeek-V3 distributed-checkpoint names (MLA, Transformer Engine spelling): a dense
+    layer 0 and a MoE layer 1, saved per layer (its layers differ), the experts stacked per layer."""
+    shapes: dict[str, tuple[int, ...]] = {
+        "embedding.word_embeddings.weight": (96, H),
+        "output_layer.weight": (96, H),
+        "decoder.final_layernorm.weight": (H,),
+    }
+    for n in range(2):
+        a = f"decoder.layers.{n}.self_attention."
+        shapes |= {
+            f"decoder.layers.{n}.input_layernorm.weight": (H,),
+            a + "linear_q_down_proj.weight": (24, H),
+            a + "linear_q_up_proj.layer_norm_weight": (24,),
+            a + "linear_q_up_proj.weight": (96, 24),
+            a + "linear_kv_down_proj.weight": (24, H),
+            a + "linear_kv_up_proj.layer_norm_weight": (16,),
+            a + "linear_kv_up_proj.weight": (128, 16),
+            a + "linear_proj.weight": (H, 64),
+        }
+    m = "decoder.layers.0.mlp."
+    shapes |= {
+        m + "linear_fc1.layer_norm_weight": (H,),
+        m + "linear_fc1.weight": (2 * FFN, H),
+        m + "linear_fc2.weight": (H, FFN),
+    }
+    m = "decoder.layers.1.mlp."
+    shapes |= {
+        "decoder.layers.1.pre_mlp_layernorm.weight": (H,),
+        m + "router.weight": (E, H),
+        m + "router.expert_bias": (E,),
+        m + "experts.experts.linear_fc1.weight": (E, 2 * MOE_FFN, H),
+        m + "experts.experts.linear_fc2.weight": (E, H, MOE_FFN),
+        m + "shared_experts.linear_fc1.weight": (2 * MOE_FFN, H),
+        m + "shared_experts.linear_fc2.weight": (H, MOE_FFN),
+    }
+    return {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+
+
+def test_deepseek_v3_per_layer_round_trip() -> None:
+    src = deepseek_per_layer(np.random.default_rng(4))
+    hf = run(world_map("deepseek-v3", "megatron", "hf", DEEPSEEK), src)
+    shared = src["decoder.layers.1.mlp.shared_experts.linear_fc1.weight"]
+    np.testing.assert_array_equal(hf["model.layers.1.mlp.shared_experts.up_proj.weight"], shared[MOE_FFN:])
+    expert = src["decoder.layers.1.mlp.experts.experts.linear_fc1.weight"][2]
+    np.testing.assert_array_equal(hf["model.layers.1.mlp.experts.2.gate_proj.weight"], expert[:MOE_FFN])
+    np.testing.assert_array_equal(
+        hf["model.layers.0.mlp.up_proj.weight"], src["decoder.layers.0.mlp.linear_fc1.weight"][FFN:]
+    )
+    norm = src["decoder.layers.1.self_attention.linear_kv_up_proj.layer_norm_weight"]
+    np.testing.assert_array_equal(hf["model.layers.1.self_attn.kv_a_layernorm.weight"], norm)
+    assert (
+        "model.layers.0.post_attention_layernorm.weight" in hf
+        and "model.layers.1.mlp.gate.e_score_correction_bias" in hf
+    )
+    back = run(world_map("deepseek-v3", "hf", "megatron", DEEPSEEK), hf)
+    assert sorted(back) == sorted(src)  # per layer, the dense layer's norm fused-style, the MoE layer's separate
+    for name, array in src.items():
+        np.testing.assert_array_equal(back[name], array)
+
+
+def test_which_layers_stack_and_which_are_dense() -> None:
+    from reshard.naming.megatron import dense_layers, stacks_layers
+
+    assert stacks_layers("llama", {}) and stacks_layers("qwen3-moe", {"mlp_only_layers": []})
+    assert not stacks_layers("qwen3-moe", {"mlp_only_layers": [0]}) and not stacks_layers("deepseek-v3", {})
+    assert dense_layers("deepseek-v3", {}) == [0, 1, 2]  # transformers' default first_k_dense_replace
+    assert dense_layers("qwen3-moe", {"num_hidden_layers": 4, "decoder_sparse_step": 2, "mlp_only_layers": [3]}) == [
+        0,
+        2,
+        3,
+    ]
+    src = stacked_moe(np.random.default_rng(5))
+    hf = run(world_map("qwen3-moe", "megatron", "hf", CONFIG), src)
+    per_layer = run(world_map("qwen3-moe", "hf", "megatron", {**CONFIG, "mlp_only_layers": [0]}), hf)
+    assert "decoder.layers.1.mlp.experts.experts.linear_fc1.weight" in per_layer
+    assert "decoder.layers.0.mlp.linear_fc1.layer_norm_weight" in per_layer  # dense layer 0: fused-style norm
+    assert "decoder.layers.1.pre_mlp_layernorm.weight" in per_layer

@@ -15,7 +15,8 @@ and fused tensors, and builds the map between any two worlds as stages
   (``decoder.layers.mlp.experts.experts.linear_fc1.weight`` is ``[layers, experts, 2*ffn, hidden]``);
   a model's ``state_dict()`` names each layer (``decoder.layers.0.…``, experts
   ``mlp.experts.local_experts.E.…`` or Transformer Engine's ``mlp.experts.linear_fc1.weightE``).
-  Both are read; Megatron-core names are written stacked (what ``dist_checkpointing.load`` wants).
+  Both are read; Megatron-core names are written as ``dist_checkpointing`` saves the model
+  (stacked, or per layer when its layers differ: ``stacks_layers``).
 * The layer norms: the Transformer Engine layer spec fuses them into the next linear
   (``linear_qkv.layer_norm_weight``, ``linear_fc1.layer_norm_weight``) and the local spec keeps them
   (``input_layernorm``, ``pre_mlp_layernorm``); ``sharded_state_dict()`` names the local ones the
@@ -225,22 +226,68 @@ def _megatron_to_hf(table: Sequence[Entry]) -> list[tuple[Op, ...]]:
     return [_layer_stage(table, TO_HF), _expert_stage(table, TO_HF), _reads(table), _ops(table, TO_HF)]
 
 
-def _hf_to_megatron(table: Sequence[Entry]) -> list[tuple[Op, ...]]:
-    return [_ops(table, FROM_HF), _expert_stage(table, FROM_HF), _layer_stage(table, FROM_HF)]
+def _hf_to_megatron(table: Sequence[Entry], stacked: bool) -> list[tuple[Op, ...]]:
+    layers = [_layer_stage(table, FROM_HF)] if stacked else []
+    return [_ops(table, FROM_HF), _expert_stage(table, FROM_HF), *layers]
+
+
+def stacks_layers(family: str, config: Mapping[str, object]) -> bool:
+    """Whether Megatron-core's distributed checkpoint of this model stacks its layers.
+
+    Megatron-core stacks them only when every layer has the same modules: a MoE model with dense
+    layers (``moe_layer_freq`` a list, as Megatron-Bridge builds it for DeepSeek-V3's
+    ``first_k_dense_replace``, or Qwen3-MoE's ``mlp_only_layers`` / ``decoder_sparse_step``) saves
+    each layer under its index, ``decoder.layers.N.…`` (routed experts still stacked per layer).
+    """
+    if family == "deepseek-v3":
+        return False
+    sparse_step = config.get("decoder_sparse_step", 1)
+    return not config.get("mlp_only_layers") and (sparse_step in (None, 1))
 
 
 def _ops(table: Sequence[Entry], direction: str) -> tuple[Op, ...]:
     return tuple(_table_op(e, direction) for e in table)
 
 
-def _stages(family: str, src: str, dst: str) -> list[tuple[Op, ...]]:
+def dense_layers(family: str, config: Mapping[str, object]) -> list[int]:
+    """The dense layers of a MoE model, as ``transformers`` decides them (empty: none, or not known).
+
+    DeepSeek-V3: the first ``first_k_dense_replace`` (``transformers``' default 3); Qwen3-MoE: those in
+    ``mlp_only_layers`` or off the ``decoder_sparse_step`` (of ``num_hidden_layers``).
+    """
+    layers = config.get("num_hidden_layers")
+    if family == "deepseek-v3":
+        k = config.get("first_k_dense_replace", 3)
+        return list(range(k if isinstance(k, int) else 0))
+    if family != "qwen3-moe":
+        return []
+    listed = config.get("mlp_only_layers")
+    only = [i for i in listed if isinstance(i, int)] if isinstance(listed, list) else []
+    step = config.get("decoder_sparse_step") or 1
+    step = step if isinstance(step, int) and step > 0 else 1
+    if not isinstance(layers, int):
+        return sorted(only) if step == 1 else []
+    return [i for i in range(layers) if i in only or (i + 1) % step]
+
+
+def _dense_norms(dense: Sequence[int]) -> tuple[Op, ...]:
+    """A dense layer's norm under the name Transformer Engine's spec fuses it into (MoE layers keep theirs)."""
+    if not dense:
+        return ()
+    indices = "|".join(str(i) for i in dense)
+    match = rf"decoder\.layers\.(?P<L>{indices})\.pre_mlp_layernorm\.weight"
+    return (Rename(match, r"decoder.layers.\g<L>.mlp.linear_fc1.layer_norm_weight"),)
+
+
+def _stages(family: str, src: str, dst: str, values: Mapping[str, object]) -> list[tuple[Op, ...]]:
     table = TABLES[family]
     if src == MEGATRON:
         head = _megatron_to_hf(table)
         tail = [] if dst == HF else [get_preset(family).ops(FROM_HF)]
         return head + tail
     head = [] if src == HF else [get_preset(family).ops(TO_HF)]
-    return head + _hf_to_megatron(table)
+    norms = _dense_norms(dense_layers(family, values))
+    return [*head, *_hf_to_megatron(table, stacks_layers(family, values)), norms]
 
 
 def world_map(family: str, src: str, dst: str, config: Mapping[str, object] | None = None) -> ModelMap:
@@ -254,7 +301,9 @@ def world_map(family: str, src: str, dst: str, config: Mapping[str, object] | No
         config: The model's Hugging Face ``config.json`` values (the sizes of the fused tensors).
 
     Returns:
-        A staged ``ModelMap`` named ``"preset FAMILY (SRC -> DST names)"``.
+        A staged ``ModelMap`` named ``"preset FAMILY (SRC -> DST names)"``. Megatron-core names are
+        read stacked or per layer, and written as its distributed checkpoint holds them
+        (``stacks_layers``).
 
     Raises:
         UsageError: An unknown family or world, the same world twice, neither world Megatron-core,
@@ -273,7 +322,7 @@ def world_map(family: str, src: str, dst: str, config: Mapping[str, object] | No
     if src == dst or MEGATRON not in (src, dst):
         raise UsageError(f"names from {src} to {dst}: one side must be megatron, the other hf or mindformers")
     values = model_config(config)
-    stages = [ops for ops in _stages(family, src, dst) if ops]
+    stages = [ops for ops in _stages(family, src, dst, values) if ops]
     name = f"preset {family} ({src} -> {dst} names)"
     _check_keys(stages, values, name, config is not None)
     model: ModelMap | None = None
@@ -298,4 +347,4 @@ def _check_keys(stages: Sequence[tuple[Op, ...]], values: Mapping[str, object], 
                 raise UsageError(f"{name}: splitting/joining fused tensors needs {missing[0]!r} ({where})")
 
 
-__all__ = ["HF", "MEGATRON", "MINDFORMERS", "READ_AS", "TABLES", "WORLDS", "world_map"]
+__all__ = ["HF", "MEGATRON", "MINDFORMERS", "READ_AS", "TABLES", "WORLDS", "dense_layers", "stacks_layers", "world_map"]
