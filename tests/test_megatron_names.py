@@ -13,6 +13,8 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reshard.errors import UsageError
 from reshard.naming import Derived, TensorInfo, apply
@@ -304,3 +306,68 @@ def test_cli_mindformers_to_megatron_and_back(tmp_path) -> None:
     assert back.returncode == 0, back.stderr
     same = cli("verify", str(demo / "full" / "model.ckpt"), str(tmp_path / "mf"), "--weights-only")
     assert same.returncode == 0 and "SAME: 39 match, 0 differ" in same.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# stages compose: the composed pieces give what applying each stage to the previous one's arrays gives
+
+
+def staged_equals_sequential(stages: list[tuple], arrays: dict[str, np.ndarray]) -> None:
+    from reshard.naming import ModelMap
+    from reshard.naming import ops as single
+
+    chained = None
+    for stage in reversed(stages):
+        chained = ModelMap(stage, {}, "t", chained)
+    composed = run(chained, arrays)
+    current = arrays
+    for stage in stages:
+        applied = single.apply(ModelMap(stage), {n: TensorInfo(a.shape, "Float32") for n, a in current.items()})
+        current = {d.name: materialise(d, current) for d in applied.outputs}
+    assert sorted(composed) == sorted(current)
+    for name, array in current.items():
+        np.testing.assert_array_equal(composed[name], array)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_unstack_transpose_split_compose(data) -> None:
+    """Megatron-core to Hugging Face's chain: unstack a layer axis (a merged view), permute, split in groups."""
+    from reshard.naming import Split, Transpose, Unstack
+
+    layers, groups, period = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3)), data.draw(st.integers(2, 4))
+    axis, other = data.draw(st.integers(0, 1)), data.draw(st.integers(1, 4))
+    first = data.draw(st.integers(1, period - 1))  # rows of part a per group
+    transposed = (groups * period, other) if axis == 0 else (other, groups * period)
+    x = np.random.default_rng(0).standard_normal((layers, transposed[1], transposed[0])).astype(np.float32)
+    stages = [
+        (Unstack("x", "x.{expert}", 0),),
+        (Transpose(r"x\.(\d+)", r"t.\1", (1, 0)),),
+        (Split(r"t\.(\d+)", (r"a.\1", r"b.\1"), axis, (groups * first, -1), groups),),
+    ]
+    staged_equals_sequential(stages, {"x": x})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_transpose_join_stack_stack_compose(data) -> None:
+    from reshard.naming import Join, Stack, Transpose
+
+    layers, experts = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+    rows, cols = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+    perm = data.draw(st.permutations((0, 1)))
+    axis = data.draw(st.integers(0, 2))
+    rng = np.random.default_rng(1)
+    arrays = {
+        f"{part}.{layer}.{e}": rng.standard_normal((rows, cols)).astype(np.float32)
+        for part in "gu"
+        for layer in range(layers)
+        for e in range(experts)
+    }
+    stages = [
+        (Transpose(r"(.)\.(\d+)\.(\d+)", r"\1.\2.\3", tuple(perm)),),
+        (Join((r"g\.(\d+)\.(\d+)", r"u\.(\d+)\.(\d+)"), r"fc.\1.\2", 0),),
+        (Stack(r"fc\.(\d+)\.(?P<expert>\d+)", r"e.\1", axis),),
+        (Stack(r"e\.(?P<expert>\d+)", "stacked", 0),),
+    ]
+    staged_equals_sequential(stages, arrays)
