@@ -1,12 +1,12 @@
 """Megatron-core names end to end: a real megatron-core ``GPTModel`` -> DCP -> reshard -> ``transformers``.
 
-A tiny LLaMA, Qwen3 and Qwen3-MoE ``GPTModel`` (megatron-core 0.16.1, local layer spec, CPU) is saved as a
-DCP folder under its ``sharded_state_dict()`` names (layers stacked on a leading axis) with plain
-``torch.distributed.checkpoint.save``. ``reshard transform --hf --preset F --src-names megatron``
-writes Hugging Face shards; ``from_pretrained`` loads them and gives megatron's own forward's
-logits (CPU), and every tensor equals megatron's per-layer state dict. The reverse
-(``--dst-names megatron --output-format dcp``) gives back the stacked DCP tensors exactly, read
-with ``torch.distributed.checkpoint.load``.
+A tiny LLaMA, Qwen2.5 (Q/K/V biases), Qwen3 and Qwen3-MoE ``GPTModel`` (megatron-core 0.16.1,
+local layer spec, CPU) is saved as a DCP folder under its ``sharded_state_dict()`` names (layers
+stacked on a leading axis) with plain ``torch.distributed.checkpoint.save``.
+``reshard transform --hf --preset F --src-names megatron`` writes Hugging Face shards;
+``from_pretrained`` loads them and gives megatron's own forward's logits (CPU), and the tensors
+equal megatron's per-layer state dict. The reverse (``--dst-names megatron --output-format dcp``)
+gives back the stacked DCP tensors exactly, read with ``torch.distributed.checkpoint.load``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def reshard(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "reshard.cli", *args], capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3-moe"])
+@pytest.mark.parametrize("family", ["llama", "qwen2.5", "qwen3", "qwen3-moe"])
 def test_megatron_dcp_to_hf_and_back(family: str, tmp_path: Path, hf) -> None:
     dcp, config = tmp_path / "dcp", tmp_path / "config.json"
     run_torch_script(
@@ -89,6 +89,9 @@ def test_megatron_dcp_to_hf_and_back(family: str, tmp_path: Path, hf) -> None:
         np.testing.assert_array_equal(got[hf_name], ref[name])
     qkv = ref["decoder.layers.0.self_attention.linear_qkv.weight"].reshape(2, 4, 24, 64)  # groups x [q q k v]
     np.testing.assert_array_equal(got["model.layers.0.self_attn.k_proj.weight"], qkv[:, 2].reshape(48, 64))
+    if family == "qwen2.5":
+        bias = ref["decoder.layers.1.self_attention.linear_qkv.bias"].reshape(2, 4, 24)
+        np.testing.assert_array_equal(got["model.layers.1.self_attn.v_proj.bias"], bias[:, 3].reshape(48))
     fc1 = "mlp.experts.local_experts.2.linear_fc1.weight" if moe else "mlp.linear_fc1.weight"
     up = "mlp.experts.2.up_proj.weight" if moe else "mlp.up_proj.weight"
     rows = ref[f"decoder.layers.0.{fc1}"]

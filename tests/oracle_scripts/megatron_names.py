@@ -1,8 +1,8 @@
 """A tiny megatron-core GPTModel saved as a DCP folder under its distributed-checkpoint names, and its logits.
 
 argv[1] is JSON: {"folder": DCP folder to write, "npz": per-layer state dict to write, "logits": .npy to
-write (or null), "family": "llama" | "qwen3", "config": config.json to write}. The DCP holds what
-``model.sharded_state_dict()`` names (layers stacked on a leading axis, the local spec's norms as
+write (or null), "family": "llama" | "qwen2.5" | "qwen3" | "qwen3-moe", "config": config.json to write}.
+The DCP holds what ``model.sharded_state_dict()`` names (layers stacked on a leading axis, the local spec's norms as
 ``linear_qkv.layer_norm_weight`` / ``linear_fc1.layer_norm_weight``), saved with plain
 ``torch.distributed.checkpoint.save``; ``load`` mode reads a DCP folder back into the npz.
 """
@@ -33,6 +33,8 @@ def model_and_config():
     moe = ARGS["family"] == "qwen3-moe"
     qk = ARGS["family"] in ("qwen3", "qwen3-moe")
     extra = dict(num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32, moe_aux_loss_coeff=0.0) if moe else {}
+    if ARGS["family"] == "qwen2.5":
+        extra["add_qkv_bias"] = True  # Qwen2's q/k/v biases, megatron's linear_qkv.bias
     cfg = TransformerConfig(
         **extra,
         num_layers=2,
@@ -70,6 +72,7 @@ def model_and_config():
         "llama": ("LlamaForCausalLM", "llama"),
         "qwen3": ("Qwen3ForCausalLM", "qwen3"),
         "qwen3-moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
+        "qwen2.5": ("Qwen2ForCausalLM", "qwen2"),
     }[ARGS["family"]]
     hf = {
         "architectures": [arch],
