@@ -137,3 +137,4 @@ def test_megatron_names_try_it(demo_root: Path, tmp_path: Path) -> None:
     assert "9 model weights" in out  # the layers stacked: one tensor per kind of weight
     assert "SAME: 39 match, 0 differ" in out
     assert "('surgery', 14), ('unmatched', 0)" in out and (tmp_path / "py_hf" / "rank_0").is_dir()
+    assert out.count("SAME: 39 match, 0 differ") == 2  # the Checkpoint 2.0 round trip too
