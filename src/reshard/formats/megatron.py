@@ -146,10 +146,11 @@ def resolve_iteration(root: str, iteration: int | None) -> str:
         if not os.path.isdir(folder):
             raise UsageError(f"names {name} but that folder is missing", os.path.join(root, TRACKER_NAME))
         return folder
-    found = iteration_folders(root)
-    if len(found) != 1:
-        raise UsageError(f"no {TRACKER_NAME} and {len(found)} iter_* folders: choose one with --src-iteration N", root)
-    return os.path.join(root, found[0])
+    folders = iteration_folders(root)
+    if len(folders) != 1:
+        many = f"no {TRACKER_NAME} and {len(folders)} iter_* folders"
+        raise UsageError(f"{many}: choose one with --src-iteration N", root)
+    return os.path.join(root, folders[0])
 
 
 # ------------------------------------------------------------------------------- common.pt out
