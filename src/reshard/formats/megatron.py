@@ -27,6 +27,7 @@ import zlib
 from collections.abc import Mapping
 
 from reshard.errors import FormatError, UnsupportedError, UsageError
+from reshard.formats.tracker import read_tracker_text
 
 CONFIG_NAME = "metadata.json"  # megatron's name for the backends' record
 COMMON_NAME = "common.pt"
@@ -105,11 +106,7 @@ def read_tracker(root: str) -> str:
         FormatError: The tracker cannot be read or holds neither a number nor ``release``.
     """
     path = os.path.join(root, TRACKER_NAME)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FormatError(f"cannot read the tracker: {exc}", path) from None
+    text = read_tracker_text(path)
     if text == RELEASE:
         return RELEASE
     if not text.isdigit():
