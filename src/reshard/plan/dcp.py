@@ -125,10 +125,17 @@ def _strategy_placements(t: TensorPlan, table: LayoutTable) -> list[Placement]:
     return [(stage * n + int(f), b) for b, f in zip(chunks.boxes, chunks.files, strict=True)]
 
 
-def dcp_plan(full: Plan, folder: str, chunking: Chunking, notes: list[str] | None = None) -> Plan:
+def dcp_plan(
+    full: Plan,
+    folder: str,
+    chunking: Chunking,
+    notes: list[str] | None = None,
+    byte_items: Sequence[dcp.BytesItem] = (),
+) -> Plan:
     """``full`` (a plan of full tensors, any files) re-cut as a DCP checkpoint in ``folder``.
 
     Strings (MindSpore's string entries) have no DCP tensor form: passed over, with a note.
+    ``byte_items``: non-tensor values the ``.metadata`` also lists (their file is the caller's to write).
 
     Raises:
         UsageError: A dtype PyTorch has none of (int4).
@@ -154,11 +161,15 @@ def dcp_plan(full: Plan, folder: str, chunking: Chunking, notes: list[str] | Non
     files = tuple(
         FilePlan(os.path.join(folder, data_file_name(r)), DISTCP, tuple(by_rank[r]), rank=r) for r in sorted(by_rank)
     )
-    return Plan(full.operation, full.sources, files, (metadata_output(files, folder, shapes),), full.quantized)
+    metadata = metadata_output(files, folder, shapes, byte_items)
+    return Plan(full.operation, full.sources, files, (metadata,), full.quantized)
 
 
 def metadata_output(
-    files: Sequence[FilePlan], folder: str, shapes: dict[str, tuple[dtypes.DType, tuple[int, ...]]]
+    files: Sequence[FilePlan],
+    folder: str,
+    shapes: dict[str, tuple[dtypes.DType, tuple[int, ...]]],
+    byte_items: Sequence[dcp.BytesItem] = (),
 ) -> TextOutput:
     """The ``.metadata`` of the data files ``files`` (laid out as the executor will lay them out)."""
     from reshard.formats.base import TensorSpec
@@ -168,7 +179,7 @@ def metadata_output(
     for f in files:
         specs = (chunk_spec(TensorSpec(t.name, t.dtype, t.shape, t.nbytes)) for t in f.tensors)
         placed.append((f.path, [(s.fqn, s.dtype, s.offsets, s.sizes) for s in specs]))
-    return chunks_metadata(placed, folder, shapes)
+    return chunks_metadata(placed, folder, shapes, byte_items)
 
 
 ChunkPlace = tuple[str, dtypes.DType, tuple[int, ...], tuple[int, ...]]  # fqn, dtype, offsets, sizes
@@ -179,12 +190,15 @@ class DeferredText(TextOutput):
     of chunks is pickled when the run writes it (after every data file), not while ``reshard plan``
     prints the plan. Made once; compared, hashed and pickled (Ray) as the plain ``TextOutput`` it is."""
 
+    _make: Callable[[], bytes]
+    _made: bytes | None
+
     def __init__(self, path: str, make: Callable[[], bytes]) -> None:
         object.__setattr__(self, "path", path)
         object.__setattr__(self, "_make", make)
         object.__setattr__(self, "_made", None)
 
-    @property  # type: ignore[override]
+    @property
     def text(self) -> bytes:
         made: bytes | None = self._made
         if made is None:
@@ -208,10 +222,12 @@ def chunks_metadata(
     files: Iterable[tuple[str, Sequence[ChunkPlace]]],
     folder: str,
     shapes: dict[str, tuple[dtypes.DType, tuple[int, ...]]],
+    byte_items: Sequence[dcp.BytesItem] = (),
 ) -> TextOutput:
     """The ``.metadata`` of data files (path, chunks in file order): each chunk's archive starts where the
-    previous one ends (``dcp.archive_size``, what ``dcp.distcp_layout`` lays out, without its framing).
-    The chunks are checked now; the pickle is made when written (``DeferredText``)."""
+    previous one ends (``dcp.archive_size``, what ``dcp.distcp_layout`` lays out, without its framing),
+    and of the non-tensor values ``byte_items`` (in a file the caller writes). The chunks are checked
+    now; the pickle is made when written (``DeferredText``)."""
     gathered: dict[str, list[dcp.Chunk]] = {}
     for path, chunks in files:
         rel, pos = os.path.basename(path), 0
@@ -222,7 +238,8 @@ def chunks_metadata(
     tensors = [dcp.TensorMeta(fqn, *shapes[fqn], tuple(chunks)) for fqn, chunks in gathered.items()]
     for tensor in tensors:
         dcp.check_chunks(tensor)
-    return DeferredText(os.path.join(folder, dcp.METADATA_NAME), lambda: dcp.metadata_pickle(tensors, []))
+    items = tuple(byte_items)
+    return DeferredText(os.path.join(folder, dcp.METADATA_NAME), lambda: dcp.metadata_pickle(tensors, items))
 
 
 __all__ = [
