@@ -129,3 +129,39 @@ def test_reshard_plan_of_many_ranks_is_seconds(tmp_path) -> None:
     proc = run_cli("plan", folder, str(tmp_path / "p"), "--output-format", "dcp", "--dcp-ranks", "64")
     assert proc.returncode == 0, proc.stderr
     assert "64 files, 16000 tensors from 256 source files" in proc.stdout.replace("\n", " ")
+
+
+def _as_torch_dist(job: dict[str, Any], folder: Path) -> str:
+    """The job's DCP folder as a Megatron-core torch_dist save (its files, metadata.json, common.pt)."""
+    import shutil
+
+    from reshard.formats import megatron
+
+    shutil.copytree(job["dcp"], folder)
+    (folder / megatron.CONFIG_NAME).write_text(megatron.config_text())
+    (folder / megatron.COMMON_NAME).write_bytes(b"common state bytes, carried as they are")
+    return str(folder)
+
+
+def test_torch_dist_in_and_out_goes_through_the_box_plan(job, tmp_path, monkeypatch) -> None:
+    """A torch_dist source into a torch_dist run folder of other ranks: planned from the boxes, its
+    ShardedObjects and common.pt carried, the same bytes as the general path."""
+    from reshard.formats.dcp.data import read_bytes_item
+
+    src = _as_torch_dist(job, tmp_path / "src")
+    out = api.OutputSpec(format="torch_dist", dcp_ranks=3, iteration=7)
+    boxed, general = str(tmp_path / "boxed"), str(tmp_path / "general")
+    report = api.transform(src, boxed, None, None, output=out)
+    assert all(isinstance(f.tensors, BoxTensors) for f in report.plan.files)
+    names = [os.path.basename(t.path) for t in report.plan.texts]
+    assert names == ["common.pt", "__0_1.distcp", ".metadata", "metadata.json", "latest_checkpointed_iteration.txt"]
+    with monkeypatch.context() as patched:
+        patched.setattr(chunked, "boxed_dcp", lambda *args: None)
+        again = api.transform(src, general, None, None, output=out)
+        assert not any(isinstance(f.tensors, BoxTensors) for f in again.plan.files)
+    assert _data(boxed) == _data(general)
+    save = os.path.join(boxed, "iter_0000007")
+    assert read_bytes_item(dcp.read_dcp_metadata(save), "extra_state") == b"\x80\x04opaque"
+    assert Path(save, "common.pt").read_bytes() == b"common state bytes, carried as they are"
+    got = read_back(save)
+    assert all(got[n].tobytes() == job["tensors"][n].tobytes() for n in job["tensors"])
