@@ -44,10 +44,22 @@ def _commands(job: dict[str, str], dst: str) -> dict[str, list[str]]:
         "convert": ["convert", job["full"], dst, "--to", "dcp"],
         "split": ["split", job["unified"], dst, "--dst-strategy", job["s4"], "--output-format", "dcp"],
         "unify-from-dcp": ["unify", job["dcp"], dst],
+        "torch_dist": ["transform", job["r8"], dst, "--src-strategy", job["s8"], "--output-format", "torch_dist"],
+        "torch_dist-run": [
+            *("transform", job["full"], dst, "--output-format", "torch_dist", "--dcp-ranks", "3"),
+            *("--dst-iteration", "40"),
+        ],
+        "torch_dist-from-dcp": ["transform", job["dcp"], dst, "--output-format", "torch_dist", "--dcp-ranks", "2"],
+        "convert-torch_dist": ["convert", job["full"], dst, "--to", "torch_dist"],
     }
 
 
-TEXTS = {manifest.MANIFEST_NAME, ".metadata", "param_name_map.json"}  # small texts a run always writes anew
+TORCH_DIST = ["torch_dist", "torch_dist-run", "torch_dist-from-dcp", "convert-torch_dist"]
+
+
+# small texts a run always writes anew (torch_dist's too: common.pt, its ShardedObjects' __0_1.distcp, its markers)
+TEXTS = {manifest.MANIFEST_NAME, ".metadata", "param_name_map.json"}
+TEXTS |= {"common.pt", "__0_1.distcp", "metadata.json", "latest_checkpointed_iteration.txt"}
 
 
 def _mtimes(dst: str) -> dict[str, int]:
@@ -67,7 +79,7 @@ def assert_manifest_matches(dst: str) -> None:
         assert file_digest(path, "blake3") == (entry["bytes"], entry["blake3"]), entry["path"]
 
 
-@pytest.mark.parametrize("command", ["transform", "transform-ranks", "convert", "split", "unify-from-dcp"])
+@pytest.mark.parametrize("command", ["transform", "transform-ranks", "convert", "split", "unify-from-dcp", *TORCH_DIST])
 def test_resume_on_a_finished_output_has_nothing_to_do(job: dict[str, str], tmp_path: Path, command: str) -> None:
     dst = str(tmp_path / "out")
     args = _commands(job, dst)[command]
@@ -138,3 +150,35 @@ def test_a_killed_cli_run_resumes_and_verifies(job: dict[str, str], tmp_path: Pa
     same = run_cli("verify", job["full"], dst)
     assert same.returncode == 0, same.stdout + same.stderr
     assert_manifest_matches(dst)
+
+
+def test_a_half_finished_torch_dist_run_folder_resumes_only_the_missing_files(
+    job: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Megatron-LM's run folder (``--dst-iteration``): the kept data files are not rewritten, the missing
+    ones are, then ``common.pt``, ``.metadata``, ``metadata.json`` and the tracker, in that order."""
+    dst = tmp_path / "run"
+    out = api.OutputSpec(format="torch_dist", iteration=12)
+    _interrupt_after(monkeypatch, 3)
+    with pytest.raises(KeyboardInterrupt):
+        api.transform(job["r8"], str(dst), job["s8"], None, output=out, run=RunOptions(workers=1))
+    monkeypatch.undo()
+    save = dst / "iter_0000012"
+    assert not any((save / n).exists() for n in (".metadata", "metadata.json", "common.pt"))
+    assert not (dst / "latest_checkpointed_iteration.txt").exists()
+    done = sorted(n for n in os.listdir(save) if n.endswith(".distcp"))
+    assert done == ["__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]
+    before = _mtimes(str(save))
+    resumed = api.transform(job["r8"], str(dst), job["s8"], None, output=out, destination=api.Destination(resume=True))
+    assert sorted(os.path.basename(k) for k in resumed.kept) == done
+    assert all(os.stat(save / n).st_mtime_ns == before[n] for n in done)  # kept, not rewritten
+    marker = os.stat(save / "metadata.json").st_mtime_ns
+    assert all(os.stat(save / n).st_mtime_ns <= marker for n in os.listdir(save) if not n.startswith("reshard-"))
+    assert os.stat(dst / "latest_checkpointed_iteration.txt").st_mtime_ns >= marker
+    assert (dst / "latest_checkpointed_iteration.txt").read_text() == "12"
+    assert_manifest_matches(str(dst))
+    want = full_tensors(job["full"])
+    got = read_back(str(save))
+    assert all(got[n].tobytes() == want[n].tobytes() for n in want)
+    again = run_cli("verify", job["full"], str(dst))
+    assert again.returncode == 0, again.stdout + again.stderr
