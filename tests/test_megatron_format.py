@@ -300,3 +300,41 @@ def test_an_interrupted_run_folder_never_looks_complete(job: dict[str, str], tmp
     proc = run_paused(args, "file", signal.SIGINT, str(tmp_path / "marker2"))
     assert proc.returncode == 130, proc.stderr
     assert not (dst / "metadata.json").exists() and not (dst / ".metadata").exists()  # no longer complete
+
+
+def test_split_and_convert_write_a_run_folder(job: dict[str, str], tmp_path: Path) -> None:
+    """``--dst-iteration`` on split and on convert --to torch_dist: a Megatron-LM run folder (a second
+    iteration into it with --overwrite keeps the first); other outputs refuse it in one line."""
+    run = tmp_path / "run"
+    split = ["split", job["full"], str(run), "--dst-strategy", job["s4"], "--output-format", "torch_dist"]
+    proc = run_cli(*split, "--dst-iteration", "5")
+    assert proc.returncode == 0, proc.stderr
+    assert (run / "latest_checkpointed_iteration.txt").read_text() == "5"
+    assert_same(read_back(str(run / "iter_0000005")), full_tensors(job["full"]))
+    proc = run_cli("convert", job["full"], str(run), "--to", "torch_dist", "--dst-iteration", "6", "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    assert (run / "latest_checkpointed_iteration.txt").read_text() == "6"
+    assert (run / "iter_0000005" / "metadata.json").is_file()  # the earlier save stays
+    assert_same(read_back(str(run / "iter_0000006")), full_tensors(job["full"]))
+    proc = run_cli("verify", job["full"], str(run), "--src-iteration", "5")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for args in (
+        ["split", job["full"], str(tmp_path / "o"), "--dst-strategy", job["s4"]],
+        ["split", job["full"], str(tmp_path / "o"), "--dst-strategy", job["s4"], "--output-format", "dcp"],
+        ["convert", job["full"], str(tmp_path / "o"), "--to", "safetensors"],
+        ["convert", job["full"], str(tmp_path / "o"), "--to", "dcp"],
+    ):
+        proc = run_cli(*args, "--dst-iteration", "3")
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "--dst-iteration applies to" in proc.stderr and "torch_dist" in proc.stderr
+        assert not (tmp_path / "o").exists()
+
+
+def test_unify_writes_no_dcp_and_says_so_in_one_line(job: dict[str, str], tmp_path: Path) -> None:
+    """unify's outputs are safetensors parts (or Hugging Face shards); a DCP or torch_dist checkpoint of the
+    full model is transform's (``--output-format dcp --dcp-ranks 1``)."""
+    for fmt in ("dcp", "torch_dist"):
+        proc = run_cli("unify", job["r8"], str(tmp_path / "o"), "--src-strategy", job["s8"], "--output-format", fmt)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "unknown flag --output-format" in proc.stderr
+        assert not (tmp_path / "o").exists()

@@ -300,9 +300,11 @@ class OutputFlags:
         hf: bool = True,
         checkpoint2: bool = False,
         dcp_ranks: bool = False,
+        iteration: bool = False,
     ) -> None:
         self.formats, self.default, self.format_help, self.to = tuple(formats), default, format_help, to
         self.prefix, self.hf, self.checkpoint2, self.dcp_ranks = prefix, hf, checkpoint2, dcp_ranks
+        self.iteration = iteration or checkpoint2  # --dst-iteration alone: torch_dist's run folder
 
     def add(self, parser: argparse.ArgumentParser) -> None:
         g = section(parser, "output")
@@ -327,6 +329,8 @@ class OutputFlags:
             )
         if self.hf:
             self._add_hf_flags(g)
+        if self.iteration:
+            self._add_iteration_flag(g)
         if self.checkpoint2:
             self._add_checkpoint2_flags(g)
         if self.dcp_ranks:
@@ -363,21 +367,29 @@ class OutputFlags:
             "decimal as on the Hub, K/M/G and KiB/MiB/GiB binary)",
         )
 
-    def _add_checkpoint2_flags(self, g: Any) -> None:
+    def _add_iteration_flag(self, g: Any) -> None:
         from reshard.cli.values import output_iteration
 
+        cp2 = (
+            "with --output-format checkpoint2: the iteration number, iteration_<N 8 digits>/ (default: a "
+            "Checkpoint 2.0 source's own, else 0); "
+            if self.checkpoint2
+            else ""
+        )
+        torch_dist = "--to torch_dist" if self.to else "--output-format torch_dist"
         flag(
             g,
             "--dst-iteration",
             legacy=["--dst_iteration"],
-            renamed=["--iteration"],
+            renamed=["--iteration"] if self.checkpoint2 else [],
             dest="iteration",
             metavar="N",
             type=output_iteration,
-            help="with --output-format checkpoint2: the iteration number, iteration_<N 8 digits>/ "
-            "(default: a Checkpoint 2.0 source's own, else 0); with torch_dist: a Megatron-LM run folder, "
-            "iter_<N 7 digits>/ and latest_checkpointed_iteration.txt",
+            help=f"{cp2}with {torch_dist}: a Megatron-LM run folder, iter_<N 7 digits>/ and "
+            "latest_checkpointed_iteration.txt",
         )
+
+    def _add_checkpoint2_flags(self, g: Any) -> None:
         flag(
             g,
             "--common-json",
@@ -428,6 +440,8 @@ class OutputFlags:
             spec = _replace(spec, prefix=args.prefix)
         if self.dcp_ranks:
             spec = _replace(spec, dcp_ranks=args.dcp_ranks)
+        if self.iteration and not self.checkpoint2:
+            spec = _replace(spec, iteration=args.iteration)
         if self.checkpoint2:
             common = _load_common(args.common_json) if args.common_json else None
             spec = _replace(

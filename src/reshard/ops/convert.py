@@ -100,6 +100,7 @@ def convert(
     output = to if isinstance(to, OutputSpec) else OutputSpec(format=to)
     if output.format not in FORMATS:
         raise UsageError(f"--to must be ckpt, safetensors, dcp or torch_dist, not {output.format!r}")
+    dcp_output.check_iteration(output, "--to")
     if output.format in dcp_output.FORMATS:
         return _to_dcp(src, dst, output, name_map, file_regex, destination, tensors, read, write, run)
     fmt = "safetensors" if output.format == "hf" else output.format

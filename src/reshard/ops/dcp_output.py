@@ -53,6 +53,18 @@ def save_folder(dst: str, output: OutputSpec | None) -> str:
     return dst
 
 
+def check_iteration(output: OutputSpec | None, asked_by: str) -> None:
+    """``--dst-iteration`` with an output that has none (split's and convert's: only torch_dist's run folder).
+
+    Raises:
+        UsageError: An iteration given for another output format.
+    """
+    if output is not None and output.iteration is not None and output.format != TORCH_DIST:
+        raise UsageError(
+            f"--dst-iteration applies to {asked_by} torch_dist (a Megatron-LM run folder), not to {output.format}"
+        )
+
+
 def check_options(output: OutputSpec | None, write: WriteOptions | None, strategy_given: bool = False) -> None:
     """Refuse what a DCP output cannot have, and ``dcp_ranks`` without one (before any file is read)."""
     ranks = output.dcp_ranks if output is not None else None
@@ -199,6 +211,7 @@ __all__ = [
     "Carried",
     "as_dcp",
     "asked",
+    "check_iteration",
     "check_options",
     "chunking",
     "save_folder",

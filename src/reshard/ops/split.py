@@ -74,6 +74,7 @@ def split(
         api.split("unified", "demo/strategy_4", "st_4ranks", ranks=[0, 1])
     """
     fmt = output_format(output, FORMATS, "split") or FORMATS[0]
+    dcp_output.check_iteration(output, "--output-format")
     dcp_output.check_options(output, write, strategy_given=True)
     pipeline = TensorPipeline(tensors, unified_dir)
     files, mapping, hyper = unified_index(unified_dir, name_map)

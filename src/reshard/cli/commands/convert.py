@@ -30,7 +30,7 @@ from reshard.ops.options import format_choices
 NAME = "convert"
 KEYS = KeyFlags()
 READ = ReadFlags(KEYS, src_format=False, iteration=None)
-OUTPUT = OutputFlags(formats=format_choices(NAME), to=True)
+OUTPUT = OutputFlags(formats=format_choices(NAME), to=True, iteration=True)
 DESTINATION = DestinationFlags("replace existing outputs")
 WRITE = WriteFlags(KEYS)
 RUN = RunFlags()

@@ -25,6 +25,7 @@ OUTPUT = OutputFlags(
     default="safetensors",
     format_help="the format of the rank files (dcp: a PyTorch Distributed Checkpoint of the strategy's rank boxes)",
     hf=False,
+    iteration=True,
 )
 DESTINATION = DestinationFlags("replace the files this run writes in a non-empty destination")
 WRITE = WriteFlags(KEYS)
