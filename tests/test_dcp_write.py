@@ -79,14 +79,25 @@ def test_chunks_are_the_source_slices_nothing_merged(job: dict[str, str], tmp_pa
     assert "passed over" not in " ".join(report.notes) or "string" in " ".join(report.notes)
 
 
-def test_zip_crcs_are_patched(job: dict[str, str], tmp_path: Path) -> None:
-    api.transform(job["full"], str(tmp_path / "d"), None, None, output=DCP)
-    meta = dcp.read_dcp_metadata(str(tmp_path / "d"))
-    data = (tmp_path / "d" / "__0_0.distcp").read_bytes()
-    for tensor in list(meta.tensors.values())[:5]:
-        chunk = tensor.chunks[0]
-        archive = zipfile.ZipFile(io.BytesIO(data[chunk.offset : chunk.offset + chunk.length]))
-        assert archive.testzip() is None  # every member's CRC-32 matches its bytes
+@pytest.mark.parametrize("manifest", [True, False])
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_zip_crcs_are_patched(job: dict[str, str], tmp_path: Path, manifest: bool, ranks: int) -> None:
+    """Each archive's CRC-32s are sealed as its chunk is written (``ByteLayout.seal``), on tensor worker
+    threads too, and the file hashed while written has the checksum the manifest records."""
+    from tests.test_dcp_resume import assert_manifest_matches
+
+    out = api.OutputSpec(format="dcp", dcp_ranks=ranks)
+    dst = tmp_path / "d"
+    api.transform(job["full"], str(dst), None, None, output=out, destination=api.Destination(manifest=manifest))
+    meta = dcp.read_dcp_metadata(str(dst))
+    files = {c.file: (dst / c.file).read_bytes() for t in meta.tensors.values() for c in t.chunks}
+    for tensor in meta.tensors.values():
+        for chunk in tensor.chunks:
+            data = files[chunk.file]
+            archive = zipfile.ZipFile(io.BytesIO(data[chunk.offset : chunk.offset + chunk.length]))
+            assert archive.testzip() is None  # every member's CRC-32 matches its bytes
+    if manifest:
+        assert_manifest_matches(str(dst))
 
 
 def test_even_rows_and_strategy_boxes(job: dict[str, str], tmp_path: Path) -> None:
@@ -229,3 +240,20 @@ def test_the_format_object_refuses_encryption_and_odd_names() -> None:
     with pytest.raises(UsageError):
         parse_chunk_name("no-offsets")
     assert parse_chunk_name("a.b@1,2") == ("a.b", (1, 2)) and parse_chunk_name("step@") == ("step", ())
+
+
+def test_the_framing_is_final_but_for_the_crc_fields() -> None:
+    """A .distcp's framing is hashed while written, less each archive's CRC-32 fields, which are final
+    only once ``seal`` wrote them (``execute.local._final_framing``)."""
+    from reshard import dtypes
+    from reshard.execute.local import _final_framing
+    from reshard.formats.base import TensorSpec
+    from reshard.formats.distcp_format import DISTCP
+
+    specs = [TensorSpec(dcp.chunk_name(f"w{i}", (0, 0)), dtypes.FLOAT32, (2, 3), 24) for i in range(3)]
+    lay = DISTCP.layout(specs, {}, 1 << 20)
+    framed = {p for offset, data in lay.framing for p in range(offset, offset + len(data))}
+    holes = {p for offset, size in lay.sealed() for p in range(offset, offset + size)}
+    final = [p for offset, length in _final_framing(lay) for p in range(offset, offset + length)]
+    assert len(holes) == 3 * 2 * 4 and holes <= framed  # two 4-byte fields per archive
+    assert sorted(final) == sorted(framed - holes) and len(final) == len(set(final))

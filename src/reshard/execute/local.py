@@ -367,8 +367,9 @@ def run_file(
         t = by_name[name]
         segments = lay.placements[name]
         _fill_tensor(out, t, segments, sources, plan, budget)
+        sealed = lay.seal(out.fd, name)  # a .distcp archive's CRC-32s, once its chunk is in
         if hasher is not None:
-            for offset, length in segments:
+            for offset, length in (*segments, *sealed):
                 hasher.finished(offset, length)
         for c in t.copies:
             sources.release(plan.sources[c.source], c.tensor)
@@ -393,12 +394,12 @@ def run_file(
         nonlocal hasher
         base.preallocate(fd, lay.size)  # write_file did it already; the encrypted path's plaintext needs it
         interrupts.reached("file")  # a test-only pause point (reshard.interrupts): the temporary file exists
-        if hasher_pool is None or encrypted or lay.patched:  # a patched file is hashed once finished
+        if hasher_pool is None or encrypted:
             fill_tensors(fd, lay)
             return
         hasher = StreamingDigest(fd, hasher_pool, write.checksum)
-        for offset, data in lay.framing:  # written by write_file before fill
-            hasher.finished(offset, len(data))
+        for offset, length in _final_framing(lay):  # written by write_file before fill (but what seal writes)
+            hasher.finished(offset, length)
         try:
             fill_tensors(fd, lay)
         except BaseException:
@@ -406,15 +407,13 @@ def run_file(
             raise
 
     def finish(fd: int, lay: ByteLayout) -> None:
-        nonlocal checksum, hasher
+        nonlocal checksum
         try:  # every format's last step (a .ckpt's crc trailer only with write_crc; a .distcp's ZIP CRCs always)
             fmt.finish(fd, lay, write.write_crc)
         except BaseException:
             if hasher is not None:
                 hasher.abandon()
             raise
-        if hasher is None and hasher_pool is not None and not encrypted and lay.patched:
-            hasher = StreamingDigest(fd, hasher_pool, write.checksum)  # every byte is final now
         if hasher is not None:  # the trailer is in the file now: hash up to its real end
             checksum = hasher.result(os.fstat(fd).st_size)
 
@@ -426,6 +425,25 @@ def run_file(
     if run.on_file_written is not None:
         run.on_file_written(file, checksum)
     return checksum
+
+
+def _final_framing(lay: ByteLayout) -> Iterator[base.Segment]:
+    """The framing's byte ranges, less the fields ``ByteLayout.seal`` writes later (final only then)."""
+    holes = sorted(lay.sealed())
+    k = 0
+    for offset, data in lay.framing:
+        start, end = offset, offset + len(data)
+        while k < len(holes) and holes[k][0] < start:
+            k += 1
+        j = k
+        while j < len(holes) and holes[j][0] < end:
+            hole, size = holes[j]
+            if hole > start:
+                yield start, hole - start
+            start = max(start, hole + size)
+            j += 1
+        if start < end:
+            yield start, end - start
 
 
 _SIGNAL_POLL_SECONDS = 0.05  # how soon the waiting thread notices a deferred stop signal

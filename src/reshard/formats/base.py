@@ -22,7 +22,7 @@ import re
 import secrets
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -181,9 +181,16 @@ class ByteLayout:
     framing: tuple[tuple[int, bytes], ...]  # (offset, bytes) of headers / protobuf framing
     placements: dict[str, tuple[Segment, ...]]  # tensor name -> file segments, tensor byte order
     order: tuple[str, ...]  # tensor names in the order the format stores them
-    # True when the format's ``finish`` rewrites bytes inside the layout (a .distcp's ZIP CRC-32s), not
-    # only past its end: such a file cannot be hashed while it is written, only once it is finished
-    patched: ClassVar[bool] = False
+
+    def sealed(self) -> tuple[Segment, ...]:
+        """Bytes inside the framing that ``seal`` writes, not final before it (none for most formats)."""
+        return ()
+
+    def seal(self, fd: int, name: str) -> tuple[Segment, ...]:
+        """Write what tensor ``name``'s written bytes decide (a .distcp archive's ZIP CRC-32s) into the file
+        open as ``fd``, and return the segments written: those bytes are final now, so a file is hashed
+        while it is written. Nothing for most formats."""
+        return ()
 
 
 def value_bytes(value: np.ndarray | str) -> bytes | memoryview:

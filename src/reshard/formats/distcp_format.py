@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
 
 from reshard.errors import UnsupportedError, UsageError
 from reshard.formats import dcp
@@ -34,7 +33,31 @@ class DistcpByteLayout(ByteLayout):
     """A ``ByteLayout`` that also knows where each archive's CRC-32 fields are (``finish`` fills them)."""
 
     crc_fields: tuple[tuple[Segment, tuple[int, ...]], ...] = ()
-    patched: ClassVar[bool] = True  # finish fills the CRC-32 fields inside each archive
+
+    def sealed(self) -> tuple[Segment, ...]:
+        return tuple((p, CRC_BYTES) for _, positions in self.crc_fields for p in positions)
+
+    def seal(self, fd: int, name: str) -> tuple[Segment, ...]:
+        """The CRC-32 of chunk ``name``'s archive (its one data segment), in its two ZIP records."""
+        by_data = _crc_positions(self)
+        written: list[Segment] = []
+        for segment in self.placements[name]:
+            positions = by_data.get(segment, ())
+            dcp.patch_crc(fd, segment, positions)
+            written += [(p, CRC_BYTES) for p in positions]
+        return tuple(written)
+
+
+CRC_BYTES = 4  # a ZIP CRC-32 field
+
+
+def _crc_positions(layout: DistcpByteLayout) -> dict[Segment, tuple[int, ...]]:
+    """Each archive's data segment -> its CRC-32 positions, made once per layout (kept on it)."""
+    made: dict[Segment, tuple[int, ...]] | None = layout.__dict__.get("_crc_by_data")
+    if made is None:
+        made = dict(layout.crc_fields)
+        object.__setattr__(layout, "_crc_by_data", made)
+    return made
 
 
 def parse_chunk_name(name: str) -> tuple[str, tuple[int, ...]]:
@@ -76,10 +99,9 @@ class DistcpFormat:
         return DistcpByteLayout(lay.size, lay.framing, lay.placements, lay.order, planned.crc_fields)
 
     def finish(self, fd: int, layout: ByteLayout, write_crc: bool) -> None:
+        """Nothing left: the executor sealed each archive (its CRC-32s) as its chunk was written."""
         if not isinstance(layout, DistcpByteLayout):
             raise UsageError("a .distcp file is finished from its own layout")
-        planned = dcp.DistcpLayout("data.distcp", layout, (), (), layout.crc_fields)
-        dcp.distcp_finish(planned)(fd, layout)
 
     def write_encrypted(
         self, path: str, layout: ByteLayout, fill: Callable[[int, ByteLayout], None], key: bytes, mode: str

@@ -359,19 +359,26 @@ def distcp_finish(planned: DistcpLayout) -> Callable[[int, ByteLayout], None]:
     """A ``write_file`` finish step: the CRC-32 of every written ``data/0``, patched into its ZIP records."""
 
     def finish(fd: int, _layout: ByteLayout) -> None:
-        for (start, length), positions in planned.crc_fields:
-            crc = 0
-            done = 0
-            while done < length:
-                block = os.pread(fd, min(_CRC_BLOCK, length - done), start + done)
-                if not block:
-                    raise OSError(f"short read at {start + done}")
-                crc = zlib.crc32(block, crc)
-                done += len(block)
-            for position in positions:
-                pwrite_all(fd, struct.pack("<I", crc), position)
+        for data, positions in planned.crc_fields:
+            patch_crc(fd, data, positions)
 
     return finish
+
+
+def patch_crc(fd: int, data: tuple[int, int], positions: Sequence[int]) -> None:
+    """The CRC-32 of the written ``data`` segment (offset, length) of the file open as ``fd``, written at
+    each of ``positions`` (its archive's local header and central directory entry)."""
+    start, length = data
+    crc = 0
+    done = 0
+    while done < length:
+        block = os.pread(fd, min(_CRC_BLOCK, length - done), start + done)
+        if not block:
+            raise OSError(f"short read at {start + done}")
+        crc = zlib.crc32(block, crc)
+        done += len(block)
+    for position in positions:
+        pwrite_all(fd, struct.pack("<I", crc), position)
 
 
 def write_distcp(
@@ -577,6 +584,7 @@ __all__ = [
     "distcp_finish",
     "distcp_layout",
     "metadata_pickle",
+    "patch_crc",
     "save_dcp",
     "tensor_pickle",
     "tensors_of",
