@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
 import math
+import mmap
 import os
 import struct
 import zipfile
@@ -49,6 +51,7 @@ def index_distcp(meta: DcpMetadata, relative_path: str) -> TensorIndex:
     """
     path = os.path.join(meta.folder, relative_path)
     buffer, closer, size = map_file(path)
+    _advise(buffer, mmap.MADV_RANDOM)  # a few records per chunk: no 8 MiB read-around at each (see _advise)
     try:
         chunks = [(t, t.table.chunk(t.fqn, int(row))) for t, rows in meta.chunks_in(relative_path) for row in rows]
         blobs: dict[int, _SafetensorsBlob] = {}
@@ -66,7 +69,18 @@ def index_distcp(meta: DcpMetadata, relative_path: str) -> TensorIndex:
     except BaseException:
         closer()
         raise
+    _advise(buffer, mmap.MADV_NORMAL)  # the data is read in order (copies, casts): the kernel's read-ahead
     return TensorIndex(path, FORMAT, buffer, entries, {}, closer, file_backed=True)
+
+
+def _advise(buffer: Any, advice: int) -> None:
+    """``madvise`` the map of a data file. Indexing touches a few records at each chunk's start and end;
+    on a cold cache each such fault reads the whole read-around window (the disk's read-ahead, 8 MiB
+    here) synchronously: 264 MiB of a 1 GiB torch_save checkpoint in 0.25 s before the first byte was
+    copied. ``MADV_RANDOM`` reads only the pages touched (0.01 s)."""
+    if isinstance(buffer, mmap.mmap):
+        with contextlib.suppress(OSError, ValueError):
+            buffer.madvise(advice)
 
 
 def open_distcp(path: str | os.PathLike[str]) -> TensorIndex:
