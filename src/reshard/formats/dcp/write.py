@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import mmap
 import os
 import struct
 import zlib
@@ -370,15 +371,25 @@ def patch_crc(fd: int, data: tuple[int, int], positions: Sequence[int]) -> None:
     each of ``positions`` (its archive's local header and central directory entry)."""
     start, length = data
     crc = 0
-    done = 0
-    while done < length:
-        block = os.pread(fd, min(_CRC_BLOCK, length - done), start + done)
-        if not block:
-            raise OSError(f"short read at {start + done}")
-        crc = zlib.crc32(block, crc)
-        done += len(block)
+    for at in range(start, start + length, _CRC_BLOCK):
+        crc = _crc_of(fd, at, min(_CRC_BLOCK, start + length - at), crc)
     for position in positions:
         pwrite_all(fd, struct.pack("<I", crc), position)
+
+
+def _crc_of(fd: int, start: int, length: int, crc: int) -> int:
+    """``zlib.crc32`` of bytes ``[start, start + length)`` of the file, read through a map of that window
+    (no copy into a buffer: ``pread`` of each block cost 0.2 s of system time per GiB), unmapped after."""
+    base = start - start % mmap.ALLOCATIONGRANULARITY
+    try:
+        window = mmap.mmap(fd, start + length - base, access=mmap.ACCESS_READ, offset=base)
+    except (OSError, ValueError):  # not mappable: read it
+        block = os.pread(fd, length, start)
+        if len(block) != length:
+            raise OSError(f"short read at {start + len(block)}") from None
+        return zlib.crc32(block, crc)
+    with window, memoryview(window) as whole, whole[start - base :] as piece:
+        return zlib.crc32(piece, crc)
 
 
 def write_distcp(
