@@ -12,7 +12,16 @@ once with ``FileSystemWriter`` (torch_save serialization: ``.metadata`` + ``.dis
 * ``hf-shards-to-safetensors``: ``reshard transform HF out --output-format safetensors`` against
   ``consolidate_safetensors_files(HF, out, {fqn: 1})`` (torch 2.13, its default one thread) on the
   very same files;
-* ``dcp-n-to-m``: ``reshard transform TS out --output-format dcp --dcp-ranks 3`` against ``cp -r``.
+* ``dcp-n-to-m``: ``reshard transform TS out --output-format dcp --dcp-ranks 3`` against ``cp -r``;
+* ``ms-ranks-to-dcp``: MindSpore rank folders (8 ranks, ``.ckpt``: 2 pipeline stages x dp2 x mp2,
+  optimizer-sharded, the ``bench/workload.py`` model, made by reshard) ``--output-format dcp`` (each
+  distinct rank slice a chunk) against ``cp -r``;
+* ``torch_dist-to-ms-ranks``: that model as a Megatron-core torch_dist folder (2 DCP ranks, made by
+  reshard) into the 8 MindSpore rank folders (``--dst-strategy``) against ``cp -r``.
+
+``--repeat N`` runs each row N times, reshard and ``cp -r`` in turn, and keeps each side's fastest
+run (the machine is shared: one run's ratio is as noisy as the other work on it; every run is kept
+in the JSON).
 
 Every run is a fresh process measured by ``bench/measure.py`` (wall time, peak RSS), page cache
 cold for its inputs (``posix_fadvise`` per file), the machine settled first. Results: JSON with the
@@ -47,6 +56,27 @@ os.makedirs(dst, exist_ok=True)
 consolidate_safetensors_files(src, dst, dict.fromkeys(names, 1))
 print("@@BENCH@@" + json.dumps({"call": time.perf_counter() - start}))
 """
+MAKE_MS = """
+import json, os, sys
+sys.path.insert(0, sys.argv[2])
+from workload import DTYPES, Workload
+from reshard import api
+from reshard.formats.ckpt import save_ckpt
+from reshard.formats.strategy import merge_pipeline_strategies
+from reshard.synthetic import full_model, stage_strategies, write_stage_strategies
+root, size = sys.argv[1], int(sys.argv[3])
+w = Workload.layout(root, size, "fp32")
+save_ckpt(w.full_ckpt, full_model(w.shape, DTYPES[w.dtype][0]))
+folder = os.path.join(root, "strategy", "stages8")
+write_stage_strategies(folder, stage_strategies(w.shape, 2, 2, 2, True), 4)
+merge_pipeline_strategies(folder, w.strategy8)
+api.transform(w.full_ckpt, w.ranks8_ckpt, None, w.strategy8)
+api.transform(w.full_ckpt, root + "/torch_dist", None, None, output=api.OutputSpec("torch_dist", dcp_ranks=2))
+os.remove(w.full_ckpt)
+with open(os.path.join(root, "made.json"), "w") as fh:
+    json.dump({"ranks8": w.ranks8_ckpt, "strategy8": w.strategy8, "torch_dist": root + "/torch_dist",
+               "largest": w.largest_tensor}, fh)
+"""
 
 
 def parse_size(text: str) -> int:
@@ -73,6 +103,18 @@ def make(work: str, size: int) -> dict[str, Any]:
     return {"names": names, "largest": (COLS + 2) * COLS * 4, "bytes": measure.tree_bytes(f"{work}/ts")}
 
 
+def make_ms(work: str, size: int, env: dict[str, str]) -> dict[str, Any]:
+    """The MindSpore rank folders, their strategy and a torch_dist folder of the same model (made once)."""
+    root = os.path.join(work, "ms")
+    made = os.path.join(root, "made.json")
+    if not os.path.isfile(made):
+        measure.remove(root)
+        subprocess.run([sys.executable, "-c", MAKE_MS, root, BENCH, str(size)], check=True, env=env)
+    with open(made, encoding="utf-8") as fh:
+        found: dict[str, Any] = json.load(fh)
+    return found
+
+
 def reshard_argv(args: list[str]) -> list[str]:
     return [sys.executable, os.path.join(BENCH, "rs_child.py"), json.dumps(args)]
 
@@ -84,26 +126,41 @@ def timed(argv: list[str], inputs: list[str], out: str, log: str, env: dict[str,
 
 
 def row(
-    work: str, key: str, inputs: list[str], reshard: list[str], other: list[str] | None, env: dict[str, str]
+    work: str,
+    key: str,
+    inputs: list[str],
+    reshard: list[str],
+    other: list[str] | None,
+    env: dict[str, str],
+    repeat: int = 1,
 ) -> dict[str, Any]:
-    """reshard's run, then ``other`` (torch), or ``cp -r`` of reshard's output."""
+    """reshard's run, then ``other`` (torch), or ``cp -r`` of reshard's output; ``repeat`` times in turn,
+    each side's fastest run kept."""
     out, theirs = f"{work}/out-{key}", f"{work}/theirs-{key}"
-    ours = timed(reshard_argv([*reshard, out]), inputs, out, f"{work}/{key}-reshard", env)
-    if other is None:
-        against = timed(measure.cp_argv(out, theirs), [out], theirs, f"{work}/{key}-cp", env)
-        name = "cp -r"
-    else:
-        against = timed([*other, theirs], inputs, theirs, f"{work}/{key}-torch", torch_env())
-        name = "consolidate_safetensors_files"
-    result = {
-        "reshard": ours.to_json(),
-        "against": name,
-        "other": against.to_json(),
-        "ratio_wall": ours.wall / against.wall,
-        "output_bytes": measure.tree_bytes(out),
+    runs: list[tuple[measure.Measurement, measure.Measurement]] = []
+    for _ in range(repeat):
+        ours = timed(reshard_argv([*reshard, out]), inputs, out, f"{work}/{key}-reshard", env)
+        if other is None:
+            against = timed(measure.cp_argv(out, theirs), [out], theirs, f"{work}/{key}-cp", env)
+        else:
+            against = timed([*other, theirs], inputs, theirs, f"{work}/{key}-torch", torch_env())
+        runs.append((ours, against))
+        shutil.rmtree(theirs, ignore_errors=True)
+    best = min((r for r, _ in runs), key=lambda m: m.wall)
+    best_other = min((o for _, o in runs), key=lambda m: m.wall)
+    output_bytes = measure.tree_bytes(out)
+    shutil.rmtree(out, ignore_errors=True)  # the next row's disk
+    return {
+        "reshard": best.to_json(),
+        "against": "cp -r" if other is None else "consolidate_safetensors_files",
+        "other": best_other.to_json(),
+        "ratio_wall": best.wall / best_other.wall,
+        "output_bytes": output_bytes,
+        "runs": [{"reshard": r.wall, "other": o.wall} for r, o in runs],
     }
-    shutil.rmtree(theirs, ignore_errors=True)
-    return result
+
+
+ROWS = ("dcp-to-safetensors", "hf-shards-to-safetensors", "dcp-n-to-m", "ms-ranks-to-dcp", "torch_dist-to-ms-ranks")
 
 
 def main() -> int:
@@ -111,7 +168,8 @@ def main() -> int:
     parser.add_argument("--size", default="1GiB")
     parser.add_argument("--work", default="/tmp/reshard-dcp-bench")
     parser.add_argument("--out", default=os.path.join(BENCH, "out", "dcp.json"))
-    parser.add_argument("--rows", default="dcp-to-safetensors,hf-shards-to-safetensors,dcp-n-to-m")
+    parser.add_argument("--rows", default=",".join(ROWS))
+    parser.add_argument("--repeat", type=int, default=1, help="runs per row, each side's fastest kept")
     args = parser.parse_args()
     os.makedirs(args.work, exist_ok=True)
     made = make(args.work, parse_size(args.size))
@@ -130,6 +188,11 @@ def main() -> int:
         ),
         "dcp-n-to-m": ([ts], ["transform", ts, "--output-format", "dcp", "--dcp-ranks", "3", "-q"], None),
     }
+    if any(key.startswith(("ms-", "torch_dist-")) for key in args.rows.split(",")):
+        ms = make_ms(args.work, parse_size(args.size), env)
+        r8, s8, td = ms["ranks8"], ms["strategy8"], ms["torch_dist"]
+        plans["ms-ranks-to-dcp"] = ([r8], ["transform", r8, "--src-strategy", s8, "--output-format", "dcp", "-q"], None)
+        plans["torch_dist-to-ms-ranks"] = ([td], ["transform", td, "--dst-strategy", s8, "-q"], None)
     results: dict[str, Any] = {
         "workload": {"bytes": made["bytes"], "tensors": len(made["names"]), "largest_tensor": made["largest"]},
         "targets": {"cp": 1.25, "torch_consolidate": 1 / 3, "rss_allowance": 300 * 1024**2},
@@ -138,7 +201,7 @@ def main() -> int:
     }
     for key in args.rows.split(","):
         inputs, reshard, other = plans[key]
-        results["rows"][key] = row(args.work, key, inputs, reshard, other, env)
+        results["rows"][key] = row(args.work, key, inputs, reshard, other, env, args.repeat)
         print(key, json.dumps(results["rows"][key]), flush=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as fh:
