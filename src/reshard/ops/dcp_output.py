@@ -163,6 +163,8 @@ def _recut(
     chunks: OpenedChunks | None,
     items: Sequence[BytesItem],
 ) -> Plan:
+    """The DCP data of ``full`` in ``folder``: from the chunk boxes of ``chunks`` when they plan it, else
+    every copy of a full tensor re-cut (``plan.dcp.dcp_plan``); ``items`` listed in its ``.metadata``."""
     if chunks is None:
         return dcp_plan(full, folder, how, notes, items)
     boxed = chunked.boxed_dcp(full, chunks, folder, how, notes, items)
