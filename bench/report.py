@@ -71,6 +71,9 @@ def _rss_budget(w: dict[str, Any]) -> int:
 
 
 def main_table(main: dict[str, Any]) -> list[str]:
+    """The operations' table; without MindSpore's columns when the run measured no MindSpore."""
+    if not any(op.get("mindspore") or op.get("mindspore_error") for op in main["operations"]):
+        return _reshard_table(main)
     lines = [
         "| operation | output | `cp -r` | reshard | reshard ÷ cp | reshard peak RSS | MindSpore call | MindSpore "
         "| MindSpore ÷ reshard | MindSpore peak RSS |",
@@ -91,6 +94,37 @@ def main_table(main: dict[str, Any]) -> list[str]:
             f"| {op['title']} | {_gb(op['output_bytes'])} | {_s(cp['wall'])} | {_s(rs['wall'])} ({_s(rs['call'])}) "
             f"| {_x(r['reshard_cp_wall'])} ({_x(r['reshard_cp_call'])}) | {_mib(rs['peak_rss'])} | {op['ms_call']} "
             f"| {' | '.join(ms_cells)} |"
+        )
+    return lines
+
+
+def _reshard_table(main: dict[str, Any]) -> list[str]:
+    lines = [
+        "| operation | output | `cp -r` | reshard | reshard ÷ cp | reshard peak RSS |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for op in main["operations"]:
+        rs, cp, r = op["reshard"], op["cp"], op["ratios"]
+        lines.append(
+            f"| {op['title']} | {_gb(op['output_bytes'])} | {_s(cp['wall'])} | {_s(rs['wall'])} ({_s(rs['call'])}) "
+            f"| {_x(r['reshard_cp_wall'])} ({_x(r['reshard_cp_call'])}) | {_mib(rs['peak_rss'])} |"
+        )
+    return lines
+
+
+def summary_table(fp32: dict[str, Any], bf16: dict[str, Any] | None = None) -> list[str]:
+    """The README's short table: each operation's ratios (wall, best run), from the results files."""
+    by_key = {o["key"]: o for o in bf16["operations"]} if bf16 else {}
+    lines = [
+        "| operation | reshard ÷ `cp -r` (fp32) | reshard ÷ `cp -r` (bf16) | MindSpore 2.10 ÷ reshard | peak RSS |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for op in fp32["operations"]:
+        r, other = op["ratios"], by_key.get(op["key"])
+        half = _x(other["ratios"]["reshard_cp_wall"]) if other else "—"
+        ms = _x(r["ms_reshard_wall"]) if "ms_reshard_wall" in r else "—"
+        lines.append(
+            f"| {op['title']} | {_x(r['reshard_cp_wall'])} | {half} | {ms} | {_mib(op['reshard']['peak_rss'])} |"
         )
     return lines
 
