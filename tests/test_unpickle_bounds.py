@@ -221,3 +221,19 @@ def test_random_opcode_streams_stay_bounded(tmp_path: Path, data: bytes) -> None
     (tmp_path / ".metadata").write_bytes(data)
     with bounded(len(data)), contextlib.suppress(ReshardError):
         dcp.read_dcp_metadata(tmp_path)
+
+
+def test_the_cli_refuses_a_hostile_metadata_in_one_line(tmp_path: Path) -> None:
+    from tests.trust_helpers import run_cli
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(HOSTILE["LONG_BINPUT"][0])
+    (folder / "__0_0.distcp").write_bytes(b"")
+    for command in (["inspect", str(folder)], ["transform", str(folder), str(tmp_path / "out")]):
+        done = run_cli(*command)
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and str(folder / ".metadata") in lines[0] and "memo index 268435456" in lines[0]
+        assert "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
