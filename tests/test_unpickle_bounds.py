@@ -237,3 +237,14 @@ def test_the_cli_refuses_a_hostile_metadata_in_one_line(tmp_path: Path) -> None:
         assert len(lines) == 1 and str(folder / ".metadata") in lines[0] and "memo index 268435456" in lines[0]
         assert "Traceback" not in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("what", ["LONG_BINPUT", "PUT", "BINBYTES8", "FRAME"])
+def test_a_hostile_data_pkl_allocates_little(tmp_path: Path, what: str) -> None:
+    from tests.test_dcp_format import archive, folder_with_chunk
+
+    data, message = HOSTILE[what]
+    folder = folder_with_chunk(tmp_path, archive(data, bytes(24)))
+    meta = dcp.read_dcp_metadata(folder)
+    with bounded(len(data)), pytest.raises(FormatError, match=message):
+        dcp.index_distcp(meta, "__0_0.distcp").close()
