@@ -12,6 +12,8 @@ the old ~8 x (file + record).
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -62,14 +64,18 @@ def test_verify_of_an_encrypted_rank_folder_stays_near_its_largest_tensor(tmp_pa
     full, ranks, strategy = _model(tmp_path)
     encrypted = sum(p.stat().st_size for p in Path(ranks).rglob("*.ckpt"))
     assert encrypted > RANKS * 3 * TENSOR_BYTES
-    child = subprocess.run(
-        [sys.executable, "-c", CHILD, full, ranks, strategy, KEY.hex()],
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
-        timeout=300,
-        check=False,
-    )
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", CHILD, full, ranks, strategy, KEY.hex()],
+            capture_output=True,
+            text=True,
+            env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
+            timeout=300,
+            check=False,
+        )
+    finally:  # 440 MB: not left for pytest's last three runs to keep
+        shutil.rmtree(ranks)
+        os.remove(full)
     assert child.returncode == 0, child.stderr
     got = json.loads(child.stdout)
     assert got["ok"] and got["compared"] == 3
