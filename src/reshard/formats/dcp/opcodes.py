@@ -7,7 +7,9 @@ walks the opcodes (runs of fixed-size ones matched by one regular expression, at
 a counted or line argument one by one: ~0.15 s for an 18 MB ``.metadata`` of 11 million opcodes) and
 refuses an opcode that neither ``pickle.dump`` of DCP's records nor ``torch.save`` writes (sets and
 bytearrays, out-of-band buffers, extension codes), a length beyond the bytes left and a
-memo index beyond half the bytes read so far (each memoised value takes two bytes at least). Every
+memo index beyond half the bytes read so far (each memoised value takes two bytes at least), and an
+integer wider than 9 bytes (DCP's offsets and sizes are int64; wider ones would let a dict of
+integers of one hash take quadratic time: at most 2 048 integers of up to 9 bytes share a hash). Every
 opcode left builds at most one object of a fixed size (the largest, an empty dict, 64 bytes), so what
 the unpickler builds stays within ~80 bytes per byte of the pickle; the allowlisted callables
 (``unpickling``) build nothing larger than their arguments.
@@ -26,7 +28,9 @@ _FIXED_RUN = re.compile(
 )
 
 _STOP, _LONG_BINPUT, _PUT = ord("."), ord("r"), ord("p")
-_ONE_LINE = frozenset(b"ILFSVgP")  # INT, LONG, FLOAT, STRING, UNICODE, GET, PERSID: a line of text
+_ONE_LINE = frozenset(b"FSVgP")  # FLOAT, STRING, UNICODE, GET, PERSID: a line of text
+_INT_LINES = frozenset(b"IL")  # INT, LONG: the digits of an integer on a line
+_INT_BYTES = 9  # the widest integer, in bytes (LONG1's length; INT and LONG lines the same)
 _TWO_LINES = frozenset(b"ci")  # GLOBAL, INST: a module line and a name line
 # opcode -> (bytes of its length field, what it is): the argument is that many bytes after the field
 _COUNTED: dict[int, tuple[int, str]] = {
@@ -38,8 +42,7 @@ _COUNTED: dict[int, tuple[int, str]] = {
     ord("C"): (1, "SHORT_BINBYTES"),
     ord("B"): (4, "BINBYTES"),
     0x8E: (8, "BINBYTES8"),
-    0x8A: (1, "LONG1"),
-    0x8B: (4, "LONG4"),
+    0x8A: (1, "LONG1"),  # also at most _INT_BYTES
     0x95: (8, "FRAME"),  # the frame's bytes are opcodes: walked on from just after the length
 }
 
@@ -63,6 +66,8 @@ def check_opcodes(data: bytes) -> None:
             pos = _after_put(data, pos)
         elif op in _ONE_LINE:
             pos = _after_line(data, pos + 1)
+        elif op in _INT_LINES:
+            pos = _after_int_line(data, pos)
         elif op in _TWO_LINES:
             pos = _after_line(data, _after_line(data, pos + 1))
         else:
@@ -75,6 +80,8 @@ def _after_counted(data: bytes, pos: int, op: int) -> int:
     if start > len(data):
         raise pickle.UnpicklingError("pickle data was truncated")
     length = int.from_bytes(data[pos + 1 : start], "little")
+    if name == "LONG1" and length > _INT_BYTES:
+        raise pickle.UnpicklingError(f"an integer of {length} bytes at byte {pos}, wider than any DCP pickle holds")
     if length > len(data) - start:
         raise pickle.UnpicklingError(f"{name} at byte {pos} declares {length} bytes where {len(data) - start} are left")
     return start if name == "FRAME" else start + length
@@ -85,6 +92,16 @@ def _after_long_binput(data: bytes, pos: int) -> int:
         raise pickle.UnpicklingError("pickle data was truncated")
     _check_memo_index(int.from_bytes(data[pos + 1 : pos + 5], "little"), pos)
     return pos + 5
+
+
+def _after_int_line(data: bytes, pos: int) -> int:
+    end = _after_line(data, pos + 1)
+    text = data[pos + 1 : end - 1].rstrip(b"L")
+    if len(text) > 24 or (text.lstrip(b"+-").isdigit() and int(text).bit_length() > _INT_BYTES * 8):
+        raise pickle.UnpicklingError(
+            f"an integer of {len(text)} characters at byte {pos}, wider than any DCP pickle holds"
+        )
+    return end
 
 
 def _after_put(data: bytes, pos: int) -> int:
