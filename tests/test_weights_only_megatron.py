@@ -128,3 +128,11 @@ def test_without_weights_only_everything_is_carried(saved: Path, tmp_path: Path)
     meta = dcp.read_dcp_metadata(out)
     assert len(meta.tensors) == 10 and len(meta.byte_items) == 3
     assert (out / "common.pt").read_bytes() == (saved / "ckpt" / "common.pt").read_bytes()
+
+
+def test_inspect_groups_chained_states_by_optimizer() -> None:
+    from reshard.inspection import _state_kind
+
+    assert DEFAULT.prefix_of("chained_1.optimizer.state.exp_avg.w") == "chained_1.optimizer."
+    kinds = ["chained_1.optimizer.state.exp_avg.w", "optimizer.state.fp32_param.w", "rng_state/shard_0_1", "w"]
+    assert [_state_kind(n) for n in kinds] == ["chained_1.optimizer", "optimizer", "rng_state", None]

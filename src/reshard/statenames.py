@@ -110,6 +110,21 @@ class StateNames:
         chained = _CHAINED.match(name)
         return chained is not None and name.startswith(self.prefixes, chained.end())
 
+    def prefix_of(self, name: str) -> str | None:
+        """The state prefix ``name`` starts with, a ChainedOptimizer's ``chained_<i>.`` included (None: none).
+
+        Example:
+            from reshard.statenames import StateNames
+            assert StateNames().prefix_of("chained_1.optimizer.state.exp_avg.w") == "chained_1.optimizer."
+            assert StateNames().prefix_of("adam_m.w") == "adam_m." and StateNames().prefix_of("w") is None
+        """
+        chained = _CHAINED.match(name)
+        if chained is not None:
+            inner = next((p for p in self.prefixes if name.startswith(p, chained.end())), None)
+            if inner is not None:
+                return chained.group() + inner
+        return next((p for p in self.prefixes if name.startswith(p)), None)
+
     def with_prefixes(self, extra: Iterable[str]) -> StateNames:
         """This rule with more prefixes (an optimizer of one's own).
 
