@@ -270,10 +270,12 @@ def probe_ckpt(path: str | os.PathLike[str]) -> CkptProbe:
     return CkptProbe(cipher, cipher is None and ends_with_crc_trailer(tail))
 
 
-# One file decrypted at a time: each holds a 64 MiB record of plaintext until its tag checks out (and
+# Few files decrypted at once: each holds a 64 MiB record of plaintext until its tag checks out (and
 # the record's ciphertext pages), and planning indexes 8 files on threads (sources.files.INDEX_THREADS):
-# 8 at once were 1 GiB of RSS. OpenSSL decrypts at GB/s, so the threads only ever overlapped disk waits.
-_DECRYPTING = threading.Lock()
+# 8 at once were 1 GiB of RSS. OpenSSL decrypts at GB/s, so the threads mostly overlap disk waits: one
+# at a time on a small machine (2 cores: 1), up to 3 on a large one (about 70 MiB each), whose disks
+# serve several reads at once.
+_DECRYPTING = threading.BoundedSemaphore(max(1, min(3, (os.cpu_count() or 1) // 4)))
 
 
 def _decrypt(buf: Any, key: bytes, mode: str, path: str) -> tuple[Any, Callable[[], None], int]:
