@@ -21,7 +21,7 @@ once with ``FileSystemWriter`` (torch_save serialization: ``.metadata`` + ``.dis
 
 ``--repeat N`` runs each row N times, reshard and ``cp -r`` in turn, and keeps each side's fastest
 run (the machine is shared: one run's ratio is as noisy as the other work on it; every run is kept
-in the JSON).
+in the JSON, and the median of the runs' pair ratios beside the best against best).
 
 Every run is a fresh process measured by ``bench/measure.py`` (wall time, peak RSS), page cache
 cold for its inputs (``posix_fadvise`` per file), the machine settled first. Results: JSON with the
@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from typing import Any
@@ -155,6 +156,7 @@ def row(
         "against": "cp -r" if other is None else "consolidate_safetensors_files",
         "other": best_other.to_json(),
         "ratio_wall": best.wall / best_other.wall,
+        "ratio_median": statistics.median(r.wall / o.wall for r, o in runs),  # of each run's pair
         "output_bytes": output_bytes,
         "runs": [{"reshard": r.wall, "other": o.wall} for r, o in runs],
     }
