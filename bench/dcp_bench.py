@@ -175,7 +175,10 @@ def main() -> int:
     args = parser.parse_args()
     os.makedirs(args.work, exist_ok=True)
     made = make(args.work, parse_size(args.size))
-    env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "src")}
+    # no PYTHON* variable of ours (PYTHONDONTWRITEBYTECODE would make every reshard process compile its modules)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | {
+        "PYTHONPATH": os.path.join(REPO, "src")
+    }
     ts, hf = f"{args.work}/ts", f"{args.work}/hf"
     names_file = f"{args.work}/names.json"
     with open(names_file, "w", encoding="utf-8") as fh:
