@@ -198,6 +198,29 @@ def test_torch_loads_what_reshard_wrote(torch_loaded: Path, reshard_made: Path) 
 # ------------------------------------------------------------------------------------ the commands on torch's folders
 
 
+def test_the_dcp_output_of_the_command_carries_values_torch_loads(torch_loaded: Path, tmp_path: Path) -> None:
+    """``reshard transform SRC OUT --output-format dcp --dcp-ranks 3`` of what torch saved: its non-tensor
+    values (an int step, a float, a list of names) carried byte for byte, loaded by torch as torch saved them,
+    whole and into three ranks' DTensors."""
+    from tests.trust_helpers import run_cli
+
+    out = tmp_path / "dcp3"
+    proc = run_cli("transform", str(torch_loaded / "dtensor"), str(out), "--output-format", "dcp", "--dcp-ranks", "3")
+    assert proc.returncode == 0 and "not carried" not in proc.stderr, proc.stderr
+    meta = dcp.read_dcp_metadata(out)
+    source = dcp.read_dcp_metadata(torch_loaded / "dtensor")
+    assert sorted(meta.byte_items) == sorted(source.byte_items)
+    for fqn in source.byte_items:
+        assert dcp.read_bytes_item(meta, fqn) == dcp.read_bytes_item(source, fqn), fqn
+    run_torch_script("dcp_load.py", {"loads": [{"folder": str(out), "out": str(tmp_path / "whole")}]})
+    run_torch_script("dcp_load.py", {"loads": [{"folder": str(out), "out": str(tmp_path / "ranks3")}]}, nproc=3)
+    want = npz(torch_loaded / "dtensor.npz")
+    assert_same(npz(tmp_path / "whole.npz"), want)
+    assert_same(npz(tmp_path / "ranks3.npz"), want)
+    loaded = json.loads((tmp_path / "whole.json").read_text())
+    assert loaded == json.loads((torch_loaded / "dtensor.loaded.json").read_text())
+
+
 def _outputs(folder: Path) -> dict[str, np.ndarray]:
     """Every tensor of the safetensors files below ``folder`` (reshard's own reader)."""
     from reshard.sources import open_checkpoint

@@ -38,7 +38,7 @@ from reshard.sources.kind import ByteValue, OpenedChunks
 FORMAT = "dcp"
 TORCH_DIST = "torch_dist"  # Megatron-core's: DCP data + common.pt + metadata.json
 FORMATS = (FORMAT, TORCH_DIST)  # the outputs written as DCP data
-VALUES_FILE = f"__0_1{DATA_SUFFIX}"  # a torch_dist output's non-tensor values (the chunks are in __<r>_0)
+VALUES_FILE = f"__0_1{DATA_SUFFIX}"  # a DCP output's non-tensor values (the chunks are in __<r>_0)
 
 
 def asked(output: OutputSpec | None) -> bool:
@@ -118,8 +118,9 @@ def superseded(dst: str, overwrite: bool, resume: bool) -> Callable[[Plan], list
 
 @dataclass(frozen=True)
 class Carried:
-    """What a torch_dist source hands a torch_dist output byte for byte: its ``common.pt`` (a path; None:
-    megatron's empty common state) and its ``.metadata``'s non-tensor values (Megatron's ShardedObjects)."""
+    """What a chunked source hands a DCP output byte for byte: its ``.metadata``'s non-tensor values (an
+    optimizer's step and param groups, Megatron's ShardedObjects) and, for a torch_dist output, a
+    torch_dist source's ``common.pt`` (a path; None: megatron's empty common state)."""
 
     common: str | None = None
     values: Mapping[str, ByteValue] = field(default_factory=dict)
@@ -134,13 +135,16 @@ def as_dcp(
     carried: Carried | None = None,
     chunks: OpenedChunks | None = None,
 ) -> Plan:
-    """``full`` (a plan of full tensors) re-cut as a DCP checkpoint in ``folder``, ``.metadata`` last;
-    as a torch_dist checkpoint when ``output`` asks for one, with what a torch_dist source ``carried``.
+    """``full`` (a plan of full tensors) re-cut as a DCP checkpoint in ``folder``, ``.metadata`` last, with
+    the non-tensor values a chunked source ``carried``; as a torch_dist checkpoint when ``output`` asks for
+    one, with a torch_dist source's ``common.pt`` too.
     ``chunks``: the chunked source ``full`` reads whole (``ops.chunked.virtual_model``): planned from its
     chunk boxes at once when it can be (``ops.chunked.boxed_dcp``), else re-sourced and re-cut."""
-    if output is None or output.format != TORCH_DIST:
-        return _recut(full, folder, how, notes, chunks, ())
     carried = carried or Carried()
+    if output is None or output.format != TORCH_DIST:  # a plain DCP checkpoint: the values, then .metadata
+        values, items = _values_file(folder, carried.values)
+        plan = _recut(full, folder, how, notes, chunks, items)
+        return Plan(plan.operation, plan.sources, plan.files, (*values, *plan.texts), plan.quantized)
     save = save_folder(folder, output)
     values, items = _values_file(save, carried.values)
     plan = _recut(full, save, how, notes, chunks, items)

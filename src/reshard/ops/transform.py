@@ -220,11 +220,9 @@ def _plan_chunked(job: _Job) -> tuple[Plan, None, Plan | None]:
     tensors, then read from the chunks (``ops.chunked``)."""
     opened = job.kind.open(job.src, job.read, job.notes)
     assert isinstance(opened, OpenedChunks)
-    job.carried = _carried(job, opened)  # a torch_dist output carries the values
+    job.carried = _carried(job, opened)  # a DCP or torch_dist output carries the values
     if job.cp2_out or job.shard_size is not None:
         output = "a Checkpoint 2.0 output" if job.cp2_out else "a Hugging Face output"
-    elif job.dcp_out:  # a dcp output does not write .metadata's byte items yet
-        output = "reshard's DCP output"
     else:
         output = "a .ckpt output" if job.fmt == "ckpt" else "a safetensors output"
     if job.carried is None:
@@ -315,11 +313,12 @@ def _finish(job: _Job, plan: Plan, src_sf: LayoutTable | None, everyone: Plan | 
 
 
 def _carried(job: _Job, opened: OpenedChunks) -> dcp_output.Carried | None:
-    """What a chunked source hands a torch_dist output: its non-tensor values and (a torch_dist source) its
-    ``common.pt``; None for another output. ``--weights-only`` carries neither the training-state values
-    (``rng_state``, the distributed optimizer's objects: ``statenames``) nor ``common.pt`` (the iteration,
-    the optimizer's param groups, the scheduler; a pickle reshard never opens): megatron's empty one instead."""
-    if job.out_format != dcp_output.TORCH_DIST:
+    """What a chunked source hands a DCP or torch_dist output: its non-tensor values and (a torch_dist source
+    into a torch_dist output) its ``common.pt``; None for another output. ``--weights-only`` carries neither
+    the training-state values (``rng_state``, the distributed optimizer's objects: ``statenames``) nor
+    ``common.pt`` (the iteration, the optimizer's param groups, the scheduler; a pickle reshard never opens):
+    megatron's empty one instead."""
+    if not job.dcp_out:
         return None
     kept = job.pipeline.naming.options.filter
     if not kept.weights_only:
@@ -330,7 +329,7 @@ def _carried(job: _Job, opened: OpenedChunks) -> dcp_output.Carried | None:
     if dropped:
         job.notes.append(f"--weights-only: {len(dropped)} training-state values not carried ({', '.join(dropped[:3])}"
                          f"{', ...' if len(dropped) > 3 else ''})")  # fmt: skip
-    if job.kind is MEGATRON:
+    if job.kind is MEGATRON and job.out_format == dcp_output.TORCH_DIST:
         job.notes.append("--weights-only: the source's common.pt (iteration, optimizer param groups) not carried")
     return dcp_output.Carried(None, values)
 
