@@ -81,9 +81,14 @@ def make_fp8_model(folder: str, size: int) -> int:
 
 
 def timed(argv: list[str], inputs: list[str], log: str, env: dict[str, str] | None = None) -> dict[str, float]:
+    """One run, cache cold. ``cpu``: user + system seconds of the contestant (and its ~10 ms ``spawn.py``
+    parent), which other engineers' load on the machine changes far less than the wall time."""
     measure.prepare_cache("cold", measure.files_under(inputs))
+    before = os.times()
     m = measure.run_measured(argv, log, env=env)
-    return {"wall": m.wall, "call": m.call, "peak_rss": m.peak_rss, "cpu_pressure": m.cpu_pressure}
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return {"wall": m.wall, "call": m.call, "cpu": cpu, "peak_rss": m.peak_rss, "cpu_pressure": m.cpu_pressure}
 
 
 def main() -> int:
@@ -123,16 +128,23 @@ def main() -> int:
         assert isinstance(deq, dict) and isinstance(cp_bf16, dict) and isinstance(q, dict) and isinstance(cp_fp8, dict)
         line = (
             f"dequantize {deq['wall']:.2f} s ({deq['wall'] / cp_bf16['wall']:.2f}x cp -r {cp_bf16['wall']:.2f} s), "
-            f"peak {format_size(int(deq['peak_rss']))}; quantize {q['wall']:.2f} s "
-            f"({q['wall'] / cp_fp8['wall']:.2f}x cp -r {cp_fp8['wall']:.2f} s), peak {format_size(int(q['peak_rss']))}"
+            f"CPU {deq['cpu']:.2f} s, peak {format_size(int(deq['peak_rss']))}; quantize {q['wall']:.2f} s "
+            f"({q['wall'] / cp_fp8['wall']:.2f}x cp -r {cp_fp8['wall']:.2f} s), CPU {q['cpu']:.2f} s, "
+            f"peak {format_size(int(q['peak_rss']))}"
         )
         if "torch_rule" in run:
             t = run["torch_rule"]
             assert isinstance(t, dict)
-            line += f"; torch reference rule {t['wall']:.2f} s, peak {format_size(int(t['peak_rss']))}"
+            peak = format_size(int(t["peak_rss"]))
+            line += f"; torch reference rule {t['wall']:.2f} s, CPU {t['cpu']:.2f} s, peak {peak}"
         print(line)
     results["bf16_bytes"] = measure.tree_bytes(bf16)
     results["cpu_count"] = os.cpu_count()
+    results["versions"] = {
+        "python": sys.version.split()[0],
+        "numpy": np.__version__,
+        "ml_dtypes": ml_dtypes.__version__,
+    }
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(results, fh, indent=1)

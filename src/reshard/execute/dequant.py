@@ -38,7 +38,7 @@ import numpy as np
 
 from reshard import dtypes
 from reshard.errors import UsageError
-from reshard.execute import assemble
+from reshard.execute import assemble, f8cast
 from reshard.execute.assemble import SourceArray
 from reshard.formats.base import TensorEntry, TensorIndex, drop_resident
 from reshard.plan import Plan, TensorPlan
@@ -57,6 +57,9 @@ ROW_BLOCK_CAP = 16 * 1024**2
 QUANTIZE_ROW_BLOCK_CAP = 4 * 1024**2  # F8 output bytes: 4 Mi elements, 16 MB a float32 temporary
 SCALE_CHUNK = 1 << 22  # weight elements read at once to compute a --quantize scale tensor
 MEMO_BYTES = 64 * 1024**2  # scale rows kept between a quantized weight's values and its scale tensor
+# Smallest normal float32: a scale at least this (amax / 448 rounded) divides every value of its block to
+# within 448 (1 + 2 ** -22) < 464, which F8_E4M3 rounds to 448 as the clip would.
+_SAFE_SCALE = np.float32(2.0**-126)
 
 
 # The float32 bits torch gives F8_E4M3's two NaN bytes (numpy's would be 0x7FC00000): a NaN weight
@@ -312,12 +315,13 @@ class Quantized:
         if self.scales:
             return padded, scale
         grid /= scale[:, None, :, None]
-        np.clip(padded, -dtypes.FP8_E4M3_LARGEST, dtypes.FP8_E4M3_LARGEST, out=padded)
-        return padded.astype(ml_dtypes.float8_e4m3fn), scale
+        if scale.size and scale.min() < _SAFE_SCALE:  # else |w| / scale <= 448 (1 + 2 ** -22): clipping changes no byte
+            np.clip(padded, -dtypes.FP8_E4M3_LARGEST, dtypes.FP8_E4M3_LARGEST, out=padded)
+        return f8cast.e4m3_bytes(padded).view(ml_dtypes.float8_e4m3fn), scale
 
     def _scale_of(self, grid: np.ndarray, i0: int, j0: int) -> np.ndarray:
         """DeepSeek's scale of each block of ``grid`` ``[rows, b0, cols, b1]`` (refusing NaN or infinity)."""
-        amax = np.abs(grid).max(axis=(1, 3))
+        amax = _block_amax(grid)
         if not np.isfinite(amax).all():
             i, j = (int(k) for k in np.argwhere(~np.isfinite(amax))[0])
             raise UsageError(
@@ -327,6 +331,19 @@ class Quantized:
         scale = amax / np.float32(dtypes.FP8_E4M3_LARGEST)
         scale[amax == 0] = 1.0
         return scale
+
+
+def _block_amax(grid: np.ndarray) -> np.ndarray:
+    """``max(|x|)`` of each block of float32 ``grid`` ``[rows, b0, cols, b1]``, as float32 (NaN stays NaN).
+
+    On the values' bits with the sign cleared (non-negative floats order as their bits do): rows of
+    each block first (whole contiguous rows at a time), then the columns of what is left, 5x
+    ``np.abs(grid).max(axis=(1, 3))``.
+    """
+    rows, b0, cols, b1 = grid.shape
+    magnitude = np.bitwise_and(grid.view(np.uint32), np.uint32(0x7FFFFFFF))
+    tall = np.maximum.reduce(magnitude.reshape(rows, b0, cols * b1), axis=1)
+    return tall.reshape(rows, cols, b1).max(axis=2).view(np.float32)
 
 
 class ScaleMemo:
