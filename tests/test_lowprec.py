@@ -497,21 +497,6 @@ def test_plan_json_states_the_pairs_before_writing(model: Path, tmp_path: Path) 
     assert not (tmp_path / "out").exists()
 
 
-def test_ray_executor_refuses_computed_tensors(model: Path, tmp_path: Path) -> None:
-    from reshard.errors import UnsupportedError
-
-    report = api.transform(
-        str(model),
-        str(tmp_path / "out"),
-        output=api.OutputSpec(format="hf"),
-        destination=api.Destination(dry_run=True),
-        tensors=api.TensorOptions(precision=Precision("bf16")),
-    )
-    with pytest.raises(UnsupportedError, match="local executor only"):
-        api.execute(report.plan, root=str(tmp_path / "out"), executor="ray")
-    assert not (tmp_path / "out").exists()
-
-
 def test_mindformers_tool_flags_refuse_dequantize(model: Path, tmp_path: Path) -> None:
     proc = run_cli(
         "transform", "--src_checkpoint", str(model), "--dst_checkpoint_dir", str(tmp_path / "o"), "--dequantize", "bf16"
