@@ -29,7 +29,7 @@ from reshard.formats.strategy import load_strategy, make_strategy, write_strateg
 from reshard.layout import ParamLayout
 from reshard.synthetic import ModelShape
 from tests import checkpoint2_fixtures as fx
-from tests.lowprec_fixtures import EXPERTS, Q, fp8_model, fp8_tensors
+from tests.lowprec_fixtures import EXPERTS, K, Q, fp8_model, fp8_tensors
 from tests.test_cp2_read_format import BAD as CHECKPOINT2_BAD
 from tests.test_cp2_read_format import ITER as CHECKPOINT2_ITERATION
 from tests.trust_helpers import make_job, run_cli, snapshot, temp_files
@@ -681,6 +681,30 @@ def fp8_nan_scale(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     return _dequantize(fp8_model(tmp / "m", t)), f"{Q}_scale_inv: 1 block scale(s) are NaN or infinite"
 
 
+def fp8_inf_scale(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    t = fp8_tensors()
+    t[K + "_scale_inv"] = t[K + "_scale_inv"].copy()
+    t[K + "_scale_inv"][1, 0] = np.inf  # a BF16 scale
+    return _dequantize(fp8_model(tmp / "m", t)), f"{K}_scale_inv: 1 block scale(s) are NaN or infinite"
+
+
+def _split_k_columns(tmp: Path, src: Path) -> list[str]:
+    """Split ``src`` to 2 ranks cutting K's columns at 128 (on the block grid), its pairs moved as pairs."""
+    strategy = tmp / "s2.ckpt"
+    write_strategy(strategy, make_strategy({K: ParamLayout((2,), (-1, 0))}))
+    return ["split", str(src), OUT, "--dst-strategy", str(strategy)]
+
+
+def fp8_pair_split_scale_wrong_shape(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    t = fp8_tensors()
+    t[K + "_scale_inv"] = t[K + "_scale_inv"][:1, :1].copy()
+    return _split_k_columns(tmp, fp8_model(tmp / "m", t)), f"{K}_scale_inv: shape [1, 1] does not fit weight"
+
+
+def fp8_pair_split_block_size_unknown(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _split_k_columns(tmp, fp8_model(tmp / "m", block=None)), f"{K}: the destination strategy cuts"
+
+
 def mxfp4_nan_scale(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     t = fp8_tensors()
     t[EXPERTS + "_scales"] = t[EXPERTS + "_scales"].copy()
@@ -730,6 +754,9 @@ CASES += [
     fp8_scale_wrong_shape,
     fp8_block_size_unknown,
     fp8_nan_scale,
+    fp8_inf_scale,
+    fp8_pair_split_scale_wrong_shape,
+    fp8_pair_split_block_size_unknown,
     mxfp4_nan_scale,
     mxfp4_blocks_without_scales,
     dequantize_unknown_dtype,
