@@ -6,9 +6,12 @@ DeepSeek-V3-like 7168-wide linears), then times, each in its own process through
 
 * ``reshard transform --hf --dequantize bf16`` against ``cp -r`` of the bf16 output it wrote;
 * ``reshard transform --hf --quantize fp8-block`` of that bf16 output against ``cp -r`` of its output;
-* DeepSeek's reference rule computed in torch on the same CPU (``--torch PYTHON``: a venv with torch and
+* DeepSeek's reference rules computed in torch on the same CPU (``--torch PYTHON``: a venv with torch and
   safetensors; skipped without it): every weight read whole, ``w.float() * scale`` expanded per block,
-  cast to bf16 and saved with ``safetensors.torch.save_file``. A figure beside ours, not a target.
+  cast to bf16 and saved with ``safetensors.torch.save_file``; and the quantizing rule (``amax / 448``
+  per block, divide, clamp, ``.to(torch.float8_e4m3fn)``) on the bf16 output. Figures beside ours,
+  not targets. Every run also records its CPU seconds (user + system), which the other work on a
+  shared machine moves far less than the wall time.
 
     python3 bench/lowprec.py --work /tmp/lowprec-bench --json docs/bench/results-lowprec.json \\
         --torch ~/.cache/reshard/hf-venv/bin/python
@@ -50,6 +53,30 @@ for shard in sorted(f for f in os.listdir(src) if f.endswith(".safetensors")):
         s = raw[name + "_scale_inv"]
         full = s.repeat_interleave(128, 0)[: w.shape[0]].repeat_interleave(128, 1)[:, : w.shape[1]]
         out[name] = (w.to(torch.float32) * full).to(torch.bfloat16)
+    save_file(out, os.path.join(dst, shard))
+print("@@BENCH@@" + json.dumps({"call": time.perf_counter() - start}))
+"""
+
+
+TORCH_QUANTIZE_RULE = r"""
+import json, os, sys, time, torch
+from safetensors.torch import load_file, save_file
+src, dst = sys.argv[1], sys.argv[2]
+start = time.perf_counter()
+os.makedirs(dst, exist_ok=True)
+for shard in sorted(f for f in os.listdir(src) if f.endswith(".safetensors")):
+    out = {}
+    for name, w in load_file(os.path.join(src, shard)).items():
+        rows, cols = w.shape
+        g0, g1 = -(-rows // 128), -(-cols // 128)
+        padded = torch.zeros(g0 * 128, g1 * 128, dtype=torch.float32)
+        padded[:rows, :cols] = w.to(torch.float32)
+        blocks = padded.view(g0, 128, g1, 128)
+        amax = blocks.abs().amax(dim=(1, 3))
+        scale = torch.where(amax == 0, torch.ones_like(amax), amax / 448.0)
+        q = (blocks / scale[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+        out[name] = q.view(g0 * 128, g1 * 128)[:rows, :cols].contiguous()
+        out[name + "_scale_inv"] = scale
     save_file(out, os.path.join(dst, shard))
 print("@@BENCH@@" + json.dumps({"call": time.perf_counter() - start}))
 """
@@ -122,6 +149,12 @@ def main() -> int:
                 fh.write(TORCH_RULE)
             argv = [args.torch, script, src, bf16 + "_torch"]
             run["torch_rule"] = timed(argv, [src], os.path.join(work, "torch_rule"))
+            script = os.path.join(work, "torch_quantize_rule.py")
+            with open(script, "w", encoding="utf-8") as fh:
+                fh.write(TORCH_QUANTIZE_RULE)
+            measure.remove(fp8 + "_torch")
+            argv = [args.torch, script, bf16, fp8 + "_torch"]
+            run["torch_quantize_rule"] = timed(argv, [bf16], os.path.join(work, "torch_quantize_rule"))
         results["runs"].append(run)  # type: ignore[attr-defined]
         deq, cp_bf16 = run["dequantize"], run["cp_bf16"]
         q, cp_fp8 = run["quantize"], run["cp_fp8"]
@@ -137,6 +170,10 @@ def main() -> int:
             assert isinstance(t, dict)
             peak = format_size(int(t["peak_rss"]))
             line += f"; torch reference rule {t['wall']:.2f} s, CPU {t['cpu']:.2f} s, peak {peak}"
+            t = run["torch_quantize_rule"]
+            assert isinstance(t, dict)
+            peak = format_size(int(t["peak_rss"]))
+            line += f"; torch quantize rule {t['wall']:.2f} s, CPU {t['cpu']:.2f} s, peak {peak}"
         print(line)
     results["bf16_bytes"] = measure.tree_bytes(bf16)
     results["cpu_count"] = os.cpu_count()
