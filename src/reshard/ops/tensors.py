@@ -102,14 +102,16 @@ class TensorPipeline:
         """
         if inputs.mapping is None:
             narrowed, stored = self.naming.narrow(inputs.files), inputs.table
-            self._note_pairs({n: t for sf in narrowed.values() for n, t in sf.tensors.items()})
+            if self.naming.model_map is not None:  # what ``finish`` checks the map kept together
+                self._note_pairs({n: t for sf in narrowed.values() for n, t in sf.tensors.items()})
             table = self.paired(stored, sharded_pairs(narrowed, stored), "source", notes, narrowed, stored)
             files = self.dequantizer.ranks(narrowed, table) if self.dequantizer is not None else narrowed
             out = Inputs(cast_files(files, self.cast, notes), table=table, narrowed=narrowed, stored=stored)
             out.model = self.naming.mapped_file(out.files) if whole else None
         else:
             files, mapping, hyper = self.naming.narrow_full(inputs.files, inputs.mapping, inputs.hyper)
-            self._note_pairs({n: files[f].tensors[n] for n, f in mapping.items()})
+            if self.naming.model_map is not None:
+                self._note_pairs({n: files[f].tensors[n] for n, f in mapping.items()})
             if self.dequantizer is not None:
                 files, mapping = self.dequantizer.full(files, mapping)
             hyper = cast_files({0: hyper}, self.cast)[0] if hyper is not None else None
@@ -125,8 +127,7 @@ class TensorPipeline:
         return out
 
     def _note_pairs(self, tensors: Mapping[str, SourceTensor]) -> None:
-        if self.naming.model_map is not None:  # what ``finish`` checks the map kept together
-            self.stored_pairs = {w: pair.scale for w, pair in full_pairs(tensors).items()}
+        self.stored_pairs = {w: pair.scale for w, pair in full_pairs(tensors).items()}
 
     def paired(
         self,
