@@ -208,7 +208,7 @@ def test_viewed_dequantized_boxes_equal_the_reshaped_tensor(model: Path) -> None
 
     t = fp8_tensors()
     q = QuantizedSource("x", Q, "fp8-block", Q, "x", Q + "_scale_inv", (128, 128))
-    d = dequant.Dequantized(q, t[Q], t[Q + "_scale_inv"], (300, 260))
+    d = dequant.Dequantized(q, t[Q].view(np.uint8), t[Q + "_scale_inv"], (300, 260), "F8_E4M3")
     full = d[(slice(0, 300), slice(0, 260))]
     view = d.reshape((300 * 260 // 100, 100))
     box = (slice(7, 311), slice(13, 77))

@@ -1,4 +1,4 @@
-"""The vectorised float32 -> F8_E4M3 cast (``reshard.execute.f8cast``) against ``ml_dtypes``, bit for bit.
+"""The vectorised float32 -> F8_E4M3 cast (``reshard.execute.floatbits``) against ``ml_dtypes``, bit for bit.
 
 The cast's result depends on a float32's top 13 bits and on whether any of its 19 lower bits is set
 (the module says why), so the checks cover every class: every bfloat16 pattern (all 2^16 top
@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from reshard.execute import f8cast
+from reshard.execute import floatbits
 
 F8 = ml_dtypes.float8_e4m3fn
 
@@ -24,7 +24,7 @@ def _check(bits: np.ndarray) -> None:
     x = bits.astype(np.uint32).view(np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
         want = x.astype(F8).view(np.uint8)
-    got = f8cast.e4m3_bytes(x)
+    got = floatbits.e4m3_bytes(x)
     bad = np.flatnonzero(got != want)
     assert bad.size == 0, [(hex(int(bits[i])), hex(int(got[i])), hex(int(want[i]))) for i in bad[:5]]
 
@@ -55,11 +55,11 @@ def test_specials_and_a_random_sample() -> None:
 
 
 def test_shapes_chunks_and_out() -> None:
-    x = np.random.default_rng(1).standard_normal((3, f8cast.CHUNK // 2 + 7), dtype=np.float32) * 300
+    x = np.random.default_rng(1).standard_normal((3, floatbits.CHUNK // 2 + 7), dtype=np.float32) * 300
     out = np.empty(x.shape, dtype=np.uint8)
-    assert f8cast.e4m3_bytes(x, out) is out
+    assert floatbits.e4m3_bytes(x, out) is out
     assert (out == x.astype(F8).view(np.uint8)).all()
-    assert f8cast.e4m3_bytes(np.empty((0, 4), np.float32)).shape == (0, 4)
+    assert floatbits.e4m3_bytes(np.empty((0, 4), np.float32)).shape == (0, 4)
 
 
 @pytest.mark.skipif(os.environ.get("RESHARD_F8_EXHAUSTIVE") != "1", reason="about 30 s: RESHARD_F8_EXHAUSTIVE=1")
