@@ -6,24 +6,13 @@
 # It lives in a cache folder outside the checkout (default ~/.cache/reshard/torch-venv, override with
 # RESHARD_TORCH_VENV) so that CI and fresh clones reuse it. torch is pinned to exactly 2.13.0: pip takes
 # the CPU wheel of that release from the machine's wheel folder; any other spec would download a
-# multi-GB CUDA build. A lock serialises concurrent first uses (parallel test workers); a marker file
-# says the venv is complete. Prints the path of the venv's python on its last line.
+# multi-GB CUDA build. scripts/venv_lib.sh makes it (once, under a lock, with a marker file).
+# Prints the path of the venv's python on its last line.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=venv_lib.sh
+source "$here/venv_lib.sh"
 venv="${RESHARD_TORCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/reshard/torch-venv}"
-py="$venv/bin/python"
-marker="$venv/.reshard-torch-2.13.0-megatron-0.16.1-ok"
-if [[ ! -f "$marker" ]]; then
-  mkdir -p "$(dirname "$venv")"
-  lock="$venv.lock"
-  exec 9>"$lock"
-  flock 9
-  if [[ ! -f "$marker" ]]; then
-    rm -rf "$venv"
-    python3 -m venv "$venv"
-    "$py" -m pip install -q --disable-pip-version-check -r "$here/torch-requirements.txt" >&2
-    "$py" -c "import torch, megatron.core, psutil, numpy; assert torch.__version__.startswith('2.13.0')" >&2
-    touch "$marker"
-  fi
-fi
-echo "$py"
+ensure_venv "$venv" "$venv/.reshard-torch-2.13.0-megatron-0.16.1-ok" "$here/torch-requirements.txt" \
+  "import torch, megatron.core, psutil, numpy; assert torch.__version__.startswith('2.13.0')"
+echo "$venv/bin/python"

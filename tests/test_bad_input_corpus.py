@@ -634,7 +634,7 @@ def checkpoint2_negative_iteration(tmp: Path, job: dict[str, str]) -> tuple[list
 def checkpoint2_iteration_of_rank_folders(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     return [
         "transform", "--src", job["r8"], "--src-strategy", job["s8"], "--dst", OUT, "--src-iteration", "3",
-    ], "applies to a MindFormers Checkpoint 2.0 only"  # fmt: skip
+    ], "applies to a MindFormers Checkpoint 2.0 or a Megatron-LM run folder only"  # fmt: skip
 
 
 CASES += [
@@ -795,6 +795,61 @@ def dcp_with_a_source_strategy(tmp: Path, job: dict[str, str]) -> tuple[list[str
 
 
 CASES += [dcp_truncated_distcp, dcp_metadata_names_a_missing_file, dcp_with_a_source_strategy]
+
+# ------------------------------------------------------------------------------------ Megatron torch_dist sources
+
+
+def _torch_dist(tmp: Path, job: dict[str, str], folder: str = "td") -> Path:
+    """The job's full model as a Megatron-core torch_dist folder of two data files, written by reshard."""
+    spec = api.OutputSpec(format="torch_dist", dcp_ranks=2)
+    api.transform(job["full"], str(tmp / folder), None, None, output=spec, destination=api.Destination(manifest=False))
+    return tmp / folder
+
+
+def megatron_garbled_metadata_json(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _torch_dist(tmp, job)
+    (src / "metadata.json").write_text('{"sharded_backend": ')
+    return ["transform", str(src), OUT, "--output-format", "torch_dist"], "metadata.json does not parse"
+
+
+def megatron_zarr_backend(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _torch_dist(tmp, job)
+    (src / "metadata.json").write_text(json.dumps({"sharded_backend": "zarr", "sharded_backend_version": 1}))
+    return ["unify", str(src), OUT], "'zarr' sharded backend is not supported"
+
+
+def megatron_missing_common_pt(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _torch_dist(tmp, job)
+    os.remove(src / "common.pt")
+    return ["transform", str(src), OUT, "--output-format", "safetensors"], "no common.pt"
+
+
+def megatron_missing_metadata_json(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    _torch_dist(tmp, job, "run/iter_0000010")
+    os.remove(tmp / "run" / "iter_0000010" / "metadata.json")
+    (tmp / "run" / "latest_checkpointed_iteration.txt").write_text("10")
+    return ["transform", str(tmp / "run"), OUT, "--output-format", "torch_dist"], "no metadata.json"
+
+
+def megatron_iteration_missing(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    _torch_dist(tmp, job, "run/iter_0000010")
+    return ["verify", str(tmp / "run"), job["full"], "--src-iteration", "20"], "no iteration 20"
+
+
+def megatron_tracker_names_a_missing_folder(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    _torch_dist(tmp, job, "run/iter_0000010")
+    (tmp / "run" / "latest_checkpointed_iteration.txt").write_text("20")
+    return ["transform", str(tmp / "run"), OUT, "--output-format", "torch_dist"], "names iter_0000020 but"
+
+
+CASES += [
+    megatron_garbled_metadata_json,
+    megatron_zarr_backend,
+    megatron_missing_common_pt,
+    megatron_missing_metadata_json,
+    megatron_iteration_missing,
+    megatron_tracker_names_a_missing_folder,
+]
 
 try:
     import ray  # noqa: F401  (the test extra installs it)

@@ -23,6 +23,7 @@ from tests.test_teach_readme import check_links, run_block
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 RUN = {  # page -> the part of it whose blocks run (None: all of it)
     "hugging-face.md": None,
+    "megatron-names.md": "## Try it",
     "ray.md": None,
     "python-api.md": None,
     "low-precision.md": "## 8. Try it",
@@ -122,9 +123,20 @@ def test_pytorch_writing(demo_root: Path, tmp_path: Path) -> None:
         assert (tmp_path / folder / ".metadata").is_file(), folder
     assert len(list((tmp_path / "dcp_rows3").glob("__*_0.distcp"))) == 3
     assert "BFloat16 (128, 128)" in out and "__0_0.distcp" in out
+    assert (tmp_path / "megatron_run" / "iter_0000100" / "metadata.json").is_file()
+    assert "Megatron-core torch_dist checkpoint (2 data files)" in out and out.count("SAME: 119 match") == 2
 
 
 def test_low_precision_try_it(demo_root: Path, tmp_path: Path) -> None:
     _run_page("low-precision.md", demo_root, tmp_path)
     assert (tmp_path / "fp8_again" / "model.safetensors").is_file()
     assert (tmp_path / "fp8_py").is_dir()
+
+
+def test_megatron_names_try_it(demo_root: Path, tmp_path: Path) -> None:
+    out = _run_page("megatron-names.md", demo_root, tmp_path)
+    assert (tmp_path / "megatron_dcp" / ".metadata").is_file()
+    assert "9 model weights" in out  # the layers stacked: one tensor per kind of weight
+    assert "SAME: 39 match, 0 differ" in out
+    assert "('surgery', 14), ('unmatched', 0)" in out and (tmp_path / "py_hf" / "rank_0").is_dir()
+    assert out.count("SAME: 39 match, 0 differ") == 2  # the Checkpoint 2.0 round trip too

@@ -71,7 +71,7 @@ def test_a_dry_run_never_reaches_the_run_path(demo: Path, tmp_path: Path, runs: 
     [
         (
             lambda d, o: api.transform(f"{d}/ckpt_8ranks", o, f"{d}/strategy_8", None, output=api.OutputSpec("npy")),
-            r"unknown output format 'npy' \(choose ckpt, safetensors, hf, checkpoint2 or dcp\)",
+            r"unknown output format 'npy' \(choose ckpt, safetensors, hf, checkpoint2, dcp or torch_dist\)",
         ),
         (
             lambda d, o: api.unify(f"{d}/st_8ranks", f"{d}/strategy_8", o, output=api.OutputSpec("ckpt")),
@@ -79,11 +79,11 @@ def test_a_dry_run_never_reaches_the_run_path(demo: Path, tmp_path: Path, runs: 
         ),
         (
             lambda d, o: api.split(f"{d}/full", f"{d}/strategy_4", o, output=api.OutputSpec("checkpoint2")),
-            r"split writes safetensors, ckpt or dcp, not 'checkpoint2'",
+            r"split writes safetensors, ckpt, dcp or torch_dist, not 'checkpoint2'",
         ),
         (
             lambda d, o: api.convert(f"{d}/full/model.ckpt", o, "npy"),
-            r"--to must be ckpt, safetensors or dcp, not 'npy'",
+            r"--to must be ckpt, safetensors, dcp or torch_dist, not 'npy'",
         ),
         (
             lambda d, o: api.transform(

@@ -56,7 +56,7 @@ from reshard.plan.boxes import (
     strategy_chunks,
 )
 from reshard.plan.model import SourcePaths, output_metadata
-from reshard.plan.split import _plan_split_reference
+from reshard.plan.split import _plan_split_reference, _SplitJob
 from reshard.plan.validate import PlanError
 from reshard.sources.registry import open_source
 from tests import checkpoint2_fixtures as fx
@@ -209,7 +209,9 @@ def test_split_same_plan(data: st.DataObject) -> None:
     name_to_file = dict.fromkeys(PARAMS, "part0")
     dst = make_strategy(dst_items)
     ref = plan_split(unified, name_to_file, None, dst, "/dst", "ckpt")
-    ref_loop = _plan_split_reference(unified, name_to_file, None, dst, "/dst", "ckpt", list(range(n_dst)), {}, "net")
+    ref_loop = _plan_split_reference(
+        _SplitJob(unified, name_to_file, None, dst, "/dst", "ckpt", list(range(n_dst)), {}, "net")
+    )
     outputs = [OutputFile(f.path, f.format, f.metadata, f.rank) for f in ref.files]
     sources = [whole_chunks(n, s, DTYPES[n], "/u/part0.safetensors") for n, s in PARAMS.items()]
     targets = [Target(n, rank_boxes(dst_items[n], s)) for n, s in PARAMS.items()]

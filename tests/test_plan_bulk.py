@@ -35,7 +35,7 @@ from reshard.plan import (
     plan_transform,
 )
 from reshard.plan.model import Role, SourcePaths, output_metadata
-from reshard.plan.split import _plan_split_reference
+from reshard.plan.split import _plan_split_reference, _SplitJob
 from reshard.plan.transform_reference import StageCut, stage_cut
 
 DEVS = {2: [(2,), (1, 2)], 4: [(4,), (2, 2)], 6: [(2, 3), (3, 2)], 8: [(2, 2, 2), (4, 2), (2, 4)]}
@@ -297,7 +297,9 @@ def _assert_same_split(
     wanted = ranks if ranks is not None else list(range(_total(dst)))
     fast = _outcome(lambda: plan_split(parts, name_to_file, hyper, dst, "/out", "safetensors", ranks, rename))
     ref = _outcome(
-        lambda: _plan_split_reference(parts, name_to_file, hyper, dst, "/out", "safetensors", wanted, rename, "net")
+        lambda: _plan_split_reference(
+            _SplitJob(parts, name_to_file, hyper, dst, "/out", "safetensors", wanted, rename, "net")
+        )
     )
     if isinstance(ref, str) or isinstance(fast, str):
         assert fast == ref

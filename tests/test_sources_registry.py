@@ -261,7 +261,8 @@ def test_resolve_words_every_refusal_from_the_traits(job: dict[str, str], tmp_pa
     with pytest.raises(UsageError) as info:  # worded by sources.checkpoint2.check_iteration, from the traits
         sources.resolve(job["r8"], read=ReadOptions(iteration=3))
     assert str(info.value).endswith(
-        "an iteration (3) applies to a MindFormers Checkpoint 2.0 only; this is rank folders"
+        "an iteration (3) applies to a MindFormers Checkpoint 2.0 or a Megatron-LM run folder only; "
+        "this is rank folders"
     )
     assert sources.resolve(job["r8"], strategy=job["s8"]) is sources.RANK_FOLDERS
 

@@ -34,13 +34,14 @@ from reshard.ops import chunked
 from reshard.plan import quantized_view as quantized
 from reshard.sources import (
     CHECKPOINT2,
-    DCP,
     HUGGING_FACE,
+    MEGATRON,
     ONE_RANK_FOLDER,
     RANK_FOLDERS,
     STRATEGY,
     UNIFIED,
     AnyKind,
+    OpenedChunks,
     OpenedModel,
     OpenedRanks,
     full_model_file,
@@ -51,7 +52,7 @@ from reshard.sources import (
     source_file,
     unified_index,
 )
-from reshard.sources.registry import BUILT_IN
+from reshard.sources.registry import BUILT_IN, is_chunked
 from reshard.statenames import DEFAULT as DEFAULT_STATE
 from reshard.statenames import OPTIMIZER_NAMES, StateNames
 from reshard.text import format_size, one_line
@@ -265,8 +266,10 @@ def _gather(path: str, strategy: str | None, read: Any, notes: list[str]) -> tup
     kind = resolve(path, strategy=strategy, read=read, flag="strategy", full_takes_strategy=True)
     if kind is CHECKPOINT2:
         return _checkpoint2(path, read, notes)
-    if kind is DCP:  # its layouts are its chunks (.metadata): each tensor's global shape, chunks, saving ranks
-        return chunked.chunk_facts(DCP.open(path, read, notes)), None
+    if is_chunked(kind):  # its layouts are its chunks (.metadata): each tensor's global shape, chunks, saving ranks
+        opened = kind.open(path, read, notes)
+        assert isinstance(opened, OpenedChunks)
+        return chunked.chunk_facts(opened), None
     sf = load_strategy(strategy) if strategy else None
     if sf is not None:
         notes.extend(sf.notes)
@@ -597,7 +600,8 @@ def _what(info: dict[str, Any]) -> str:
     if kind == "strategy":
         return "strategy"
     if kind == "dcp":
-        return f"PyTorch DCP checkpoint ({len(info['files'])} data files)"
+        what = "Megatron-core torch_dist" if info.get("source") == MEGATRON.name else "PyTorch DCP"
+        return f"{what} checkpoint ({len(info['files'])} data files)"
     if "files" in info:  # a Hugging Face model or a unify output
         count = len(info["files"])
         return f"{info.get('source', 'a full model').removeprefix('a ')} ({count} file{'s' if count != 1 else ''})"

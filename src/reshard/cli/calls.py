@@ -3,7 +3,8 @@
 Why one module: the operations take these objects (``output=OutputSpec``,
 ``destination=Destination``, ``tensors=TensorOptions``, issue 20), and the few places where a
 command's flags say more than one object can (convert's ``--to ckpt`` with ``--hf``) are decided
-here, so the rest of the CLI never spells an api keyword.
+here. A call the flags map one to one (``transform``, ``split``) is made as ``calls.api.transform``:
+the command's flag groups build exactly the objects the api takes.
 
 ``reshard.api`` is loaded on its first use (``_loaded_on_first_use``): every module the command
 imports at start is numpy-free, so ``reshard --version`` and every ``--help`` never load numpy.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -48,35 +49,6 @@ def _loaded_on_first_use(name: str) -> ModuleType:
 
 if not TYPE_CHECKING:
     api = _loaded_on_first_use("reshard.api")
-
-
-def transform(
-    src: str,
-    dst: str,
-    src_strategy: Any,
-    dst_strategy: Any,
-    *,
-    ranks: Sequence[int] | None,
-    output: OutputSpec,
-    destination: Destination,
-    tensors: TensorOptions,
-    read: ReadOptions,
-    write: WriteOptions | None,
-    run: RunOptions | None,
-) -> api.Report:
-    return api.transform(
-        src,
-        dst,
-        src_strategy,
-        dst_strategy,
-        ranks=ranks,
-        output=output,
-        destination=destination,
-        tensors=tensors,
-        read=read,
-        write=write,
-        run=run,
-    )
 
 
 def plan_ranks(src: str, src_strategy: Any, dst_strategy: Any, rank: int, read: ReadOptions) -> api.Report:
@@ -118,33 +90,6 @@ def unify_groups(src: str, strategy: Any, dst: str, split: tuple[int, int], read
     return api.unify(src, strategy, dst, parts=parts, destination=dry, read=read)
 
 
-def split(
-    src: str,
-    strategy: Any,
-    dst: str,
-    *,
-    ranks: Sequence[int] | None,
-    name_map: Mapping[str, str] | None,
-    output: OutputSpec,
-    destination: Destination,
-    tensors: TensorOptions,
-    write: WriteOptions,
-    run: RunOptions,
-) -> api.Report:
-    return api.split(
-        src,
-        strategy,
-        dst,
-        ranks=ranks,
-        output=output,
-        name_map=name_map,
-        destination=destination,
-        tensors=tensors,
-        write=write,
-        run=run,
-    )
-
-
 def convert(
     src: str,
     dst: str,
@@ -184,4 +129,4 @@ def needed_ranks(rank: int, source: Any, dst_strategy: Any, notes: list[str]) ->
     return list(api.needed_ranks(rank, source, dst_strategy, notes))
 
 
-__all__ = ["convert", "needed_ranks", "plan_ranks", "split", "transform", "unify", "unify_groups"]
+__all__ = ["api", "convert", "needed_ranks", "plan_ranks", "unify", "unify_groups"]

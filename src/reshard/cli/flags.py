@@ -25,6 +25,7 @@ from reshard.cli.values import memory_size, positive_int, source_iteration
 from reshard.errors import UsageError
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM
 from reshard.execute.options import DEFAULT_MAX_MEMORY, RunOptions, WriteOptions, default_workers
+from reshard.formats import registry
 from reshard.formats.rank_dirs import PICKS
 from reshard.ops.options import Destination, OutputSpec
 from reshard.text import one_line
@@ -257,8 +258,8 @@ class ReadFlags:
                 "--src-format",
                 legacy=["--src_format"],
                 dest="src_format",
-                choices=("ckpt", "safetensors"),
-                help="read these files when the rank folders hold both .ckpt and .safetensors",
+                choices=registry.names(),
+                help="read these files when the rank folders hold files of several formats (.ckpt and .safetensors)",
             )
 
     def options(self, args: argparse.Namespace) -> ReadOptions:
@@ -337,8 +338,9 @@ class OutputFlags:
                 dest="dcp_ranks",
                 metavar="N",
                 type=positive_int,
-                help="with --output-format dcp: N data files, dim 0 of every tensor cut as torch.chunk does "
-                "(default: rank folders' own slices, a --dst-strategy's rank boxes, or 1 for a full model)",
+                help="with --output-format dcp or torch_dist: N data files, dim 0 of every tensor cut as "
+                "torch.chunk does (default: rank folders' own slices, a --dst-strategy's rank boxes, or 1 for a "
+                "full model)",
             )
 
     def _add_hf_flags(self, g: Any) -> None:
@@ -373,7 +375,8 @@ class OutputFlags:
             metavar="N",
             type=output_iteration,
             help="with --output-format checkpoint2: the iteration number, iteration_<N 8 digits>/ "
-            "(default: a Checkpoint 2.0 source's own, else 0)",
+            "(default: a Checkpoint 2.0 source's own, else 0); with torch_dist: a Megatron-LM run folder, "
+            "iter_<N 7 digits>/ and latest_checkpointed_iteration.txt",
         )
         flag(
             g,

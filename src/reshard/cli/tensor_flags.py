@@ -19,6 +19,7 @@ from reshard.errors import UsageError
 from reshard.naming import EXCLUDE, INCLUDE, ModelMap, NameFilter, NameOptions, load_rules, name_filter, presets
 from reshard.naming.config import load_config
 from reshard.naming.filters import HF_WEIGHTS_ONLY, WEIGHTS_ONLY
+from reshard.naming.megatron import HF, MEGATRON, MINDFORMERS, WORLDS, world_map
 from reshard.naming.presets import PRESETS
 from reshard.ops.options import TensorOptions
 
@@ -125,6 +126,14 @@ class TensorFlags:
             help="the model's Hugging Face config.json: gives --preset the sizes its surgery needs; with --hf it "
             "is copied into the output",
         )
+        for side, what in (("src", "the input's"), ("dst", "the output's")):
+            flag(
+                g,
+                f"--{side}-names",
+                choices=list(WORLDS),
+                help=f"with --preset: whose names {what} tensors have, megatron (Megatron-core), hf or mindformers "
+                "(docs/megatron-names.md)",
+            )
 
     def _add_dtypes(self, g: Any) -> None:
         flag(
@@ -250,7 +259,9 @@ class TensorFlags:
                 raise UsageError(
                     f"--hf-config {path}: with --hf it is copied as config.json, so it must be a JSON object"
                 )
-        preset = presets.preset_map(name, None, config, presets.TO_HF if hf else None) if name is not None else None
+        preset = _preset(args, name, config, hf) if name is not None else None
+        if name is None and (args.src_names or args.dst_names):
+            raise UsageError("--src-names and --dst-names need --preset (the model family whose names they are)")
         return raw, config, load_rules(rename) if rename else preset
 
     def _precision(self, args: argparse.Namespace, config_bytes: bytes | None) -> Precision | None:
@@ -265,6 +276,22 @@ class TensorFlags:
             parse_block(block) if block is not None else None if quantize is not None else _config_block(config_bytes)
         )
         return Precision(args.dequantize, size, quantize, include, exclude)
+
+
+def _preset(args: argparse.Namespace, name: str, config: Any, hf: bool) -> ModelMap:
+    """``--preset NAME``'s map: MindFormers <-> Hugging Face, or between the ``--src-names``/``--dst-names`` worlds."""
+    src, dst = args.src_names, args.dst_names
+    if hf and dst not in (None, HF):
+        raise UsageError(f"--hf writes Hugging Face names: --dst-names {dst} contradicts it")
+    if src is None and dst is None:
+        return presets.preset_map(name, None, config, presets.TO_HF if hf else None)
+    dst = dst or (HF if hf or src in (MEGATRON, MINDFORMERS) else MINDFORMERS)
+    src = src or (HF if dst in (MEGATRON, MINDFORMERS) else MINDFORMERS)
+    if MEGATRON in (src, dst):
+        return world_map(name, src, dst, config)
+    if src == dst:
+        raise UsageError(f"--src-names and --dst-names are both {src}: nothing to map")
+    return presets.preset_map(name, None, config, presets.TO_HF if dst == HF else presets.FROM_HF)
 
 
 def _config_block(raw: bytes | None) -> tuple[int, int] | None:

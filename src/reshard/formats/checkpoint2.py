@@ -30,6 +30,7 @@ from typing import Any
 from reshard import dtypes
 from reshard.dtypes import DType
 from reshard.errors import FormatError, UnsupportedError, UsageError
+from reshard.formats.tracker import read_tracker_text
 from reshard.layout import Box, ParamLayout
 from reshard.layout.slices import alias_names, axis_fragmentations, replica_ids, slice_ids
 from reshard.layout.types import TensorMapEntry
@@ -303,11 +304,7 @@ def iteration_of(folder: str) -> int | None:
 def read_tracker(root: str) -> int:
     """The iteration the tracker names; a tracker that is not a non-negative integer is a FormatError."""
     path = os.path.join(root, TRACKER_NAME)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FormatError(f"cannot read the tracker: {exc}", path) from None
+    text = read_tracker_text(path)
     if not text.isdigit():
         raise FormatError(f"the tracker holds {text[:40]!r}, not an iteration number", path)
     return int(text)

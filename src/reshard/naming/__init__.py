@@ -31,11 +31,11 @@ from reshard.naming.ops import (
     TensorInfo,
     Transpose,
     Unstack,
-    apply,
 )
 from reshard.naming.options import NameOptions
 from reshard.naming.report import FOREIGN_FAMILY_THRESHOLD, NameReport, check_family, check_strict
 from reshard.naming.rules import load_rules, parse_map, parse_rules
+from reshard.naming.stages import apply
 
 __all__ = [
     "EXCLUDE",

@@ -138,6 +138,17 @@ class ModelMap:
     ops: tuple[Op, ...]
     config: Mapping[str, object] = field(default_factory=dict)
     name: str = "rules"  # what the report and errors call it ("rules.yaml", "preset qwen3")
+    # A further map applied to this one's outputs (``reshard.naming.stages``): a name can be
+    # unstacked by one stage and split by the next; the pieces still read the input tensors.
+    then: ModelMap | None = None
+
+    def stages(self) -> tuple[ModelMap, ...]:
+        """This map and every map after it, in order."""
+        return (self,) if self.then is None else (self, *self.then.stages())
+
+    def all_ops(self) -> tuple[Op, ...]:
+        """The operations of every stage, in order."""
+        return tuple(op for stage in self.stages() for op in stage.ops)
 
 
 @dataclass(frozen=True)
@@ -190,7 +201,10 @@ class Applied:
 
 
 def apply(model_map: ModelMap, catalogue: Mapping[str, TensorInfo]) -> Applied:
-    """The output tensors ``model_map`` makes of the input tensors ``catalogue``.
+    """The output tensors ``model_map``'s own operations make of the input tensors ``catalogue``.
+
+    One stage: ``reshard.naming.apply`` (``reshard.naming.stages.apply``) applies every stage of a
+    map (``ModelMap.then``).
 
     Args:
         model_map: The operations and the config values they need.

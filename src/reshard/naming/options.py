@@ -41,12 +41,18 @@ class NameOptions:
             "rules": [list(rule) for rule in self.filter.rules],
             "weights_only": self.filter.weights_only,
             "state": [sorted(state.prefixes), sorted(state.names)] if self.filter.weights_only else None,
-            "map": repr(self.model_map.ops) if self.model_map is not None else None,
+            "map": _map_text(self.model_map),
             "config": json.dumps(dict(self.model_map.config), sort_keys=True, default=str) if self.model_map else None,
             "strict": self.strict,
             "guard_family": self.guard_family,
         }
         return json.dumps(doc, sort_keys=True)
+
+
+def _map_text(model_map: ModelMap | None) -> str | None:
+    if model_map is None:
+        return None
+    return repr(model_map.ops) if model_map.then is None else repr([m.ops for m in model_map.stages()])
 
 
 __all__ = ["NameOptions"]

@@ -43,7 +43,9 @@ def check_options(output: OutputSpec) -> None:
     cp2_out = output.format == checkpoint2.CHECKPOINT2
     iteration, common, optimizer_prefixes = output.iteration, output.common, output.optimizer_prefixes
     if not cp2_out:
+        torch_dist = output.format == "torch_dist"  # its iteration: a Megatron-LM run folder (ops.dcp_output)
         given = [n for n, v in (("iteration", iteration), ("common", common)) if v is not None]
+        given = [n for n in given if not (torch_dist and n == "iteration")]
         given += ["optimizer prefixes"] if optimizer_prefixes else []
         if given:
             raise UsageError(f"{' and '.join(given)} only apply to --output-format checkpoint2")

@@ -9,7 +9,9 @@ every global tensor whole, at a path no executor reads), planned by the planners
 goes through, and the plan is then re-sourced (``resourced``): each copy of a box of a global
 tensor becomes the copies of that box from the chunks holding it (``plan.boxes.assembled_tensor``
 over the chunking's ``ChunkIndex``, one per chunking). Chunk bytes move as bytes (bf16, fp8), and
-a copy that reads through a reshaping view (a model map's stacked tensors) is refused in one line.
+a copy that reads through a reshaping view (a model map's stacked layers) reads the box of the
+tensor it is, through the same view of each chunk (``plan.views``); a view box that is not one box
+of the tensor and of its chunks is refused in one line.
 
 Non-tensor values (opaque ``torch.save`` bytes) are never unpickled; an output that holds tensors
 only says in one note how many it does not carry (``values_note``).
@@ -93,10 +95,7 @@ def resourced(plan: Plan, opened: OpenedChunks) -> Plan:
 def _chunk_copies(c: Copy, tensor: ChunkedTensor, interned: SourcePaths, indexes: Indexes) -> list[Copy]:
     """The copies from ``tensor``'s chunks that fill what copy ``c`` (of the whole tensor) fills."""
     if c.src_view is not None and tuple(c.src_view) != tensor.shape:
-        raise UnsupportedError(
-            f"tensor {tensor.name!r}: a model map that reshapes a tensor of a PyTorch DCP checkpoint is not "
-            "supported (convert it to safetensors first: reshard transform SRC FULL --output-format safetensors)"
-        )
+        return _viewed_chunk_copies(c, tensor, interned, indexes)
     perm = c.src_perm if c.src_perm is not None else tuple(range(len(c.lengths)))
     box = tuple((s, s + n) for s, n in zip(c.src_start, c.src_lengths, strict=True))
     piece_plan = assembled_tensor(interned, tensor, box, indexes=indexes)
@@ -106,6 +105,47 @@ def _chunk_copies(c: Copy, tensor: ChunkedTensor, interned: SourcePaths, indexes
         dst = tuple(c.dst_start[j] + p.dst_start[perm[j]] for j in range(len(perm)))
         lengths = tuple(p.lengths[perm[j]] for j in range(len(perm)))
         out.append(Copy(p.source, p.tensor, p.src_start, dst, lengths, p.whole_source, None, c.src_perm))
+    return out
+
+
+def _refused(tensor: ChunkedTensor) -> UnsupportedError:
+    return UnsupportedError(
+        f"tensor {tensor.name!r}: a model map that reshapes a tensor of a PyTorch DCP checkpoint into boxes that "
+        "are not boxes of its chunks is not supported (convert it to safetensors first: reshard transform SRC "
+        "FULL --output-format safetensors)"
+    )
+
+
+def _viewed_chunk_copies(c: Copy, tensor: ChunkedTensor, interned: SourcePaths, indexes: Indexes) -> list[Copy]:
+    """``_chunk_copies`` of a copy reading ``tensor`` through a view (``plan.views``): the view's box as a box
+    of the tensor, each chunk's piece read through the same view of the chunk."""
+    from reshard.plan import views
+
+    merged = views.runs(c.src_view or (), tensor.shape)
+    box = None if merged is None else views.to_tensor(merged, tensor.shape, c.src_start, c.src_lengths)
+    if merged is None or box is None:
+        raise _refused(tensor)
+    start, lengths = box
+    plan = assembled_tensor(
+        interned, tensor, tuple((s, s + n) for s, n in zip(start, lengths, strict=True)), indexes=indexes
+    )
+    chunk_shapes = {
+        (tensor.files[k], tensor.tensor_of(k)): tuple(hi - lo for lo, hi in b) for k, b in enumerate(tensor.boxes)
+    }
+    perm = c.src_perm if c.src_perm is not None else tuple(range(len(c.lengths)))
+    out = []
+    for p in plan.copies:
+        chunk_shape = chunk_shapes[(interned.paths[p.source], p.tensor)]
+        at = tuple(s + d for s, d in zip(start, p.dst_start, strict=True))
+        in_view = views.to_view(merged, tensor.shape, at, p.lengths)
+        in_chunk = views.to_view(merged, chunk_shape, p.src_start, p.lengths)
+        if in_view is None or in_chunk is None:
+            raise _refused(tensor)
+        offset = tuple(v - s for v, s in zip(in_view[0], c.src_start, strict=True))
+        dst = tuple(c.dst_start[j] + offset[perm[j]] for j in range(len(perm)))
+        sizes = tuple(in_view[1][perm[j]] for j in range(len(perm)))
+        chunk_view = views.viewed_shape(merged, chunk_shape)
+        out.append(Copy(p.source, p.tensor, in_chunk[0], dst, sizes, False, chunk_view, c.src_perm))
     return out
 
 

@@ -65,8 +65,9 @@ def convert(
     Args:
         src: A checkpoint file, or a folder of ``rank*`` folders.
         dst: The output folder (None: next to the inputs; rank folders only without a manifest).
-        to: The output format, ``"ckpt"``, ``"safetensors"`` or ``"dcp"`` (one full checkpoint as a
-            one-file PyTorch DCP checkpoint), or an ``OutputSpec`` (``format="hf"`` with its ``max_shard_size``).
+        to: The output format, ``"ckpt"``, ``"safetensors"``, ``"dcp"`` or ``"torch_dist"`` (one full checkpoint
+            as a one-file PyTorch DCP or Megatron-core checkpoint), or an ``OutputSpec`` (``format="hf"`` with
+            its ``max_shard_size``).
         name_map: Output name -> source name (None: names kept).
         file_regex: Only inputs whose name matches (None: all).
         destination: How ``dst`` is treated (``Destination``: overwrite, resume, dry run, manifest).
@@ -98,8 +99,8 @@ def convert(
     """
     output = to if isinstance(to, OutputSpec) else OutputSpec(format=to)
     if output.format not in FORMATS:
-        raise UsageError(f"--to must be ckpt, safetensors or dcp, not {output.format!r}")
-    if output.format == dcp_output.FORMAT:
+        raise UsageError(f"--to must be ckpt, safetensors, dcp or torch_dist, not {output.format!r}")
+    if output.format in dcp_output.FORMATS:
         return _to_dcp(src, dst, output, name_map, file_regex, destination, tensors, read, write, run)
     fmt = "safetensors" if output.format == "hf" else output.format
     shard_size = shard_bytes(output)
@@ -146,15 +147,17 @@ def _to_dcp(
     if dst is None:
         raise UsageError("a DCP checkpoint is a folder: give a destination")
     if name_map is not None or file_regex is not None:
-        raise UsageError("convert --to dcp converts one full checkpoint: no name map or file pattern (use --rename)")
+        raise UsageError(
+            f"convert --to {output.format} converts one full checkpoint: no name map or file pattern (use --rename)"
+        )
     full = _convert_source(src)
     if os.path.isdir(full) and kind_of(full) is RANK_FOLDERS:
         raise UsageError(
-            "convert --to dcp converts one full checkpoint file; for rank folders use "
-            "reshard transform SRC DST --src-strategy S --output-format dcp",
+            f"convert --to {output.format} converts one full checkpoint file; for rank folders use "
+            f"reshard transform SRC DST --src-strategy S --output-format {output.format}",
             src,
         )
-    spec = OutputSpec(format=dcp_output.FORMAT, dcp_ranks=output.dcp_ranks or 1)
+    spec = OutputSpec(format=output.format, dcp_ranks=output.dcp_ranks or 1, iteration=output.iteration)
     return transform(full, dst, output=spec, destination=destination, tensors=tensors, read=read, write=write, run=run)
 
 

@@ -1,4 +1,4 @@
-"""``--output-format dcp``: what the operations add to write a PyTorch DCP checkpoint.
+"""``--output-format dcp`` / ``torch_dist``: what the operations add to write a PyTorch DCP checkpoint.
 
 Every operation plans its full tensors as it does for a full model; this module picks the chunking
 (``plan.dcp``): the source slices themselves for rank folders (nothing merged), the destination
@@ -6,28 +6,50 @@ strategy's rank boxes when one is given, else ``dcp_ranks`` even parts of dim 0 
 re-cuts the plan with it. The options that only ``.ckpt`` outputs have (the crc trailer,
 encryption) and an output prefix are refused before anything is read. An ``--overwrite`` removes an
 earlier checkpoint's ``.metadata`` first (``superseded``).
+
+``torch_dist`` is Megatron-core's checkpoint: the same DCP data, then ``common.pt`` (carried byte for
+byte from a torch_dist source, else the empty common state megatron-core writes), the source's
+non-tensor values (Megatron's ShardedObjects, ``_extra_state``, which its loader asks for) carried byte
+for byte in a data file of their own (``VALUES_FILE``), ``.metadata`` and
+``metadata.json``, in megatron's order: ``metadata.json`` is what megatron's loader takes for "a
+distributed checkpoint", so it comes after everything it describes. ``OutputSpec.iteration`` (the
+``--dst-iteration`` flag) makes the destination a Megatron-LM run folder: the checkpoint in
+``iter_<7 digits>/`` and ``latest_checkpointed_iteration.txt`` naming it, written last.
 """
 
 from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
-from reshard.errors import UsageError
+from reshard.errors import FormatError, UsageError
 from reshard.execute.options import WriteOptions
-from reshard.formats.dcp import DATA_SUFFIX, METADATA_NAME
+from reshard.formats import megatron
+from reshard.formats.dcp import DATA_SUFFIX, METADATA_NAME, BytesItem
 from reshard.layout import LayoutTable
 from reshard.ops.options import OutputSpec
-from reshard.plan import Plan
+from reshard.plan import Plan, TextOutput
 from reshard.plan.dcp import Chunking, EvenRows, SourceSlices, StrategyBoxes, dcp_plan
+from reshard.sources.kind import ByteValue
 
 FORMAT = "dcp"
+TORCH_DIST = "torch_dist"  # Megatron-core's: DCP data + common.pt + metadata.json
+FORMATS = (FORMAT, TORCH_DIST)  # the outputs written as DCP data
+VALUES_FILE = f"__0_1{DATA_SUFFIX}"  # a torch_dist output's non-tensor values (the chunks are in __<r>_0)
 
 
 def asked(output: OutputSpec | None) -> bool:
-    """Whether the output is a DCP checkpoint."""
-    return output is not None and output.format == FORMAT
+    """Whether the output is a DCP checkpoint (a plain one, or Megatron-core's ``torch_dist``)."""
+    return output is not None and output.format in FORMATS
+
+
+def save_folder(dst: str, output: OutputSpec | None) -> str:
+    """Where the DCP files go: ``dst``, or a torch_dist run folder's ``iter_<7 digits>/``."""
+    if output is not None and output.format == TORCH_DIST and output.iteration is not None:
+        return os.path.join(dst, megatron.iteration_name(output.iteration))
+    return dst
 
 
 def check_options(output: OutputSpec | None, write: WriteOptions | None, strategy_given: bool = False) -> None:
@@ -35,9 +57,11 @@ def check_options(output: OutputSpec | None, write: WriteOptions | None, strateg
     ranks = output.dcp_ranks if output is not None else None
     if not asked(output):
         if ranks is not None:
-            raise UsageError("a DCP rank count needs --output-format dcp")
+            raise UsageError("a DCP rank count needs --output-format dcp or torch_dist")
         return
     assert output is not None
+    if output.iteration is not None and output.format == TORCH_DIST and output.iteration < 0:
+        raise UsageError(f"an iteration is a number from 0, not {output.iteration}")
     if ranks is not None and ranks < 1:
         raise UsageError(f"a DCP checkpoint needs at least 1 rank, not {ranks}")
     if ranks is not None and strategy_given:
@@ -64,8 +88,8 @@ def chunking(output: OutputSpec, strategy: LayoutTable | None, sharded: bool) ->
 
 def superseded(dst: str, overwrite: bool, resume: bool) -> Callable[[Plan], list[str]]:
     """``Target.superseded`` of a DCP output: with ``--overwrite``, an earlier checkpoint's ``.metadata``
-    (removed under the lock before the first data file is replaced, so no half-replaced folder ever
-    looks complete) and the data files this plan does not write."""
+    and Megatron's ``metadata.json`` (removed under the lock before the first data file is replaced, so
+    no half-replaced folder ever looks complete) and the data files this plan does not write."""
 
     def stale(plan: Plan) -> list[str]:
         if not overwrite or resume or not os.path.isdir(dst):
@@ -73,15 +97,92 @@ def superseded(dst: str, overwrite: bool, resume: bool) -> Callable[[Plan], list
         ours = {os.path.abspath(f.path) for f in plan.files}
         earlier = sorted(glob.glob(os.path.join(glob.escape(dst), f"__*{DATA_SUFFIX}")))
         found = [p for p in earlier if os.path.abspath(p) not in ours]
-        metadata = os.path.join(dst, METADATA_NAME)
-        return ([metadata] if os.path.isfile(metadata) else []) + found
+        markers = [os.path.join(dst, n) for n in (megatron.CONFIG_NAME, METADATA_NAME)]
+        return [p for p in markers if os.path.isfile(p)] + found
 
     return stale
 
 
-def as_dcp(full: Plan, folder: str, how: Chunking, notes: list[str]) -> Plan:
-    """``full`` (a plan of full tensors) re-cut as a DCP checkpoint in ``folder``, ``.metadata`` last."""
-    return dcp_plan(full, folder, how, notes)
+@dataclass(frozen=True)
+class Carried:
+    """What a torch_dist source hands a torch_dist output byte for byte: its ``common.pt`` (a path; None:
+    megatron's empty common state) and its ``.metadata``'s non-tensor values (Megatron's ShardedObjects)."""
+
+    common: str | None = None
+    values: Mapping[str, ByteValue] = field(default_factory=dict)
 
 
-__all__ = ["FORMAT", "as_dcp", "asked", "check_options", "chunking", "superseded"]
+def as_dcp(
+    full: Plan,
+    folder: str,
+    how: Chunking,
+    notes: list[str],
+    output: OutputSpec | None = None,
+    carried: Carried | None = None,
+) -> Plan:
+    """``full`` (a plan of full tensors) re-cut as a DCP checkpoint in ``folder``, ``.metadata`` last;
+    as a torch_dist checkpoint when ``output`` asks for one, with what a torch_dist source ``carried``."""
+    if output is None or output.format != TORCH_DIST:
+        return dcp_plan(full, folder, how, notes)
+    carried = carried or Carried()
+    save = save_folder(folder, output)
+    values, items = _values_file(save, carried.values)
+    plan = dcp_plan(full, save, how, notes, items)
+    texts = [
+        TextOutput(os.path.join(save, megatron.COMMON_NAME), _common_bytes(carried.common)),
+        *values,
+        *plan.texts,  # .metadata
+        TextOutput(os.path.join(save, megatron.CONFIG_NAME), megatron.config_text()),
+    ]
+    if output.iteration is not None:  # Megatron-LM's tracker: str(iteration), no newline
+        texts.append(TextOutput(os.path.join(folder, megatron.TRACKER_NAME), str(output.iteration)))
+    return Plan(plan.operation, plan.sources, plan.files, tuple(texts), plan.quantized)
+
+
+def _common_bytes(path: str | None) -> bytes:
+    if path is None:
+        return megatron.empty_common()
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise FormatError(f"cannot read it: {exc.strerror}", path) from None
+
+
+def _values_file(save: str, values: Mapping[str, ByteValue]) -> tuple[list[TextOutput], list[BytesItem]]:
+    """The source's non-tensor values, one after another in ``VALUES_FILE`` (a data file of their own,
+    written before ``.metadata``), and the ``.metadata`` records of where each is."""
+    if not values:
+        return [], []
+    data = bytearray()
+    items = []
+    for value in values.values():
+        items.append(BytesItem(value.name, VALUES_FILE, len(data), value.length))
+        data += _read_value(value)
+    return [TextOutput(os.path.join(save, VALUES_FILE), bytes(data))], items
+
+
+def _read_value(value: ByteValue) -> bytes:
+    try:
+        with open(value.file, "rb") as fh:
+            data = os.pread(fh.fileno(), value.length, value.offset)
+    except OSError as exc:
+        raise FormatError(f"cannot read the value {value.name!r}: {exc.strerror}", value.file) from None
+    if len(data) != value.length:
+        raise FormatError(f"the value {value.name!r} is cut short ({len(data)} of {value.length} bytes)", value.file)
+    return data
+
+
+__all__ = [
+    "FORMAT",
+    "FORMATS",
+    "TORCH_DIST",
+    "VALUES_FILE",
+    "Carried",
+    "as_dcp",
+    "asked",
+    "check_options",
+    "chunking",
+    "save_folder",
+    "superseded",
+]

@@ -28,14 +28,15 @@ if TYPE_CHECKING:
 
 # The output formats an operation can be asked for. "hf" is safetensors laid out as a Hugging Face
 # model folder (shards + index); "checkpoint2" is MindFormers 2.x's Checkpoint 2.0; "dcp" a PyTorch
-# Distributed Checkpoint folder (``__<r>_0.distcp`` data files, ``.metadata`` last: ``ops.dcp_output``).
-OUTPUT_FORMATS = ("ckpt", "safetensors", "hf", "checkpoint2", "dcp")
+# Distributed Checkpoint folder (``__<r>_0.distcp`` data files, ``.metadata`` last: ``ops.dcp_output``);
+# "torch_dist" Megatron-core's checkpoint (the DCP folder with common.pt and metadata.json).
+OUTPUT_FORMATS = ("ckpt", "safetensors", "hf", "checkpoint2", "dcp", "torch_dist")
 # What each operation writes (the first: its default where it has one). The operations check an
 # ``OutputSpec.format`` against these and the command offers them (``hf`` as its own flag ``--hf``).
 WRITES: dict[str, tuple[str, ...]] = {
-    "transform": ("ckpt", "safetensors", "hf", "checkpoint2", "dcp"),
-    "split": ("safetensors", "ckpt", "dcp"),
-    "convert": ("ckpt", "safetensors", "hf", "dcp"),
+    "transform": ("ckpt", "safetensors", "hf", "checkpoint2", "dcp", "torch_dist"),
+    "split": ("safetensors", "ckpt", "dcp", "torch_dist"),
+    "convert": ("ckpt", "safetensors", "hf", "dcp", "torch_dist"),
     "unify": ("safetensors", "hf"),
     "auto-transform": ("ckpt", "safetensors"),
 }
@@ -53,8 +54,9 @@ class OutputSpec:
     ``prefix``: output file name prefix (MindSpore's ``dst_checkpoint_prefix``). ``max_shard_size``:
     Hugging Face shard size (``hf`` only; bytes or text such as ``"5GB"``). ``iteration``, ``common``
     and ``optimizer_prefixes``: a Checkpoint 2.0 output's iteration folder, the ``common.json``
-    content and the names that go to its optimizer files (``checkpoint2`` only). ``dcp_ranks``: a
-    ``dcp`` output's data files, dim 0 cut into that many even parts (None: the source slices of rank
+    content and the names that go to its optimizer files (``checkpoint2`` only; ``iteration`` also
+    makes a ``torch_dist`` output a Megatron-LM run folder). ``dcp_ranks``: a
+    ``dcp`` / ``torch_dist`` output's data files, dim 0 cut into that many even parts (None: the source slices of rank
     folders, the destination strategy's boxes, or 1).
     """
 

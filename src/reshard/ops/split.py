@@ -47,8 +47,9 @@ def split(
         dst_strategy: The destination strategy, a path or a ``StrategyFile``.
         dst_dir: The output folder.
         ranks: Only these destination ranks (None: all).
-        output: ``OutputSpec(format="safetensors")`` (the default, None), ``format="ckpt"``, or ``format="dcp"``
-            (a PyTorch DCP checkpoint of the strategy's distinct rank boxes, ``.metadata`` last).
+        output: ``OutputSpec(format="safetensors")`` (the default, None), ``format="ckpt"``, ``format="dcp"``
+            or ``"torch_dist"`` (a PyTorch DCP / Megatron-core checkpoint of the strategy's distinct rank boxes,
+            ``.metadata`` last).
         name_map: Output name -> name in the unified model (None: names kept).
         destination: How ``dst_dir`` is treated (``Destination``: overwrite, resume, dry run, manifest).
         tensors: Filters, maps (applied to the full model first, so the strategy names its outputs),
@@ -83,10 +84,10 @@ def split(
     inputs = pipeline.apply(Inputs(files, mapping, hyper), notes, whole=True)
     paired = pipeline.paired_destination(sf, inputs, notes) or sf  # each FP8 scale laid out as its weight
     where = destination or Destination()
-    if fmt == dcp_output.FORMAT:
+    if fmt in dcp_output.FORMATS:
         plan = _dcp_plan(inputs, paired, dst_dir, ranks, notes)
-        plan = dcp_output.as_dcp(pipeline.finish(plan, notes), dst_dir, StrategyBoxes(paired), notes)
-        stale = dcp_output.superseded(dst_dir, where.overwrite, where.resume)
+        plan = dcp_output.as_dcp(pipeline.finish(plan, notes), dst_dir, StrategyBoxes(paired), notes, output)
+        stale = dcp_output.superseded(dcp_output.save_folder(dst_dir, output), where.overwrite, where.resume)
         target = Target(dst_dir, [model_folder(unified_dir)], superseded=stale)
         return run_plan(plan, target, where, None, write, run, notes, pipeline.report)
     plan = plan_split(inputs.files, inputs.mapping or {}, inputs.hyper, paired, dst_dir, fmt, ranks, name_map)

@@ -44,8 +44,10 @@ from reshard.sources import (
     resolve,
     unified_index,
 )
+from reshard.sources import megatron as megatron_source
 from reshard.sources import strategy as _strategy
-from reshard.sources.dcp import DCP
+from reshard.sources.megatron import MEGATRON
+from reshard.sources.registry import CHUNKED, is_chunked
 
 FORMATS = WRITES["transform"]
 
@@ -69,6 +71,8 @@ class _Job:
     kind: Kind
     shard_size: int | None  # Hugging Face output's shard size (None: not Hugging Face)
     dcp_out: bool = False  # a PyTorch DCP checkpoint: full tensors planned, then re-cut as chunks
+    out_format: str | None = None  # the output format asked for (None: the source's)
+    carried: dcp_output.Carried | None = None  # what a chunked source hands a torch_dist output
 
 
 def transform(
@@ -88,15 +92,19 @@ def transform(
     """Move a distributed (or full) checkpoint to another layout: full->N, N->M, N->full.
 
     ``src`` is a folder of ``rank_<r>`` folders, one full checkpoint file, a Hugging Face sharded
-    model (its folder or its index), or a MindFormers Checkpoint 2.0 (its root or an ``iteration_*``
-    folder; ``read.iteration`` picks another than the tracker's); for a full model and a Checkpoint
-    2.0 (whose layouts are in its ``metadata.json``) ``src_strategy`` must be None. Strategies may be
+    model (its folder or its index), a MindFormers Checkpoint 2.0 (its root or an ``iteration_*``
+    folder; ``read.iteration`` picks another than the tracker's), a PyTorch DCP folder, or a
+    Megatron-core torch_dist one (a save folder, or a Megatron-LM run folder: ``read.iteration`` picks
+    an ``iter_*``); for a full model, a Checkpoint 2.0 (whose layouts are in its ``metadata.json``) and
+    a DCP or torch_dist folder (in its ``.metadata``) ``src_strategy`` must be None. Strategies may be
     files or folders of per-stage files (merged in memory). ``OutputSpec(format="hf")`` writes the full
     model (no ``dst_strategy``) as Hugging Face shards plus ``model.safetensors.index.json``;
     ``format="checkpoint2"`` a Checkpoint 2.0 (``iteration_{n:08d}/``, ``metadata.json``,
     ``common.json``, the tracker last; docs/formats.md §10); ``format="dcp"`` a PyTorch DCP checkpoint
     (``__<r>_0.distcp`` files, ``.metadata`` last: rank folders' own slices as chunks, a ``dst_strategy``'s
-    rank boxes, or ``OutputSpec.dcp_ranks`` even row parts; docs/pytorch.md).
+    rank boxes, or ``OutputSpec.dcp_ranks`` even row parts; docs/pytorch.md); ``format="torch_dist"``
+    Megatron-core's (the same, then ``common.pt``, the source's non-tensor values, ``.metadata`` and
+    ``metadata.json``; ``OutputSpec.iteration``: a Megatron-LM run folder, ``iter_{n:07d}/`` and its tracker).
 
     Args:
         src: The source checkpoint (rank folders, a full file, a Hugging Face model, a Checkpoint 2.0).
@@ -149,7 +157,7 @@ def transform(
         _cp2.check_write(write)
     if job.kind in (HUGGING_FACE, UNIFIED):
         plan, src_sf, everyone = _plan_full(job, src_strategy)
-    elif job.kind is DCP:
+    elif is_chunked(job.kind):
         chunked.check_run(run)
         plan, src_sf, everyone = _plan_chunked(job)
     else:
@@ -159,7 +167,8 @@ def transform(
     if job.cp2_out:
         target = Target(dst, sources, superseded=lambda p: _cp2.superseded(dst, p, where.overwrite, where.resume))
     elif job.dcp_out:
-        target = Target(dst, sources, superseded=dcp_output.superseded(dst, where.overwrite, where.resume))
+        save = dcp_output.save_folder(dst, out)
+        target = Target(dst, sources, superseded=dcp_output.superseded(save, where.overwrite, where.resume))
     else:
         target = Target(dst, sources, superseded=folder_superseded(dst, job.dst_sf, where))
     return run_plan(plan, target, where, read, write, run, job.notes, job.pipeline.report)
@@ -194,26 +203,31 @@ def _job(
     rule = statenames.DEFAULT.with_prefixes(out.optimizer_prefixes)
     pipeline = TensorPipeline(tensors, src, out.optimizer_prefixes)
     pipeline.defer_quantize()  # --quantize: DeepSeek's rule on the map's outputs
-    dcp_out = fmt == dcp_output.FORMAT
+    dcp_out = fmt in dcp_output.FORMATS
     if dcp_out and ranks is not None:
         raise UsageError("a DCP checkpoint is written whole: give no destination ranks")
     files_fmt = "safetensors" if cp2_out or dcp_out else None if fmt == "hf" else fmt
     plan_dst = None if dcp_out else dst_sf  # DCP: the full tensors, cut into chunks once planned
     return _Job(
         src, dst, ranks, files_fmt, cp2_out, prefix, read, notes, dst_sf, plan_dst, rule, pipeline, kind, shard_size,
-        dcp_out,
+        dcp_out, fmt,
     )  # fmt: skip
 
 
 def _plan_chunked(job: _Job) -> tuple[Plan, None, Plan | None]:
     """A chunked source's plan (a PyTorch DCP folder): planned as the full model of its global
     tensors, then read from the chunks (``ops.chunked``)."""
-    opened = DCP.open(job.src, job.read, job.notes)
+    opened = job.kind.open(job.src, job.read, job.notes)
+    assert isinstance(opened, OpenedChunks)
+    job.carried = _carried(job, opened)  # a torch_dist output carries the values
     if job.cp2_out or job.shard_size is not None:
         output = "a Checkpoint 2.0 output" if job.cp2_out else "a Hugging Face output"
+    elif job.dcp_out:  # a dcp output does not write .metadata's byte items yet
+        output = "reshard's DCP output"
     else:
         output = "a .ckpt output" if job.fmt == "ckpt" else "a safetensors output"
-    chunked.values_note(opened, job.notes, output)
+    if job.carried is None:
+        chunked.values_note(opened, job.notes, output)
     files, mapping = chunked.virtual_model(opened)
     plan, _, everyone = _plan_full(job, None, (files, mapping, None))
     return chunked.resourced(plan, opened), None, chunked.resourced(everyone, opened) if everyone else None
@@ -292,8 +306,17 @@ def _finish(job: _Job, plan: Plan, src_sf: LayoutTable | None, everyone: Plan | 
     plan = job.pipeline.finish(plan, job.notes, job.read)
     if job.dcp_out:
         how = dcp_output.chunking(out, job.dst_sf, sharded=job.kind in (RANK_FOLDERS, CHECKPOINT2))
-        plan = dcp_output.as_dcp(plan, job.dst, how, job.notes)
+        plan = dcp_output.as_dcp(plan, job.dst, how, job.notes, out, job.carried)
     return plan
+
+
+def _carried(job: _Job, opened: OpenedChunks) -> dcp_output.Carried | None:
+    """What a chunked source hands a torch_dist output: its non-tensor values and (a torch_dist source) its
+    ``common.pt``; None for another output."""
+    if job.out_format != dcp_output.TORCH_DIST:
+        return None
+    common = megatron_source.common_file(opened.path) if job.kind is MEGATRON else None
+    return dcp_output.Carried(common, opened.values)
 
 
 def _source_config(src: str, kind: Kind) -> tuple[dict[str, object], str] | None:
@@ -316,7 +339,7 @@ def _kinds(src: str, src_strategy: object) -> tuple[Kind, ...]:
     """What transform reads: rank folders, a MindFormers Checkpoint 2.0, a PyTorch DCP folder, a full
     checkpoint, a unify output, a Hugging Face model; one rank's folder only as the full checkpoint it holds, and never
     with a source strategy (its parent was meant)."""
-    kinds: tuple[Kind, ...] = (HUGGING_FACE, UNIFIED, RANK_FOLDERS, CHECKPOINT2, DCP, ENCRYPTED_CKPT, FULL_FILE)
+    kinds: tuple[Kind, ...] = (HUGGING_FACE, UNIFIED, RANK_FOLDERS, CHECKPOINT2, *CHUNKED, ENCRYPTED_CKPT, FULL_FILE)
     if src_strategy is None and full_model_file(src) is not None:
         kinds += (ONE_RANK_FOLDER,)
     return kinds

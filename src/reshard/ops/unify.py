@@ -23,8 +23,18 @@ from reshard.ops.options import WRITES, Destination, OutputSpec, TensorOptions, 
 from reshard.ops.run import Report, Target, run_plan
 from reshard.ops.tensors import Inputs, TensorPipeline, check_copies, plan_tensors, training_state_note
 from reshard.plan import Plan, SourceFile, plan_unify, plan_unify_hf
-from reshard.sources import CHECKPOINT2, DCP, RANK_FOLDERS, ReadOptions, identify, rank_sources, resolve
+from reshard.sources import (
+    CHECKPOINT2,
+    CHUNKED,
+    RANK_FOLDERS,
+    OpenedChunks,
+    ReadOptions,
+    identify,
+    rank_sources,
+    resolve,
+)
 from reshard.sources import strategy as _strategy
+from reshard.sources.registry import is_chunked
 
 FORMATS = WRITES["unify"]
 
@@ -52,8 +62,8 @@ def unify(
 
     Args:
         src: The folder of ``rank_<r>`` folders holding ``.safetensors`` files, a MindFormers
-            Checkpoint 2.0 (its root or an ``iteration_*`` folder; ``read.iteration`` picks one), or a
-            PyTorch DCP folder (its layouts are its chunks: ``strategy`` None).
+            Checkpoint 2.0 (its root or an ``iteration_*`` folder; ``read.iteration`` picks one), a
+            PyTorch DCP folder or a Megatron-core torch_dist one (its layouts are its chunks: ``strategy`` None).
         strategy: Their strategy, a path (file or folder of per-stage files) or a ``StrategyFile``
             (None for a Checkpoint 2.0: its layouts are in its ``metadata.json``).
         dst: The output folder.
@@ -94,7 +104,7 @@ def unify(
     shard_size = shard_bytes(output)
     if shard_size is not None and how.split_dst_file:
         raise UsageError("split_dst_file (--split) does not apply to Hugging Face output")
-    if identify(src, (RANK_FOLDERS, CHECKPOINT2, DCP)) is DCP:
+    if is_chunked(identify(src, (RANK_FOLDERS, CHECKPOINT2, *CHUNKED))):
         chunked.check_run(run)
         plan = _chunked_plan(src, strategy, dst, how, shard_size, pipeline, read, notes)
     else:
@@ -143,10 +153,11 @@ def _chunked_plan(
     notes: list[str],
 ) -> Plan:
     """A PyTorch DCP folder unified: its global tensors (``ops.chunked``), in parts or Hugging Face shards."""
-    resolve(src, (DCP,), strategy=strategy, flag="strategy")  # its layouts are its .metadata's chunks
+    kind = resolve(src, CHUNKED, strategy=strategy, flag="strategy")  # its layouts are its .metadata's chunks
     if how.split_dst_file:
         raise UsageError("split_dst_file (--split) is not supported for a PyTorch DCP source", src)
-    opened = DCP.open(src, read, notes)
+    opened = kind.open(src, read, notes)
+    assert isinstance(opened, OpenedChunks)
     files, mapping = chunked.virtual_model(opened)
     inputs = pipeline.apply(Inputs(files, mapping), notes, whole=True)
     files, mapping = inputs.files, inputs.mapping or {}

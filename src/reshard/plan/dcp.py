@@ -125,10 +125,17 @@ def _strategy_placements(t: TensorPlan, table: LayoutTable) -> list[Placement]:
     return [(stage * n + int(f), b) for b, f in zip(chunks.boxes, chunks.files, strict=True)]
 
 
-def dcp_plan(full: Plan, folder: str, chunking: Chunking, notes: list[str] | None = None) -> Plan:
+def dcp_plan(
+    full: Plan,
+    folder: str,
+    chunking: Chunking,
+    notes: list[str] | None = None,
+    byte_items: Sequence[dcp.BytesItem] = (),
+) -> Plan:
     """``full`` (a plan of full tensors, any files) re-cut as a DCP checkpoint in ``folder``.
 
     Strings (MindSpore's string entries) have no DCP tensor form: passed over, with a note.
+    ``byte_items``: non-tensor values the ``.metadata`` also lists (their file is the caller's to write).
 
     Raises:
         UsageError: A dtype PyTorch has none of (int4).
@@ -154,11 +161,15 @@ def dcp_plan(full: Plan, folder: str, chunking: Chunking, notes: list[str] | Non
     files = tuple(
         FilePlan(os.path.join(folder, data_file_name(r)), DISTCP, tuple(by_rank[r]), rank=r) for r in sorted(by_rank)
     )
-    return Plan(full.operation, full.sources, files, (metadata_output(files, folder, shapes),), full.quantized)
+    metadata = metadata_output(files, folder, shapes, byte_items)
+    return Plan(full.operation, full.sources, files, (metadata,), full.quantized)
 
 
 def metadata_output(
-    files: Sequence[FilePlan], folder: str, shapes: dict[str, tuple[dtypes.DType, tuple[int, ...]]]
+    files: Sequence[FilePlan],
+    folder: str,
+    shapes: dict[str, tuple[dtypes.DType, tuple[int, ...]]],
+    byte_items: Sequence[dcp.BytesItem] = (),
 ) -> TextOutput:
     """The ``.metadata`` of the data files ``files`` (laid out as the executor will lay them out)."""
     from reshard.formats.base import TensorSpec
@@ -172,7 +183,7 @@ def metadata_output(
     tensors = dcp.tensors_of(layouts, shapes)
     for tensor in tensors:
         dcp.check_chunks(tensor)
-    return TextOutput(os.path.join(folder, dcp.METADATA_NAME), dcp.metadata_pickle(tensors, []))
+    return TextOutput(os.path.join(folder, dcp.METADATA_NAME), dcp.metadata_pickle(tensors, byte_items))
 
 
 __all__ = [

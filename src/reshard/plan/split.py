@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 from reshard import layout
 from reshard.formats import rank_dirs
@@ -50,8 +51,23 @@ def plan_split(
     fast path meets anything unusual, the reference loop ``_plan_split_reference`` decides.
     """
     wanted = wanted_ranks(ranks, device_num(dst) * stage_count(dst))
-    args = (unified, name_to_file, hyper, dst, dst_dir, output_format, wanted, name_map or {}, file_name)
-    return bulk_or_reference(_plan_split_bulk, _plan_split_reference, *args)
+    job = _SplitJob(unified, name_to_file, hyper, dst, dst_dir, output_format, wanted, name_map or {}, file_name)
+    return bulk_or_reference(_plan_split_bulk, _plan_split_reference, job)
+
+
+@dataclass(frozen=True)
+class _SplitJob:
+    """What both split planners take: ``plan_split``'s arguments, the ranks resolved."""
+
+    unified: Mapping[str, SourceFile]
+    name_to_file: Mapping[str, str]
+    hyper: SourceFile | None
+    dst: LayoutTable
+    dst_dir: str
+    output_format: str
+    wanted: Sequence[int]
+    name_map: Mapping[str, str]
+    file_name: str
 
 
 def _split_path(dst_dir: str, rank: int, file_name: str, output_format: str) -> str:
@@ -77,26 +93,17 @@ def _split_params(
         yield name, staged, key, unified[file_id]
 
 
-def _plan_split_reference(
-    unified: Mapping[str, SourceFile],
-    name_to_file: Mapping[str, str],
-    hyper: SourceFile | None,
-    dst: LayoutTable,
-    dst_dir: str,
-    output_format: str,
-    wanted: Sequence[int],
-    name_map: Mapping[str, str],
-    file_name: str,
-) -> Plan:
+def _plan_split_reference(job: _SplitJob) -> Plan:
     """``plan_split``, one parameter and rank at a time (the definition; raises the user's errors)."""
+    unified, hyper, dst, output_format = job.unified, job.hyper, job.dst, job.output_format
     n_dst = device_num(dst)
     interned = SourcePaths()
     files = []
-    for rank in wanted:
+    for rank in job.wanted:
         dst_map = layout_map(dst, rank)
         stage = rank // n_dst
         tensors: dict[str, TensorPlan] = {}  # MindSpore's dict order: strategy names, then hyper params
-        for name, staged, key, src in _split_params(unified, name_to_file, dst_map, stage, name_map):
+        for name, staged, key, src in _split_params(unified, job.name_to_file, dst_map, stage, job.name_map):
             full = src.tensors[key].shape
             box = layout.rank_box(staged.layout, full, rank % n_dst)
             full_box = tuple((0, d) for d in full)
@@ -104,46 +111,35 @@ def _plan_split_reference(
         if hyper is not None:
             for name in hyper.tensors:
                 tensors[name] = whole_tensor(interned, hyper, name)
-        path = _split_path(dst_dir, rank, file_name, output_format)
+        path = _split_path(job.dst_dir, rank, job.file_name, output_format)
         files.append(FilePlan(path, output_format, tuple(tensors.values()), output_metadata(output_format), rank))
     return Plan("split", tuple(interned.paths), tuple(files))
 
 
-def _plan_split_bulk(
-    unified: Mapping[str, SourceFile],
-    name_to_file: Mapping[str, str],
-    hyper: SourceFile | None,
-    dst: LayoutTable,
-    dst_dir: str,
-    output_format: str,
-    wanted: Sequence[int],
-    name_map: Mapping[str, str],
-    file_name: str,
-) -> Plan | None:
+def _plan_split_bulk(job: _SplitJob) -> Plan | None:
     """``plan_split`` from shared tables, or None where the reference loop must decide.
 
     The rank-aware layout map (docs/formats.md §2.4) only depends on which layouts' device counts exceed
     the rank, so templates are keyed by that and the stage.
     """
+    dst, output_format = job.dst, job.output_format
     n_dst = device_num(dst)
     counts = sorted({p.device_num for p in dst.layouts.values()})
     tables, interned, built = Tables(), SourcePaths(), BuiltFiles()
     templates: dict[tuple[int, tuple[bool, ...]], Template] = {}
     meta = output_metadata(output_format)
     files = []
-    for rank in wanted:
+    for rank in job.wanted:
         key = (rank // n_dst, tuple(rank < n for n in counts))
         template = templates.get(key)
         if template is None:
-            template = _split_template(
-                tables, unified, name_to_file, hyper, layout_map(dst, rank), rank // n_dst, name_map
-            )
+            template = _split_template(tables, job, layout_map(dst, rank), rank // n_dst)
             if template is None:
                 return None
             templates[key] = template
         files.append(
             FilePlan(
-                _split_path(dst_dir, rank, file_name, output_format),
+                _split_path(job.dst_dir, rank, job.file_name, output_format),
                 output_format,
                 rank_tensors(template, rank % n_dst, False, interned, built),
                 meta,
@@ -153,19 +149,11 @@ def _plan_split_bulk(
     return Plan("split", tuple(interned.paths), tuple(files))
 
 
-def _split_template(
-    tables: Tables,
-    unified: Mapping[str, SourceFile],
-    name_to_file: Mapping[str, str],
-    hyper: SourceFile | None,
-    dst_map: Mapping[str, StagedLayout],
-    stage: int,
-    name_map: Mapping[str, str],
-) -> Template | None:
+def _split_template(tables: Tables, job: _SplitJob, dst_map: Mapping[str, StagedLayout], stage: int) -> Template | None:
     """The tensors of a split output for one stage; None for what only the reference loop gets right
     (empty tensors: one empty copy there, none in the tables; a hyper parameter replacing a sliced one)."""
-    template = Template()
-    for name, staged, key, src in _split_params(unified, name_to_file, dst_map, stage, name_map):
+    template, hyper = Template(), job.hyper
+    for name, staged, key, src in _split_params(job.unified, job.name_to_file, dst_map, stage, job.name_map):
         full = src.tensors[key].shape
         if not all(full):
             return None

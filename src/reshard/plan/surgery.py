@@ -61,7 +61,7 @@ def narrowed(sf: SourceFile, keep: Container[str]) -> SourceFile:
 
 
 def only_renames(model_map: ModelMap) -> bool:
-    return all(isinstance(op, Rename) for op in model_map.ops)
+    return all(isinstance(op, Rename) for op in model_map.all_ops())
 
 
 # --------------------------------------------------------------------------------------------

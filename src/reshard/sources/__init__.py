@@ -39,15 +39,18 @@ from reshard.sources.kind import (
     StrategyKind,
     Traits,
 )
+from reshard.sources.megatron import MEGATRON
 from reshard.sources.options import ReadOptions, source_choice
 from reshard.sources.rank_folders import ONE_RANK_FOLDER, RANK_FOLDERS, chosen_names, rank_sources, rank_subfolders
 from reshard.sources.registry import (
     ANY_CHECKPOINT,
     CHECKPOINTS,
+    CHUNKED,
     FULL_MODELS,
     KINDS,
     SHARDED_JOBS,
     identify,
+    is_chunked,
     is_hf_model,
     is_sharded,
     kind_of,
@@ -62,6 +65,7 @@ __all__ = [
     "ANY_CHECKPOINT",
     "CHECKPOINT2",
     "CHECKPOINTS",
+    "CHUNKED",
     "DCP",
     "ENCRYPTED_CKPT",
     "FULL",
@@ -70,6 +74,7 @@ __all__ = [
     "HUGGING_FACE",
     "HYPER_NAME",
     "KINDS",
+    "MEGATRON",
     "ONE_RANK_FOLDER",
     "RANK_FOLDERS",
     "SHARDED",
@@ -91,6 +96,7 @@ __all__ = [
     "has_crc_trailer",
     "hf_model",
     "identify",
+    "is_chunked",
     "is_encrypted",
     "is_hf_model",
     "is_sharded",

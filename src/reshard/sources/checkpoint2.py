@@ -378,7 +378,7 @@ def open_checkpoint2(
 
 def check_iteration(src: str, kind: Any, read: ReadOptions | None) -> None:
     """An iteration (``ReadOptions.iteration``) is asked only of a kind that has iterations
-    (``Traits.iterations``: a MindFormers Checkpoint 2.0). ``sources.resolve`` calls it.
+    (``Traits.iterations``: a MindFormers Checkpoint 2.0, a Megatron-LM run folder). ``sources.resolve`` calls it.
 
     ``kind`` is the source's kind, or a sequence of the kinds of every source read with ``read``
     (``verify`` reads two); a ``UsageError`` naming ``src`` when none has iterations.
@@ -386,9 +386,8 @@ def check_iteration(src: str, kind: Any, read: ReadOptions | None) -> None:
     kinds = list(kind) if isinstance(kind, (list, tuple)) else [kind]
     if read is not None and read.iteration is not None and not any(k.traits.iterations for k in kinds):
         what = getattr(kinds[0], "name", "another kind of checkpoint") if kinds else "another kind of checkpoint"
-        raise UsageError(
-            f"an iteration ({read.iteration}) applies to a MindFormers Checkpoint 2.0 only; this is {what}", src
-        )
+        only = "a MindFormers Checkpoint 2.0 or a Megatron-LM run folder only"
+        raise UsageError(f"an iteration ({read.iteration}) applies to {only}; this is {what}", src)
 
 
 class Checkpoint2:

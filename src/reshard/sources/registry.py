@@ -33,6 +33,7 @@ from reshard.sources.checkpoint2 import CHECKPOINT2, check_iteration
 from reshard.sources.dcp import DCP
 from reshard.sources.full_model import ENCRYPTED_CKPT, FULL_FILE, HUGGING_FACE, UNIFIED, FullModel
 from reshard.sources.kind import SHARDED, AnyKind, Kind, Opened, OpenedModel, OpenedRanks, OpenedStrategy
+from reshard.sources.megatron import MEGATRON
 from reshard.sources.options import ReadOptions
 from reshard.sources.rank_folders import ONE_RANK_FOLDER, RANK_FOLDERS, checkpoints_in
 from reshard.sources.strategy import STRATEGY
@@ -40,6 +41,7 @@ from reshard.sources.strategy import STRATEGY
 # Detection order: the first kind whose detect() is true names the path. An index or a unify
 # output wins over the files beside it; a strategy .ckpt and an encrypted .ckpt before a plain file.
 BUILT_IN: tuple[AnyKind, ...] = (
+    MEGATRON,  # before CHECKPOINT2 (the same tracker name) and DCP (its data is a DCP folder)
     CHECKPOINT2,  # before the kinds that would take an iteration folder's files for a full model
     DCP,  # before FULL_FILE and the rank-folder kinds, which would take its .distcp files for checkpoints
     HUGGING_FACE,
@@ -58,7 +60,8 @@ SHARDED_JOBS: tuple[Kind, ...] = (RANK_FOLDERS, CHECKPOINT2)  # what unify takes
 # Every checkpoint (rank folders, a Checkpoint 2.0, a full model), in the order refusals list them: what
 # verify's sides and inspect read (a PyTorch DCP folder too); transform adds one rank's folder as the full
 # checkpoint it holds.
-ANY_CHECKPOINT: tuple[Kind, ...] = (*SHARDED_JOBS, DCP, *FULL_MODELS)
+CHUNKED: tuple[Kind, ...] = (DCP, MEGATRON)  # the kinds that open as OpenedChunks (a DCP folder's .metadata)
+ANY_CHECKPOINT: tuple[Kind, ...] = (*SHARDED_JOBS, *CHUNKED, *FULL_MODELS)
 
 _UNIFY_FIRST = (
     "unify them first (reshard unify SRC UNIFIED --src-strategy S), or reshard them directly (reshard transform)"
@@ -206,6 +209,11 @@ def kind_of(path: str) -> AnyKind | None:
     return next((kind for kind in KINDS if kind.detect(path)), None)
 
 
+def is_chunked(kind: AnyKind) -> bool:
+    """A kind whose sources are chunks of global tensors (a PyTorch DCP folder, a Megatron torch_dist one)."""
+    return kind in CHUNKED
+
+
 def is_sharded(kind: AnyKind) -> bool:
     """A kind whose sources are a job's ranks (rank folders, a Checkpoint 2.0, a registered sharded kind)."""
     return kind.traits.holds == SHARDED
@@ -318,11 +326,13 @@ __all__ = [
     "ANY_CHECKPOINT",
     "BUILT_IN",
     "CHECKPOINTS",
+    "CHUNKED",
     "FULL_MODELS",
     "KINDS",
     "SHARDED_JOBS",
     "accepts",
     "identify",
+    "is_chunked",
     "is_hf_model",
     "is_sharded",
     "kind_of",

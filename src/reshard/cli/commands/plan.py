@@ -10,13 +10,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from reshard.cli import calls
-from reshard.cli.commands.transform import OUTPUT, TENSORS, add_plan_flags, places
+from reshard.cli.commands.transform import add_plan_flags, call_transform, places
 from reshard.cli.flags import DestinationFlags, KeyFlags, ReadFlags, add_placement, flag, section
 from reshard.cli.report import Printing, finish
-from reshard.cli.strategies import source_strategy
 from reshard.cli.tensor_flags import check_side_file, input_paths
-from reshard.cli.values import no_path
 
 NAME = "plan"
 KEYS = KeyFlags(write=False)
@@ -47,24 +44,8 @@ def run(args: argparse.Namespace) -> None:
         picture.check_output(args.picture)  # a bad picture name fails before planning
         check_side_file(args.picture, "picture (--picture)", inputs, args.overwrite)
     read = READ.options(args)
-    src_strategy = source_strategy(src, args.src_strategy, "--src-strategy", args.quiet)
-    output = OUTPUT.options(args)
-    hf = output.format == "hf"
-    tensors = TENSORS.build(args, inputs, args.overwrite, hf, OUTPUT.keep_training_state(args))
     destination = DESTINATION.options(args, dry_run=True)
-    report = calls.transform(
-        src,
-        dst,
-        src_strategy,
-        no_path(args.dst_strategy),
-        ranks=args.ranks,
-        output=output,
-        destination=destination,
-        tensors=tensors.options,
-        read=read,
-        write=None,
-        run=None,
-    )
+    report, tensors, hf = call_transform(args, src, src, read=read, destination=destination, write=None, run=None)
     finish(report, Printing(args.quiet, args.json, True, hf, tensors, args.started), dst)
     if args.picture:
         _plan_picture(report, args.picture)

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> None:
     destination = DESTINATION.options(args)
     run_options = RUN.options(args, destination.dry_run)
     tensors = TENSORS.build(args, input_paths(args.src, args.strategy), args.overwrite)
-    report = calls.split(
+    report = calls.api.split(
         args.src,
         args.strategy,
         args.dst,

@@ -135,21 +135,37 @@ def run(args: argparse.Namespace) -> None:
     planned_from, run_options = _source_from_nodes(src, run_options, read)
     if planned_from != src:
         read = dataclasses.replace(read, verify_crc=False)
+    destination = DESTINATION.options(args)
+    report, tensors, hf = call_transform(
+        args, src, planned_from, read=read, destination=destination, write=WRITE.options(args), run=run_options
+    )
+    how = Printing(args.quiet, args.json, destination.dry_run, hf, tensors, args.started)
+    finish(report, how, dst)
+
+
+def call_transform(
+    args: argparse.Namespace,
+    src: str,
+    planned_from: str,
+    *,
+    read: Any,
+    destination: Any,
+    write: Any,
+    run: Any,
+) -> tuple[Any, Any, bool]:
+    """The ``api.transform`` call ``transform`` and ``plan`` both make: (its report, the tensor flags, ``--hf``?).
+
+    ``src`` is the user's source (its strategy and the paths no output may touch); ``planned_from`` is
+    what is planned from (the source, or ``--placement``'s header-only copy of it).
+    """
     src_strategy = source_strategy(src, args.src_strategy, "--src-strategy", args.quiet)
-    write = WRITE.options(args)
     output = OUTPUT.options(args)
     hf = output.format == "hf"
-    tensors = TENSORS.build(
-        args,
-        input_paths(src, args.src_strategy, args.dst_strategy),
-        args.overwrite,
-        hf,
-        OUTPUT.keep_training_state(args),
-    )
-    destination = DESTINATION.options(args)
-    report = calls.transform(
+    inputs = input_paths(src, args.src_strategy, args.dst_strategy)
+    tensors = TENSORS.build(args, inputs, args.overwrite, hf, OUTPUT.keep_training_state(args))
+    report = calls.api.transform(
         planned_from,
-        dst,
+        args.dst,
         src_strategy,
         no_path(args.dst_strategy),
         ranks=args.ranks,
@@ -158,10 +174,9 @@ def run(args: argparse.Namespace) -> None:
         tensors=tensors.options,
         read=read,
         write=write,
-        run=run_options,
+        run=run,
     )
-    how = Printing(args.quiet, args.json, destination.dry_run, hf, tensors, args.started)
-    finish(report, how, dst)
+    return report, tensors, hf
 
 
 def _source_from_nodes(src: str, run_options: Any, read: Any) -> tuple[str, Any]:
@@ -175,4 +190,4 @@ def _source_from_nodes(src: str, run_options: Any, read: Any) -> tuple[str, Any]
     return source_from_nodes(src, run_options, read)
 
 
-__all__ = ["add", "add_places", "add_plan_flags", "places", "run"]
+__all__ = ["add", "add_places", "add_plan_flags", "call_transform", "places", "run"]

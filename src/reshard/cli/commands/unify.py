@@ -29,7 +29,9 @@ TENSORS = TensorFlags()
 def add(sub: Any) -> None:
     p = sub.add_parser(NAME, help="merge rank shards into full safetensors parts + param_name_map.json")
     p.add_argument(
-        "src", help="folder of rank_<r> folders (safetensors), a MindFormers Checkpoint 2.0 or a PyTorch DCP folder"
+        "src",
+        help="folder of rank_<r> folders (safetensors), a MindFormers Checkpoint 2.0, a PyTorch DCP folder or a "
+        "Megatron-core torch_dist checkpoint",
     )
     p.add_argument("dst", help="output folder")
     add_strategy(
