@@ -612,9 +612,9 @@ class AsNumbers:
 
     def __init__(self, base: Computed | AsNumbers) -> None:
         self.base = base
-        self.shape = base.shape
-        self.ndim = base.ndim
-        self.code = base.code if isinstance(base, AsNumbers) else _numeric_code(base)
+        self.shape: tuple[int, ...] = tuple(base.shape)
+        self.ndim: int = base.ndim
+        self.code: str = base.code if isinstance(base, AsNumbers) else _numeric_code(base)
 
     @property
     def dtype(self) -> np.dtype:
@@ -640,7 +640,7 @@ def staging(t: TensorPlan, read: SourceArray) -> tuple[np.dtype, SourceArray]:
     if all(isinstance(a, AsNumbers) and a.base.dtype == own and a.code == t.dtype.st_code for a in opened):
 
         def bits(source: int, tensor: str) -> Any:
-            return read(source, tensor).base  # type: ignore[attr-defined]
+            return read(source, tensor).base
 
         return own, bits
     return np.dtype(t.dtype.numpy), read

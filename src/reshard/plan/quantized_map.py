@@ -78,7 +78,7 @@ def _how(t: TensorPlan) -> str:
     return f" (joined from {len(reads)} tensors)" if len(reads) > 1 else ""
 
 
-def _refuse(plan: Plan, weight: str, pairs: dict[str, str], map_name: str) -> None:
+def _refuse(plan: Plan, weight: str, pairs: Mapping[str, str], map_name: str) -> None:
     scale = pairs[weight]
     made = {t.name + _how(t) for f in plan.files for t in f.tensors if weight in _reads(t)}
     of_scale = {t.name + _how(t) for f in plan.files for t in f.tensors if scale in _reads(t)}
