@@ -19,12 +19,14 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar, cast
 
 from reshard import statenames
-from reshard.errors import UsageError
+from reshard.errors import UnsupportedError, UsageError
 from reshard.layout import LayoutTable
 from reshard.naming import NameReport
+from reshard.ops.chunked import VIRTUAL
 from reshard.ops.options import TensorOptions
 from reshard.plan import Plan, SourceFile, SourceTensor
 from reshard.plan.cast import cast_files, cast_rule
+from reshard.plan.dcp import Chunking
 from reshard.plan.quantized import (
     Dequantizer,
     Pair,
@@ -34,6 +36,7 @@ from reshard.plan.quantized import (
     paired_layouts,
     sharded_pairs,
 )
+from reshard.plan.quantized_dcp import check_even_rows
 from reshard.plan.quantized_map import check_mapped_pairs
 from reshard.plan.surgery import MAPPED_SOURCE, MappedModel, NameRun
 from reshard.sources import ReadOptions, model_folder, open_checkpoint
@@ -99,6 +102,7 @@ class TensorPipeline:
         Raises:
             UsageError: A filter that matches nothing, a NaN-free cast that overflows, a map for
                 another model family, a model config the shapes contradict.
+            UnsupportedError: ``--dequantize`` / ``--quantize`` of a PyTorch DCP source (its virtual model).
         """
         if inputs.mapping is None:
             narrowed, stored = self.naming.narrow(inputs.files), inputs.table
@@ -109,6 +113,11 @@ class TensorPipeline:
             out = Inputs(cast_files(files, self.cast, notes), table=table, narrowed=narrowed, stored=stored)
             out.model = self.naming.mapped_file(out.files) if whole else None
         else:
+            if self.dequantizer is not None and VIRTUAL in inputs.files:
+                raise UnsupportedError(
+                    "--dequantize and --quantize of a PyTorch DCP checkpoint are not supported: write it as "
+                    "safetensors first (reshard transform SRC FULL --output-format safetensors), then run on FULL"
+                )
             files, mapping, hyper = self.naming.narrow_full(inputs.files, inputs.mapping, inputs.hyper)
             if self.naming.model_map is not None:
                 self._note_pairs({n: files[f].tensors[n] for n, f in mapping.items()})
@@ -149,6 +158,11 @@ class TensorPipeline:
         block = functools.partial(precision.pair_block, functools.partial(_config_beside, self.src), seen)
         # A StrategyFile stays one (dataclasses.replace); another table becomes a PairedTable of the same layouts.
         return cast("TableT | None", paired_layouts(table, pairs, block, side, notes))
+
+    def check_dcp_pairs(self, plan: Plan, how: Chunking) -> None:
+        """Refuse a ``--dcp-ranks`` cut of ``plan``'s FP8 pairs off their block grid (``plan.quantized_dcp``)."""
+        precision = self.precision or Precision()
+        check_even_rows(plan, how, functools.partial(precision.pair_block, functools.partial(_config_beside, self.src)))
 
     def paired_destination(self, table: TableT | None, inputs: Inputs, notes: list[str]) -> TableT | None:
         """The destination ``table`` with the pairs of ``inputs`` (as planned: after the map) laid out together."""
