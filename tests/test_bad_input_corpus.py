@@ -744,7 +744,21 @@ def quantize_and_dequantize(tmp: Path, job: dict[str, str]) -> tuple[list[str], 
     return [*_dequantize(fp8_model(tmp / "m")), "--quantize", "fp8-block"], "exclude each other"
 
 
+def fp8_pair_dcp_ranks_off_the_grid(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    args = ["transform", "--src", str(fp8_model(tmp / "m")), "--dst", OUT, "--output-format", "dcp", "--dcp-ranks", "2"]
+    return args, f"{Q}: --dcp-ranks 2 cuts it at row 150 (rank 0), not on a 128-row block boundary"
+
+
+def fp8_dcp_source_dequantized(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    from reshard import api
+
+    api.transform(str(fp8_model(tmp / "m")), str(tmp / "dcp"), output=api.OutputSpec(format="dcp"))
+    return _dequantize(tmp / "dcp"), "--dequantize and --quantize of a PyTorch DCP checkpoint are not supported"
+
+
 CASES += [
+    fp8_pair_dcp_ranks_off_the_grid,
+    fp8_dcp_source_dequantized,
     quantize_nan_weight,
     quantize_a_quantized_model,
     quantize_unknown_scheme,
