@@ -10,7 +10,7 @@ DeepSeek-V3-like 7168-wide linears), then times, each in its own process through
   safetensors; skipped without it): every weight read whole, ``w.float() * scale`` expanded per block,
   cast to bf16 and saved with ``safetensors.torch.save_file``; and the quantizing rule (``amax / 448``
   per block, divide, clamp, ``.to(torch.float8_e4m3fn)``) on the bf16 output. Figures beside ours,
-  not targets. Every run also records its CPU seconds (user + system), which the other work on a
+  not targets; ``same_as_torch`` counts the tensors of ours equal to theirs bit for bit. Every run also records its CPU seconds (user + system), which the other work on a
   shared machine moves far less than the wall time.
 
     python3 bench/lowprec.py --work /tmp/lowprec-bench --json docs/bench/results-lowprec.json \\
@@ -118,6 +118,26 @@ def timed(argv: list[str], inputs: list[str], log: str, env: dict[str, str] | No
     return {"wall": m.wall, "call": m.call, "cpu": cpu, "peak_rss": m.peak_rss, "cpu_pressure": m.cpu_pressure}
 
 
+def same_tensors(a: str, b: str) -> dict[str, int]:
+    """How many tensors of folder ``a``'s shards equal (bit for bit) those of the same names in ``b``."""
+    from reshard.formats.safetensors import read_safetensors
+
+    def arrays(folder: str) -> dict[str, tuple[str, str]]:
+        out = {}
+        for shard in sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")):
+            with read_safetensors(os.path.join(folder, shard)) as index:
+                out.update(dict.fromkeys(index.entries, (folder, shard)))
+        return out
+
+    mine, theirs = arrays(a), arrays(b)
+    same = 0
+    for name in sorted(mine.keys() & theirs.keys()):
+        with read_safetensors(os.path.join(*mine[name])) as x, read_safetensors(os.path.join(*theirs[name])) as y:
+            left, right = x.array(name), y.array(name)
+            same += left.shape == right.shape and left.view(np.uint8).tobytes() == right.view(np.uint8).tobytes()
+    return {"tensors": len(mine), "same": same, "only_one_side": len(mine.keys() ^ theirs.keys())}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", required=True, help="scratch folder (needs about 4x --size free)")
@@ -155,11 +175,16 @@ def main() -> int:
             measure.remove(fp8 + "_torch")
             argv = [args.torch, script, bf16, fp8 + "_torch"]
             run["torch_quantize_rule"] = timed(argv, [bf16], os.path.join(work, "torch_quantize_rule"))
+            run["same_as_torch"] = {
+                "dequantize": same_tensors(bf16, bf16 + "_torch"),
+                "quantize": same_tensors(fp8, fp8 + "_torch"),
+            }
         results["runs"].append(run)  # type: ignore[attr-defined]
         deq, cp_bf16 = run["dequantize"], run["cp_bf16"]
         q, cp_fp8 = run["quantize"], run["cp_fp8"]
         assert isinstance(deq, dict) and isinstance(cp_bf16, dict) and isinstance(q, dict) and isinstance(cp_fp8, dict)
         line = (
+            f"CPU pressure {deq['cpu_pressure']:.0f}-{cp_fp8['cpu_pressure']:.0f} %: "
             f"dequantize {deq['wall']:.2f} s ({deq['wall'] / cp_bf16['wall']:.2f}x cp -r {cp_bf16['wall']:.2f} s), "
             f"CPU {deq['cpu']:.2f} s, peak {format_size(int(deq['peak_rss']))}; quantize {q['wall']:.2f} s "
             f"({q['wall'] / cp_fp8['wall']:.2f}x cp -r {cp_fp8['wall']:.2f} s), CPU {q['cpu']:.2f} s, "
@@ -174,6 +199,7 @@ def main() -> int:
             assert isinstance(t, dict)
             peak = format_size(int(t["peak_rss"]))
             line += f"; torch quantize rule {t['wall']:.2f} s, CPU {t['cpu']:.2f} s, peak {peak}"
+            line += f"; bit for bit the torch rules' tensors: {run['same_as_torch']}"
         print(line)
     results["bf16_bytes"] = measure.tree_bytes(bf16)
     results["cpu_count"] = os.cpu_count()
