@@ -730,6 +730,19 @@ def quantize_nan_weight(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]
     return args, "a.weight: block [1, 0] holds NaN or infinite values"
 
 
+def quantize_infinite_bf16_weight(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    """A bf16 weight's scales are computed on its bits: an infinity in a partial edge block is found there."""
+    import ml_dtypes
+
+    src = tmp / "m"
+    src.mkdir()
+    w = np.ones((200, 300), dtype=np.float32)
+    w[150, 290] = -np.inf
+    save_safetensors(src / "model.safetensors", {"a.weight": w.astype(ml_dtypes.bfloat16)})
+    args = ["transform", "--src", str(src), "--dst", OUT, "--hf", "--quantize", "fp8-block"]
+    return args, "a.weight: block [1, 2] holds NaN or infinite values"
+
+
 def quantize_a_quantized_model(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     args = ["transform", "--src", str(fp8_model(tmp / "m")), "--dst", OUT, "--hf", "--quantize", "fp8-block"]
     return args, "already block-quantized"
@@ -760,6 +773,7 @@ CASES += [
     fp8_pair_dcp_ranks_off_the_grid,
     fp8_dcp_source_dequantized,
     quantize_nan_weight,
+    quantize_infinite_bf16_weight,
     quantize_a_quantized_model,
     quantize_unknown_scheme,
     quantize_and_dequantize,
