@@ -111,6 +111,26 @@ def test_a_destination_strategy_cuts_the_scales_with_their_weights(model: Path, 
         assert all(got[n].tobytes() == want[n].tobytes() for n in want)
 
 
+def test_a_dcp_source_moves_its_pairs_to_a_strategy(model: Path, tmp_path: Path) -> None:
+    """A DCP checkpoint of FP8 pairs (chunks on the block grid) to MindSpore rank folders: each rank's scale
+    is its weight's blocks, as from the Hugging Face model itself."""
+    dcp, ranks, direct = tmp_path / "dcp", tmp_path / "ranks", tmp_path / "direct"
+    api.transform(str(model), str(dcp), output=api.OutputSpec(format="dcp", dcp_ranks=4))
+    layouts = {UP: ParamLayout((2,), (-1, 0)), WIDE: ParamLayout((2,), (0, -1))}
+    strategy = tmp_path / "s2.ckpt"
+    write_strategy(strategy, make_strategy(layouts))
+    for src, out in ((dcp, ranks), (model, direct)):  # a DCP folder has no config.json: --block-size
+        args = ("--dst-strategy", str(strategy), "--output-format", "safetensors", "--block-size", "128")
+        proc = run_cli("transform", str(src), str(out), *args)
+        assert proc.returncode == 0, proc.stderr
+    for r in (0, 1):
+        (mine,), (theirs,) = (ranks / f"rank_{r}").glob("*.safetensors"), (direct / f"rank_{r}").glob("*.safetensors")
+        with read_safetensors(str(mine)) as a, read_safetensors(str(theirs)) as b:
+            assert sorted(a.entries) == sorted(b.entries)
+            for name in (UP, UP + SCALE, WIDE, WIDE + SCALE):
+                assert a.array(name).tobytes() == b.array(name).tobytes(), (r, name)
+
+
 def test_a_cut_off_the_block_grid_is_refused_in_one_line(model: Path, tmp_path: Path) -> None:
     """3 parts of 512 rows: row 171 is inside a 128-row block; nothing is written, ``plan`` included."""
     for command in ("transform", "plan"):
