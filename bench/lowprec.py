@@ -10,8 +10,9 @@ DeepSeek-V3-like 7168-wide linears), then times, each in its own process through
   safetensors; skipped without it): every weight read whole, ``w.float() * scale`` expanded per block,
   cast to bf16 and saved with ``safetensors.torch.save_file``; and the quantizing rule (``amax / 448``
   per block, divide, clamp, ``.to(torch.float8_e4m3fn)``) on the bf16 output. Figures beside ours,
-  not targets; ``same_as_torch`` counts the tensors of ours equal to theirs bit for bit. Every run also records its CPU seconds (user + system), which the other work on a
-  shared machine moves far less than the wall time.
+  not targets; ``same_as_torch`` counts the tensors of ours equal to theirs bit for bit. Every run
+  also records its CPU seconds (user + system), which the other work on a shared machine moves far
+  less than the wall time, and the CPU pressure when it started.
 
     python3 bench/lowprec.py --work /tmp/lowprec-bench --json docs/bench/results-lowprec.json \\
         --torch ~/.cache/reshard/hf-venv/bin/python
