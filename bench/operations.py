@@ -1,9 +1,10 @@
 """The benchmarked operations: each one as a reshard command and as MindSpore's equivalent.
 
 Both contestants get the same input files and a fresh output folder. reshard runs through its
-CLI with default options (what a user gets), and once (``dropin_transform``) through
-``reshard.mindspore.transform_checkpoints`` with MindSpore's defaults, the call a MindSpore script
-makes after swapping its import, against MindSpore running that very call. Otherwise MindSpore
+CLI with default options (what a user gets), and through the drop-in ``reshard.mindspore``
+(``dropin_*``): ``transform_checkpoints`` with MindSpore's defaults, and the merge, unify, split and
+convert calls with MindSpore's rows' arguments, the calls a MindSpore script makes after swapping its
+import, against MindSpore running that very call. Otherwise MindSpore
 2.10 runs its public converters with their
 parallelism set to the machine's core count (``ms_procs``): ``process_num`` /
 ``processes_num`` / ``max_process_num`` default to 1 or 64 there, and neither is a better
@@ -24,6 +25,7 @@ time is less than ``cp`` needs for the same bytes.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +60,31 @@ class Operation:
     cast: str | None = None
 
 
+MindSporeJob = Callable[[str, int], dict[str, Any]]
+DROPIN_PROCS = os.cpu_count() or 1  # the process count the drop-in rows pass, as MindSpore's rows do (--ms-procs)
+
+
+def dropin(
+    key: str,
+    title: str,
+    inputs: tuple[str, ...],
+    job: MindSporeJob,
+    ms_call: str,
+    ms_target: float,
+    reference: Callable[[], str],
+    grouping: str,
+) -> Operation:
+    """An operation run as one MindSpore call, by ``reshard.mindspore`` and by MindSpore alike: the very
+    arguments of MindSpore's row (``job``), what a script written for MindSpore passes after swapping its
+    import (the process counts, which reshard checks but does not size its threads by, are the core count)."""
+
+    def reshard(out: str) -> dict[str, Any]:
+        called = job(out, DROPIN_PROCS)
+        return {"dropin": called["fn"], "args": called.get("args", []), "kwargs": called["kwargs"]}
+
+    return Operation(key, title, inputs, reshard, job, ms_call, ms_target, reference, grouping)
+
+
 def operations(w: Workload) -> list[Operation]:
     s8, s4 = w.strategy8, w.strategy4
 
@@ -86,6 +113,27 @@ def operations(w: Workload) -> list[Operation]:
             "dst_strategy_file": s4,
         }
 
+    def ms_unify(out: str, procs: int) -> dict[str, Any]:
+        kwargs = {"src_dir": w.ranks8_st, "src_strategy_file": s8, "dst_dir": out, "max_process_num": procs}
+        return {"fn": "unified_safetensors", "kwargs": kwargs}
+
+    def ms_split(out: str, procs: int) -> dict[str, Any]:
+        kwargs = {
+            "format": "safetensors",
+            "predict_strategy": s8,
+            "unified_safetensors_dir": w.unified,
+            "dst_safetensors_dir": out,
+            "max_process_num": procs,
+        }
+        return {"fn": "load_distributed_checkpoint", "args": [None], "kwargs": kwargs}
+
+    def ms_convert(out: str, procs: int) -> dict[str, Any]:
+        return {
+            "fn": "ckpt_to_safetensors",
+            "kwargs": {"file_path": w.ranks8_ckpt, "save_path": out, "processes_num": procs},
+        }
+
+    merge_job = ms_transform(w.ranks8_ckpt, None, "ckpt")
     return [
         Operation(
             "transform_ckpt",
@@ -114,7 +162,7 @@ def operations(w: Workload) -> list[Operation]:
             "merge 8 ranks→full (.ckpt)",
             (w.ranks8_ckpt, s8),
             lambda out: ["transform", "--src", w.ranks8_ckpt, "--dst", out, "--src-strategy", s8],
-            ms_transform(w.ranks8_ckpt, None, "ckpt"),
+            merge_job,
             "transform_checkpoints (.ckpt, dst None)",
             CKPT_PATH_TARGET,
             lambda: w.full_ckpt,
@@ -125,10 +173,7 @@ def operations(w: Workload) -> list[Operation]:
             "unify 8 ranks→full (.safetensors)",
             (w.ranks8_st, s8),
             lambda out: ["unify", w.ranks8_st, out, "--src-strategy", s8],
-            lambda out, procs: {
-                "fn": "unified_safetensors",
-                "kwargs": {"src_dir": w.ranks8_st, "src_strategy_file": s8, "dst_dir": out, "max_process_num": procs},
-            },
+            ms_unify,
             "unified_safetensors",
             SAFETENSORS_PATH_TARGET,
             lambda: w.full_ckpt,
@@ -139,17 +184,7 @@ def operations(w: Workload) -> list[Operation]:
             "split full→8 ranks (.safetensors)",
             (w.unified, s8),
             lambda out: ["split", w.unified, out, "--dst-strategy", s8],
-            lambda out, procs: {
-                "fn": "load_distributed_checkpoint",
-                "args": [None],
-                "kwargs": {
-                    "format": "safetensors",
-                    "predict_strategy": s8,
-                    "unified_safetensors_dir": w.unified,
-                    "dst_safetensors_dir": out,
-                    "max_process_num": procs,
-                },
-            },
+            ms_split,
             "load_distributed_checkpoint (save mode)",
             SAFETENSORS_PATH_TARGET,
             lambda: w.ranks8_st,
@@ -171,11 +206,48 @@ def operations(w: Workload) -> list[Operation]:
             "convert .ckpt→.safetensors (8 ranks)",
             (w.ranks8_ckpt,),
             lambda out: ["convert", w.ranks8_ckpt, out, "--to", "safetensors"],
-            lambda out, procs: {
-                "fn": "ckpt_to_safetensors",
-                "kwargs": {"file_path": w.ranks8_ckpt, "save_path": out, "processes_num": procs},
-            },
+            ms_convert,
             "ckpt_to_safetensors",
+            SAFETENSORS_PATH_TARGET,
+            lambda: w.ranks8_ckpt,
+            "rank",
+        ),
+        dropin(
+            "dropin_merge",
+            "drop-in transform_checkpoints 8 ranks→full (.ckpt)",
+            (w.ranks8_ckpt, s8),
+            merge_job,
+            "transform_checkpoints (.ckpt, dst None, same call)",
+            CKPT_PATH_TARGET,
+            lambda: w.full_ckpt,
+            "model",
+        ),
+        dropin(
+            "dropin_unify",
+            "drop-in unified_safetensors 8 ranks→full",
+            (w.ranks8_st, s8),
+            ms_unify,
+            "unified_safetensors (same call)",
+            SAFETENSORS_PATH_TARGET,
+            lambda: w.full_ckpt,
+            "model",
+        ),
+        dropin(
+            "dropin_split",
+            "drop-in load_distributed_checkpoint full→8 ranks",
+            (w.unified, s8),
+            ms_split,
+            "load_distributed_checkpoint (save mode, same call)",
+            SAFETENSORS_PATH_TARGET,
+            lambda: w.ranks8_st,
+            "rank",
+        ),
+        dropin(
+            "dropin_convert",
+            "drop-in ckpt_to_safetensors (8 ranks)",
+            (w.ranks8_ckpt,),
+            ms_convert,
+            "ckpt_to_safetensors (same call)",
             SAFETENSORS_PATH_TARGET,
             lambda: w.ranks8_ckpt,
             "rank",
@@ -272,6 +344,10 @@ OPERATION_KEYS = (
     "split",
     "dropin_transform",
     "convert",
+    "dropin_merge",
+    "dropin_unify",
+    "dropin_split",
+    "dropin_convert",
     "cp2_to_full",
     "ranks_to_cp2",
     "cp2_8to4",

@@ -2,7 +2,7 @@
 
 A JSON list on argv[1] is a CLI command: it calls ``reshard.cli.main`` exactly as the ``reshard``
 command does (same defaults: workers, memory bound), so the process is what a user runs. A JSON
-object ``{"dropin": name, "kwargs": {...}}`` calls ``reshard.mindspore.<name>(**kwargs)`` instead:
+object ``{"dropin": name, "args": [...], "kwargs": {...}}`` calls ``reshard.mindspore.<name>(**kwargs)`` instead:
 what a script written for MindSpore runs after swapping its import. The only addition is the last
 stdout line (``@@BENCH@@`` + JSON) with the time of the command after imports (``call``) and of the
 imports. Usage: ``python3 bench/rs_child.py '["transform", "--src", ...]'``.
@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 RESULT_MARKER = "@@BENCH@@"
-DROPIN_ALLOWED = ("transform_checkpoints",)
+DROPIN_ALLOWED = ("transform_checkpoints", "unified_safetensors", "load_distributed_checkpoint", "ckpt_to_safetensors")
 
 
 def load(job: list[str] | dict[str, Any]) -> Any:
@@ -30,7 +30,7 @@ def load(job: list[str] | dict[str, Any]) -> Any:
     from reshard import mindspore
 
     function = getattr(mindspore, job["dropin"])
-    return lambda: function(**job["kwargs"]) or 0
+    return lambda: function(*job.get("args", []), **job["kwargs"]) or 0
 
 
 def main() -> int:

@@ -44,6 +44,7 @@ sys.path.insert(0, BENCH_DIR)
 import versions  # noqa: E402
 
 POLL_SECONDS = 0.001
+NUMPY_ROW = 'python -c "import numpy"'
 FIRST_FILE = "small transform: first output file"
 SMALL_RUN = "small transform: whole run (10 MB)"
 DEFAULT_REPEAT = 20
@@ -205,6 +206,19 @@ def markdown(startup: dict[str, Any]) -> list[str]:
         f"({verdict(imports_cpu <= 0.15)}).",
     ]
     return lines
+
+
+def readme_line(startup: dict[str, Any]) -> str:
+    """The README's start-up sentence, from the ``startup`` rows of a results file."""
+    rows = startup["rows"]
+
+    def best(name: str) -> str:
+        return f"{rows[name]['best']:.3f} s"
+
+    return (
+        f"`reshard --version` {best('reshard --version')} and `import reshard.mindspore` "
+        f"{best('import reshard.mindspore')}, against {best(NUMPY_ROW)} for `import numpy`"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -30,7 +30,13 @@ from reshard.formats.dcp import BytesItem, Chunk, ChunkSpec, TensorMeta
 from tests.test_fuzz_readers import bounded  # a time and allocation bound per example
 
 ROOT = Path(__file__).resolve().parent.parent
-FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(  # seeded: the same examples every run (tests/test_unpickle_bounds.py has the hostile ones)
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 
 
 def spec(fqn: str, arr: np.ndarray, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> ChunkSpec:

@@ -414,8 +414,8 @@ def _state_kind(name: str, rule: StateNames = DEFAULT_STATE) -> str | None:
     """The kind of training state ``name`` is (``adam_m``, ``global_step``), None for a model weight."""
     if not rule.is_state(name):
         return None
-    prefix = next((p for p in rule.prefixes if name.startswith(p)), None)
-    return prefix.rstrip("._") if prefix is not None else name
+    prefix = rule.prefix_of(name)
+    return prefix.rstrip("._/") if prefix is not None else name
 
 
 def job_degrees(sf: StrategyFile) -> dict[str, int | None]:

@@ -11,12 +11,19 @@ their state (read from MindFormers 2.1.0 and MindSpore 2.10): per-parameter clon
 ``exp_avg_sq``/``max_exp_avg_sq``, Momentum ``moments``, gradient accumulation ``accu_grads``, …),
 CAME's ``exp_avg_sq_row_<parameter>`` family, and single entries (``global_step``,
 ``learning_rate``, ``beta1_power``, loss-scale counters, and the ``epoch_num``/``step_num``/
-``loss_scale`` scalars MindFormers 1.x appended to its ``.ckpt`` files). A user adds prefixes for
+``loss_scale`` scalars MindFormers 1.x appended to its ``.ckpt`` files). PyTorch checkpoints name
+theirs under one key: megatron-core's distributed optimizer saves ``optimizer.state.exp_avg.<param>``,
+``optimizer.state.exp_avg_sq.<param>``, ``optimizer.state.fp32_param.<param>`` and
+``optimizer.distributed.…`` objects (``chained_<i>.optimizer.…`` when several optimizers are
+chained), Megatron-LM its ``rng_state`` and ``rerun_state_machine_state`` objects, and a DCP save of
+``torch.distributed.checkpoint.state_dict``'s optimizer state (torchtitan, torchtune) its flattened
+``optimizer.state.<fqn>.exp_avg`` / ``optim.param_groups.<fqn>.lr`` entries. A user adds prefixes for
 an optimizer of their own (``StateNames.with_prefixes``; the CLI's ``--optimizer-prefix``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -48,7 +55,14 @@ OPTIMIZER_PREFIXES: tuple[str, ...] = (
     "exp_avg_insta_row_",
     "exp_avg_insta_col_",
     "exp_avg_sq_",
+    "optimizer.",  # megatron-core's and a DCP optimizer state dict's (torchtitan)
+    "optim.",  # a DCP optimizer state dict saved under "optim" (torchtune)
+    "rng_state/",  # Megatron-LM's ShardedObjects: "<key>/shard_<offsets>_<shape>"
+    "rerun_state_machine_state/",
 )
+
+# megatron-core's ChainedOptimizer puts "chained_<i>." before each optimizer's keys
+_CHAINED = re.compile(r"chained_\d+\.")
 
 # Single training-state entries, matched by their whole name.
 OPTIMIZER_NAMES: frozenset[str] = frozenset(
@@ -64,6 +78,8 @@ OPTIMIZER_NAMES: frozenset[str] = frozenset(
         "epoch_num",
         "step_num",
         "loss_scale",
+        "rng_state",
+        "rerun_state_machine_state",
     }
 )
 
@@ -89,7 +105,25 @@ class StateNames:
             assert StateNames().is_state("adam_m.embedding.weight")
             assert not StateNames().is_state("embedding.weight")
         """
-        return name in self.names or name.startswith(self.prefixes)
+        if name in self.names or name.startswith(self.prefixes):
+            return True
+        chained = _CHAINED.match(name)
+        return chained is not None and name.startswith(self.prefixes, chained.end())
+
+    def prefix_of(self, name: str) -> str | None:
+        """The state prefix ``name`` starts with, a ChainedOptimizer's ``chained_<i>.`` included (None: none).
+
+        Example:
+            from reshard.statenames import StateNames
+            assert StateNames().prefix_of("chained_1.optimizer.state.exp_avg.w") == "chained_1.optimizer."
+            assert StateNames().prefix_of("adam_m.w") == "adam_m." and StateNames().prefix_of("w") is None
+        """
+        chained = _CHAINED.match(name)
+        if chained is not None:
+            inner = next((p for p in self.prefixes if name.startswith(p, chained.end())), None)
+            if inner is not None:
+                return chained.group() + inner
+        return next((p for p in self.prefixes if name.startswith(p)), None)
 
     def with_prefixes(self, extra: Iterable[str]) -> StateNames:
         """This rule with more prefixes (an optimizer of one's own).

@@ -36,6 +36,7 @@ import math
 import mmap
 import os
 import tempfile
+import threading
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -269,14 +270,30 @@ def probe_ckpt(path: str | os.PathLike[str]) -> CkptProbe:
     return CkptProbe(cipher, cipher is None and ends_with_crc_trailer(tail))
 
 
+# Few files decrypted at once: each holds a 64 MiB record of plaintext until its tag checks out (and
+# the record's ciphertext pages), and planning indexes 8 files on threads (sources.files.INDEX_THREADS):
+# 8 at once were 1 GiB of RSS. OpenSSL decrypts at GB/s, so the threads mostly overlap disk waits: one
+# at a time on a small machine (2 cores: 1), up to 3 on a large one (about 70 MiB each), whose disks
+# serve several reads at once.
+_DECRYPTING = threading.BoundedSemaphore(max(1, min(3, (os.cpu_count() or 1) // 4)))
+
+
 def _decrypt(buf: Any, key: bytes, mode: str, path: str) -> tuple[Any, Callable[[], None], int]:
     """Plaintext of an encrypted file in an anonymous temp file, memory-mapped.
 
     The map keeps the (already unlinked) temp file alive until it is closed.
     """
+    dropped = 0
+
+    def done(end: int) -> None:  # the ciphertext decrypted so far leaves RSS (the page cache keeps it)
+        nonlocal dropped
+        upto = end - end % mmap.PAGESIZE
+        drop_resident(buf, dropped, upto - dropped)
+        dropped = upto
+
     try:
-        with tempfile.TemporaryFile() as tmp:
-            crypto.decrypt_stream(buf, tmp, key, mode, path)
+        with tempfile.TemporaryFile() as tmp, _DECRYPTING:
+            crypto.decrypt_stream(buf, tmp, key, mode, path, done)
             tmp.flush()
             size = os.fstat(tmp.fileno()).st_size
             if size == 0:

@@ -51,6 +51,7 @@ import functools
 import os
 import string
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -137,8 +138,16 @@ class _Record:
         return self.cipher_start + self.cipher_len
 
 
-def decrypt_stream(src: Any, dst: BinaryIO, key: bytes, mode: str, path: str | None = None) -> None:
-    """Decrypt the whole encrypted file in buffer ``src`` record by record into ``dst``."""
+def decrypt_stream(
+    src: Any,
+    dst: BinaryIO,
+    key: bytes,
+    mode: str,
+    path: str | None = None,
+    done: Callable[[int], None] | None = None,
+) -> None:
+    """Decrypt the whole encrypted file in buffer ``src`` record by record into ``dst``; ``done`` is
+    told where each record ends (the caller hands the pages of a mapped ``src`` back up to there)."""
     check_key(key, mode, path)
     with memoryview(src) as raw, raw.cast("B") as view:
         offset = 0
@@ -149,6 +158,8 @@ def decrypt_stream(src: Any, dst: BinaryIO, key: bytes, mode: str, path: str | N
             with view[record.cipher_start : record.end] as cipher:
                 _decrypt_record(record, cipher, dst, key, mode, path)
             offset = record.end
+            if done is not None:
+                done(offset)
 
 
 def _is_zero_crc_trailer(view: memoryview, offset: int) -> bool:

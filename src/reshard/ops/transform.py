@@ -321,11 +321,23 @@ def _finish(job: _Job, plan: Plan, src_sf: LayoutTable | None, everyone: Plan | 
 
 def _carried(job: _Job, opened: OpenedChunks) -> dcp_output.Carried | None:
     """What a chunked source hands a torch_dist output: its non-tensor values and (a torch_dist source) its
-    ``common.pt``; None for another output."""
+    ``common.pt``; None for another output. ``--weights-only`` carries neither the training-state values
+    (``rng_state``, the distributed optimizer's objects: ``statenames``) nor ``common.pt`` (the iteration,
+    the optimizer's param groups, the scheduler; a pickle reshard never opens): megatron's empty one instead."""
     if job.out_format != dcp_output.TORCH_DIST:
         return None
-    common = megatron_source.common_file(opened.path) if job.kind is MEGATRON else None
-    return dcp_output.Carried(common, opened.values)
+    kept = job.pipeline.naming.options.filter
+    if not kept.weights_only:
+        common = megatron_source.common_file(opened.path) if job.kind is MEGATRON else None
+        return dcp_output.Carried(common, opened.values)
+    values = {name: v for name, v in opened.values.items() if not kept.state.is_state(name)}
+    dropped = sorted(set(opened.values) - set(values))
+    if dropped:
+        job.notes.append(f"--weights-only: {len(dropped)} training-state values not carried ({', '.join(dropped[:3])}"
+                         f"{', ...' if len(dropped) > 3 else ''})")  # fmt: skip
+    if job.kind is MEGATRON:
+        job.notes.append("--weights-only: the source's common.pt (iteration, optimizer param groups) not carried")
+    return dcp_output.Carried(None, values)
 
 
 def _source_config(src: str, kind: Kind) -> tuple[dict[str, object], str] | None:

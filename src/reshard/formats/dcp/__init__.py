@@ -41,6 +41,7 @@ records are used for members or archives past 4 GiB, as torch does. ``write_meta
 ``.metadata`` pickle (the same globals torch's has) to ``.metadata.tmp`` and renames it, last.
 
 The package: ``records`` (the plain values), ``unpickling`` (the allowlisting unpicklers),
+``opcodes`` (every opcode of a pickle checked against what the file can hold, before it is unpickled),
 ``metadata`` (reading and checking ``.metadata``), ``data`` (reading ``.distcp`` files) and ``write``
 (the writer); everything public is importable from ``reshard.formats.dcp`` itself.
 """

@@ -2,6 +2,11 @@
 
 A pickle can run any code and these files come from users: ``find_class`` allows exactly the globals
 DCP and ``torch.save`` name, each mapped to an inert stand-in; any other global is one ``FormatError``.
+A pickle can also ask for memory: ``opcodes.check_opcodes`` reads every opcode first (no length or
+memo index beyond what the file holds), and the stand-ins build nothing larger than their arguments
+(``torch.Size`` takes a tuple as it is, a layout name and a dtype are shared values, the path parts
+joined are charged against the pickle's size), so a hostile pickle of a few KiB allocates a few
+hundred KiB at most before it is refused.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 
 from reshard import dtypes
 from reshard.errors import FormatError
+from reshard.formats.dcp.opcodes import check_opcodes
 from reshard.formats.dcp.records import _FILESYSTEM, _META, _PLANNER
 from reshard.text import first_line
 
@@ -33,30 +39,41 @@ class _Pickled:
         self.state = state
 
 
-@dataclass(frozen=True)
+def _no_state(self: Any, state: Any) -> None:
+    """The BUILD opcode on a stand-in: refused (a shared dtype or storage class would change for every
+    later read; a rebuilt tensor would take a size that ``_int_tuple`` never checked)."""
+    raise ValueError(f"state given to a {type(self).__name__}, which no DCP pickle does")
+
+
+# slots: no ``__dict__`` a BUILD opcode could write into; ``__setstate__``: not the one dataclasses add
+@dataclass(frozen=True, slots=True)
 class _TorchDtype:
     name: str
+    __setstate__ = _no_state
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _StorageClass:
     dtype_name: str | None  # None: torch.storage.UntypedStorage (sizes in bytes)
+    __setstate__ = _no_state
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Storage:
     storage_class: _StorageClass
     key: str
     numel: int
+    __setstate__ = _no_state
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Rebuilt:
     storage: _Storage
     storage_offset: int
     size: tuple[int, ...]
     stride: tuple[int, ...]
     dtype_name: str
+    __setstate__ = _no_state
 
 
 def _record_class(module: str, name: str) -> type[_Pickled]:
@@ -86,6 +103,8 @@ _RECORD_CLASSES: dict[tuple[str, str], type[_Pickled]] = {
 
 
 def _int_tuple(values: Any) -> tuple[int, ...]:
+    if type(values) not in _SEQUENCES:  # tuple() of a string or a dict would build a tuple per character or key
+        raise ValueError(f"a size that is a {type(values).__name__}, not a sequence of integers")
     items = tuple(values)
     if items and set(map(type, items)) != _INT_ONLY:
         raise ValueError(f"a size of non-integers {items!r}")
@@ -93,6 +112,7 @@ def _int_tuple(values: Any) -> tuple[int, ...]:
 
 
 _INT_ONLY = {int}
+_SEQUENCES = (tuple, list)
 
 
 def _int_tuples(values: list[Any]) -> list[tuple[int, ...]]:
@@ -102,40 +122,66 @@ def _int_tuples(values: list[Any]) -> list[tuple[int, ...]]:
     return [_int_tuple(v) for v in values]
 
 
+def _size(values: Any) -> Any:
+    """``torch.Size(values)``: torch pickles its tuple of ints, taken as it is (its items are checked
+    where used as a shape, offsets or sizes); a string or a dict would become a tuple per character."""
+    if type(values) is not tuple:
+        raise ValueError(f"torch.Size of a {type(values).__name__}")
+    return values
+
+
+_LAYOUT_NAMES = 64  # "torch.strided", "torch.sparse_coo", ...
+
+
 def _layout(name: Any) -> str:
-    return str(name)
+    if type(name) is not str or len(name) > _LAYOUT_NAMES:
+        raise ValueError("a tensor layout that is not a short name")
+    return name
 
 
 def _enum_value(value: Any) -> Any:
     return value
 
 
-def _path(*parts: Any) -> str:
-    return "/".join(str(p) for p in parts)
-
-
 _TORCH_DTYPE_NAMES = frozenset(d.numpy_name for d in dtypes.ALL if d not in (dtypes.INT4, dtypes.STR))
+_TORCH_DTYPES = {name: _TorchDtype(name) for name in _TORCH_DTYPE_NAMES}  # one value each, however often named
 
 _METADATA_FUNCTIONS: dict[tuple[str, str], Callable[..., Any]] = {
-    ("torch", "Size"): tuple,  # checked where used as a shape, offsets or sizes
+    ("torch", "Size"): _size,
     ("torch.serialization", "_get_layout"): _layout,
     (_META, "_MEM_FORMAT_ENCODING"): _enum_value,
     (_PLANNER, "WriteItemType"): _enum_value,
-    **{("pathlib", n): _path for n in ("Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath")},
 }
+_PATH_CLASSES = frozenset(("Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"))
 
 
 class _MetadataUnpickler(pickle.Unpickler):
     """Reads DCP's ``.metadata``: the DCP classes as inert records, ``torch.Size`` as tuples."""
+
+    def __init__(self, file: _PickleInput) -> None:
+        super().__init__(file)
+        self._path_chars = file.size  # what the joined path parts may add up to: no more than the pickle
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _RECORD_CLASSES:
             return _RECORD_CLASSES[(module, name)]
         if (module, name) in _METADATA_FUNCTIONS:
             return _METADATA_FUNCTIONS[(module, name)]
-        if module == "torch" and name in _TORCH_DTYPE_NAMES:
-            return _TorchDtype(name)
+        if module == "pathlib" and name in _PATH_CLASSES:
+            return self._path
+        if module == "torch" and name in _TORCH_DTYPES:
+            return _TORCH_DTYPES[name]
         raise _Refused(f"{module}.{name}")
+
+    def _path(self, *parts: Any) -> str:
+        """``pathlib.Path(*parts)`` as the text; one part named a thousand times would otherwise make
+        a string a thousand times its size, so the joined parts are charged against the pickle's size."""
+        if any(type(p) is not str for p in parts):
+            raise ValueError("a path of parts that are not strings")
+        self._path_chars -= sum(map(len, parts)) + len(parts)
+        if self._path_chars < 0:
+            raise ValueError("paths longer, together, than the pickle holding them")
+        return "/".join(parts)
 
     def persistent_load(self, pid: Any) -> Any:
         raise _Refused("a persistent id")
@@ -161,6 +207,8 @@ _STORAGE_CLASSES: dict[str, str] = {
     "complex64": "ComplexFloatStorage",
 }
 _DTYPE_OF_STORAGE = {cls: name for name, cls in _STORAGE_CLASSES.items()}
+_STORAGE_CLASS_OF = {cls: _StorageClass(name) for cls, name in _DTYPE_OF_STORAGE.items()}
+_UNTYPED_STORAGE = _StorageClass(None)
 
 
 def _rebuild_v2(storage: Any, offset: Any, size: Any, stride: Any, *_rest: Any) -> _Rebuilt:
@@ -194,11 +242,11 @@ class _TensorUnpickler(pickle.Unpickler):
         if (module, name) == ("collections", "OrderedDict"):
             return _no_hooks
         if (module, name) == ("torch.storage", "UntypedStorage"):
-            return _StorageClass(None)
-        if module == "torch" and name in _DTYPE_OF_STORAGE:
-            return _StorageClass(_DTYPE_OF_STORAGE[name])
-        if module == "torch" and name in _TORCH_DTYPE_NAMES:
-            return _TorchDtype(name)
+            return _UNTYPED_STORAGE
+        if module == "torch" and name in _STORAGE_CLASS_OF:
+            return _STORAGE_CLASS_OF[name]
+        if module == "torch" and name in _TORCH_DTYPES:
+            return _TORCH_DTYPES[name]
         raise _Refused(f"{module}.{name}")
 
     def persistent_load(self, pid: Any) -> Any:
@@ -227,8 +275,9 @@ _UNPICKLE_ERRORS = (
 
 
 def _unpickle(unpickler: type[pickle.Unpickler], data: bytes, path: str, what: str) -> Any:
-    """Unpickle ``data`` from a ``_PickleInput``."""
+    """Unpickle ``data`` from a ``_PickleInput``, its opcodes checked first (``opcodes``)."""
     try:
+        check_opcodes(data)
         return unpickler(_PickleInput(data)).load()
     except _Refused as exc:
         raise FormatError(
@@ -246,6 +295,7 @@ class _PickleInput:
     def __init__(self, data: bytes) -> None:
         self._data = data
         self._pos = 0
+        self.size = len(data)
 
     def peek(self, size: int = 1) -> bytes:
         return self._data[self._pos : self._pos + max(size, 1)]
