@@ -6,9 +6,13 @@ DeepSeek-V3-like 7168-wide linears), then times, each in its own process through
 
 * ``reshard transform --hf --dequantize bf16`` against ``cp -r`` of the bf16 output it wrote;
 * ``reshard transform --hf --quantize fp8-block`` of that bf16 output against ``cp -r`` of its output;
-* DeepSeek's reference rule computed in torch on the same CPU (``--torch PYTHON``: a venv with torch and
+* DeepSeek's reference rules computed in torch on the same CPU (``--torch PYTHON``: a venv with torch and
   safetensors; skipped without it): every weight read whole, ``w.float() * scale`` expanded per block,
-  cast to bf16 and saved with ``safetensors.torch.save_file``. A figure beside ours, not a target.
+  cast to bf16 and saved with ``safetensors.torch.save_file``; and the quantizing rule (``amax / 448``
+  per block, divide, clamp, ``.to(torch.float8_e4m3fn)``) on the bf16 output. Figures beside ours,
+  not targets; ``same_as_torch`` counts the tensors of ours equal to theirs bit for bit. Every run
+  also records its CPU seconds (user + system), which the other work on a shared machine moves far
+  less than the wall time, and the CPU pressure when it started.
 
     python3 bench/lowprec.py --work /tmp/lowprec-bench --json docs/bench/results-lowprec.json \\
         --torch ~/.cache/reshard/hf-venv/bin/python
@@ -55,6 +59,30 @@ print("@@BENCH@@" + json.dumps({"call": time.perf_counter() - start}))
 """
 
 
+TORCH_QUANTIZE_RULE = r"""
+import json, os, sys, time, torch
+from safetensors.torch import load_file, save_file
+src, dst = sys.argv[1], sys.argv[2]
+start = time.perf_counter()
+os.makedirs(dst, exist_ok=True)
+for shard in sorted(f for f in os.listdir(src) if f.endswith(".safetensors")):
+    out = {}
+    for name, w in load_file(os.path.join(src, shard)).items():
+        rows, cols = w.shape
+        g0, g1 = -(-rows // 128), -(-cols // 128)
+        padded = torch.zeros(g0 * 128, g1 * 128, dtype=torch.float32)
+        padded[:rows, :cols] = w.to(torch.float32)
+        blocks = padded.view(g0, 128, g1, 128)
+        amax = blocks.abs().amax(dim=(1, 3))
+        scale = torch.where(amax == 0, torch.ones_like(amax), amax / 448.0)
+        q = (blocks / scale[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+        out[name] = q.view(g0 * 128, g1 * 128)[:rows, :cols].contiguous()
+        out[name + "_scale_inv"] = scale
+    save_file(out, os.path.join(dst, shard))
+print("@@BENCH@@" + json.dumps({"call": time.perf_counter() - start}))
+"""
+
+
 def make_fp8_model(folder: str, size: int) -> int:
     """An FP8 block-scaled Hugging Face folder of about ``size`` bytes of weights; returns the tensor count."""
     os.makedirs(folder, exist_ok=True)
@@ -81,9 +109,34 @@ def make_fp8_model(folder: str, size: int) -> int:
 
 
 def timed(argv: list[str], inputs: list[str], log: str, env: dict[str, str] | None = None) -> dict[str, float]:
+    """One run, cache cold. ``cpu``: user + system seconds of the contestant (and its ~10 ms ``spawn.py``
+    parent), which other engineers' load on the machine changes far less than the wall time."""
     measure.prepare_cache("cold", measure.files_under(inputs))
+    before = os.times()
     m = measure.run_measured(argv, log, env=env)
-    return {"wall": m.wall, "call": m.call, "peak_rss": m.peak_rss, "cpu_pressure": m.cpu_pressure}
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return {"wall": m.wall, "call": m.call, "cpu": cpu, "peak_rss": m.peak_rss, "cpu_pressure": m.cpu_pressure}
+
+
+def same_tensors(a: str, b: str) -> dict[str, int]:
+    """How many tensors of folder ``a``'s shards equal (bit for bit) those of the same names in ``b``."""
+    from reshard.formats.safetensors import read_safetensors
+
+    def arrays(folder: str) -> dict[str, tuple[str, str]]:
+        out = {}
+        for shard in sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")):
+            with read_safetensors(os.path.join(folder, shard)) as index:
+                out.update(dict.fromkeys(index.entries, (folder, shard)))
+        return out
+
+    mine, theirs = arrays(a), arrays(b)
+    same = 0
+    for name in sorted(mine.keys() & theirs.keys()):
+        with read_safetensors(os.path.join(*mine[name])) as x, read_safetensors(os.path.join(*theirs[name])) as y:
+            left, right = x.array(name), y.array(name)
+            same += left.shape == right.shape and left.view(np.uint8).tobytes() == right.view(np.uint8).tobytes()
+    return {"tensors": len(mine), "same": same, "only_one_side": len(mine.keys() ^ theirs.keys())}
 
 
 def main() -> int:
@@ -117,22 +170,45 @@ def main() -> int:
                 fh.write(TORCH_RULE)
             argv = [args.torch, script, src, bf16 + "_torch"]
             run["torch_rule"] = timed(argv, [src], os.path.join(work, "torch_rule"))
+            script = os.path.join(work, "torch_quantize_rule.py")
+            with open(script, "w", encoding="utf-8") as fh:
+                fh.write(TORCH_QUANTIZE_RULE)
+            measure.remove(fp8 + "_torch")
+            argv = [args.torch, script, bf16, fp8 + "_torch"]
+            run["torch_quantize_rule"] = timed(argv, [bf16], os.path.join(work, "torch_quantize_rule"))
+            run["same_as_torch"] = {
+                "dequantize": same_tensors(bf16, bf16 + "_torch"),
+                "quantize": same_tensors(fp8, fp8 + "_torch"),
+            }
         results["runs"].append(run)  # type: ignore[attr-defined]
         deq, cp_bf16 = run["dequantize"], run["cp_bf16"]
         q, cp_fp8 = run["quantize"], run["cp_fp8"]
         assert isinstance(deq, dict) and isinstance(cp_bf16, dict) and isinstance(q, dict) and isinstance(cp_fp8, dict)
         line = (
+            f"CPU pressure {deq['cpu_pressure']:.0f}-{cp_fp8['cpu_pressure']:.0f} %: "
             f"dequantize {deq['wall']:.2f} s ({deq['wall'] / cp_bf16['wall']:.2f}x cp -r {cp_bf16['wall']:.2f} s), "
-            f"peak {format_size(int(deq['peak_rss']))}; quantize {q['wall']:.2f} s "
-            f"({q['wall'] / cp_fp8['wall']:.2f}x cp -r {cp_fp8['wall']:.2f} s), peak {format_size(int(q['peak_rss']))}"
+            f"CPU {deq['cpu']:.2f} s, peak {format_size(int(deq['peak_rss']))}; quantize {q['wall']:.2f} s "
+            f"({q['wall'] / cp_fp8['wall']:.2f}x cp -r {cp_fp8['wall']:.2f} s), CPU {q['cpu']:.2f} s, "
+            f"peak {format_size(int(q['peak_rss']))}"
         )
         if "torch_rule" in run:
             t = run["torch_rule"]
             assert isinstance(t, dict)
-            line += f"; torch reference rule {t['wall']:.2f} s, peak {format_size(int(t['peak_rss']))}"
+            peak = format_size(int(t["peak_rss"]))
+            line += f"; torch reference rule {t['wall']:.2f} s, CPU {t['cpu']:.2f} s, peak {peak}"
+            t = run["torch_quantize_rule"]
+            assert isinstance(t, dict)
+            peak = format_size(int(t["peak_rss"]))
+            line += f"; torch quantize rule {t['wall']:.2f} s, CPU {t['cpu']:.2f} s, peak {peak}"
+            line += f"; bit for bit the torch rules' tensors: {run['same_as_torch']}"
         print(line)
     results["bf16_bytes"] = measure.tree_bytes(bf16)
     results["cpu_count"] = os.cpu_count()
+    results["versions"] = {
+        "python": sys.version.split()[0],
+        "numpy": np.__version__,
+        "ml_dtypes": ml_dtypes.__version__,
+    }
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(results, fh, indent=1)

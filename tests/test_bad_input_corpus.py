@@ -29,7 +29,7 @@ from reshard.formats.strategy import load_strategy, make_strategy, write_strateg
 from reshard.layout import ParamLayout
 from reshard.synthetic import ModelShape
 from tests import checkpoint2_fixtures as fx
-from tests.lowprec_fixtures import EXPERTS, Q, fp8_model, fp8_tensors
+from tests.lowprec_fixtures import EXPERTS, K, Q, fp8_model, fp8_tensors
 from tests.test_cp2_read_format import BAD as CHECKPOINT2_BAD
 from tests.test_cp2_read_format import ITER as CHECKPOINT2_ITERATION
 from tests.trust_helpers import make_job, run_cli, snapshot, temp_files
@@ -681,6 +681,30 @@ def fp8_nan_scale(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     return _dequantize(fp8_model(tmp / "m", t)), f"{Q}_scale_inv: 1 block scale(s) are NaN or infinite"
 
 
+def fp8_inf_scale(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    t = fp8_tensors()
+    t[K + "_scale_inv"] = t[K + "_scale_inv"].copy()
+    t[K + "_scale_inv"][1, 0] = np.inf  # a BF16 scale
+    return _dequantize(fp8_model(tmp / "m", t)), f"{K}_scale_inv: 1 block scale(s) are NaN or infinite"
+
+
+def _split_k_columns(tmp: Path, src: Path) -> list[str]:
+    """Split ``src`` to 2 ranks cutting K's columns at 128 (on the block grid), its pairs moved as pairs."""
+    strategy = tmp / "s2.ckpt"
+    write_strategy(strategy, make_strategy({K: ParamLayout((2,), (-1, 0))}))
+    return ["split", str(src), OUT, "--dst-strategy", str(strategy)]
+
+
+def fp8_pair_split_scale_wrong_shape(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    t = fp8_tensors()
+    t[K + "_scale_inv"] = t[K + "_scale_inv"][:1, :1].copy()
+    return _split_k_columns(tmp, fp8_model(tmp / "m", t)), f"{K}_scale_inv: shape [1, 1] does not fit weight"
+
+
+def fp8_pair_split_block_size_unknown(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return _split_k_columns(tmp, fp8_model(tmp / "m", block=None)), f"{K}: the destination strategy cuts"
+
+
 def mxfp4_nan_scale(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     t = fp8_tensors()
     t[EXPERTS + "_scales"] = t[EXPERTS + "_scales"].copy()
@@ -706,6 +730,19 @@ def quantize_nan_weight(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]
     return args, "a.weight: block [1, 0] holds NaN or infinite values"
 
 
+def quantize_infinite_bf16_weight(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    """A bf16 weight's scales are computed on its bits: an infinity in a partial edge block is found there."""
+    import ml_dtypes
+
+    src = tmp / "m"
+    src.mkdir()
+    w = np.ones((200, 300), dtype=np.float32)
+    w[150, 290] = -np.inf
+    save_safetensors(src / "model.safetensors", {"a.weight": w.astype(ml_dtypes.bfloat16)})
+    args = ["transform", "--src", str(src), "--dst", OUT, "--hf", "--quantize", "fp8-block"]
+    return args, "a.weight: block [1, 2] holds NaN or infinite values"
+
+
 def quantize_a_quantized_model(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     args = ["transform", "--src", str(fp8_model(tmp / "m")), "--dst", OUT, "--hf", "--quantize", "fp8-block"]
     return args, "already block-quantized"
@@ -720,8 +757,23 @@ def quantize_and_dequantize(tmp: Path, job: dict[str, str]) -> tuple[list[str], 
     return [*_dequantize(fp8_model(tmp / "m")), "--quantize", "fp8-block"], "exclude each other"
 
 
+def fp8_pair_dcp_ranks_off_the_grid(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    args = ["transform", "--src", str(fp8_model(tmp / "m")), "--dst", OUT, "--output-format", "dcp", "--dcp-ranks", "2"]
+    return args, f"{Q}: --dcp-ranks 2 cuts it at row 150 (rank 0), not on a 128-row block boundary"
+
+
+def fp8_dcp_source_dequantized(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    from reshard import api
+
+    api.transform(str(fp8_model(tmp / "m")), str(tmp / "dcp"), output=api.OutputSpec(format="dcp"))
+    return _dequantize(tmp / "dcp"), "--dequantize and --quantize of a PyTorch DCP checkpoint are not supported"
+
+
 CASES += [
+    fp8_pair_dcp_ranks_off_the_grid,
+    fp8_dcp_source_dequantized,
     quantize_nan_weight,
+    quantize_infinite_bf16_weight,
     quantize_a_quantized_model,
     quantize_unknown_scheme,
     quantize_and_dequantize,
@@ -730,6 +782,9 @@ CASES += [
     fp8_scale_wrong_shape,
     fp8_block_size_unknown,
     fp8_nan_scale,
+    fp8_inf_scale,
+    fp8_pair_split_scale_wrong_shape,
+    fp8_pair_split_block_size_unknown,
     mxfp4_nan_scale,
     mxfp4_blocks_without_scales,
     dequantize_unknown_dtype,

@@ -208,7 +208,7 @@ def test_viewed_dequantized_boxes_equal_the_reshaped_tensor(model: Path) -> None
 
     t = fp8_tensors()
     q = QuantizedSource("x", Q, "fp8-block", Q, "x", Q + "_scale_inv", (128, 128))
-    d = dequant.Dequantized(q, t[Q], t[Q + "_scale_inv"], (300, 260))
+    d = dequant.Dequantized(q, t[Q].view(np.uint8), t[Q + "_scale_inv"], (300, 260), "F8_E4M3")
     full = d[(slice(0, 300), slice(0, 260))]
     view = d.reshape((300 * 260 // 100, 100))
     box = (slice(7, 311), slice(13, 77))
@@ -374,16 +374,20 @@ def test_quantize_then_dequantize_round_trips_within_fp8(bf16: Path, tmp_path: P
 
 
 def test_quantized_output_loads_in_transformers(hf, tmp_path: Path) -> None:
-    """transformers' FineGrainedFP8Config(dequantize=True) reads reshard's FP8 blocks as reshard --dequantize does."""
+    """transformers' FineGrainedFP8Config(dequantize=True) reads reshard's FP8 blocks as reshard --dequantize does;
+    written as Hugging Face shards, whose index names every weight's and scale's shard, and read back from them."""
     from tests.hf import make_models
 
     (src,) = make_models(hf, {"llama": ("llama", {"hidden_size": 256, "intermediate_size": 384})}, tmp_path).values()
     q, deq = tmp_path / "q", tmp_path / "deq"
     proc = run_cli(
         "transform", "--src", str(src), "--dst", str(q), "--hf", "--quantize", "fp8-block", "--dtype", "bf16",
-        "--hf-config", str(src / "config.json"),
+        "--hf-config", str(src / "config.json"), "--max-shard-size", "300KB",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+    weight_map = json.loads((q / "model.safetensors.index.json").read_text())["weight_map"]
+    scales = [n for n in weight_map if n.endswith("_scale_inv")]
+    assert len(set(weight_map.values())) > 2 and scales and all(n[: -len("_scale_inv")] in weight_map for n in scales)
     proc = run_cli("transform", "--src", str(q), "--dst", str(deq), "--hf", "--dequantize", "bf16")
     assert proc.returncode == 0, proc.stderr
     loaded = hf(LOAD_FP8, {"quantized": str(q), "dequantized": str(deq)})
@@ -392,7 +396,8 @@ def test_quantized_output_loads_in_transformers(hf, tmp_path: Path) -> None:
 
 def test_preset_deepseek_v3_sees_through_fp8_blocks(hf, tmp_path: Path) -> None:
     """An FP8 DeepSeek-V3 release to MindFormers names in one command: --preset deepseek-v3 --dequantize bf16
-    writes the bytes the preset writes from the dequantized model (stacked experts included)."""
+    writes the bytes the preset writes from the dequantized model (stacked experts included), and with
+    --dst-strategy the per-rank shards of that model in the same one command."""
     from tests.hf import make_models
     from tests.test_presets_models import DEEPSEEK
 
@@ -434,6 +439,33 @@ def test_preset_deepseek_v3_sees_through_fp8_blocks(hf, tmp_path: Path) -> None:
     assert "weight_scale_inv" in " ".join(_arrays(fp8 / "model.safetensors"))
     (a,), (b,) = (direct / "rank_0").glob("*.safetensors"), (via / "rank_0").glob("*.safetensors")
     assert a.read_bytes() == b.read_bytes()
+    # per-rank shards in the same one command: the bytes of splitting the MindFormers model by the strategy
+    strategy = _two_rank_rows(_arrays(a), tmp_path / "s2.ckpt")
+    ranks, cut = tmp_path / "ranks", tmp_path / "cut"
+    args = ("--src", fp8, "--dst", ranks, "--preset", "deepseek-v3", "--dequantize", "bf16", "--dst-strategy", strategy)
+    proc = run_cli(
+        "transform", *map(str, args), "--hf-config", str(fp8 / "config.json"), "--output_format", "safetensors"
+    )
+    assert proc.returncode == 0, proc.stderr
+    api.split(str(a), str(strategy), str(cut), output=api.OutputSpec(format="safetensors"))
+    full = _arrays(a)
+    for r in (0, 1):
+        (got,), (want,) = (ranks / f"rank_{r}").glob("*.safetensors"), (cut / f"rank_{r}").glob("*.safetensors")
+        mine, theirs = _arrays(got), _arrays(want)  # split writes the strategy's tensors; transform all of them
+        assert sorted(mine) == sorted(full) and set(theirs) <= set(mine)
+        for n, x in mine.items():
+            assert x.view(np.uint8).tobytes() == theirs.get(n, full[n]).view(np.uint8).tobytes(), (r, n)
+
+
+def _two_rank_rows(tensors: dict[str, np.ndarray], path: Path) -> Path:
+    """A 2-rank strategy cutting dim 0 of every tensor of two or more dimensions whose dim 0 is even."""
+    layouts = {
+        n: ParamLayout((2,), (0, *[-1] * (v.ndim - 1)))
+        for n, v in tensors.items()
+        if v.ndim >= 2 and v.shape[0] % 2 == 0
+    }
+    write_strategy(path, make_strategy(layouts))
+    return path
 
 
 def test_preset_deepseek_v3_exports_mindformers_bf16_to_fp8_blocks_in_one_command(hf, tmp_path: Path) -> None:
@@ -494,21 +526,6 @@ def test_plan_json_states_the_pairs_before_writing(model: Path, tmp_path: Path) 
         K: ("fp8-block", K + "_scale_inv", [128, 128]),
         EXPERTS: ("mxfp4", EXPERTS + "_scales", [32]),
     }
-    assert not (tmp_path / "out").exists()
-
-
-def test_ray_executor_refuses_computed_tensors(model: Path, tmp_path: Path) -> None:
-    from reshard.errors import UnsupportedError
-
-    report = api.transform(
-        str(model),
-        str(tmp_path / "out"),
-        output=api.OutputSpec(format="hf"),
-        destination=api.Destination(dry_run=True),
-        tensors=api.TensorOptions(precision=Precision("bf16")),
-    )
-    with pytest.raises(UnsupportedError, match="local executor only"):
-        api.execute(report.plan, root=str(tmp_path / "out"), executor="ray")
     assert not (tmp_path / "out").exists()
 
 

@@ -114,6 +114,35 @@ def test_dequantize_while_merging_ranks_is_exact(model: Path, tmp_path: Path) ->
         assert name + SCALE not in got
 
 
+def test_unify_and_split_dequantize_from_the_command_line(model: Path, tmp_path: Path) -> None:
+    """``unify --dequantize`` of rank folders (no config.json beside them: ``--block-size``) and ``split
+    --dequantize``: the full dequantized model's bytes."""
+    s4 = _strategy(tmp_path / "s4.ckpt", FOUR)
+    ranks, merged, deq_ranks, whole = (tmp_path / n for n in ("ranks", "merged", "deq_ranks", "whole"))
+    api.transform(
+        str(model),
+        str(whole),
+        output=api.OutputSpec(format="hf"),
+        tensors=api.TensorOptions(precision=Precision("bf16")),
+    )
+    want = _arrays(whole / "model.safetensors")
+    assert run_cli("split", str(model), str(ranks), "--dst-strategy", str(s4)).returncode == 0
+    proc = run_cli(
+        "unify", str(ranks), str(merged), "--src-strategy", str(s4), "--dequantize", "bf16", "--block-size", "128"
+    )
+    assert proc.returncode == 0, proc.stderr
+    (part,) = merged.rglob("*.safetensors")
+    got = _arrays(part)
+    assert all(got[n].tobytes() == want[n].tobytes() for n in PAIRED_SHAPES) and not any(n.endswith(SCALE) for n in got)
+    proc = run_cli("split", str(model), str(deq_ranks), "--dst-strategy", str(s4), "--dequantize", "bf16")
+    assert proc.returncode == 0, proc.stderr
+    for r in range(4):
+        mine = _rank(deq_ranks, r)
+        for name, layout in FOUR.items():
+            cut = tuple(slice(a, b) for a, b in rank_box(layout, PAIRED_SHAPES[name], r))
+            assert mine[name].tobytes() == np.ascontiguousarray(want[name][cut]).tobytes(), (name, r)
+
+
 def test_checkpoint2_round_trip_keeps_the_pairs(model: Path, tmp_path: Path) -> None:
     s4 = _strategy(tmp_path / "s4.ckpt", FOUR)
     cp2, back = tmp_path / "cp2", tmp_path / "back"

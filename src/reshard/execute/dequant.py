@@ -38,7 +38,7 @@ import numpy as np
 
 from reshard import dtypes
 from reshard.errors import UsageError
-from reshard.execute import assemble
+from reshard.execute import assemble, floatbits
 from reshard.execute.assemble import SourceArray
 from reshard.formats.base import TensorEntry, TensorIndex, drop_resident
 from reshard.plan import Plan, TensorPlan
@@ -56,7 +56,11 @@ QUANTIZE_EXPANSION = 16  # a quantized row block (1 byte an element) needs three
 ROW_BLOCK_CAP = 16 * 1024**2
 QUANTIZE_ROW_BLOCK_CAP = 4 * 1024**2  # F8 output bytes: 4 Mi elements, 16 MB a float32 temporary
 SCALE_CHUNK = 1 << 22  # weight elements read at once to compute a --quantize scale tensor
+BAND_ELEMENTS = 1 << 20  # --quantize computes this many weight elements at a time (4 MiB of float32)
 MEMO_BYTES = 64 * 1024**2  # scale rows kept between a quantized weight's values and its scale tensor
+# Smallest normal float32: a scale at least this (amax / 448 rounded) divides every value of its block to
+# within 448 (1 + 2 ** -22) < 464, which F8_E4M3 rounds to 448 as the clip would.
+_SAFE_SCALE = np.float32(2.0**-126)
 
 
 # The float32 bits torch gives F8_E4M3's two NaN bytes (numpy's would be 0x7FC00000): a NaN weight
@@ -67,7 +71,7 @@ _E4M3_NAN_BITS = {0x7F: 0x7FF00000, 0xFF: 0xFFF00000}
 @functools.cache
 def _fp8_table(code: str) -> np.ndarray:
     """float32 value of every byte of an F8 dtype (exact: every float8 value is a float32)."""
-    table = np.arange(256, dtype=np.uint8).view(dtypes.from_st_code(code).numpy).astype(np.float32)
+    table = floatbits.fp8_values(code)
     if code == "F8_E4M3":
         bits = table.view(np.uint32)
         for byte, nan in _E4M3_NAN_BITS.items():
@@ -93,19 +97,37 @@ def _mxfp4_products() -> np.ndarray:
 
 @functools.cache
 def _mxfp4_table(code: str) -> np.ndarray:
-    """``_mxfp4_products`` rounded once to the target dtype: what the float32 path writes, one lookup a value."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return _mxfp4_products().astype(dtypes.from_st_code(code).numpy)
+    """``_mxfp4_products`` rounded once to the target dtype (its carrier): what the float32 path writes, one
+    lookup a value."""
+    return _to_target(_mxfp4_products(), code)
 
 
 def _mxfp4_overflows(code: str, largest_byte: int) -> bool:
     """Whether a scale byte up to ``largest_byte`` makes a finite value infinite in the target (fp16)."""
     made = _mxfp4_table(code)[: (largest_byte + 1) * 16]
-    return _overflows(made, _mxfp4_products()[: (largest_byte + 1) * 16])
+    return _overflows(made, _mxfp4_products()[: (largest_byte + 1) * 16], code)
+
+
+def carrier(code: str | None) -> np.dtype:
+    """The dtype dequantized boxes come in: the target's carrier (bf16's bits as uint16; float32 without one)."""
+    return np.dtype(np.float32) if code is None else np.dtype(dtypes.from_st_code(code).carrier)
+
+
+def _to_target(values: np.ndarray, code: str | None) -> np.ndarray:
+    """float32 ``values`` rounded to nearest even in the target dtype, as its carrier (no ``ml_dtypes``)."""
+    if code is None or code == "F32":
+        return values
+    if code == "BF16":
+        return floatbits.bf16_bits(values)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return values.astype(dtypes.from_st_code(code).numpy)  # F16: a numpy builtin
 
 
 def _scale_f32(scale: np.ndarray) -> np.ndarray:
-    """Block scales as float32 (E8M0 / U8 exponent bytes as ``2 ** (b - 127)``, exact)."""
+    """Block scales as float32 (E8M0 / U8 exponent bytes as ``2 ** (b - 127)``, BF16's bits (uint16) widened;
+    exact)."""
+    if scale.dtype == np.uint16:  # BF16 scales read as their carrier: float32's top half
+        return (scale.astype(np.uint32) << np.uint32(16)).view(np.float32)
     if scale.dtype == np.uint8 or scale.dtype.itemsize == 1:
         raw = scale.view(np.uint8)
         with np.errstate(over="ignore"):  # byte 255 (2 ** 128) is E8M0's NaN: made NaN below
@@ -115,11 +137,12 @@ def _scale_f32(scale: np.ndarray) -> np.ndarray:
     return scale.astype(np.float32)
 
 
-def _overflows(made: np.ndarray, exact: np.ndarray) -> bool:
-    """Whether rounding ``exact`` (float32) to ``made`` turned a finite value into an infinity."""
-    if made.dtype == exact.dtype:
+def _overflows(made: np.ndarray, exact: np.ndarray, code: str | None) -> bool:
+    """Whether rounding ``exact`` (float32) to ``made`` (the carrier of ``code``) turned a finite value infinite."""
+    if code is None or code == "F32":
         return False
-    return bool((np.isinf(made.astype(np.float32)) & np.isfinite(exact)).any())
+    infinite = (made & np.uint16(0x7FFF)) == np.uint16(0x7F80) if code == "BF16" else np.isinf(made)
+    return bool((infinite & np.isfinite(exact)).any())
 
 
 def _bounds(box: Box, shape: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -132,21 +155,38 @@ def _bounds(box: Box, shape: tuple[int, ...]) -> list[tuple[int, int]]:
 
 
 class Dequantized:
-    """One dequantized tensor, computed box by box from its stored pair (float32 boxes)."""
+    """One dequantized tensor, computed box by box from its stored pair (boxes in the target's carrier:
+    bf16's bits as uint16, so no ``ml_dtypes``).
 
-    def __init__(self, source: QuantizedSource, values: np.ndarray, scale: np.ndarray, shape: tuple[int, ...]) -> None:
+    ``values`` / ``scale``: the stored arrays as their carriers (F8 bytes as uint8, BF16 scales as uint16);
+    ``code``: the values' safetensors dtype (``F8_E4M3``, ``F8_E5M2``; ``U8`` for MXFP4 blocks).
+    """
+
+    def __init__(
+        self, source: QuantizedSource, values: np.ndarray, scale: np.ndarray, shape: tuple[int, ...], code: str
+    ) -> None:
         self.source = source
         self.values = values
         self.scale = scale
         self.shape = shape
         self.ndim = len(shape)
-        self.dtype = np.dtype(np.float32)
+        self.source_code = code
+        self.dtype = carrier(source.target)
 
     def __getitem__(self, box: Box) -> np.ndarray:
         bounds = _bounds(box if isinstance(box, tuple) else (box,), self.shape)
-        if self.source.kind == FP8_BLOCK:
-            return self._fp8(bounds)
-        return self._mxfp4(bounds)
+        out = self._fp8(bounds) if self.source.kind == FP8_BLOCK else self._mxfp4(bounds)
+        if out.dtype == self.dtype:
+            return out
+        made = _to_target(out, self.source.target)  # the float32 path: rounded once, here
+        if _overflows(made, out, self.source.target):
+            target = dtypes.from_st_code(str(self.source.target))
+            largest = float(np.max(np.abs(out[np.isfinite(out)]), initial=0.0))
+            raise UsageError(
+                f"{self.source.name}: --dequantize to {target.ms_name} overflows: largest magnitude {largest:.6g}, "
+                f"{target.ms_name} holds at most {dtypes.largest_finite(target):.6g} (choose bf16 or fp32)"
+            )
+        return made
 
     def reshape(self, view: Sequence[int]) -> Viewed:
         return Viewed(self, tuple(view))
@@ -189,26 +229,22 @@ class Dequantized:
         j0, j1 = c0 // b1, -(-c1 // b1)
         if (j1 - j0) * 256 > 1 << 16:  # indexes must fit 16 bits: very wide tensors take the float32 path
             return None
-        target = dtypes.from_st_code(str(self.source.target)).numpy
+        code = self.source.target
         table = _fp8_table(self.source_code)
         offsets = ((np.arange(c0, c1) // b1 - j0) * 256).astype(np.uint16)
-        out = np.empty((r1 - r0, c1 - c0), dtype=target)
+        out = np.empty((r1 - r0, c1 - c0), dtype=self.dtype)
         for i in range(r0 // b0, -(-r1 // b0)):
             lo, hi = max(r0, i * b0), min(r1, (i + 1) * b0)
             scale = _scale_f32(self.scale[i, j0:j1])
             with np.errstate(over="ignore", invalid="ignore"):
                 products = table[None, :] * scale[:, None]
-                tables = products.astype(target)
-            if _overflows(tables, products):
+            tables = _to_target(products, code)
+            if _overflows(tables, products, code):
                 return None  # the float32 path copies it, and the cast there names the tensor
             stored = self.values[lo:hi, c0:c1].view(np.uint8)
             # mode="clip" (every index is in range): no bounds-checking buffer, straight into ``out``
             np.take(tables.reshape(-1), stored + offsets, out=out[lo - r0 : hi - r0], mode="clip")
         return out
-
-    @functools.cached_property
-    def source_code(self) -> str:
-        return str(dtypes.from_numpy(self.values.dtype).st_code)
 
     def _mxfp4(self, bounds: list[tuple[int, int]]) -> np.ndarray:
         (e0, e1), (k0, k1), (r0, r1) = bounds
@@ -256,8 +292,6 @@ class Quantized:
         memo: ScaleMemo | None = None,
         release: Callable[[], None] | None = None,
     ) -> None:
-        import ml_dtypes
-
         self.source = source
         self.weight = weight
         self.scales = scales
@@ -268,7 +302,7 @@ class Quantized:
         self.grid = (-(-rows // b0), -(-cols // b1))
         self.shape = self.grid if scales else (rows, cols)
         self.ndim = 2
-        self.dtype = np.dtype(np.float32) if scales else np.dtype(ml_dtypes.float8_e4m3fn)
+        self.dtype = np.dtype(np.float32) if scales else np.dtype(np.uint8)  # F8_E4M3 as its carrier
 
     def reshape(self, view: Sequence[int]) -> Viewed:
         raise UsageError(f"{self.source.weight}: --quantize cannot be combined with a model map that reshapes it")
@@ -289,35 +323,82 @@ class Quantized:
         return np.concatenate(parts) if parts else np.empty((0, c1 - c0), dtype=np.float32)
 
     def _blocks(self, i0: int, i1: int, j0: int, j1: int) -> tuple[np.ndarray, np.ndarray]:
-        """Values (F8_E4M3, padded to whole blocks) and scales (F32) of block rows i0:i1, columns j0:j1."""
-        import ml_dtypes
+        """Values (F8_E4M3, padded to whole blocks) and scales (F32) of block rows i0:i1, columns j0:j1.
 
+        Computed a band of block rows at a time (``BAND_ELEMENTS``): each band's float32 copy, maximum,
+        division and cast run while it is in the CPU's cache, about 15% faster than whole row blocks.
+        The scales alone of a bf16 weight (the pass that runs first, handing them to the values' pass
+        through ``memo``) are maxima of its bits: no float32 copy at all.
+        """
         b0, b1 = self.source.block
-        rows, cols = self.weight.shape
-        r1, c1 = min(i1 * b0, rows), min(j1 * b1, cols)
         whole_rows = (j0, j1) == (0, self.grid[1])  # whole scale rows: shared with the other pass (``memo``)
         kept = self.memo.take(self.source.weight, self.scales, range(i0, i1)) if whole_rows else None
         if kept is not None and self.scales:
-            return np.empty((0, 0), dtype=np.float32), kept
-        shape = ((i1 - i0) * b0, (j1 - j0) * b1)
-        edge = shape != (r1 - i0 * b0, c1 - j0 * b1)
-        padded = np.zeros(shape, dtype=np.float32) if edge else np.empty(shape, dtype=np.float32)
-        padded[: r1 - i0 * b0, : c1 - j0 * b1] = self.weight[i0 * b0 : r1, j0 * b1 : c1]
+            return np.empty((0, 0), dtype=np.uint8), kept
+        values = np.empty(((i1 - i0) * b0, (j1 - j0) * b1), dtype=np.uint8) if not self.scales else None
+        step = max(1, BAND_ELEMENTS // ((j1 - j0) * b0 * b1))  # block rows a band
+        band = np.empty((min(step, i1 - i0) * b0, (j1 - j0) * b1), dtype=np.float32)
+        scales = []
+        for k0 in range(i0, i1, step):
+            k1 = min(i1, k0 + step)
+            amax = self._bf16_amax(k0, k1, j0, j1) if values is None else None
+            if amax is not None:  # the scales alone, of a bf16 weight: on its bits, no float32 copy
+                scales.append(self._scale_of(amax, k0, j0))
+                continue
+            padded = self._floats(band[: (k1 - k0) * b0], k0, k1, j0, j1)
+            grid = padded.reshape(k1 - k0, b0, j1 - j0, b1)
+            scale = kept[k0 - i0 : k1 - i0] if kept is not None else self._scale_of(_block_amax(grid), k0, j0)
+            scales.append(scale)
+            if values is not None:
+                grid /= scale[:, None, :, None]
+                if scale.size and scale.min() < _SAFE_SCALE:  # else |w| / scale <= 448 (1 + 2 ** -22): no clip needed
+                    np.clip(padded, -dtypes.FP8_E4M3_LARGEST, dtypes.FP8_E4M3_LARGEST, out=padded)
+                floatbits.e4m3_bytes(padded, values[(k0 - i0) * b0 : (k1 - i0) * b0])
         if self.release is not None:
-            self.release()  # the rows are in ``padded`` now
-        grid = padded.reshape(i1 - i0, b0, j1 - j0, b1)
-        scale = kept if kept is not None else self._scale_of(grid, i0, j0)
+            self.release()  # the rows are computed now
+        scale = np.concatenate(scales)
         if whole_rows and kept is None:
             self.memo.keep(self.source.weight, self.scales, i0, scale)
-        if self.scales:
-            return padded, scale
-        grid /= scale[:, None, :, None]
-        np.clip(padded, -dtypes.FP8_E4M3_LARGEST, dtypes.FP8_E4M3_LARGEST, out=padded)
-        return padded.astype(ml_dtypes.float8_e4m3fn), scale
+        if values is None:
+            return np.empty((0, 0), dtype=np.uint8), scale
+        return values, scale
 
-    def _scale_of(self, grid: np.ndarray, i0: int, j0: int) -> np.ndarray:
-        """DeepSeek's scale of each block of ``grid`` ``[rows, b0, cols, b1]`` (refusing NaN or infinity)."""
-        amax = np.abs(grid).max(axis=(1, 3))
+    def _floats(self, band: np.ndarray, k0: int, k1: int, j0: int, j1: int) -> np.ndarray:
+        """``band`` holding the weight's block rows k0:k1, columns j0:j1 as float32 (zeros past its edges)."""
+        b0, b1 = self.source.block
+        rows, cols = self.weight.shape
+        r0, r1, c0, c1 = k0 * b0, min(k1 * b0, rows), j0 * b1, min(j1 * b1, cols)
+        if band.shape != (r1 - r0, c1 - c0):  # a partial block at the tensor's edge
+            band[...] = 0
+        stored = self.weight[r0:r1, c0:c1]
+        inside = band[: r1 - r0, : c1 - c0]
+        if stored.dtype == np.uint16 or stored.dtype.name == "bfloat16":  # bf16 (or its carrier): float32's top half
+            np.left_shift(stored.view(np.uint16), np.uint32(16), out=inside.view(np.uint32), dtype=np.uint32)
+        else:
+            inside[...] = stored
+        return band
+
+    def _bf16_amax(self, k0: int, k1: int, j0: int, j1: int) -> np.ndarray | None:
+        """``max(|w|)`` (float32) of each block of block rows k0:k1, columns j0:j1, on a bf16 weight's bits
+        (non-negative bf16 order as their bits, and widen to float32 exactly); None for another dtype."""
+        b0, b1 = self.source.block
+        rows, cols = self.weight.shape
+        r0, r1, c0, c1 = k0 * b0, min(k1 * b0, rows), j0 * b1, min(j1 * b1, cols)
+        stored = self.weight[r0:r1, c0:c1]
+        if not (stored.dtype == np.uint16 or stored.dtype.name == "bfloat16"):
+            return None
+        magnitude = np.bitwise_and(stored.view(np.uint16), np.uint16(0x7FFF))
+        whole = ((k1 - k0) * b0, (j1 - j0) * b1)
+        if magnitude.shape != whole:  # a partial block at the tensor's edge: zeros past it
+            padded = np.zeros(whole, dtype=np.uint16)
+            padded[: r1 - r0, : c1 - c0] = magnitude
+            magnitude = padded
+        tall = np.maximum.reduce(magnitude.reshape(k1 - k0, b0, whole[1]), axis=1)
+        top = tall.reshape(k1 - k0, j1 - j0, b1).max(axis=2)
+        return (top.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+    def _scale_of(self, amax: np.ndarray, i0: int, j0: int) -> np.ndarray:
+        """DeepSeek's scale of each block from its ``amax`` (refusing NaN or infinity)."""
         if not np.isfinite(amax).all():
             i, j = (int(k) for k in np.argwhere(~np.isfinite(amax))[0])
             raise UsageError(
@@ -327,6 +408,19 @@ class Quantized:
         scale = amax / np.float32(dtypes.FP8_E4M3_LARGEST)
         scale[amax == 0] = 1.0
         return scale
+
+
+def _block_amax(grid: np.ndarray) -> np.ndarray:
+    """``max(|x|)`` of each block of float32 ``grid`` ``[rows, b0, cols, b1]``, as float32 (NaN stays NaN).
+
+    On the values' bits with the sign cleared (non-negative floats order as their bits do): rows of
+    each block first (whole contiguous rows at a time), then the columns of what is left, 5x
+    ``np.abs(grid).max(axis=(1, 3))``.
+    """
+    rows, b0, cols, b1 = grid.shape
+    magnitude = np.bitwise_and(grid.view(np.uint32), np.uint32(0x7FFFFFFF))
+    tall = np.maximum.reduce(magnitude.reshape(rows, b0, cols * b1), axis=1)
+    return tall.reshape(rows, cols, b1).max(axis=2).view(np.float32)
 
 
 class ScaleMemo:
@@ -380,7 +474,7 @@ class Viewed:
         bounds = _bounds(box if isinstance(box, tuple) else (box,), self.shape)
         lengths = [b - a for a, b in bounds]
         if 0 in lengths:
-            return np.zeros(lengths, dtype=np.float32)
+            return np.zeros(lengths, dtype=self.dtype)
         grids = np.ix_(*(np.arange(a, b) for a, b in bounds))
         flat = np.ravel_multi_index(grids, self.shape)
         row = int(np.prod(self.base.shape[1:], dtype=np.int64))
@@ -396,8 +490,8 @@ class QuantizedIndex(TensorIndex):
     made: dict[str, Callable[[], Any]] = field(default_factory=dict)
 
     def array(self, name: str) -> np.ndarray:
-        if name in self.made:
-            out: np.ndarray = self.made[name]()  # a Dequantized: sliced like an array by copy_boxes
+        if name in self.made:  # a Dequantized / Quantized seen as numbers, sliced like an array by copy_boxes
+            out: np.ndarray = AsNumbers(self.made[name]())  # type: ignore[assignment]
             return out
         return super().array(name)
 
@@ -470,10 +564,11 @@ def _dequantized(
     shape: tuple[int, ...],
     memo: ScaleMemo | None = None,
 ) -> Dequantized | Quantized:
-    if q.kind in (QUANTIZE, QUANTIZE_SCALE):
+    if q.kind in (QUANTIZE, QUANTIZE_SCALE):  # the weight as its carrier: bf16's bits (uint16), widened exactly
         release = functools.partial(_release, index, q.weight)
-        return Quantized(q, index.array(q.weight), q.kind == QUANTIZE_SCALE, memo, release)
-    return Dequantized(q, index.array(q.weight), scale_index(q.scale_path).array(q.scale), shape)
+        return Quantized(q, index.items(q.weight), q.kind == QUANTIZE_SCALE, memo, release)
+    code = str(index.entries[q.weight].dtype.st_code)
+    return Dequantized(q, index.items(q.weight), scale_index(q.scale_path).items(q.scale), shape, code)
 
 
 def _release(index: TensorIndex, name: str) -> None:
@@ -523,6 +618,58 @@ def _assembled(q: QuantizedSource, index_of: Callable[[str], TensorIndex], memo:
     return Quantized(q, Assembled(q.assembled, source_array), q.kind == QUANTIZE_SCALE, memo, release)
 
 
+Computed = Dequantized | Quantized | Viewed
+
+
+def _numeric_code(a: Computed) -> str:
+    """The safetensors dtype whose bits a computed tensor's boxes hold."""
+    if isinstance(a, Viewed):
+        return _numeric_code(a.base)
+    if isinstance(a, Quantized):
+        return "F32" if a.scales else "F8_E4M3"
+    return str(a.source.target) if a.source.target is not None else "F32"
+
+
+class AsNumbers:
+    """A computed tensor whose boxes (its carrier's bits) are viewed as the numbers they are, for a staging
+    buffer of numbers (an output that also reads stored tensors, or is cast afterwards)."""
+
+    def __init__(self, base: Computed | AsNumbers) -> None:
+        self.base = base
+        self.shape: tuple[int, ...] = tuple(base.shape)
+        self.ndim: int = base.ndim
+        self.code: str = base.code if isinstance(base, AsNumbers) else _numeric_code(base)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The numbers' dtype (bf16 / F8 import ``ml_dtypes``: asked only when they are read as numbers)."""
+        return np.dtype(dtypes.from_st_code(self.code).numpy)
+
+    def reshape(self, view: Sequence[int]) -> AsNumbers:
+        return AsNumbers(self.base.reshape(view))
+
+    def __getitem__(self, box: Box) -> np.ndarray:
+        return self.base[box].view(self.dtype)
+
+
+def staging(t: TensorPlan, read: SourceArray) -> tuple[np.dtype, SourceArray]:
+    """The staging dtype of ``t``, whose copies read computed tensors, and how to read its sources.
+
+    Every copy computed in ``t``'s own dtype: boxes are bits copied into a staging of ``t``'s carrier (bf16 as
+    uint16), so a ``--dequantize`` / ``--quantize`` run never needs ``ml_dtypes``. Otherwise (stored tensors
+    beside them, a cast afterwards) the staging holds numbers and computed boxes are viewed as theirs.
+    """
+    opened = [read(c.source, c.tensor) for c in t.copies]
+    own = np.dtype(t.dtype.carrier)
+    if all(isinstance(a, AsNumbers) and a.base.dtype == own and a.code == t.dtype.st_code for a in opened):
+
+        def bits(source: int, tensor: str) -> Any:
+            return read(source, tensor).base
+
+        return own, bits
+    return np.dtype(t.dtype.numpy), read
+
+
 def row_block_bytes(kinds: set[str], budget: int) -> int:
     """The row block (output bytes) of a tensor read through these kinds, out of a worker's ``budget``.
 
@@ -547,7 +694,7 @@ def check_scales(plan: Plan, opener: Opener) -> None:
                 continue
             if q.scale_path not in opened:
                 opened[q.scale_path] = opener(q.scale_path)
-            scale = _scale_f32(opened[q.scale_path].array(q.scale))
+            scale = _scale_f32(opened[q.scale_path].items(q.scale))
             bad = ~np.isfinite(scale)
             if bad.any():
                 first = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -562,6 +709,7 @@ def check_scales(plan: Plan, opener: Opener) -> None:
 
 __all__ = [
     "EXPANSION",
+    "AsNumbers",
     "Assembled",
     "Dequantized",
     "Quantized",
@@ -570,5 +718,6 @@ __all__ = [
     "Viewed",
     "check_scales",
     "row_block_bytes",
+    "staging",
     "wrapped_opener",
 ]

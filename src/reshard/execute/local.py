@@ -272,8 +272,6 @@ def _fill_tensor(
         budget = dequant.row_block_bytes(made, budget)  # float32 temporaries beside the staging
 
     arrays: dict[tuple[int, str], np.ndarray] = {}  # each source tensor's view made once, not per block
-    # A byte move copies items as their carrier (bf16 as uint16: no ml_dtypes); a cast needs the numbers.
-    element = t.dtype.numpy if cast else t.dtype.carrier
 
     def source_array(source: int, tensor: str) -> np.ndarray:
         key = (source, tensor)
@@ -282,12 +280,19 @@ def _fill_tensor(
             arrays[key] = index.array(tensor) if cast else index.items(tensor)
         return arrays[key]
 
+    # A byte move copies items as their carrier (bf16 as uint16: no ml_dtypes); a cast needs the numbers;
+    # computed tensors come as their target's carrier (``dequant.staging``).
+    if made:
+        element, read = dequant.staging(t, source_array)
+    else:
+        element, read = (t.dtype.numpy if cast else t.dtype.carrier), source_array
+
     blocks = list(_row_blocks(t, budget))
     for r0, r1 in blocks:
         interrupts.check()  # a large strided tensor: a deferred signal waits at most one block
         block_shape = (r1 - r0, *t.shape[1:]) if t.shape else ()
         staging = _staging(math.prod(block_shape) * t.dtype.itemsize).view(element).reshape(block_shape)
-        assemble.copy_boxes(staging, t, r0, source_array)
+        assemble.copy_boxes(staging, t, r0, read)
         _write_at(out.fd, segments, r0 * row_bytes, staging.reshape(-1).view(np.uint8).data)
         if len(blocks) > 1:  # the next block reads other source rows: drop this block's pages now
             _release_row_sources(t, sources, plan)

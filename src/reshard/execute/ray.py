@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from reshard.errors import ReshardError, UsageError
-from reshard.execute import local
+from reshard.errors import ReshardError, UnsupportedError, UsageError
+from reshard.execute import dequant, local
 from reshard.execute.digest import hash_pool
 from reshard.execute.options import DEFAULT_IN_FLIGHT, RayOptions, RunOptions, WriteOptions
 from reshard.execute.ray_nodes import NodeRun, plan_from_nodes, run_plan_nodes
@@ -53,6 +53,7 @@ from reshard.execute.ray_nodes import cancel_refs as _cancel
 from reshard.execute.ray_nodes import task_error as _task_error
 from reshard.formats import base
 from reshard.plan import FilePlan, Plan
+from reshard.plan.model import QuantizedSource
 from reshard.plan.validate import validate_plan
 from reshard.sources import ReadOptions, open_checkpoint
 from reshard.text import first_line
@@ -127,8 +128,36 @@ def _groups(files: Sequence[FilePlan], max_tasks: int | None) -> list[list[FileP
 
 
 def _needed(plan: Plan, files: Sequence[FilePlan]) -> list[int]:
-    """Indices into ``plan.sources`` of the files the copies of ``files`` read."""
-    return sorted({c.source for f in files for t in f.tensors for c in t.copies})
+    """Indices into ``plan.sources`` of the files the copies of ``files`` read (and, for a tensor computed
+    while copying, the files of its block scale or its planned weight: ``_with_quantized_sources``)."""
+    read = {c.source for f in files for t in f.tensors for c in t.copies}
+    named = {(plan.sources[c.source], c.tensor) for f in files for t in f.tensors for c in t.copies}
+    index = {p: i for i, p in enumerate(plan.sources)}
+    for q in plan.quantized:
+        if (q.path, q.name) in named:
+            read.update(index[p] for p in (q.path, q.scale_path, *q.assembled_sources))
+    return sorted(read)
+
+
+def _with_quantized_sources(plan: Plan) -> Plan:
+    """``plan`` whose ``sources`` also list every file its computed tensors read (a scale in another
+    Hugging Face shard, say), so a task without a shared disk is sent them."""
+    extra = [p for q in plan.quantized for p in (q.path, q.scale_path, *q.assembled_sources)]
+    missing = tuple(dict.fromkeys(p for p in extra if p not in plan.sources))
+    return replace(plan, sources=plan.sources + missing) if missing else plan
+
+
+def _remapped(quantized: tuple[QuantizedSource, ...], paths: dict[str, str]) -> tuple[QuantizedSource, ...]:
+    """The computed tensors' records with their files at a task's node-local copies."""
+    return tuple(
+        replace(
+            q,
+            path=paths.get(q.path, q.path),
+            scale_path=paths.get(q.scale_path, q.scale_path),
+            assembled_sources=tuple(paths.get(p, p) for p in q.assembled_sources),
+        )
+        for q in quantized
+    )
 
 
 def _open(read: ReadOptions | None) -> local.Opener:
@@ -146,15 +175,18 @@ def _task(
     run: RunOptions,
     budget: int,
     needed: list[int],
+    quantized: tuple[QuantizedSource, ...],
     *blobs: np.ndarray,
 ) -> TaskResult:
     """One Ray task: write ``files``; with ``blobs`` (no shared disk) work in a node-local folder.
 
-    Each file is hashed on the node while it is written (``run.hash_outputs``), so the driver does
-    not read the outputs back for the manifest.
+    ``quantized``: the plan's tensors computed while copying (``--dequantize``/``--quantize``), read
+    through ``dequant.wrapped_opener`` as the local executor reads them. Each file is hashed on the
+    node while it is written (``run.hash_outputs``), so the driver does not read the outputs back for
+    the manifest.
     """
     if not blobs:
-        return _run_files(Plan("ray", sources, tuple(files)), read, write, run, budget), None
+        return _run_files(Plan("ray", sources, tuple(files), quantized=quantized), read, write, run, budget), None
     with tempfile.TemporaryDirectory(prefix=TEMP_PREFIX) as tmp:
         remapped = list(sources)
         for i, blob in zip(needed, blobs, strict=True):
@@ -165,14 +197,15 @@ def _task(
             replace(f, path=os.path.join(tmp, f"out{k}-{os.path.basename(f.path)}"), tensors=tuple(f.tensors))
             for k, f in enumerate(files)
         ]
-        digests = _run_files(Plan("ray", tuple(remapped), tuple(outs)), read, write, run, budget)
+        moved = _remapped(quantized, {sources[i]: remapped[i] for i in needed})
+        digests = _run_files(Plan("ray", tuple(remapped), tuple(outs), quantized=moved), read, write, run, budget)
         return digests, [np.fromfile(f.path, dtype=np.uint8) for f in outs]
 
 
 def _run_files(
     plan: Plan, read: ReadOptions | None, write: WriteOptions, run: RunOptions, budget: int
 ) -> list[str | None]:
-    cache = local.SourceCache(_open(read))
+    cache = local.SourceCache(dequant.wrapped_opener(plan, _open(read)))
     try:
         validate_plan(plan, lambda i, name: cache.shape(plan.sources[i], name))  # source bounds, on the node
         with contextlib.ExitStack() as stack:
@@ -224,6 +257,14 @@ def run_plan_ray(
     with the schedule before any byte moves and with the bytes each node received at the end.
     """
     write, run = write or WriteOptions(), run or RunOptions()
+    if plan.quantized:
+        if placement is not None:
+            raise UnsupportedError(
+                "--dequantize/--quantize on Ray with the sources on the nodes' own disks (a placement) is not "
+                "supported: use a shared disk, shared_disk=False, or the local executor"
+            )
+        dequant.check_scales(plan, _open(read))  # a NaN or infinite scale: refused before any task starts
+        plan = _with_quantized_sources(plan)
     if placement is not None:
         if run.on_start is not None:
             run.on_start(sum(f.nbytes for f in plan.files))
@@ -275,7 +316,8 @@ def _drive(
                     if i not in refs:
                         refs[i] = _put_source(ray, plan.sources[i])
                 blobs = [refs[i] for i in needs[nxt]]
-                ref = remote.remote(plan.sources, groups[nxt], read, write, shipped, budget, needs[nxt], *blobs)
+                args = (plan.sources, groups[nxt], read, write, shipped, budget, needs[nxt], plan.quantized)
+                ref = remote.remote(*args, *blobs)
                 pending[ref] = nxt
                 nxt += 1
             [done], _ = ray.wait(list(pending), num_returns=1)

@@ -4,18 +4,27 @@ A job spread over nodes has each node write its own destination ranks; ``needed_
 source ranks' files one destination rank reads (MindSpore's ``rank_list_for_transform``), and
 ``transform_by_rank`` writes that rank's file from exactly those. It runs through the one run path
 with a single output file as its target, checked against every path it reads.
+
+Block-scaled pairs (an FP8 ``X.weight`` beside its ``X.weight_scale_inv``) are laid out as the whole
+transform lays them out (``TensorPipeline.paired``): each scale takes its weight's layout counted in
+blocks on both strategies, so one rank's scale is sliced by the same blocks as its weight, and a cut
+off the block grid is refused before anything is written.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from typing import cast
 
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats.strategy import StrategyFile
 from reshard.ops.options import Destination
 from reshard.ops.run import Report, Target, run_plan, strategy_paths
-from reshard.ops.tensors import check_copies
+from reshard.ops.tensors import Inputs, TensorPipeline, check_copies
 from reshard.plan import plan_transform_by_rank
+from reshard.plan.model import SourceFile
+from reshard.plan.quantized import quantized_names
 from reshard.sources import ReadOptions, source_file
 from reshard.sources import strategy as _strategy
 
@@ -71,11 +80,28 @@ def transform_by_rank(
         api.transform_by_rank(0, files, "out/checkpoint_0.ckpt", "demo/strategy_8", "demo/strategy_4")
     """
     sources = {int(r): source_file(p, int(r), read) for r, p in files_map.items()}
-    src_sf = _strategy(src_strategy)
-    plan = plan_transform_by_rank(rank, sources, out_file, src_sf, _strategy(dst_strategy))
+    src_sf, dst_sf = _strategy(src_strategy), _strategy(dst_strategy)
+    if quantized_names(list(sources.values())):
+        src_sf, dst_sf = _paired(sources, src_sf, dst_sf, next(iter(files_map.values())))
+    plan = plan_transform_by_rank(rank, sources, out_file, src_sf, dst_sf)
     check_copies(sources, src_sf, read)
     reads = [*files_map.values(), *strategy_paths(src_strategy, dst_strategy)]
     return run_plan(plan, Target(None, reads, output_file=out_file), destination, read, write, run, [])
+
+
+def _paired(
+    sources: Mapping[int, SourceFile], src: StrategyFile | None, dst: StrategyFile | None, a_source: str
+) -> tuple[StrategyFile | None, StrategyFile | None]:
+    """Both strategies with each FP8 block scale laid out as its weight (the block size: config.json
+    beside the source files, else what their slices show).
+
+    Raises:
+        UsageError: A cut off the block grid, a block size unknown for a cut weight, a scale laid out apart.
+    """
+    pipeline = TensorPipeline(None, os.path.dirname(os.path.abspath(a_source)))
+    inputs = pipeline.apply(Inputs(dict(sources), table=src), [])
+    paired_src = cast("StrategyFile | None", inputs.table)
+    return paired_src, pipeline.paired_destination(dst, inputs, [])
 
 
 def needed_ranks(

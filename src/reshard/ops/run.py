@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from reshard import destination as _destination
 from reshard import manifest as _manifest
-from reshard.errors import UnsupportedError, UsageError
+from reshard.errors import UsageError
 from reshard.execute.options import RayOptions, RunOptions, WriteOptions
 from reshard.formats.strategy import StrategyFile
 from reshard.naming import NameReport
@@ -180,8 +180,6 @@ def execute(
         # imported here: a local run loads neither the Ray executor nor Ray (about 0.1 s of start-up)
         from reshard.execute import ray as ray_executor
 
-        if plan.quantized:
-            raise UnsupportedError("--dequantize runs on the local executor only (not on Ray yet)")
         run = run or RayOptions()
         if getattr(run, "shared_disk", True):  # without one, each node writes to its own disk: this one cannot say
             _destination.check_free_space(plan, root or _manifest.common_root(plan), resume)

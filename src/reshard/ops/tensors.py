@@ -19,12 +19,14 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar, cast
 
 from reshard import statenames
-from reshard.errors import UsageError
+from reshard.errors import UnsupportedError, UsageError
 from reshard.layout import LayoutTable
 from reshard.naming import NameReport
+from reshard.ops.chunked import VIRTUAL
 from reshard.ops.options import TensorOptions
-from reshard.plan import Plan, SourceFile
+from reshard.plan import Plan, SourceFile, SourceTensor
 from reshard.plan.cast import cast_files, cast_rule
+from reshard.plan.dcp import Chunking
 from reshard.plan.quantized import (
     Dequantizer,
     Pair,
@@ -34,6 +36,8 @@ from reshard.plan.quantized import (
     paired_layouts,
     sharded_pairs,
 )
+from reshard.plan.quantized_dcp import check_even_rows
+from reshard.plan.quantized_map import check_mapped_pairs
 from reshard.plan.surgery import MAPPED_SOURCE, MappedModel, NameRun
 from reshard.sources import ReadOptions, model_folder, open_checkpoint
 
@@ -74,6 +78,7 @@ class TensorPipeline:
         self.cast = cast_rule(tensors.dtype, tensors.dtype_all, optimizer_prefixes)
         self.dequantizer = _dequantizer(tensors.precision, src)
         self.precision, self.src = tensors.precision, src
+        self.stored_pairs: dict[str, str] = {}  # each block-scaled pair the sources hold: weight -> scale
 
     @property
     def report(self) -> NameReport | None:
@@ -97,15 +102,25 @@ class TensorPipeline:
         Raises:
             UsageError: A filter that matches nothing, a NaN-free cast that overflows, a map for
                 another model family, a model config the shapes contradict.
+            UnsupportedError: ``--dequantize`` / ``--quantize`` of a PyTorch DCP source (its virtual model).
         """
         if inputs.mapping is None:
             narrowed, stored = self.naming.narrow(inputs.files), inputs.table
+            if self.naming.model_map is not None:  # what ``finish`` checks the map kept together
+                self._note_pairs({n: t for sf in narrowed.values() for n, t in sf.tensors.items()})
             table = self.paired(stored, sharded_pairs(narrowed, stored), "source", notes, narrowed, stored)
             files = self.dequantizer.ranks(narrowed, table) if self.dequantizer is not None else narrowed
             out = Inputs(cast_files(files, self.cast, notes), table=table, narrowed=narrowed, stored=stored)
             out.model = self.naming.mapped_file(out.files) if whole else None
         else:
+            if self.dequantizer is not None and VIRTUAL in inputs.files:
+                raise UnsupportedError(
+                    "--dequantize and --quantize of a PyTorch DCP checkpoint are not supported: write it as "
+                    "safetensors first (reshard transform SRC FULL --output-format safetensors), then run on FULL"
+                )
             files, mapping, hyper = self.naming.narrow_full(inputs.files, inputs.mapping, inputs.hyper)
+            if self.naming.model_map is not None:
+                self._note_pairs({n: files[f].tensors[n] for n, f in mapping.items()})
             if self.dequantizer is not None:
                 files, mapping = self.dequantizer.full(files, mapping)
             hyper = cast_files({0: hyper}, self.cast)[0] if hyper is not None else None
@@ -119,6 +134,9 @@ class TensorPipeline:
         elif out.model is not None:
             out.files, out.mapping = {MAPPED_SOURCE: out.model.source}, out.model.name_to_file
         return out
+
+    def _note_pairs(self, tensors: Mapping[str, SourceTensor]) -> None:
+        self.stored_pairs = {w: pair.scale for w, pair in full_pairs(tensors).items()}
 
     def paired(
         self,
@@ -140,6 +158,11 @@ class TensorPipeline:
         block = functools.partial(precision.pair_block, functools.partial(_config_beside, self.src), seen)
         # A StrategyFile stays one (dataclasses.replace); another table becomes a PairedTable of the same layouts.
         return cast("TableT | None", paired_layouts(table, pairs, block, side, notes))
+
+    def check_dcp_pairs(self, plan: Plan, how: Chunking) -> None:
+        """Refuse a ``--dcp-ranks`` cut of ``plan``'s FP8 pairs off their block grid (``plan.quantized_dcp``)."""
+        precision = self.precision or Precision()
+        check_even_rows(plan, how, functools.partial(precision.pair_block, functools.partial(_config_beside, self.src)))
 
     def paired_destination(self, table: TableT | None, inputs: Inputs, notes: list[str]) -> TableT | None:
         """The destination ``table`` with the pairs of ``inputs`` (as planned: after the map) laid out together."""
@@ -178,7 +201,11 @@ class TensorPipeline:
 
         Raises:
             UsageError: A NaN or infinite block scale (read now: planning refuses it, nothing is written).
+            UnsupportedError: A model map that renames a block-scaled pair's weight and its scale apart, or
+                joins, stacks, splits or transposes it (``plan.quantized_map``).
         """
+        if self.naming.model_map is not None and (self.precision is None or self.precision.dequantize is None):
+            check_mapped_pairs(plan, self.naming.model_map.name, self.stored_pairs)
         if self.dequantizer is None:
             return plan
         from reshard.execute import dequant

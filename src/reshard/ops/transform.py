@@ -250,7 +250,7 @@ def _plan_full(
     files, mapping = inputs.files, inputs.mapping or {}
     if job.cp2_out:
         job.plan_dst = _cp2.destination_table(job.dst_sf, list(mapping), job.rule, job.notes)
-    job.plan_dst = job.pipeline.paired_destination(job.plan_dst, inputs, job.notes)
+    _pair_destination(job, inputs)
     fmt = job.fmt or "safetensors"
     plan = inputs.resolve(plan_transform_full(files, mapping, job.plan_dst, job.dst, job.prefix, fmt, job.ranks))
     everyone = None
@@ -259,6 +259,14 @@ def _plan_full(
             job.ranks, lambda: plan_transform_full(files, mapping, job.plan_dst, job.dst, "", "safetensors")
         )
     return plan, None, everyone
+
+
+def _pair_destination(job: _Job, inputs: Inputs) -> None:
+    """The destination strategy with each FP8 scale laid out as its weight: the planned one, or (a DCP output,
+    planned whole and cut into chunks afterwards) the one the chunks are cut by."""
+    job.plan_dst = job.pipeline.paired_destination(job.plan_dst, inputs, job.notes)
+    if job.dcp_out:
+        job.dst_sf = job.pipeline.paired_destination(job.dst_sf, inputs, job.notes)
 
 
 def _plan_sharded(job: _Job, src_strategy: str | StrategyFile | None) -> tuple[Plan, StrategyFile | None, Plan | None]:
@@ -277,7 +285,7 @@ def _plan_sharded(job: _Job, src_strategy: str | StrategyFile | None) -> tuple[P
     if job.cp2_out:
         held = list(dict.fromkeys(n for f in sources.values() for n in f.tensors))
         job.plan_dst = _cp2.destination_table(job.dst_sf, held, job.rule, job.notes)
-    job.plan_dst = job.pipeline.paired_destination(job.plan_dst, inputs, job.notes)
+    _pair_destination(job, inputs)
     fmt = job.fmt or opened.fmt or "ckpt"
     plan = plan_transform(sources, src_sf, job.plan_dst, job.dst, job.prefix, fmt, job.ranks)
     check_copies(inputs.read or {}, src_sf, job.read)
@@ -308,6 +316,7 @@ def _finish(job: _Job, plan: Plan, src_sf: LayoutTable | None, everyone: Plan | 
     plan = job.pipeline.finish(plan, job.notes, job.read)
     if job.dcp_out:
         how = dcp_output.chunking(out, job.dst_sf, sharded=job.kind in (RANK_FOLDERS, CHECKPOINT2))
+        job.pipeline.check_dcp_pairs(plan, how)
         plan = dcp_output.as_dcp(plan, job.dst, how, job.notes, out, job.carried, job.chunks)
     return plan
 

@@ -1,0 +1,85 @@
+"""FP8 block pairs in a DCP output cut into even row parts (``--dcp-ranks N``): each data file's pair its own.
+
+A destination strategy lays every block scale out as its weight (``plan.quantized.paired_layouts``), and
+rank folders written as DCP keep the source's slices, so both give each data file the scale blocks of
+exactly its part of the weight. ``--dcp-ranks N`` is different: it cuts dim 0 of every tensor on its own,
+like ``torch.chunk``, so a 512-row weight in 3 parts is cut at rows 171 and 342 while its 4-row scale is
+cut after 2 block rows: the global tensors are right, but no file holds a pair a reader could use alone.
+
+``check_even_rows`` runs on the full plan before it is cut into chunks (nothing is written yet): every
+part of an FP8 weight must start on a multiple of the block's rows and its scale's part must be exactly
+the blocks of those rows; otherwise the run is refused in one line naming the tensor, the cut and the
+block. Stacked (3-D and more) pairs and MXFP4 pairs are cut along the same leading axis as their scales,
+so they always agree; ``--dequantize`` leaves no pair to cut.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from reshard import dtypes
+from reshard.errors import UsageError
+from reshard.layout import Box
+from reshard.plan.dcp import Chunking, EvenRows, placements
+from reshard.plan.model import Plan, TensorPlan
+from reshard.plan.quantized import SCALE_INV, Block
+
+
+def check_even_rows(full: Plan, how: Chunking, block: Callable[[], Block | None]) -> None:
+    """Refuse a ``--dcp-ranks`` cut that gives some data file a part of an FP8 weight without its blocks' scales.
+
+    ``full``: the plan of full tensors about to be re-cut (``plan.dcp.dcp_plan``); ``block``: the FP8
+    block size (asked only when a 2-D weight's rows are cut).
+
+    Raises:
+        UsageError: A cut off the block grid, or the block size unknown for a cut weight.
+    """
+    if not isinstance(how, EvenRows) or how.parts < 2:
+        return
+    tensors = {t.name: t for f in full.files for t in f.tensors}
+    for name, t in tensors.items():
+        scale = tensors.get(name + SCALE_INV)
+        if scale is None or t.dtype not in dtypes.FP8_WEIGHTS or len(t.shape) < 2:
+            continue
+        weights, scales = dict(placements(t, how, [0])), dict(placements(scale, how, [0]))
+        if len(t.shape) > 2 or len(weights) < 2:
+            continue  # stacked: the experts' axis is cut alike in both; one part: nothing cut
+        rows = _block_rows(name, how, block)
+        if scale.shape[0] != -(-t.shape[0] // rows):
+            raise UsageError(
+                f"{scale.name}: shape {list(scale.shape)} does not fit weight {name} {list(t.shape)} in "
+                f"{rows}-row blocks (expected {-(-t.shape[0] // rows)} rows)"
+            )
+        for rank, box in weights.items():
+            if scales.get(rank) != _blocks_of(name, t.shape[0], scale, box, rows, how, rank):
+                raise UsageError(
+                    f"{name}: --dcp-ranks {how.parts} cuts its block scale {scale.name} apart from it "
+                    f"(rank {rank}): give --dequantize or a --dst-strategy"
+                )
+
+
+def _block_rows(name: str, how: EvenRows, block: Callable[[], Block | None]) -> int:
+    rows = (block() or (None, None))[0]
+    if rows is None:
+        raise UsageError(
+            f"{name}: --dcp-ranks {how.parts} cuts this FP8 weight's rows, and its block size is unknown: "
+            "config.json has no quantization_config.weight_block_size (give --block-size, e.g. 128x128)"
+        )
+    return rows
+
+
+def _blocks_of(name: str, edge: int, scale: TensorPlan, box: Box, rows: int, how: EvenRows, rank: int) -> Box:
+    """The scale box holding the blocks of weight rows ``box`` (whole columns; the far ``edge`` may end a
+    partial block), or refused off the grid."""
+    (a, b), _ = box
+    for at in (a, b):
+        if at % rows and at != edge:
+            raise UsageError(
+                f"{name}: --dcp-ranks {how.parts} cuts it at row {at} (rank {rank}), not on a {rows}-row block "
+                f"boundary of its scale {scale.name}: give --dequantize (exact at any cut), a --dcp-ranks whose "
+                f"parts are multiples of {rows} rows, or a --dst-strategy"
+            )
+    return (a // rows, -(-b // rows)), (0, scale.shape[1])
+
+
+__all__ = ["check_even_rows"]
