@@ -13,7 +13,6 @@ import os
 
 import ml_dtypes
 import numpy as np
-import pytest
 
 from reshard.execute import floatbits
 
