@@ -332,11 +332,25 @@ def test_split_and_convert_write_a_run_folder(job: dict[str, str], tmp_path: Pat
         assert not (tmp_path / "o").exists()
 
 
-def test_unify_writes_no_dcp_and_says_so_in_one_line(job: dict[str, str], tmp_path: Path) -> None:
-    """unify's outputs are safetensors parts (or Hugging Face shards); a DCP or torch_dist checkpoint of the
-    full model is transform's (``--output-format dcp --dcp-ranks 1``)."""
-    for fmt in ("dcp", "torch_dist"):
-        proc = run_cli("unify", job["r8"], str(tmp_path / "o"), "--src-strategy", job["s8"], "--output-format", fmt)
-        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-        assert "unknown flag --output-format" in proc.stderr
-        assert not (tmp_path / "o").exists()
+def test_unify_writes_the_full_tensors_as_dcp_and_torch_dist(job: dict[str, str], tmp_path: Path) -> None:
+    """``unify --output-format dcp|torch_dist``: the full tensors (each whole, or dim 0 in ``--dcp-ranks`` data
+    files), as transform writes them with no destination strategy; the part packing has no DCP form."""
+    plain = tmp_path / "dcp"
+    proc = run_cli("unify", job["r8"], str(plain), "--src-strategy", job["s8"], "--output-format", "dcp")
+    assert proc.returncode == 0, proc.stderr
+    meta = dcp.read_dcp_metadata(str(plain))
+    assert meta.files == ("__0_0.distcp",) and all(len(t.chunks) == 1 for t in meta.tensors.values())
+    run = tmp_path / "run"
+    flags = ["--output-format", "torch_dist", "--dcp-ranks", "2", "--dst-iteration", "7"]
+    proc = run_cli("unify", job["r8"], str(run), "--src-strategy", job["s8"], *flags)
+    assert proc.returncode == 0, proc.stderr
+    assert (run / "latest_checkpointed_iteration.txt").read_text() == "7"
+    assert (run / "iter_0000007" / "metadata.json").is_file() and (run / "iter_0000007" / "common.pt").is_file()
+    for out in (plain, run):
+        check = run_cli("verify", job["full"], str(out))
+        assert check.returncode == 0 and "SAME" in check.stdout, check.stdout + check.stderr
+    proc = run_cli("unify", job["r8"], str(tmp_path / "o"), "--src-strategy", job["s8"], "--output-format", "dcp",
+                   "--split", "1/2")  # fmt: skip
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "--split" in proc.stderr and "a dcp output has none" in proc.stderr
+    assert not (tmp_path / "o").exists()

@@ -108,7 +108,7 @@ def _mxfp4_overflows(code: str, largest_byte: int) -> bool:
     return _overflows(made, _mxfp4_products()[: (largest_byte + 1) * 16], code)
 
 
-def carrier(code: str | None) -> np.dtype:
+def _carrier(code: str | None) -> np.dtype:
     """The dtype dequantized boxes come in: the target's carrier (bf16's bits as uint16; float32 without one)."""
     return np.dtype(np.float32) if code is None else np.dtype(dtypes.from_st_code(code).carrier)
 
@@ -171,7 +171,7 @@ class Dequantized:
         self.shape = shape
         self.ndim = len(shape)
         self.source_code = code
-        self.dtype = carrier(source.target)
+        self.dtype = _carrier(source.target)
 
     def __getitem__(self, box: Box) -> np.ndarray:
         bounds = _bounds(box if isinstance(box, tuple) else (box,), self.shape)

@@ -37,7 +37,7 @@ WRITES: dict[str, tuple[str, ...]] = {
     "transform": ("ckpt", "safetensors", "hf", "checkpoint2", "dcp", "torch_dist"),
     "split": ("safetensors", "ckpt", "dcp", "torch_dist"),
     "convert": ("ckpt", "safetensors", "hf", "dcp", "torch_dist"),
-    "unify": ("safetensors", "hf"),
+    "unify": ("safetensors", "hf", "dcp", "torch_dist"),
     "auto-transform": ("ckpt", "safetensors"),
 }
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import cast
 
 from reshard.errors import LayoutError, UsageError
@@ -18,10 +19,11 @@ from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats import rank_dirs
 from reshard.formats.strategy import StrategyFile
 from reshard.ops import checkpoint2 as _cp2
-from reshard.ops import chunked
+from reshard.ops import chunked, dcp_output
 from reshard.ops.options import WRITES, Destination, OutputSpec, TensorOptions, UnifyOptions, output_format, shard_bytes
 from reshard.ops.run import Report, Target, run_plan
 from reshard.ops.tensors import Inputs, TensorPipeline, check_copies, plan_tensors, training_state_note
+from reshard.ops.transform import transform  # the one planner of DCP outputs
 from reshard.plan import Plan, SourceFile, plan_unify, plan_unify_hf
 from reshard.sources import (
     CHECKPOINT2,
@@ -98,7 +100,9 @@ def unify(
         api.unify("demo/st_8ranks", "demo/strategy_8", "unified")
     """
     how = parts or UnifyOptions()
-    output_format(output, FORMATS, "unify")
+    if output_format(output, FORMATS, "unify") in dcp_output.FORMATS:
+        assert output is not None
+        return _as_dcp(src, strategy, dst, how, output, destination, tensors, read, write, run)
     notes: list[str] = []
     pipeline = TensorPipeline(tensors, src)
     shard_size = shard_bytes(output)
@@ -112,6 +116,31 @@ def unify(
     pipeline.check_config(plan_tensors(plan))
     plan = pipeline.finish(plan, notes, read)
     return run_plan(plan, Target(dst, [src]), destination, read, write, run, notes, pipeline.report)
+
+
+def _as_dcp(
+    src: str,
+    strategy: str | StrategyFile | None,
+    dst: str,
+    how: UnifyOptions,
+    output: OutputSpec,
+    destination: Destination | None,
+    tensors: TensorOptions | None,
+    read: ReadOptions | None,
+    write: WriteOptions | None,
+    run: RunOptions | None,
+) -> Report:
+    """The full tensors as a DCP (or torch_dist) checkpoint: the transform to no destination strategy,
+    each tensor whole, dim 0 cut in ``output.dcp_ranks`` data files (default 1). The part packing of
+    ``UnifyOptions`` has no DCP form and is refused, but ``file_suffix``, which picks the source files."""
+    if how.split_dst_file or how.choice_func is not None:
+        what = "split_dst_file (--split)" if how.split_dst_file else "choice_func"
+        raise UsageError(f"{what} packs safetensors parts: a {output.format} output has none")
+    if how.file_suffix is not None:
+        read = replace(read or ReadOptions(), file_suffix=how.file_suffix)
+    whole = replace(output, dcp_ranks=output.dcp_ranks or 1)
+    return transform(src, dst, strategy, None, output=whole, destination=destination, tensors=tensors, read=read,
+                     write=write, run=run)  # fmt: skip
 
 
 def _sharded_plan(

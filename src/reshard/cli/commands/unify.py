@@ -16,10 +16,17 @@ from reshard.cli.strategies import add_strategy, carries_layouts, source_strateg
 from reshard.cli.tensor_flags import TensorFlags, input_paths
 from reshard.cli.values import part_group
 from reshard.errors import UsageError
+from reshard.ops.options import format_choices
 
 NAME = "unify"
 READ = ReadFlags(None, src_format=False)
-OUTPUT = OutputFlags()
+OUTPUT = OutputFlags(
+    formats=format_choices(NAME),
+    format_help="what to write: safetensors parts (default), or the full tensors as a PyTorch DCP or "
+    "Megatron-core torch_dist checkpoint (--dcp-ranks data files, default 1)",
+    dcp_ranks=True,
+    iteration=True,
+)
 DESTINATION = DestinationFlags("replace the files this run writes in a non-empty destination")
 WRITE = WriteFlags(None)
 RUN = RunFlags()
@@ -60,9 +67,11 @@ def run(args: argparse.Namespace) -> None:
     read, write = READ.options(args), WRITE.options(args)
     destination = DESTINATION.options(args)
     run_options = RUN.options(args, destination.dry_run)
-    # an empty part group is refused before anything is written
+    output = OUTPUT.options(args)
+    # an empty part group is refused before anything is written (a DCP output has no parts: api.unify says so)
     if (
         split
+        and output.format not in ("dcp", "torch_dist")
         and not destination.dry_run
         and not calls.unify_groups(args.src, strategy, args.dst, split, read).plan.files
     ):
@@ -70,7 +79,6 @@ def run(args: argparse.Namespace) -> None:
             f"--split {split[0]}/{split[1]}: that part group is empty (this model fills fewer "
             f"than {split[1]} part files; use a smaller n)"
         )
-    output = OUTPUT.options(args)
     hf = output.format == "hf"
     tensors = TENSORS.build(
         args, input_paths(args.src, args.strategy), args.overwrite, hf, OUTPUT.keep_training_state(args)

@@ -591,6 +591,7 @@ def _fill_bytes(contents: Mapping[str, Any]) -> Callable[[int, ByteLayout], None
 __all__ = [
     "ChunkSpec",
     "DistcpLayout",
+    "archive_size",
     "bytes_name",
     "distcp_finish",
     "distcp_layout",
