@@ -198,7 +198,10 @@ def main() -> int:
         r8, s8, td = ms["ranks8"], ms["strategy8"], ms["torch_dist"]
         plans["ms-ranks-to-dcp"] = ([r8], ["transform", r8, "--src-strategy", s8, "--output-format", "dcp", "-q"], None)
         plans["torch_dist-to-ms-ranks"] = ([td], ["transform", td, "--dst-strategy", s8, "-q"], None)
+    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     results: dict[str, Any] = {
+        "command": "python3 bench/dcp_bench.py " + " ".join(sys.argv[1:]),
+        "commit": commit,
         "workload": {"bytes": made["bytes"], "tensors": len(made["names"]), "largest_tensor": made["largest"]},
         "targets": {"cp": 1.25, "torch_consolidate": 1 / 3, "rss_allowance": 300 * 1024**2},
         "versions": dependency_versions(),

@@ -151,7 +151,9 @@ def main() -> int:
     src, bf16, fp8 = (os.path.join(work, n) for n in ("fp8_model", "bf16_out", "fp8_out"))
     if not os.path.isdir(src):
         make_fp8_model(src, parse_size(args.size))
-    env = {**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")}
+    # no PYTHON* variable of ours (PYTHONDONTWRITEBYTECODE would make every reshard process compile its modules)
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | {"PYTHONPATH": src}
     cli = [sys.executable, "-m", "reshard.cli", "transform", "--no-progress", "-q"]
     results: dict[str, object] = {"fp8_bytes": measure.tree_bytes(src), "runs": []}
     for _ in range(args.repeat):
