@@ -152,8 +152,8 @@ def main() -> int:
     if not os.path.isdir(src):
         make_fp8_model(src, parse_size(args.size))
     # no PYTHON* variable of ours (PYTHONDONTWRITEBYTECODE would make every reshard process compile its modules)
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | {"PYTHONPATH": src}
+    package = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | {"PYTHONPATH": package}
     cli = [sys.executable, "-m", "reshard.cli", "transform", "--no-progress", "-q"]
     results: dict[str, object] = {"fp8_bytes": measure.tree_bytes(src), "runs": []}
     for _ in range(args.repeat):

@@ -51,12 +51,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
+    words = _join_dash_values(sys.argv[1:] if argv is None else argv)
+    if words in (["--version"], ["-V"]):  # answered before the parser and its commands are imported
+        from reshard import __version__
+
+        print(f"reshard {__version__}")
+        return 0
     from reshard.cli import help as cli_help
     from reshard.cli.flags import print_renamed
     from reshard.cli.parser import build_parser
 
     parser = build_parser()
-    words = _join_dash_values(sys.argv[1:] if argv is None else argv)
     cli_help.check_argv(parser, words)  # no command: the overview; a misspelling: "did you mean"
     interrupts.reached("parse")
     args = parser.parse_args(words)
