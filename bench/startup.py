@@ -225,12 +225,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/startup.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--repeat", type=int, default=DEFAULT_REPEAT, help=f"runs per row (default {DEFAULT_REPEAT})")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    p.add_argument("--out", help="also write them to this file, with the command, commit and dependency versions")
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
     result = measure_startup(args.repeat)
     print(json.dumps(result, indent=1) if args.json else "\n".join(markdown(result)))
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            json.dump({"meta": _meta(argv), "startup": result}, fh, indent=1)
     return 0
+
+
+def _meta(argv: Sequence[str] | None) -> dict[str, Any]:
+    """What produced the figures: the command, the commit (and package files changed since), the versions."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True).stdout
+
+    words = sys.argv[1:] if argv is None else list(argv)
+    dirty = [line[3:] for line in git("status", "--porcelain", "--", "src").splitlines() if len(line) > 3]
+    return {
+        "command": " ".join(["python3 bench/startup.py", *words]),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "git_commit": git("rev-parse", "HEAD").strip(),
+        "git_dirty_files": dirty,
+        "cpus": os.cpu_count(),
+        "versions": versions.dependency_versions(),
+    }
 
 
 if __name__ == "__main__":
