@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -206,6 +207,9 @@ def main() -> int:
         print(line)
     results["bf16_bytes"] = measure.tree_bytes(bf16)
     results["cpu_count"] = os.cpu_count()
+    results["command"] = " ".join(["python3 bench/lowprec.py", *sys.argv[1:]])
+    git = ["git", "-C", os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rev-parse", "--short", "HEAD"]
+    results["commit"] = subprocess.run(git, capture_output=True, text=True).stdout.strip()
     results["versions"] = {
         "python": sys.version.split()[0],
         "numpy": np.__version__,

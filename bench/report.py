@@ -113,18 +113,23 @@ def _reshard_table(main: dict[str, Any]) -> list[str]:
 
 
 def summary_table(fp32: dict[str, Any], bf16: dict[str, Any] | None = None) -> list[str]:
-    """The README's short table: each operation's ratios (wall, best run), from the results files."""
+    """The README's short table: each operation's ratios (process wall; best against best, and in
+    parentheses the median of the rounds' pairs), from the results files."""
     by_key = {o["key"]: o for o in bf16["operations"]} if bf16 else {}
+
+    def both(r: dict[str, float], key: str) -> str:
+        return f"{_x(r[key])} ({_x(r['paired_' + key])})" if key in r else "—"
+
     lines = [
-        "| operation | reshard ÷ `cp -r` (fp32) | reshard ÷ `cp -r` (bf16) | MindSpore 2.10 ÷ reshard | peak RSS |",
+        "| operation | reshard ÷ `cp -r`, fp32 | reshard ÷ `cp -r`, bf16 | MindSpore 2.10 ÷ reshard | peak RSS |",
         "|---|---:|---:|---:|---:|",
     ]
     for op in fp32["operations"]:
         r, other = op["ratios"], by_key.get(op["key"])
-        half = _x(other["ratios"]["reshard_cp_wall"]) if other else "—"
-        ms = _x(r["ms_reshard_wall"]) if "ms_reshard_wall" in r else "—"
+        half = both(other["ratios"], "reshard_cp_wall") if other else "—"
         lines.append(
-            f"| {op['title']} | {_x(r['reshard_cp_wall'])} | {half} | {ms} | {_mib(op['reshard']['peak_rss'])} |"
+            f"| {op['title']} | {both(r, 'reshard_cp_wall')} | {half} | {both(r, 'ms_reshard_wall')} "
+            f"| {_mib(op['reshard']['peak_rss'])} |"
         )
     return lines
 
