@@ -353,4 +353,11 @@ def test_unify_writes_the_full_tensors_as_dcp_and_torch_dist(job: dict[str, str]
                    "--split", "1/2")  # fmt: skip
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "--split" in proc.stderr and "a dcp output has none" in proc.stderr
+    for flags, said in (
+        (["--dcp-ranks", "2"], "a DCP rank count needs --output-format dcp or torch_dist"),
+        (["--dst-iteration", "3"], "not to the default output format"),
+        (["--output-format", "dcp", "--dst-iteration", "3"], "not to dcp"),
+    ):
+        proc = run_cli("unify", job["r8"], str(tmp_path / "o"), "--src-strategy", job["s8"], *flags)
+        assert proc.returncode == 2 and said in proc.stderr, proc.stderr
     assert not (tmp_path / "o").exists()

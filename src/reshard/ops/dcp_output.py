@@ -61,7 +61,8 @@ def check_iteration(output: OutputSpec | None, asked_by: str) -> None:
     """
     if output is not None and output.iteration is not None and output.format != TORCH_DIST:
         raise UsageError(
-            f"--dst-iteration applies to {asked_by} torch_dist (a Megatron-LM run folder), not to {output.format}"
+            f"--dst-iteration applies to {asked_by} torch_dist (a Megatron-LM run folder), not to "
+            f"{output.format or 'the default output format'}"
         )
 
 

@@ -100,7 +100,10 @@ def unify(
         api.unify("demo/st_8ranks", "demo/strategy_8", "unified")
     """
     how = parts or UnifyOptions()
-    if output_format(output, FORMATS, "unify") in dcp_output.FORMATS:
+    fmt = output_format(output, FORMATS, "unify")
+    dcp_output.check_iteration(output, "--output-format")  # --dcp-ranks, --dst-iteration: DCP outputs only
+    dcp_output.check_options(output, write)
+    if fmt in dcp_output.FORMATS:
         assert output is not None
         return _as_dcp(src, strategy, dst, how, output, destination, tensors, read, write, run)
     notes: list[str] = []
