@@ -75,7 +75,7 @@ def test_a_dry_run_never_reaches_the_run_path(demo: Path, tmp_path: Path, runs: 
         ),
         (
             lambda d, o: api.unify(f"{d}/st_8ranks", f"{d}/strategy_8", o, output=api.OutputSpec("ckpt")),
-            r"unify writes safetensors or hf, not 'ckpt'",
+            r"unify writes safetensors, hf, dcp or torch_dist, not 'ckpt'",
         ),
         (
             lambda d, o: api.split(f"{d}/full", f"{d}/strategy_4", o, output=api.OutputSpec("checkpoint2")),
