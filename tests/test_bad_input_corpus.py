@@ -757,9 +757,10 @@ def quantize_and_dequantize(tmp: Path, job: dict[str, str]) -> tuple[list[str], 
     return [*_dequantize(fp8_model(tmp / "m")), "--quantize", "fp8-block"], "exclude each other"
 
 
-def fp8_pair_dcp_ranks_off_the_grid(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
-    args = ["transform", "--src", str(fp8_model(tmp / "m")), "--dst", OUT, "--output-format", "dcp", "--dcp-ranks", "2"]
-    return args, f"{Q}: --dcp-ranks 2 cuts it at row 150 (rank 0), not on a 128-row block boundary"
+def fp8_pair_dcp_ranks_without_a_block_size(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = str(fp8_model(tmp / "m", block=None))
+    args = ["transform", "--src", src, "--dst", OUT, "--output-format", "dcp", "--dcp-ranks", "2"]
+    return args, f"{Q}: --dcp-ranks 2 cuts this FP8 weight's rows, and its block size is unknown"
 
 
 def fp8_dcp_source_dequantized(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
@@ -770,7 +771,7 @@ def fp8_dcp_source_dequantized(tmp: Path, job: dict[str, str]) -> tuple[list[str
 
 
 CASES += [
-    fp8_pair_dcp_ranks_off_the_grid,
+    fp8_pair_dcp_ranks_without_a_block_size,
     fp8_dcp_source_dequantized,
     quantize_nan_weight,
     quantize_infinite_bf16_weight,

@@ -223,6 +223,19 @@ def test_even_boxes_are_torch_chunk(rows: int, parts: int) -> None:
     assert [b - a for a, b in (b[0] for b in boxes) if b > a] == [n for n in chunked if n]
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 600), st.integers(1, 9), st.integers(1, 160))
+def test_even_boxes_in_whole_groups_are_torch_chunk_of_the_groups(rows: int, parts: int, grain: int) -> None:
+    """Rows cut in whole groups of ``grain`` (an FP8 weight's block rows): the groups as ``torch.chunk``
+    cuts them, so part k's rows are exactly the rows of part k of the groups (its scale's rows)."""
+    boxes = even_boxes((rows, 2), 0, parts, grain)
+    groups = even_boxes((-(-rows // grain), 2), 0, parts)
+    assert len(boxes) == parts
+    for (a, b), (ga, gb) in zip((b[0] for b in boxes), (g[0] for g in groups), strict=True):
+        assert (a, b) == (min(ga * grain, rows), min(gb * grain, rows))
+    assert even_boxes((rows, 2), 0, parts, 1) == even_boxes((rows, 2), 0, parts)
+
+
 def test_whole_and_layout_and_grid_compilers() -> None:
     t = whole_chunks("w", (3, 2), F32, "model.safetensors")
     assert t.chunks == (Chunk(((0, 3), (0, 2)), "model.safetensors", "w"),)

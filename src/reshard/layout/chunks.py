@@ -367,22 +367,25 @@ def grid_chunks(
 # destination chunkings
 
 
-def even_boxes(shape: Sequence[int], dim: int, parts: int) -> tuple[Box, ...]:
+def even_boxes(shape: Sequence[int], dim: int, parts: int, grain: int = 1) -> tuple[Box, ...]:
     """``parts`` boxes splitting ``dim`` like ``torch.chunk`` / DTensor ``Shard(dim)``.
 
     Each holds ``ceil(size / parts)`` rows, the last ones fewer and, when the rows run out, none
-    (an empty box: that part holds an empty tensor, as DTensor's trailing ranks do). Cached: equal
+    (an empty box: that part holds an empty tensor, as DTensor's trailing ranks do). ``grain``: the
+    rows are cut in whole groups of that many (an FP8 weight's block rows: each part's scale rows are
+    then its own), as ``torch.chunk`` cuts the groups, the last group maybe partial. Cached: equal
     arguments return the same tuple, which is what lets a planner treat the tensors that share it
     as one table (``reshard.plan.boxes``).
     """
-    return _even_boxes(tuple(shape), dim, parts)
+    return _even_boxes(tuple(shape), dim, parts, grain)
 
 
 @functools.lru_cache(maxsize=4096)
-def _even_boxes(shape: tuple[int, ...], dim: int, parts: int) -> tuple[Box, ...]:
-    if not 0 <= dim < len(shape) or parts < 1:
+def _even_boxes(shape: tuple[int, ...], dim: int, parts: int, grain: int = 1) -> tuple[Box, ...]:
+    if not 0 <= dim < len(shape) or parts < 1 or grain < 1:
         raise UsageError(f"cannot split dim {dim} of a tensor of shape {list(shape)} into {parts} parts")
-    step = -(-shape[dim] // parts)
+    groups = -(-shape[dim] // grain)
+    step = -(-groups // parts) * grain  # ceil(groups / parts) groups a part
     sizes = [max(0, min(step, shape[dim] - k * step)) for k in range(parts)]
     return grid_boxes(shape, [sizes if d == dim else [n] for d, n in enumerate(shape)])
 

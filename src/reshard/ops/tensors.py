@@ -36,7 +36,7 @@ from reshard.plan.quantized import (
     paired_layouts,
     sharded_pairs,
 )
-from reshard.plan.quantized_dcp import check_even_rows
+from reshard.plan.quantized_dcp import block_grains, check_even_rows
 from reshard.plan.quantized_map import check_mapped_pairs
 from reshard.plan.surgery import MAPPED_SOURCE, MappedModel, NameRun
 from reshard.sources import ReadOptions, model_folder, open_checkpoint
@@ -159,10 +159,14 @@ class TensorPipeline:
         # A StrategyFile stays one (dataclasses.replace); another table becomes a PairedTable of the same layouts.
         return cast("TableT | None", paired_layouts(table, pairs, block, side, notes))
 
-    def check_dcp_pairs(self, plan: Plan, how: Chunking) -> None:
-        """Refuse a ``--dcp-ranks`` cut of ``plan``'s FP8 pairs off their block grid (``plan.quantized_dcp``)."""
+    def dcp_pairs(self, plan: Plan, how: Chunking) -> Chunking:
+        """``how`` cutting ``plan``'s FP8 weights in whole block rows (``--dcp-ranks``), checked: a cut off their
+        block grid is refused (``plan.quantized_dcp``)."""
         precision = self.precision or Precision()
-        check_even_rows(plan, how, functools.partial(precision.pair_block, functools.partial(_config_beside, self.src)))
+        block = functools.partial(precision.pair_block, functools.partial(_config_beside, self.src))
+        how = block_grains(plan, how, block)
+        check_even_rows(plan, how, block)
+        return how
 
     def paired_destination(self, table: TableT | None, inputs: Inputs, notes: list[str]) -> TableT | None:
         """The destination ``table`` with the pairs of ``inputs`` (as planned: after the map) laid out together."""

@@ -316,7 +316,7 @@ def _finish(job: _Job, plan: Plan, src_sf: LayoutTable | None, everyone: Plan | 
     plan = job.pipeline.finish(plan, job.notes, job.read)
     if job.dcp_out:
         how = dcp_output.chunking(out, job.dst_sf, sharded=job.kind in (RANK_FOLDERS, CHECKPOINT2))
-        job.pipeline.check_dcp_pairs(plan, how)
+        how = job.pipeline.dcp_pairs(plan, how)  # FP8 weights cut in whole block rows
         plan = dcp_output.as_dcp(plan, job.dst, how, job.notes, out, job.carried, job.chunks)
     return plan
 

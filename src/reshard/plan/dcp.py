@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from reshard import dtypes
 from reshard.errors import UnsupportedError
@@ -52,9 +52,13 @@ class SourceSlices:
 
 @dataclass(frozen=True)
 class EvenRows:
-    """Dim 0 cut into ``parts`` like ``torch.chunk`` (0-dim and empty tensors: whole, in rank 0)."""
+    """Dim 0 cut into ``parts`` like ``torch.chunk`` (0-dim and empty tensors: whole, in rank 0).
+
+    ``grains``: tensors whose rows are cut in whole groups (an FP8 weight: its block rows, so that each
+    part holds the blocks its scale's part scales; ``plan.quantized_dcp``)."""
 
     parts: int
+    grains: Mapping[str, int] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,8 @@ def placements(t: TensorPlan, chunking: Chunking, ranks: Sequence[int]) -> list[
     if isinstance(chunking, EvenRows):
         if not t.shape or t.shape[0] == 0:
             return [(0, whole_box(t.shape))]
-        return [(k, b) for k, b in enumerate(even_boxes(t.shape, 0, chunking.parts)) if b[0][0] < b[0][1]]
+        boxes = even_boxes(t.shape, 0, chunking.parts, chunking.grains.get(t.name, 1))
+        return [(k, b) for k, b in enumerate(boxes) if b[0][0] < b[0][1]]
     return _strategy_placements(t, chunking.table)
 
 

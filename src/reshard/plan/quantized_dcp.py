@@ -6,11 +6,15 @@ exactly its part of the weight. ``--dcp-ranks N`` is different: it cuts dim 0 of
 like ``torch.chunk``, so a 512-row weight in 3 parts is cut at rows 171 and 342 while its 4-row scale is
 cut after 2 block rows: the global tensors are right, but no file holds a pair a reader could use alone.
 
-``check_even_rows`` runs on the full plan before it is cut into chunks (nothing is written yet): every
-part of an FP8 weight must start on a multiple of the block's rows and its scale's part must be exactly
-the blocks of those rows; otherwise the run is refused in one line naming the tensor, the cut and the
-block. Stacked (3-D and more) pairs and MXFP4 pairs are cut along the same leading axis as their scales,
-so they always agree; ``--dequantize`` leaves no pair to cut.
+So ``block_grains`` cuts each 2-D FP8 weight in whole block rows instead (``EvenRows.grains``): its
+block rows are shared out as ``torch.chunk`` shares rows, so part ``k`` of the weight holds exactly the
+blocks part ``k`` of its scale scales (a 576-row weight of 128-row blocks in 2 parts: rows 0-384 and
+384-576, scale rows 0-3 and 3-5). ``check_even_rows`` then runs on the full plan before it is cut into
+chunks (nothing is written yet): every part of an FP8 weight must start on a multiple of the block's
+rows and its scale's part must be exactly the blocks of those rows; otherwise (a block size that is not
+known) the run is refused in one line naming the tensor, the cut and the block. Stacked (3-D and more)
+pairs and MXFP4 pairs are cut along the same leading axis as their scales, so they always agree;
+``--dequantize`` leaves no pair to cut.
 """
 
 from __future__ import annotations
@@ -23,6 +27,23 @@ from reshard.layout import Box
 from reshard.plan.dcp import Chunking, EvenRows, placements
 from reshard.plan.model import Plan, TensorPlan
 from reshard.plan.quantized import SCALE_INV, Block
+
+
+def block_grains(full: Plan, how: Chunking, block: Callable[[], Block | None]) -> Chunking:
+    """``how`` with each 2-D FP8 weight that has a block scale cut in whole block rows (``--dcp-ranks N``).
+
+    Raises:
+        UsageError: The block size unknown for a weight the cut would split.
+    """
+    if not isinstance(how, EvenRows) or how.parts < 2:
+        return how
+    tensors = {t.name: t for f in full.files for t in f.tensors}
+    grains = {}
+    for name, t in tensors.items():
+        paired = name + SCALE_INV in tensors and t.dtype in dtypes.FP8_WEIGHTS and len(t.shape) == 2
+        if paired and len(placements(t, how, [0])) > 1:
+            grains[name] = _block_rows(name, how, block)
+    return EvenRows(how.parts, {**how.grains, **grains}) if grains else how
 
 
 def check_even_rows(full: Plan, how: Chunking, block: Callable[[], Block | None]) -> None:
@@ -82,4 +103,4 @@ def _blocks_of(name: str, edge: int, scale: TensorPlan, box: Box, rows: int, how
     return (a // rows, -(-b // rows)), (0, scale.shape[1])
 
 
-__all__ = ["check_even_rows"]
+__all__ = ["block_grains", "check_even_rows"]
