@@ -162,7 +162,14 @@ def row(
     }
 
 
-ROWS = ("dcp-to-safetensors", "hf-shards-to-safetensors", "dcp-n-to-m", "ms-ranks-to-dcp", "torch_dist-to-ms-ranks")
+ROWS = (
+    "dcp-to-safetensors",
+    "dcp-to-hf",
+    "hf-shards-to-safetensors",
+    "dcp-n-to-m",
+    "ms-ranks-to-dcp",
+    "torch_dist-to-ms-ranks",
+)
 
 
 def main() -> int:
@@ -186,6 +193,7 @@ def main() -> int:
     consolidate = [TORCH_PYTHON, "-c", CONSOLIDATE, hf, names_file]  # the output folder is appended
     plans = {
         "dcp-to-safetensors": ([ts], ["transform", ts, "--output-format", "safetensors", "-q"], None),
+        "dcp-to-hf": ([ts], ["transform", ts, "--hf", "-q"], None),  # Hugging Face shards (5 GB: one here)
         "hf-shards-to-safetensors": (
             [hf],
             ["transform", hf, "--output-format", "safetensors", "-q"],
