@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import ray
 
 from reshard import api
 from reshard.execute.ray import RayOptions
@@ -14,13 +12,6 @@ from reshard.formats.strategy import make_strategy
 from reshard.layout import ParamLayout
 from tests import checkpoint2_fixtures as fx
 from tests.trust_helpers import tree
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
 
 
 @pytest.mark.parametrize("shared_disk", [True, False])

@@ -3,12 +3,10 @@ registry, on a shared disk; without one it is refused in one line)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
 
 from reshard import api
 from reshard.errors import UnsupportedError
@@ -17,13 +15,6 @@ from reshard.formats import dcp
 from reshard.sources import open_checkpoint
 from tests.test_dcp_ops import chunked_files
 from tests.trust_helpers import make_job, tree
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
 
 
 def test_dcp_to_four_ranks_on_ray(cluster: None, tmp_path: Path) -> None:

@@ -9,12 +9,10 @@ line, and a NaN scale is refused before any task starts.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
 
 from reshard import api
 from reshard.errors import UnsupportedError, UsageError
@@ -25,15 +23,6 @@ from reshard.plan.quantized import Precision
 from tests.lowprec_fixtures import bf16_model, fp8_model, fp8_tensors, paired_tensors
 from tests.test_lowprec_pairs import FOUR, _strategy
 from tests.trust_helpers import tree
-
-RAY_CPUS = 2
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[None]:
-    ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,16 +12,6 @@ from reshard import api, cli
 from reshard.errors import ReshardError, UsageError
 from reshard.execute.ray import RayOptions, run_plan_ray
 from tests.trust_helpers import make_job, run_cli, tree
-
-RAY_CPUS = 2  # the CI box has two cores
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[None]:
-    """One local Ray cluster for the whole module (starting one costs ~4 s)."""
-    ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
