@@ -88,15 +88,26 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata, Metadata, MetadataIndex, TensorProperties, TensorStorageMetadata)
 folder, params, ranks, a, b, rows, columns, length = sys.argv[1], *map(int, sys.argv[2:])
+def gathered(value):  # what the coordinator holds after gather_object: each rank's objects unpickled
+    return pickle.loads(pickle.dumps(value))
 entries, storage = {}, {}
-for p in range(params):
-    fqn = f"layers.{p}.weight"
-    boxes = [torch.Size([(r // b) * rows, (r % b) * columns]) for r in range(ranks)]
-    chunks = [ChunkStorageMetadata(o, torch.Size([rows, columns])) for o in boxes]
-    shape = torch.Size([rows * a, columns * b])
-    entries[fqn] = TensorStorageMetadata(TensorProperties(dtype=torch.float32), shape, chunks)
-    for r, o in enumerate(boxes):
-        storage[MetadataIndex(fqn, o, r)] = _StorageInfo(f"__{r}_0.distcp", p * length, length)
+plans = []
+for r in range(ranks):
+    offset = lambda: torch.Size([(r // b) * rows, (r % b) * columns])
+    plans.append(gathered([(f"layers.{p}.weight", ChunkStorageMetadata(offset(), torch.Size([rows, columns])))
+                           for p in range(params)]))
+for plan in plans:
+    for fqn, chunk in plan:
+        if fqn not in entries:
+            shape = torch.Size([rows * a, columns * b])
+            entries[fqn] = TensorStorageMetadata(TensorProperties(dtype=torch.float32), shape, [])
+        entries[fqn].chunks.append(chunk)
+for r in range(ranks):
+    path = f"__{r}_0.distcp"  # one name per data file, as FileSystemWriter gives each of its items
+    offsets = torch.Size([(r // b) * rows, (r % b) * columns])
+    results = [(MetadataIndex(f"layers.{p}.weight", offsets, r), _StorageInfo(path, p * length, length))
+               for p in range(params)]
+    storage.update(gathered(results))
 with open(os.path.join(folder, ".metadata"), "wb") as fh:
     pickle.dump(Metadata(entries, planner_data={k: (k,) for k in entries}, storage_data=storage), fh)
 """
@@ -116,7 +127,10 @@ print(json.dumps({"seconds": seconds, "cpu": cpu, "rss_kib": peak - base}))
 
 
 def make_with_torch(python: str, folder: str, chunks: int, ranks: int, grid: bool) -> None:
-    """The same checkpoint's ``.metadata`` pickled by torch itself (its classes, ``pickle.dump``)."""
+    """The same checkpoint's ``.metadata`` pickled by torch itself (its classes, ``pickle.dump``), its
+    objects shared as a save on ``ranks`` processes shares them: each rank's plan and write results
+    reach the coordinator pickled (``gather_object``), so a tensor's name is written out again in every
+    rank's storage entries and a data file's name once per rank, storage rank by rank."""
     params = max(1, chunks // ranks)
     a, b = grid_of(ranks) if grid else (ranks, 1)
     length = ROWS_PER_RANK * COLUMNS * 4 + 1024

@@ -24,6 +24,7 @@ import pytest
 
 from reshard.formats import dcp
 from reshard.formats.dcp import ChunkSpec, DcpMetadata
+from tests.test_dcp_bulk import both_ways
 from tests.torch_oracle import run_torch_script
 
 FIXTURES = ("dtensor", "dtensor_st", "fsdp2")
@@ -258,3 +259,31 @@ def test_transform_and_unify_a_torch_made_folder(torch_made: Path, tmp_path: Pat
             assert "non-tensor values not carried" in proc.stderr
     proc = run_cli("verify", str(torch_made / name), str(tmp_path / "unify"))
     assert proc.returncode == 0 and "SAME" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("name", [*FIXTURES, "megatron"])
+def test_the_bulk_reader_reads_torch_saves_as_the_unpickler(
+    torch_made: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fast, slow, used = both_ways(torch_made / name, monkeypatch)
+    assert fast == slow
+    # megatron-core's .metadata also names chunk records again (in its cached plans): left to the unpickler
+    assert used == (name != "megatron")
+
+
+@pytest.fixture(scope="session")
+def torch_pickled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 300-rank save's .metadata pickled by torch in every protocol (3 900 chunks)."""
+    root = tmp_path_factory.mktemp("torch-pickled")
+    spec = {"folder": str(root / "fsdp"), "params": 13, "ranks": 300, "rows": 1, "protocols": [2, 3, 4, 5]}
+    run_torch_script("dcp_metadata_made.py", spec)
+    return root
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_the_bulk_reader_reads_torch_pickles_of_every_protocol(
+    torch_pickled: Path, protocol: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fast, slow, used = both_ways(torch_pickled / f"fsdp-p{protocol}", monkeypatch)
+    assert used and fast == slow
+    assert len(fast[0]) == 13 and all(len(t[5][0]) == 300 for t in fast[0])

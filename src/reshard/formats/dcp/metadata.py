@@ -14,6 +14,7 @@ import numpy as np
 
 from reshard import dtypes
 from reshard.errors import FormatError, UnsupportedError
+from reshard.formats.dcp import bulk, columns
 from reshard.formats.dcp.records import (
     _FILESYSTEM,
     _META,
@@ -51,6 +52,10 @@ def read_dcp_metadata(folder: str | os.PathLike[str]) -> DcpMetadata:
     """
     folder = os.fspath(folder)
     path = os.path.join(folder, METADATA_NAME)
+    meta = _read_in_runs(folder, path)
+    if meta is not None:
+        _check_files(meta, path)
+        return meta
     try:
         with open(path, "rb") as fh:
             raw = fh.read()
@@ -66,6 +71,65 @@ def read_dcp_metadata(folder: str | os.PathLike[str]) -> DcpMetadata:
         del top
     _check_files(meta, path)
     return meta
+
+
+BULK_MIN_BYTES = 4 << 20  # below this (some 30 000 chunks) the unpickler reads a .metadata in well under a second
+_BULK_RUNS, _BULK_RUNS_PER_BYTE = 20000, 1 / 8192  # more runs than these are not the long runs bulk is for
+last_read_in_runs = False  # whether the last read_dcp_metadata took the bulk path (for the tests)
+
+
+def _read_in_runs(folder: str, path: str) -> DcpMetadata | None:
+    """A large ``.metadata`` read in runs of like records (``bulk``), or None: a small one, or one the
+    runs do not cover (the unpickler then reads it, and says what is wrong if anything is)."""
+    global last_read_in_runs
+    last_read_in_runs = False
+    try:
+        size = os.path.getsize(path)
+        if size < BULK_MIN_BYTES:
+            return None
+        raw = bytearray(size)
+        with open(path, "rb", buffering=0) as fh:
+            if fh.readinto(raw) != size:
+                return None
+    except OSError:
+        return None
+    with collector_paused():
+        try:
+            top, strings = bulk.read_bulk(raw, max_runs=_BULK_RUNS + int(size * _BULK_RUNS_PER_BYTE))
+            del raw
+            meta = _build_from_runs(top, strings, folder, path)
+        except (bulk.GiveUp, FormatError, UnsupportedError, ValueError, TypeError, KeyError, OverflowError):
+            return None
+    last_read_in_runs = True
+    return meta
+
+
+def _build_from_runs(top: Any, strings: bulk.Strings, folder: str, path: str) -> DcpMetadata:
+    state = _state(top, f"{_META}.Metadata", path)
+    entries, storage = state.get("state_dict_metadata"), state.get("storage_data")
+    if type(entries) is not dict or type(storage) is not dict:
+        raise bulk.GiveUp("no state_dict_metadata / storage_data dictionaries")
+    where = columns.storage_index(storage, strings, _check_relative, path)
+    del storage
+    tensors: dict[str, TensorMeta] = {}
+    byte_items: dict[str, BytesItem] = {}
+    for fqn, entry in entries.items():
+        if type(fqn) is not str:
+            raise bulk.GiveUp("a key that is not a string")
+        if isinstance(entry, _Pickled) and entry.global_name == f"{_META}.BytesStorageMetadata":
+            item = where.byte_value(fqn)
+            if item is None:
+                raise bulk.GiveUp("a value without its entry")
+            byte_items[fqn] = BytesItem(fqn, *item)
+            continue
+        tensor_state = _state(entry, f"{_META}.TensorStorageMetadata", path)
+        dtype, shape, requires_grad = _tensor_header(fqn, tensor_state, path)
+        offsets, sizes = columns.chunk_columns(tensor_state.get("chunks"), len(shape))
+        meta = TensorMeta(fqn, dtype, shape, columns.chunk_table(fqn, offsets, sizes, where), requires_grad)
+        check_chunks(meta, path)
+        tensors[fqn] = meta
+    planner, version = state.get("planner_data"), state.get("version")
+    return DcpMetadata(folder, tensors, byte_items, planner, version if isinstance(version, str) else None)
 
 
 def _state(obj: Any, kind: str, path: str, form: type = dict) -> Any:
@@ -196,7 +260,8 @@ def _check_relative(rel: str, path: str) -> None:
         raise FormatError(f"data file {rel!r} is not a path inside the checkpoint folder", path)
 
 
-def _tensor_meta(fqn: str, state: Any, where: _StorageColumns, path: str) -> TensorMeta:
+def _tensor_header(fqn: str, state: Any, path: str) -> tuple[dtypes.DType, tuple[int, ...], bool]:
+    """A tensor entry's dtype, global shape and ``requires_grad``."""
     props = _state(state.get("properties"), f"{_META}.TensorProperties", path, tuple)
     if len(props) != 5:
         raise FormatError(f"tensor {fqn!r} has properties in an unknown form", path)
@@ -205,8 +270,11 @@ def _tensor_meta(fqn: str, state: Any, where: _StorageColumns, path: str) -> Ten
         raise FormatError(f"tensor {fqn!r} has no dtype", path)
     if layout != "torch.strided":
         raise UnsupportedError(f"tensor {fqn!r} has layout {layout} (reshard reads dense tensors only)", path)
-    dtype = dtypes.from_torch_name(torch_dtype.name, path)
-    shape = _int_tuple(state.get("size", ()))
+    return dtypes.from_torch_name(torch_dtype.name, path), _int_tuple(state.get("size", ())), bool(requires_grad)
+
+
+def _tensor_meta(fqn: str, state: Any, where: _StorageColumns, path: str) -> TensorMeta:
+    dtype, shape, requires_grad = _tensor_header(fqn, state, path)
     boxes = _states(list(state.get("chunks") or ()), f"{_META}.ChunkStorageMetadata", path)
     offsets, sizes = _int_tuples(_column(boxes, "offsets", ())), _int_tuples(_column(boxes, "sizes", ()))
     rows = np.fromiter(map(where.rows.get, zip(itertools.repeat(fqn), offsets), itertools.repeat(-1)), np.int64)
@@ -223,7 +291,7 @@ def _tensor_meta(fqn: str, state: Any, where: _StorageColumns, path: str) -> Ten
         where.starts[rows],
         where.lengths[rows],
     )
-    meta = TensorMeta(fqn, dtype, shape, table, bool(requires_grad))
+    meta = TensorMeta(fqn, dtype, shape, table, requires_grad)
     check_chunks(meta, path)
     return meta
 
