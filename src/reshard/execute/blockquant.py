@@ -32,6 +32,7 @@ is in range either way), 0.7 ns in all against 1.5 for the literal rule.
 from __future__ import annotations
 
 import functools
+import threading
 
 import numpy as np
 
@@ -47,6 +48,7 @@ CHUNK = 1 << 16  # values a subtraction + lookup: 256 KiB of int32 indexes
 # Smallest normal float32: a scale at least this (amax / 448 rounded) divides every value of its block to
 # within 448 (1 + 2 ** -22) < 464, which F8_E4M3 rounds to 448 as the clip would.
 SAFE_SCALE = np.float32(2.0**-126)
+_BUILDING = threading.Lock()
 
 
 def scale_of(amax: np.ndarray) -> np.ndarray:
@@ -66,9 +68,15 @@ def rule_bytes(values: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
     floatbits.e4m3_bytes(values, out)
 
 
-@functools.cache
 def table() -> np.ndarray:
-    """The F8_E4M3 byte of every index ``(mu + 1) * 2 ** 16 + A - bits(w)`` (the module says why), uint8."""
+    """The F8_E4M3 byte of every index ``(mu + 1) * 2 ** 16 + A - bits(w)`` (the module says why), uint8:
+    built once, by the first of the executor's threads to ask."""
+    with _BUILDING:
+        return _table()
+
+
+@functools.cache
+def _table() -> np.ndarray:
     top = np.uint32(127 << 7) | np.arange(128, dtype=np.uint32)  # amax in [1, 2): bits 0x3F80 + mu
     amax = (top << np.uint32(16)).view(np.float32)
     scale = (amax / np.float32(dtypes.FP8_E4M3_LARGEST))[:, None]

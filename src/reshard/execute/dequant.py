@@ -368,9 +368,8 @@ class Quantized:
         ``bits``: a bf16 weight's (None for another dtype); ``amax``: the band's block maxima if known.
         """
         if bits is not None and amax is not None:
-            top = (amax.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
-            if blockquant.quantize_bf16(rows, bits, top):
-                return amax
+            blockquant.quantize_bf16(rows, bits, (amax.view(np.uint32) >> np.uint32(16)).astype(np.uint16))
+            return amax
         b0, b1 = self.source.block
         k, j = rows.shape[0] // b0, rows.shape[1] // b1
         grid = self._floats(k0, k0 + k, j0, j0 + j)
@@ -412,9 +411,7 @@ class Quantized:
                 f"{self.source.weight}: block [{i0 + i}, {j0 + j}] holds NaN or infinite values, "
                 "which --quantize cannot scale"
             )
-        scale = amax / np.float32(dtypes.FP8_E4M3_LARGEST)
-        scale[amax == 0] = 1.0
-        return scale
+        return blockquant.scale_of(amax)
 
 
 def _bits_amax(bits: np.ndarray, grid: tuple[int, int], block: tuple[int, ...]) -> np.ndarray:
