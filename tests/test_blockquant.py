@@ -128,3 +128,18 @@ def test_quantized_weights_with_every_kind_of_block(scales_first: bool) -> None:
     want_scale = np.where(amax == 0, np.float32(1), amax / np.float32(448))
     assert got[id(scale)].tobytes() == want_scale.astype(np.float32).tobytes()
     assert (values[100:300, 50:390] == want[100:300, 50:390]).all()  # a box inside: whole blocks computed
+
+
+def test_float32_weights_take_the_literal_rule() -> None:
+    rng = np.random.default_rng(7)
+    w = (rng.standard_normal((300, 200)) * np.exp2(rng.integers(-20, 20, (300, 200)))).astype(np.float32)
+    w[:128, :128] = 0
+    memo = dequant.ScaleMemo()
+    got, scale = _quantized(w, False, memo)[:, :], _quantized(w, True, memo)[:, :]
+    padded = np.zeros((384, 256), dtype=np.float32)
+    padded[:300, :200] = np.abs(w)
+    amax = padded.reshape(3, 128, 2, 128).max(axis=(1, 3))
+    want_scale = np.where(amax == 0, np.float32(1), amax / np.float32(448)).astype(np.float32)
+    full = np.repeat(np.repeat(want_scale, 128, 0), 128, 1)[:300, :200]
+    assert scale.tobytes() == want_scale.tobytes()
+    assert (got == np.clip(w / full, -448, 448).astype(F8).view(np.uint8)).all()

@@ -394,7 +394,9 @@ class Quantized:
         b0, b1 = self.source.block
         rows, cols = self.weight.shape
         r0, r1, c0, c1 = k0 * b0, min(k1 * b0, rows), j0 * b1, min(j1 * b1, cols)
-        band = np.zeros(((k1 - k0) * b0, (j1 - j0) * b1), dtype=np.float32)
+        band = np.empty(((k1 - k0) * b0, (j1 - j0) * b1), dtype=np.float32)
+        if band.shape != (r1 - r0, c1 - c0):  # a partial block at the tensor's edge
+            band[...] = 0
         stored = self.weight[r0:r1, c0:c1]
         inside = band[: r1 - r0, : c1 - c0]
         if stored.dtype == np.uint16 or stored.dtype.name == "bfloat16":  # bf16 (or its carrier): float32's top half
