@@ -20,7 +20,8 @@ The arithmetic is the references', reproduced exactly (tests compare bit for bit
 refuses a NaN or infinite scale naming the tensor.
 
 ``--quantize`` (``Quantized``) reads each weight twice, once for its F8 values and once for its F32
-scale tensor; the pass written first hands its block scales to the other (``ScaleMemo``, bounded).
+scale tensor; the pass written first hands its block maxima to the other (``ScaleMemo``, bounded). A
+bf16 weight's values come from one table lookup each (``blockquant``), other dtypes' through float32.
 After a model map the weight is no stored tensor but a planned one (``Assembled``: its copies'
 rows, read as the executor reads them).
 """
@@ -38,7 +39,7 @@ import numpy as np
 
 from reshard import dtypes
 from reshard.errors import UsageError
-from reshard.execute import assemble, floatbits
+from reshard.execute import assemble, blockquant, floatbits
 from reshard.execute.assemble import SourceArray
 from reshard.formats.base import TensorEntry, TensorIndex, drop_resident
 from reshard.plan import Plan, TensorPlan
@@ -57,10 +58,7 @@ ROW_BLOCK_CAP = 16 * 1024**2
 QUANTIZE_ROW_BLOCK_CAP = 4 * 1024**2  # F8 output bytes: 4 Mi elements, 16 MB a float32 temporary
 SCALE_CHUNK = 1 << 22  # weight elements read at once to compute a --quantize scale tensor
 BAND_ELEMENTS = 1 << 20  # --quantize computes this many weight elements at a time (4 MiB of float32)
-MEMO_BYTES = 64 * 1024**2  # scale rows kept between a quantized weight's values and its scale tensor
-# Smallest normal float32: a scale at least this (amax / 448 rounded) divides every value of its block to
-# within 448 (1 + 2 ** -22) < 464, which F8_E4M3 rounds to 448 as the clip would.
-_SAFE_SCALE = np.float32(2.0**-126)
+MEMO_BYTES = 64 * 1024**2  # block maxima kept between a quantized weight's values and its scale tensor
 
 
 # The float32 bits torch gives F8_E4M3's two NaN bytes (numpy's would be 0x7FC00000): a NaN weight
@@ -278,8 +276,8 @@ class Quantized:
     all-zero block, whose values are zeros), ``value = w / scale`` clamped to +-448 and rounded to
     the nearest even F8_E4M3. Every box is computed from whole blocks, so any cut gives the same bytes.
 
-    ``memo`` (shared by a weight's values and scale): the scale rows the values computed, which its
-    scale tensor then takes instead of reading the weight again. ``release`` drops the weight's
+    ``memo`` (shared by a weight's values and scale): the block maxima of whichever pass comes first, which
+    the other then takes instead of computing them again. ``release`` drops the weight's
     resident pages once a part of it is read (the scale tensor, one row block for the executor,
     would otherwise keep the whole weight mapped).
     """
@@ -319,16 +317,19 @@ class Quantized:
     def _scales(self, a0: int, a1: int, c0: int, c1: int) -> np.ndarray:
         """Scale rows a0:a1, columns c0:c1, computed from whole rows of blocks (a few at a time)."""
         step = max(1, SCALE_CHUNK // max(1, self.source.block[0] * self.weight.shape[1]))
-        parts = [self._blocks(i, min(a1, i + step), 0, self.grid[1])[1][:, c0:c1] for i in range(a0, a1, step)]
+        parts = [
+            self._scale_of(self._blocks(i, min(a1, i + step), 0, self.grid[1])[1], i, 0)[:, c0:c1]
+            for i in range(a0, a1, step)
+        ]
         return np.concatenate(parts) if parts else np.empty((0, c1 - c0), dtype=np.float32)
 
     def _blocks(self, i0: int, i1: int, j0: int, j1: int) -> tuple[np.ndarray, np.ndarray]:
-        """Values (F8_E4M3, padded to whole blocks) and scales (F32) of block rows i0:i1, columns j0:j1.
+        """Values (F8_E4M3, padded to whole blocks) and block maxima (F32) of block rows i0:i1, columns j0:j1.
 
-        Computed a band of block rows at a time (``BAND_ELEMENTS``): each band's float32 copy, maximum,
-        division and cast run while it is in the CPU's cache, about 15% faster than whole row blocks.
-        The scales alone of a bf16 weight (the pass that runs first, handing them to the values' pass
-        through ``memo``) are maxima of its bits: no float32 copy at all.
+        Computed a band of block rows at a time (``BAND_ELEMENTS``). A bf16 weight's maxima are those of
+        its bits (no float32 copy) and its values come from ``blockquant``'s table; other dtypes (and
+        blocks of tiny maxima) go through a float32 copy of the band, divided and cast while it is in
+        the CPU's cache. Whole block rows hand their maxima to the weight's other pass (``memo``).
         """
         b0, b1 = self.source.block
         whole_rows = (j0, j1) == (0, self.grid[1])  # whole scale rows: shared with the other pass (``memo``)
@@ -337,37 +338,63 @@ class Quantized:
             return np.empty((0, 0), dtype=np.uint8), kept
         values = np.empty(((i1 - i0) * b0, (j1 - j0) * b1), dtype=np.uint8) if not self.scales else None
         step = max(1, BAND_ELEMENTS // ((j1 - j0) * b0 * b1))  # block rows a band
-        band = np.empty((min(step, i1 - i0) * b0, (j1 - j0) * b1), dtype=np.float32)
-        scales = []
+        maxima = []
         for k0 in range(i0, i1, step):
             k1 = min(i1, k0 + step)
-            amax = self._bf16_amax(k0, k1, j0, j1) if values is None else None
-            if amax is not None:  # the scales alone, of a bf16 weight: on its bits, no float32 copy
-                scales.append(self._scale_of(amax, k0, j0))
-                continue
-            padded = self._floats(band[: (k1 - k0) * b0], k0, k1, j0, j1)
-            grid = padded.reshape(k1 - k0, b0, j1 - j0, b1)
-            scale = kept[k0 - i0 : k1 - i0] if kept is not None else self._scale_of(_block_amax(grid), k0, j0)
-            scales.append(scale)
+            bits = self._bf16_bits(k0, k1, j0, j1)
+            amax = kept[k0 - i0 : k1 - i0] if kept is not None else None
+            if amax is None and bits is not None:
+                amax = _bits_amax(bits, (k1 - k0, j1 - j0), self.source.block)
             if values is not None:
-                grid /= scale[:, None, :, None]
-                if scale.size and scale.min() < _SAFE_SCALE:  # else |w| / scale <= 448 (1 + 2 ** -22): no clip needed
-                    np.clip(padded, -dtypes.FP8_E4M3_LARGEST, dtypes.FP8_E4M3_LARGEST, out=padded)
-                floatbits.e4m3_bytes(padded, values[(k0 - i0) * b0 : (k1 - i0) * b0])
+                if kept is None and amax is not None:
+                    self._scale_of(amax, k0, j0)  # refuses a NaN or infinite block before any value is made
+                rows = values[(k0 - i0) * b0 : (k1 - i0) * b0]
+                amax = self._values(rows, bits, amax, k0, j0)
+            elif amax is None:  # the scales alone of a float weight
+                amax = _block_amax(self._floats(k0, k1, j0, j1))
+            maxima.append(amax)
         if self.release is not None:
             self.release()  # the rows are computed now
-        scale = np.concatenate(scales)
+        amax = np.concatenate(maxima)
         if whole_rows and kept is None:
-            self.memo.keep(self.source.weight, self.scales, i0, scale)
-        if values is None:
-            return np.empty((0, 0), dtype=np.uint8), scale
-        return values, scale
+            self.memo.keep(self.source.weight, self.scales, i0, amax)
+        return (values, amax) if values is not None else (np.empty((0, 0), dtype=np.uint8), amax)
 
-    def _floats(self, band: np.ndarray, k0: int, k1: int, j0: int, j1: int) -> np.ndarray:
-        """``band`` holding the weight's block rows k0:k1, columns j0:j1 as float32 (zeros past its edges)."""
+    def _values(
+        self, rows: np.ndarray, bits: np.ndarray | None, amax: np.ndarray | None, k0: int, j0: int
+    ) -> np.ndarray:
+        """F8_E4M3 bytes of the band into ``rows`` (whole blocks from block row k0, column j0); returns its maxima.
+
+        ``bits``: a bf16 weight's (None for another dtype); ``amax``: the band's block maxima if known.
+        """
+        if bits is not None and amax is not None:
+            blockquant.quantize_bf16(rows, bits, (amax.view(np.uint32) >> np.uint32(16)).astype(np.uint16))
+            return amax
+        b0, b1 = self.source.block
+        k, j = rows.shape[0] // b0, rows.shape[1] // b1
+        grid = self._floats(k0, k0 + k, j0, j0 + j)
+        if amax is None:
+            amax = _block_amax(grid)
+        scale = self._scale_of(amax, k0, j0)
+        blockquant.rule_bytes(grid, scale[:, None, :, None], rows)
+        return amax
+
+    def _bf16_bits(self, k0: int, k1: int, j0: int, j1: int) -> np.ndarray | None:
+        """A bf16 weight's bits (uint16) in block rows k0:k1, columns j0:j1 (fewer at its edges); None for
+        another dtype."""
+        b0, b1 = self.source.block
+        rows, cols = self.weight.shape
+        stored = self.weight[k0 * b0 : min(k1 * b0, rows), j0 * b1 : min(j1 * b1, cols)]
+        if stored.dtype == np.uint16 or stored.dtype.name == "bfloat16":  # bf16 or its carrier
+            return stored.view(np.uint16)
+        return None
+
+    def _floats(self, k0: int, k1: int, j0: int, j1: int) -> np.ndarray:
+        """The weight's block rows k0:k1, columns j0:j1 as float32 ``[k, b0, j, b1]`` (zeros past its edges)."""
         b0, b1 = self.source.block
         rows, cols = self.weight.shape
         r0, r1, c0, c1 = k0 * b0, min(k1 * b0, rows), j0 * b1, min(j1 * b1, cols)
+        band = np.empty(((k1 - k0) * b0, (j1 - j0) * b1), dtype=np.float32)
         if band.shape != (r1 - r0, c1 - c0):  # a partial block at the tensor's edge
             band[...] = 0
         stored = self.weight[r0:r1, c0:c1]
@@ -376,26 +403,7 @@ class Quantized:
             np.left_shift(stored.view(np.uint16), np.uint32(16), out=inside.view(np.uint32), dtype=np.uint32)
         else:
             inside[...] = stored
-        return band
-
-    def _bf16_amax(self, k0: int, k1: int, j0: int, j1: int) -> np.ndarray | None:
-        """``max(|w|)`` (float32) of each block of block rows k0:k1, columns j0:j1, on a bf16 weight's bits
-        (non-negative bf16 order as their bits, and widen to float32 exactly); None for another dtype."""
-        b0, b1 = self.source.block
-        rows, cols = self.weight.shape
-        r0, r1, c0, c1 = k0 * b0, min(k1 * b0, rows), j0 * b1, min(j1 * b1, cols)
-        stored = self.weight[r0:r1, c0:c1]
-        if not (stored.dtype == np.uint16 or stored.dtype.name == "bfloat16"):
-            return None
-        magnitude = np.bitwise_and(stored.view(np.uint16), np.uint16(0x7FFF))
-        whole = ((k1 - k0) * b0, (j1 - j0) * b1)
-        if magnitude.shape != whole:  # a partial block at the tensor's edge: zeros past it
-            padded = np.zeros(whole, dtype=np.uint16)
-            padded[: r1 - r0, : c1 - c0] = magnitude
-            magnitude = padded
-        tall = np.maximum.reduce(magnitude.reshape(k1 - k0, b0, whole[1]), axis=1)
-        top = tall.reshape(k1 - k0, j1 - j0, b1).max(axis=2)
-        return (top.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        return band.reshape(k1 - k0, b0, j1 - j0, b1)
 
     def _scale_of(self, amax: np.ndarray, i0: int, j0: int) -> np.ndarray:
         """DeepSeek's scale of each block from its ``amax`` (refusing NaN or infinity)."""
@@ -405,9 +413,21 @@ class Quantized:
                 f"{self.source.weight}: block [{i0 + i}, {j0 + j}] holds NaN or infinite values, "
                 "which --quantize cannot scale"
             )
-        scale = amax / np.float32(dtypes.FP8_E4M3_LARGEST)
-        scale[amax == 0] = 1.0
-        return scale
+        return blockquant.scale_of(amax)
+
+
+def _bits_amax(bits: np.ndarray, grid: tuple[int, int], block: tuple[int, ...]) -> np.ndarray:
+    """``max(|w|)`` (float32) of each of ``grid``'s blocks of bf16 ``bits`` (uint16, fewer rows or columns
+    at the tensor's edges: zeros past them): non-negative bf16 order as their bits, widened exactly."""
+    (k, j), (b0, b1) = grid, block
+    magnitude = np.bitwise_and(bits, np.uint16(0x7FFF))
+    if magnitude.shape != (k * b0, j * b1):  # a partial block at the tensor's edge
+        padded = np.zeros((k * b0, j * b1), dtype=np.uint16)
+        padded[: bits.shape[0], : bits.shape[1]] = magnitude
+        magnitude = padded
+    tall = np.maximum.reduce(magnitude.reshape(k, b0, j * b1), axis=1)
+    top = tall.reshape(k, j, b1).max(axis=2)
+    return (top.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
 def _block_amax(grid: np.ndarray) -> np.ndarray:
@@ -424,8 +444,9 @@ def _block_amax(grid: np.ndarray) -> np.ndarray:
 
 
 class ScaleMemo:
-    """Scale rows one pass over a ``--quantize`` weight computed (its values or its scale tensor, whichever
-    the executor writes first: safetensors puts the F32 scale first), until the other pass takes them.
+    """Rows of block maxima (the scales' ``amax``) one pass over a ``--quantize`` weight computed (its values
+    or its scale tensor, whichever the executor writes first: safetensors puts the F32 scale first), until
+    the other pass takes them.
 
     Bounded (``MEMO_BYTES``): past it rows are not kept and the other pass computes them itself, so a
     weight and its scale written far apart (other Hugging Face shards) cannot grow it.
@@ -437,17 +458,17 @@ class ScaleMemo:
         self.nbytes = 0
         self.lock = threading.Lock()
 
-    def keep(self, weight: str, scales: bool, first_row: int, scale: np.ndarray) -> None:
-        """Keep rows ``first_row...`` of ``weight``'s scale, computed by its values (or scale) pass."""
+    def keep(self, weight: str, scales: bool, first_row: int, amax: np.ndarray) -> None:
+        """Keep rows ``first_row...`` of ``weight``'s block maxima, computed by its values (or scale) pass."""
         with self.lock:
-            if self.first.setdefault(weight, scales) != scales or self.nbytes + scale.nbytes > MEMO_BYTES:
+            if self.first.setdefault(weight, scales) != scales or self.nbytes + amax.nbytes > MEMO_BYTES:
                 return  # the other pass came first (it needs nothing), or the memo is full
-            for k, row in enumerate(scale):
+            for k, row in enumerate(amax):
                 self.rows[(weight, first_row + k)] = row
-            self.nbytes += scale.nbytes
+            self.nbytes += amax.nbytes
 
     def take(self, weight: str, scales: bool, rows: range) -> np.ndarray | None:
-        """Scale rows ``rows`` of ``weight`` the other pass kept (None unless it kept every one)."""
+        """Block maxima rows ``rows`` of ``weight`` the other pass kept (None unless it kept every one)."""
         with self.lock:
             if self.first.setdefault(weight, scales) == scales:
                 return None
