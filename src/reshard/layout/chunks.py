@@ -157,6 +157,12 @@ class ChunkIndex:
     def is_grid(self) -> bool:
         return self._grid is not None
 
+    @property
+    def grid(self) -> tuple[list[list[int]], list[int]] | None:
+        """(each dimension's sorted cuts, the position in ``used`` of each row-major cell's chunk) when
+        the chunks form a grid, else None (what a caller intersecting many boxes at once needs)."""
+        return self._grid
+
     def pieces(self, box: Box) -> list[Piece]:
         """(chunk index, common box) of every chunk meeting ``box``, row-major by chunk start."""
         if any(a >= b for a, b in box):

@@ -122,9 +122,17 @@ class BoxClass:
         self.held = tuple(box_shape(b) for b in chunk_boxes)  # the shape of each chunk's tensor
         self.dst = dst
         self._shares: dict[int, Share] = {}
+        self._batched = False
 
     def share(self, f: int) -> Share:
         hit = self._shares.get(f)
+        if hit is None and not self._batched and len(self.dst) > 1:
+            from reshard.plan.box_shares import grid_shares  # numpy: loaded with the first shares
+
+            self._batched = True  # every output's share at once when the chunks form a grid
+            found = grid_shares(self.index, self.dst) or {}
+            self._shares.update((at, Share(*parts)) for at, parts in found.items())
+            hit = self._shares.get(f)
         if hit is None:
             box = self.dst[f]
             if box is None:
