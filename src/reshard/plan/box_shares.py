@@ -12,15 +12,48 @@ are the ones ``relative_share`` gives, copy for copy (``tests/test_plan_boxes.py
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from reshard.layout import Box
-from reshard.layout.chunks import ChunkIndex
+from reshard.layout.chunks import ChunkedTensor, ChunkIndex
 
 RelativeCopy = tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...], bool]  # as plan.boxes has it
 ShareParts = tuple[tuple[int, ...], tuple[RelativeCopy, ...], int, int]  # plan.boxes.Share's fields
+
+
+def grid_index(tensor: ChunkedTensor) -> ChunkIndex | None:
+    """``ChunkIndex(tensor)`` found on columns when the chunks form a grid (the same ``used``, cuts and
+    cells); None otherwise (a box outside, no grid, no dimension, no chunk: ``ChunkIndex`` checks and
+    says what is wrong)."""
+    ndim, n = len(tensor.shape), len(tensor.boxes)
+    if not ndim or not n:
+        return None
+    boxes = np.array(tensor.boxes, dtype=np.int64).reshape(n, ndim, 2)
+    lo, hi = boxes[:, :, 0], boxes[:, :, 1]
+    if not ((lo >= 0) & (lo <= hi) & (hi <= np.array(tensor.shape, dtype=np.int64))).all():
+        return None
+    rows = np.flatnonzero((hi > lo).all(axis=1))  # empty chunks hold nothing to read
+    _, first = np.unique(boxes[rows].reshape(len(rows), 2 * ndim), axis=0, return_index=True)
+    kept = rows[np.sort(first)]  # the first chunk of each distinct box: replicas after it are not read
+    used = kept[np.lexsort(lo[kept].T[::-1])]  # by start, row-major (a stable sort, as ChunkIndex's)
+    if not len(used):
+        return None
+    cuts = [np.unique(np.concatenate(([0, size], lo[used, d], hi[used, d]))) for d, size in enumerate(tensor.shape)]
+    if math.prod(len(c) - 1 for c in cuts) != len(used):
+        return None
+    at = np.stack([np.searchsorted(cuts[d], lo[used, d]) for d in range(ndim)], axis=1)
+    ends = np.stack([np.searchsorted(cuts[d], hi[used, d]) for d in range(ndim)], axis=1)
+    if not (ends == at + 1).all():
+        return None  # a chunk spanning several cells: no grid
+    cell = np.ravel_multi_index(tuple(at.T), tuple(len(c) - 1 for c in cuts))
+    cells = np.full(len(used), -1, dtype=np.int64)
+    cells[cell] = np.arange(len(used))
+    if (cells < 0).any():
+        return None  # two chunks in one cell
+    return ChunkIndex.of_grid(tensor, used.tolist(), [c.tolist() for c in cuts], cells.tolist())
 
 
 def grid_shares(index: ChunkIndex, dst: Sequence[Box | None]) -> dict[int, ShareParts] | None:
@@ -96,4 +129,4 @@ def _shares(
     return out
 
 
-__all__ = ["RelativeCopy", "ShareParts", "grid_shares"]
+__all__ = ["RelativeCopy", "ShareParts", "grid_index", "grid_shares"]

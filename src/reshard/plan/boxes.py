@@ -119,10 +119,17 @@ class BoxClass:
     def __init__(self, index: ChunkIndex, chunk_boxes: tuple[Box, ...], dst: tuple[Box | None, ...]) -> None:
         self.index = index
         self.chunk_boxes = chunk_boxes
-        self.held = tuple(box_shape(b) for b in chunk_boxes)  # the shape of each chunk's tensor
+        self._held: tuple[tuple[int, ...], ...] | None = None
         self.dst = dst
         self._shares: dict[int, Share] = {}
         self._batched = False
+
+    @property
+    def held(self) -> tuple[tuple[int, ...], ...]:
+        """The shape of each chunk's tensor (made when first asked: shares of a grid need none)."""
+        if self._held is None:
+            self._held = tuple(box_shape(b) for b in self.chunk_boxes)
+        return self._held
 
     def share(self, f: int) -> Share:
         hit = self._shares.get(f)
@@ -157,9 +164,23 @@ class Indexes:
         if hit is None:
             index = self._by_value.get((tensor.boxes, tensor.shape))
             if index is None:
-                index = self._by_value[(tensor.boxes, tensor.shape)] = ChunkIndex(tensor)
+                index = self._by_value[(tensor.boxes, tensor.shape)] = _index(tensor)
             hit = self._by_id[(id(tensor.boxes), tensor.shape)] = (tensor.boxes, index)
         return hit[1]
+
+
+_COLUMNS_FROM = 256  # chunks from which a chunking is indexed on numpy columns first (plan.box_shares)
+
+
+def _index(tensor: ChunkedTensor) -> ChunkIndex:
+    """``ChunkIndex(tensor)``; for many chunks forming a grid, found on columns (the same index)."""
+    if len(tensor.boxes) >= _COLUMNS_FROM:
+        from reshard.plan.box_shares import grid_index
+
+        found = grid_index(tensor)
+        if found is not None:
+            return found
+    return ChunkIndex(tensor)
 
 
 class _Classes:
