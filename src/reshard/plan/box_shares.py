@@ -6,14 +6,16 @@ pieces over its 1 024 shares, and a checkpoint with a shape per parameter has th
 When the chunks are a grid (``ChunkIndex.grid``: every DTensor placement, uneven ones included),
 the pieces of every destination box are found together: per dimension, the cuts a box spans by
 ``searchsorted``; each box's pieces are the row-major product of its spans, enumerated for all boxes
-at once by unravelling one running index. Only the final tuples are Python (``tolist``). The shares
+at once by unravelling one running index. A share's copies stay columns (``GridCopies``) until
+they are used: planning counts them and reads their chunks' files only. The shares
 are the ones ``relative_share`` gives, copy for copy (``tests/test_plan_boxes.py``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import overload
 
 import numpy as np
 
@@ -21,7 +23,7 @@ from reshard.layout import Box
 from reshard.layout.chunks import ChunkedTensor, ChunkIndex
 
 RelativeCopy = tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...], bool]  # as plan.boxes has it
-ShareParts = tuple[tuple[int, ...], tuple[RelativeCopy, ...], int, int]  # plan.boxes.Share's fields
+ShareParts = tuple[tuple[int, ...], Sequence[RelativeCopy], int, int]  # plan.boxes.Share's fields
 
 
 def grid_index(tensor: ChunkedTensor) -> ChunkIndex | None:
@@ -93,6 +95,52 @@ def grid_shares(index: ChunkIndex, dst: Sequence[Box | None]) -> dict[int, Share
     return _shares(at, counts, lo, hi, chunk, piece_lo - cell_lo, piece_lo - lo[owner], lengths, whole)
 
 
+class GridCopies(Sequence[RelativeCopy]):
+    """One share's copies as slices of its class's columns: counted and read chunk by chunk without a
+    tuple per copy (planning), built as the plain tuples when first indexed or iterated (writing,
+    validating). Compares, hashes and pickles as that tuple."""
+
+    def __init__(self, columns: tuple[np.ndarray, ...], start: int, stop: int) -> None:
+        self._columns = columns  # chunk, src start, dst start, lengths, whole: one row per copy of the class
+        self._start, self._stop = start, stop
+        self._built: tuple[RelativeCopy, ...] | None = None
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    def chunks(self) -> list[int]:
+        """The chunk each copy reads, in order (no copy built)."""
+        return self._columns[0][self._start : self._stop].tolist()
+
+    def built(self) -> tuple[RelativeCopy, ...]:
+        if self._built is None:
+            chunk, src, dst, lengths, whole = (c[self._start : self._stop].tolist() for c in self._columns)
+            rows = zip(chunk, map(tuple, src), map(tuple, dst), map(tuple, lengths), whole, strict=True)
+            self._built = tuple(rows)
+        return self._built
+
+    @overload
+    def __getitem__(self, index: int) -> RelativeCopy: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[RelativeCopy, ...]: ...
+    def __getitem__(self, index: int | slice) -> RelativeCopy | tuple[RelativeCopy, ...]:
+        return self.built()[index]
+
+    def __iter__(self) -> Iterator[RelativeCopy]:
+        return iter(self.built())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return self.built() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.built())
+
+    def __reduce__(self) -> tuple[type, tuple[tuple[RelativeCopy, ...]]]:
+        return tuple, (self.built(),)
+
+
 def _shares(
     at: list[int],
     counts: np.ndarray,
@@ -104,17 +152,8 @@ def _shares(
     lengths: np.ndarray,
     whole: np.ndarray,
 ) -> dict[int, ShareParts]:
-    """The pieces (in order, ``counts`` per box) as shares of plain tuples."""
-    copies: list[RelativeCopy] = list(
-        zip(
-            chunk.tolist(),
-            map(tuple, src.tolist()),
-            map(tuple, dst.tolist()),
-            map(tuple, lengths.tolist()),
-            whole.tolist(),
-            strict=True,
-        )
-    )
+    """The pieces (in order, ``counts`` per box) as shares whose copies are built when first used."""
+    columns = (chunk, src, dst, lengths, whole)
     ends = np.cumsum(counts)
     running = np.concatenate(([0], np.cumsum(lengths.prod(axis=1))))
     read = running[ends] - running[ends - counts]  # the elements each box's pieces read
@@ -122,11 +161,8 @@ def _shares(
     out = {}
     for j, (f, end, n) in enumerate(zip(at, ends.tolist(), counts.tolist(), strict=True)):
         shape = tuple(shapes[j])
-        elements = 1
-        for d in shape:
-            elements *= d
-        out[f] = (shape, tuple(copies[end - n : end]), elements, int(read[j]))
+        out[f] = (shape, GridCopies(columns, end - n, end), math.prod(shape), int(read[j]))
     return out
 
 
-__all__ = ["RelativeCopy", "ShareParts", "grid_index", "grid_shares"]
+__all__ = ["GridCopies", "RelativeCopy", "ShareParts", "grid_index", "grid_shares"]

@@ -85,9 +85,14 @@ class Share:
     """One output box of one class: its shape and the copies filling it, relative to the chunks."""
 
     shape: tuple[int, ...]
-    copies: tuple[RelativeCopy, ...]
+    copies: Sequence[RelativeCopy]  # a tuple, or columns built on first use (plan.box_shares.GridCopies)
     elements: int
     read_elements: int
+
+    def chunks(self) -> Iterable[int]:
+        """The chunk each copy reads, in order (a share of columns says without building its copies)."""
+        lazy = getattr(self.copies, "chunks", None)
+        return lazy() if lazy is not None else (c[0] for c in self.copies)
 
 
 def relative_share(
@@ -248,8 +253,8 @@ class _Layout:
         """The source paths output ``f`` reads, in first-use order (repeats included)."""
         for cls, source in self.pairs:
             files = source.files
-            for copy in cls.share(f).copies:
-                yield files[copy[0]]
+            for k in cls.share(f).chunks():
+                yield files[k]
 
 
 class BoxTensors(LazyTensors):
