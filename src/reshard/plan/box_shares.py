@@ -158,7 +158,7 @@ def _shares(
     running = np.concatenate(([0], np.cumsum(lengths.prod(axis=1))))
     read = running[ends] - running[ends - counts]  # the elements each box's pieces read
     shapes = (hi - lo).tolist()
-    out = {}
+    out: dict[int, ShareParts] = {}
     for j, (f, end, n) in enumerate(zip(at, ends.tolist(), counts.tolist(), strict=True)):
         shape = tuple(shapes[j])
         out[f] = (shape, GridCopies(columns, end - n, end), math.prod(shape), int(read[j]))
