@@ -153,9 +153,28 @@ class ChunkIndex:
             self._starts = [b[0][0] for b in self.boxes] if self.ndim else []
             self._reach = max((b[0][1] - b[0][0] for b in self.boxes), default=0) if self.ndim else 0
 
+    @classmethod
+    def of_grid(cls, tensor: ChunkedTensor, used: Sequence[int], cuts: list[list[int]], cells: list[int]) -> ChunkIndex:
+        """The index of chunks found elsewhere to be a grid (``plan.box_shares.grid_index``, on columns):
+        ``used`` the chunks read (the first of each distinct non-empty box, by start), the grid's cuts
+        and the position in ``used`` of each row-major cell's chunk; what ``__init__`` would find."""
+        index = cls.__new__(cls)
+        index.shape = tensor.shape
+        index.ndim = len(tensor.shape)
+        index.used = tuple(used)
+        index.boxes = tuple(tensor.boxes[i] for i in index.used)
+        index._grid = (cuts, cells)
+        return index
+
     @property
     def is_grid(self) -> bool:
         return self._grid is not None
+
+    @property
+    def grid(self) -> tuple[list[list[int]], list[int]] | None:
+        """(each dimension's sorted cuts, the position in ``used`` of each row-major cell's chunk) when
+        the chunks form a grid, else None (what a caller intersecting many boxes at once needs)."""
+        return self._grid
 
     def pieces(self, box: Box) -> list[Piece]:
         """(chunk index, common box) of every chunk meeting ``box``, row-major by chunk start."""

@@ -29,11 +29,10 @@ from reshard import dtypes
 from reshard.errors import UnsupportedError
 from reshard.formats import dcp
 from reshard.formats.distcp_format import NAME as DISTCP
-from reshard.layout import Box
-from reshard.layout.chunks import ChunkedTensor, whole_box
+from reshard.layout.chunks import ChunkedTensor
 from reshard.plan import Plan, SourceFile, hf_sharded, plan_transform_full
 from reshard.plan.boxes import Indexes, OutputFile, Target, assembled_tensor, plan_boxes
-from reshard.plan.dcp import Chunking, ChunkPlace, Placement, SourceSlices, chunks_metadata, data_file_name, placements
+from reshard.plan.dcp import Chunking, SourceSlices, data_file_name
 from reshard.plan.model import Copy, FilePlan, SourcePaths, SourceTensor, TensorPlan, TextOutput, whole_tensor
 from reshard.plan.unify import PART_BYTES, _bin_pack, _choice
 from reshard.sources.kind import OpenedChunks
@@ -105,25 +104,30 @@ def boxed_dcp(
     byte_items: Sequence[dcp.BytesItem] = (),
 ) -> Plan | None:
     """``plan`` (from ``virtual_model``, whole tensors) as a DCP checkpoint in ``folder`` planned from the
-    chunk boxes at once (``plan.boxes.plan_boxes``: lazy files, one table per chunking), never as
-    millions of copies of full tensors re-cut; None when a tensor is not a plain whole copy of a
-    chunked one (a cast, a reshaping map: ``resourced`` then ``plan.dcp.dcp_plan`` plan it).
+    chunk boxes at once (``plan.boxes.plan_boxes``: lazy files, one table per chunking; the ``.metadata``
+    as columns, one table per chunking too: ``plan.dcp_chunks``), never as millions of copies of full
+    tensors re-cut; None when a tensor is not a plain whole copy of a chunked one (a cast, a reshaping
+    map: ``resourced`` then ``plan.dcp.dcp_plan`` plan it) or has two chunks in one data file.
     ``byte_items``: non-tensor values the ``.metadata`` also lists (a torch_dist output's)."""
+    from reshard.plan.dcp_chunks import Placements, metadata_columns
+
     virtual = os.path.join(os.path.abspath(opened.path), dcp.METADATA_NAME)
     whole = _whole_copies(plan, virtual, opened)
     if whole is None or isinstance(how, SourceSlices):
         return None
-    placed, strings, shapes = [], [], {}
+    chunkings = Placements(how)
+    placed, strings, known = [], [], set()
     for t, c in whole:
         if t.literal is not None or t.dtype is dtypes.STR:
             strings.append(t.name)
             continue
         assert c is not None, "only strings come without their copy"
-        dtypes.torch_name(t.dtype)  # a dtype torch has none of: refused
-        where = placements(t, how, ()) or [(0, whole_box(t.shape))]  # an empty tensor: one chunk
-        if len({r for r, _ in where}) != len(where):
+        if t.dtype not in known:
+            dtypes.torch_name(t.dtype)  # a dtype torch has none of: refused
+            known.add(t.dtype)
+        where = chunkings.of(t)
+        if where is None:
             return None  # two chunks of one tensor in one file: the general re-cut plans it
-        shapes[t.name] = (t.dtype, t.shape)
         placed.append((t, c, where))
     if strings:
         notes.append(
@@ -131,26 +135,14 @@ def boxed_dcp(
         )
     if not placed:
         raise UnsupportedError("no tensor to write as a DCP checkpoint", folder)
-    ranks = sorted({r for *_, where in placed for r, _ in where})
-    column = {r: j for j, r in enumerate(ranks)}
-    shared: dict[tuple[Placement, ...], tuple[Box | None, ...]] = {}
-    targets = []
-    per_file: list[list[ChunkPlace]] = [[] for _ in ranks]
-    for t, c, where in placed:
-        key = tuple(where)
-        boxes = shared.get(key)
-        if boxes is None:
-            cells: list[Box | None] = [None] * len(ranks)
-            for r, box in where:
-                cells[column[r]] = box
-            boxes = shared[key] = tuple(cells)
-        targets.append(Target(c.tensor, boxes, t.name))
-        for r, box in where:
-            per_file[column[r]].append((t.name, t.dtype, tuple(a for a, _ in box), tuple(b - a for a, b in box)))
+    ranks = chunkings.ranks()
+    targets = [Target(c.tensor, where.cells or (), t.name) for t, c, where in placed]
     outputs = [OutputFile(os.path.join(folder, data_file_name(r)), DISTCP, rank=r) for r in ranks]
     sources = [opened.tensors[n] for n in dict.fromkeys(c.tensor for _, c, _ in placed)]
     boxed = plan_boxes(sources, outputs, targets, plan.operation, chunk_names=True)
-    metadata = chunks_metadata(zip((o.path for o in outputs), per_file, strict=True), folder, shapes, byte_items)
+    metadata = metadata_columns(
+        ((t.name, t.dtype, t.shape, where) for t, _, where in placed), ranks, folder, byte_items
+    )
     return Plan(plan.operation, boxed.sources, boxed.files, (metadata,), plan.quantized)
 
 

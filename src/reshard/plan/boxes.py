@@ -85,9 +85,14 @@ class Share:
     """One output box of one class: its shape and the copies filling it, relative to the chunks."""
 
     shape: tuple[int, ...]
-    copies: tuple[RelativeCopy, ...]
+    copies: Sequence[RelativeCopy]  # a tuple, or columns built on first use (plan.box_shares.GridCopies)
     elements: int
     read_elements: int
+
+    def chunks(self) -> Iterable[int]:
+        """The chunk each copy reads, in order (a share of columns says without building its copies)."""
+        lazy = getattr(self.copies, "chunks", None)
+        return lazy() if lazy is not None else (c[0] for c in self.copies)
 
 
 def relative_share(
@@ -119,12 +124,27 @@ class BoxClass:
     def __init__(self, index: ChunkIndex, chunk_boxes: tuple[Box, ...], dst: tuple[Box | None, ...]) -> None:
         self.index = index
         self.chunk_boxes = chunk_boxes
-        self.held = tuple(box_shape(b) for b in chunk_boxes)  # the shape of each chunk's tensor
+        self._held: tuple[tuple[int, ...], ...] | None = None
         self.dst = dst
         self._shares: dict[int, Share] = {}
+        self._batched = False
+
+    @property
+    def held(self) -> tuple[tuple[int, ...], ...]:
+        """The shape of each chunk's tensor (made when first asked: shares of a grid need none)."""
+        if self._held is None:
+            self._held = tuple(box_shape(b) for b in self.chunk_boxes)
+        return self._held
 
     def share(self, f: int) -> Share:
         hit = self._shares.get(f)
+        if hit is None and not self._batched and len(self.dst) > 1:
+            from reshard.plan.box_shares import grid_shares  # numpy: loaded with the first shares
+
+            self._batched = True  # every output's share at once when the chunks form a grid
+            found = grid_shares(self.index, self.dst) or {}
+            self._shares.update((at, Share(*parts)) for at, parts in found.items())
+            hit = self._shares.get(f)
         if hit is None:
             box = self.dst[f]
             if box is None:
@@ -149,9 +169,23 @@ class Indexes:
         if hit is None:
             index = self._by_value.get((tensor.boxes, tensor.shape))
             if index is None:
-                index = self._by_value[(tensor.boxes, tensor.shape)] = ChunkIndex(tensor)
+                index = self._by_value[(tensor.boxes, tensor.shape)] = _index(tensor)
             hit = self._by_id[(id(tensor.boxes), tensor.shape)] = (tensor.boxes, index)
         return hit[1]
+
+
+_COLUMNS_FROM = 256  # chunks from which a chunking is indexed on numpy columns first (plan.box_shares)
+
+
+def _index(tensor: ChunkedTensor) -> ChunkIndex:
+    """``ChunkIndex(tensor)``; for many chunks forming a grid, found on columns (the same index)."""
+    if len(tensor.boxes) >= _COLUMNS_FROM:
+        from reshard.plan.box_shares import grid_index
+
+        found = grid_index(tensor)
+        if found is not None:
+            return found
+    return ChunkIndex(tensor)
 
 
 class _Classes:
@@ -219,8 +253,8 @@ class _Layout:
         """The source paths output ``f`` reads, in first-use order (repeats included)."""
         for cls, source in self.pairs:
             files = source.files
-            for copy in cls.share(f).copies:
-                yield files[copy[0]]
+            for k in cls.share(f).chunks():
+                yield files[k]
 
 
 class BoxTensors(LazyTensors):

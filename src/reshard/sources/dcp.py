@@ -139,6 +139,8 @@ def chunked_tensors(meta: dcp.DcpMetadata) -> dict[str, ChunkedTensor]:
 
     Tensors with one chunking share one tuple of boxes and one tuple of files (a checkpoint of many
     ranks has thousands of tensors, few chunkings), so ``plan.boxes`` indexes each chunking once."""
+    import numpy as np  # the metadata's columns are numpy already
+
     folder = os.path.abspath(meta.folder)
     boxes_of: dict[tuple[bytes, bytes], tuple[Box, ...]] = {}
     files_of: dict[tuple[tuple[str, ...], bytes], tuple[str, ...]] = {}
@@ -148,13 +150,9 @@ def chunked_tensors(meta: dcp.DcpMetadata) -> dict[str, ChunkedTensor]:
             table = tensor.table
             key = (table.offsets.tobytes() + bytes([table.offsets.shape[1]]), table.sizes.tobytes())
             boxes = boxes_of.get(key)
-            if boxes is None:
-                offsets, sizes = table.offsets.tolist(), table.sizes.tolist()
-                boxes = tuple(
-                    tuple((o, o + n) for o, n in zip(offs, size, strict=True))
-                    for offs, size in zip(offsets, sizes, strict=True)
-                )
-                boxes_of[key] = boxes
+            if boxes is None:  # each chunk's ((start, stop) per dim): made from the columns at once
+                nested = np.stack((table.offsets, table.offsets + table.sizes), axis=2).tolist()
+                boxes = boxes_of[key] = tuple([tuple(map(tuple, box)) for box in nested])
             file_key = (table.files, table.file_ids.tobytes())
             files = files_of.get(file_key)
             if files is None:
