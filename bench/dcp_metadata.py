@@ -6,6 +6,7 @@
     python3 bench/dcp_metadata.py --chunks 1000000 --grid          # chunks cut along two axes (2-D grid)
     python3 bench/dcp_metadata.py --chunks 1000000 --torch ~/.cache/reshard/torch-venv/bin/python
     python3 bench/dcp_metadata.py --chunks 1000000 --rows plan --to-ranks 1024   # reshard plan 4 096 -> 1 024
+    python3 bench/dcp_metadata.py --chunks 20480000 --rows read,plan --keep /tmp/dcp20m  # 5 000 params x 4 096
 
 The checkpoint is what an FSDP / ``Shard(0)`` save of ``--chunks / --ranks`` parameters on
 ``--ranks`` ranks writes: every parameter (a ``(4 x ranks, 64)`` float32 tensor) cut into one chunk
@@ -36,6 +37,7 @@ wall time; ``bytes/chunk`` is the peak RSS above the interpreter with numpy impo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -47,6 +49,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from typing import overload
+
+import numpy as np
 
 from reshard import dtypes
 from reshard.formats import dcp
@@ -62,23 +68,47 @@ def grid_of(ranks: int) -> tuple[int, int]:
     return a, ranks // a
 
 
+class _Tensors(Sequence[dcp.TensorMeta]):
+    """The parameters, each made from its columns when asked for (and dropped after): the writer's
+    chunk records of 20 M chunks would not fit beside the pickle it writes."""
+
+    def __init__(self, params: int, ranks: int, grid: bool) -> None:
+        self.params, self.ranks = params, ranks
+        a, b = grid_of(ranks) if grid else (ranks, 1)
+        self.shape = (ROWS_PER_RANK * a, COLUMNS * b)
+        r = np.arange(ranks, dtype=np.int64)
+        self.offsets = np.stack([(r // b) * ROWS_PER_RANK, (r % b) * COLUMNS], axis=1)
+        self.sizes = np.tile(np.array([ROWS_PER_RANK, COLUMNS], dtype=np.int64), (ranks, 1))
+        self.files = tuple(f"__{k}_0.distcp" for k in range(ranks))
+
+    def __len__(self) -> int:
+        return self.params
+
+    @overload
+    def __getitem__(self, p: int) -> dcp.TensorMeta: ...
+    @overload
+    def __getitem__(self, p: slice) -> Sequence[dcp.TensorMeta]: ...
+    def __getitem__(self, p: int | slice) -> dcp.TensorMeta | Sequence[dcp.TensorMeta]:
+        if isinstance(p, slice):
+            return [self[k] for k in range(*p.indices(self.params))]
+        if not 0 <= p < self.params:
+            raise IndexError(p)
+        starts = np.full(self.ranks, p * LENGTH, dtype=np.int64)
+        lengths = np.full(self.ranks, LENGTH, dtype=np.int64)
+        ids = np.arange(self.ranks, dtype=np.int32)
+        table = dcp.ChunkTable(self.offsets, self.sizes, self.files, ids, starts, lengths)
+        return dcp.TensorMeta(f"layers.{p}.weight", dtypes.FLOAT32, self.shape, table)
+
+
+LENGTH = ROWS_PER_RANK * COLUMNS * 4 + 1024  # an archive's size, roughly
+
+
 def make(folder: str, chunks: int, ranks: int, grid: bool) -> None:
     params = max(1, chunks // ranks)
-    a, b = grid_of(ranks) if grid else (ranks, 1)
-    shape = (ROWS_PER_RANK * a, COLUMNS * b)
-    sizes = (ROWS_PER_RANK, COLUMNS)
-    length = math.prod(sizes) * 4 + 1024  # an archive's size, roughly
-    tensors = []
-    for p in range(params):
-        boxes = []
-        for r in range(ranks):
-            offsets = ((r // b) * ROWS_PER_RANK, (r % b) * COLUMNS)
-            boxes.append(dcp.Chunk(f"layers.{p}.weight", offsets, sizes, f"__{r}_0.distcp", p * length, length))
-        tensors.append(dcp.TensorMeta(f"layers.{p}.weight", dtypes.FLOAT32, shape, tuple(boxes)))
     for r in range(ranks):
         with open(os.path.join(folder, f"__{r}_0.distcp"), "wb") as fh:
-            fh.truncate(params * length)
-    dcp.write_metadata(folder, tensors)
+            fh.truncate(params * LENGTH)
+    dcp.write_metadata(folder, _Tensors(params, ranks, grid))
 
 
 _TORCH_MAKE = """
@@ -195,6 +225,7 @@ def main() -> None:
     parser.add_argument("--to-ranks", type=int, default=1024, help="the plan row's DCP rank count")
     parser.add_argument("--torch", metavar="PYTHON", help="pickle the metadata with torch in this interpreter")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--keep", metavar="FOLDER", help="make the checkpoint here and keep it; reuse it if there")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
@@ -202,11 +233,16 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.folder, args.child, args.profile, args.to_ranks)))
         return
-    with tempfile.TemporaryDirectory(prefix="dcp-metadata-") as folder:
+    with contextlib.ExitStack() as stack:
+        folder = args.keep or stack.enter_context(tempfile.TemporaryDirectory(prefix="dcp-metadata-"))
         start = time.perf_counter()
-        if args.torch:
+        if args.keep and os.path.exists(os.path.join(folder, dcp.METADATA_NAME)):
+            pass  # made by an earlier run with the same --chunks/--ranks (its figures assume them)
+        elif args.torch:
+            os.makedirs(folder, exist_ok=True)
             make_with_torch(args.torch, folder, args.chunks, args.ranks, args.grid)
         else:
+            os.makedirs(folder, exist_ok=True)
             make(folder, args.chunks, args.ranks, args.grid)
         made = time.perf_counter() - start
         chunks = max(1, args.chunks // args.ranks) * args.ranks

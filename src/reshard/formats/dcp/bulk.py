@@ -55,6 +55,7 @@ from reshard.formats.dcp.unpickling import _RECORD_CLASSES, _MetadataUnpickler, 
 CHUNK_CLASS = _RECORD_CLASSES[(_META, "ChunkStorageMetadata")]
 INDEX_CLASS = _RECORD_CLASSES[(_META, "MetadataIndex")]
 INFO_CLASS = _RECORD_CLASSES[(_FILESYSTEM, "_StorageInfo")]
+_BATCH_MARKS = {"chunk": b"e(", "entry": b"u("}  # APPENDS / SETITEMS, then MARK: one batch ends, the next begins
 _TEMPLATES_KEPT = 8  # the templates tried before a new one is recorded
 _MAX_INT_BYTES = 8  # a LONG1 wider than int64: given up (the unpickler reads it)
 
@@ -549,10 +550,29 @@ class Machine:
             kept.insert(0, template)
             del kept[_TEMPLATES_KEPT:]
         assert rows is not None
+        rows = self._across_batches(template, rows, _BATCH_MARKS[kind])
         self.stack.append(self._run(template, rows))
         if kind == "entry":
             self.stack.append(None)
         return rows.end
+
+    def _across_batches(self, template: Template, rows: Rows, mark: bytes) -> Rows:
+        """``rows`` and the rows of the same template in the batches after it: pickle ends a batch of
+        1 000 items with APPENDS (SETITEMS) and opens the next with MARK, which, between two runs of one
+        list (dict), leave the stack and the marks as they were; so the rows stand as one run."""
+        parts = [rows]
+        per_row = len(template.memo_objects)
+        while self.raw.startswith(mark, rows.end) and template.may_start(self.raw, rows.end + 2):
+            counted = self.memo_count + sum(p.count for p in parts) * per_row
+            rows = matching_rows(self.data, rows.end + 2, template, counted, self.raw)
+            if not rows.count:
+                break
+            parts.append(rows)
+        if len(parts) == 1:
+            return parts[0]
+        joined = [np.concatenate([p.starts[s] for p in parts]) for s in range(len(parts[0].starts))]
+        blocks = [np.concatenate([p.blocks[s] for p in parts]) for s in range(len(parts[0].blocks))]
+        return Rows(joined, parts[-1].end, blocks)
 
     def _record(self, pos: int, kind: str) -> Template:
         """Execute one record at ``pos`` with placeholders: its template."""

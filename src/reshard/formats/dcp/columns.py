@@ -119,9 +119,11 @@ def _file_numbers(ids: np.ndarray, strings: Strings) -> tuple[tuple[str, ...], n
     """The files the rows name, numbered in the order they first appear (as the slow reader numbers them)."""
     if not len(ids):
         return (), ids
-    distinct, first = np.unique(ids, return_index=True)
-    ordered = distinct[np.argsort(first)]
-    renumber = np.zeros(int(distinct.max()) + 1, dtype=np.int32)
+    first = np.full(len(strings.names), len(ids), dtype=np.int64)
+    np.minimum.at(first, ids, np.arange(len(ids), dtype=np.int64))  # each name's first row
+    named = np.flatnonzero(first < len(ids))
+    ordered = named[np.argsort(first[named], kind="stable")]
+    renumber = np.zeros(len(strings.names), dtype=np.int32)
     renumber[ordered] = np.arange(len(ordered), dtype=np.int32)
     return tuple(strings.names[i] for i in ordered.tolist()), renumber[ids]
 
@@ -200,12 +202,17 @@ def chunk_table(fqn: str, offsets: np.ndarray, sizes: np.ndarray, where: Storage
         paired = np.empty_like(rows)
         paired[mine] = rows[theirs]
         rows = paired
-    used, file_ids = np.unique(where.file_ids[rows], return_inverse=True)
+    ids = where.file_ids[rows]
+    present = np.zeros(len(where.files), dtype=bool)
+    present[ids] = True
+    used = np.flatnonzero(present)  # the files the tensor has chunks in, in the storage's order
+    renumber = np.cumsum(present, dtype=np.int32) - 1
+    files = where.files if len(used) == len(where.files) else tuple(map(where.files.__getitem__, used.tolist()))
     return ChunkTable(
         offsets,
         sizes,
-        tuple(map(where.files.__getitem__, used.tolist())),
-        file_ids.astype(np.int32).ravel(),
+        files,  # every tensor in every file (FSDP): one tuple shared, and checked once (_check_files)
+        renumber[ids],
         where.starts[rows],
         where.lengths[rows],
     )

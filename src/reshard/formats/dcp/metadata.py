@@ -87,10 +87,9 @@ def _read_in_runs(folder: str, path: str) -> DcpMetadata | None:
         size = os.path.getsize(path)
         if size < BULK_MIN_BYTES:
             return None
-        raw = bytearray(size)
-        with open(path, "rb", buffering=0) as fh:
-            if fh.readinto(raw) != size:
-                return None
+        raw = _read_whole(path, size)
+        if raw is None:
+            return None
     except OSError:
         return None
     with collector_paused():
@@ -102,6 +101,20 @@ def _read_in_runs(folder: str, path: str) -> DcpMetadata | None:
             return None
     last_read_in_runs = True
     return meta
+
+
+def _read_whole(path: str, size: int) -> bytearray | None:
+    """The file's ``size`` bytes (a read returns at most 2 GiB on Linux: read until all are in)."""
+    raw = bytearray(size)
+    view, done = memoryview(raw), 0
+    with open(path, "rb", buffering=0) as fh:
+        while done < size:
+            got = fh.readinto(view[done:])
+            if not got:
+                return None  # shorter than it was a moment ago
+            done += got
+    view.release()
+    return raw
 
 
 def _build_from_runs(top: Any, strings: bulk.Strings, folder: str, path: str) -> DcpMetadata:
@@ -424,9 +437,13 @@ def _check_files(meta: DcpMetadata, path: str) -> None:
             sizes[rel] = os.stat(file).st_size
         except OSError as exc:
             raise FormatError(f"data file {rel!r} named by the metadata is missing ({exc.strerror})", path) from None
+    file_sizes: dict[int, tuple[tuple[str, ...], np.ndarray]] = {}  # by the files tuple, often shared
     for tensor in meta.tensors.values():
         table = tensor.table
-        room = np.array([sizes[rel] for rel in table.files], dtype=np.int64)[table.file_ids] - table.starts
+        known = file_sizes.get(id(table.files))
+        if known is None or known[0] is not table.files:
+            known = file_sizes[id(table.files)] = (table.files, np.array([sizes[rel] for rel in table.files], np.int64))
+        room = known[1][table.file_ids] - table.starts
         past = np.flatnonzero(table.lengths > room)
         if len(past):
             _past_the_end(meta, table.chunk(tensor.fqn, int(past[0])), sizes)

@@ -246,7 +246,8 @@ class DcpMetadata:
     @functools.cached_property
     def files(self) -> tuple[str, ...]:
         """The data files the metadata refers to, sorted."""
-        names = {rel for t in self.tensors.values() for rel in t.table.files}
+        distinct = {id(t.table.files): t.table.files for t in self.tensors.values()}  # often one tuple shared
+        names = {rel for files in distinct.values() for rel in files}
         return tuple(sorted(names | {b.file for b in self.byte_items.values()}))
 
     def chunks_in(self, relative_path: str) -> list[tuple[TensorMeta, np.ndarray]]:

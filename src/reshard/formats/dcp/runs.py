@@ -81,10 +81,20 @@ class Template:
     puts: list[int] = field(default_factory=list)  # the columns of explicit memo puts (protocol 2)
     value_refs: frozenset[int] = frozenset()  # GET and TEXT columns whose strings are field values
     opening: list[tuple[int, bytes]] = field(default_factory=list)  # the first segment's fixed stretches
+    stretches: list[list[tuple[int, bytes]]] = field(default_factory=list)  # every segment's
 
     def may_start(self, raw: bytearray, pos: int) -> bool:
-        """Whether the first segment's fixed bytes are at ``pos`` (a quick test before matching rows)."""
-        return all(raw.startswith(stretch, pos + at) for at, stretch in self.opening)
+        """Whether a row of this template starts at ``pos``: its fixed bytes there, segment after
+        segment (a quick test in Python before numpy matches the rows)."""
+        at = pos
+        for s, stretches in enumerate(self.stretches):
+            if not all(raw.startswith(stretch, at + offset) for offset, stretch in stretches):
+                return False
+            if s < len(self.texts):
+                text = self.columns[self.texts[s]]
+                size = int.from_bytes(raw[at + text.at : at + text.at + text.width], "little")
+                at += self.segments[s].length + size
+        return True
 
     @property
     def length(self) -> int:
@@ -126,7 +136,8 @@ def make_template(
         kind_ = c.kind if k in varying or c.kind not in (GET, TEXT) else FIXED
         columns[k] = Column(c.at - seg_starts[segment], c.width, kind_, segment)
     template.memo_objects = [_memo_value(v, varying) for v in memo]
-    template.opening = _stretches(data[: seg_ends[0]], mask[: seg_ends[0]])
+    template.stretches = [_stretches(data[a:b], mask[a:b]) for a, b in zip(seg_starts, seg_ends, strict=True)]
+    template.opening = template.stretches[0]
     return template
 
 
