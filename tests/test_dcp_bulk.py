@@ -183,3 +183,29 @@ def test_chunk_columns_are_int64_and_read_only(tmp_path: Path, monkeypatch: pyte
     table = meta.tensors["layers.1.weight"].table
     assert table.offsets.dtype == np.int64 and table.file_ids.dtype == np.int32
     assert not table.offsets.flags.writeable
+
+
+def test_a_file_is_read_whole_however_short_each_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One read returns at most 2 GiB on Linux: a 2.4 GB .metadata is read in several."""
+    folder = write(tmp_path / "ckpt", fsdp_model(3, 300))
+    real_open = open
+
+    class Short:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            self.fh = real_open(*args, **kwargs)  # type: ignore[call-overload]
+
+        def __enter__(self) -> Short:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.fh.close()
+
+        def readinto(self, view: memoryview) -> int:
+            return self.fh.readinto(view[:1000])
+
+        def read(self, size: int = -1) -> bytes:
+            return self.fh.read(size)
+
+    monkeypatch.setattr(reader, "open", Short, raising=False)
+    fast, slow, used = both_ways(folder, monkeypatch)
+    assert used and fast == slow
