@@ -280,6 +280,7 @@ def chunk_facts(opened: OpenedChunks) -> dict[str, Any]:
     each tensor's global shape, chunks, data files and saving ranks; each data file's rank, size and
     chunks; the non-tensor values; the bytes each rank saved."""
     folder = os.path.abspath(opened.path)
+    relative = {p: os.path.relpath(p, folder) for p in opened.files}  # once a file, not once a chunk
     per_file: dict[str, dict[str, int]] = {p: {"chunks": 0, "chunk_bytes": 0} for p in opened.files}
     rank_bytes: dict[int, int] = {}
     rows: list[dict[str, Any]] = []
@@ -298,12 +299,12 @@ def chunk_facts(opened: OpenedChunks) -> dict[str, Any]:
                 "shape": list(t.shape),
                 "bytes": math.prod(t.shape) * t.dtype.itemsize,
                 "chunks": len(t.boxes),
-                "files": [os.path.relpath(p, folder) for p in used],
+                "files": [relative[p] if p in relative else os.path.relpath(p, folder) for p in used],
                 "saved_by": saving_ranks(opened, used),
             }
         )
     files = [
-        {"name": os.path.relpath(p, folder), "rank": opened.saved_by[p], "bytes": os.path.getsize(p), **per_file[p]}
+        {"name": relative[p], "rank": opened.saved_by[p], "bytes": os.path.getsize(p), **per_file[p]}
         for p in opened.files
     ]
     values = [
