@@ -100,7 +100,7 @@ def test_missing_and_empty(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / ".hidden").write_text("")
     err = _error(lambda: sources.identify(str(tmp_path / "empty"), (sources.RANK_FOLDERS,)))
-    assert "the folder is empty (looked for a folder of rank_<r> folders" in str(err)
+    assert "the folder holds only .hidden (looked for a folder of rank_<r> folders" in str(err)
     assert str(tmp_path / "empty") in str(err)
 
 
@@ -293,3 +293,11 @@ def test_resolve_words_every_refusal_from_the_traits(job: dict[str, str], tmp_pa
     finally:
         registry.unregister(toy)
     assert sources.kind_of(path) is not toy  # unregistered: a folder of JSON is a strategy folder again
+
+
+def test_a_folder_of_hidden_files_says_what_it_holds(tmp_path: Path) -> None:
+    folder = tmp_path / "dcp"
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(b"\x80\x02.")  # a DCP folder's .metadata without its data files
+    err = _error(lambda: sources.identify(str(folder)))
+    assert "the folder holds only .metadata (looked for" in str(err)

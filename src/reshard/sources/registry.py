@@ -109,7 +109,9 @@ def _identify(path: str, accept: Sequence[AnyKind] | None) -> AnyKind:
     if not os.path.exists(path):
         raise UsageError("no such file or folder", path)
     if os.path.isdir(path) and not _visible(path):
-        raise UsageError(f"the folder is empty (looked for {_looked_for(accept)})", path)
+        hidden = sorted(os.listdir(path))
+        held = f"holds only {', '.join(hidden[:3])}{' ...' if len(hidden) > 3 else ''}" if hidden else "is empty"
+        raise UsageError(f"the folder {held} (looked for {_looked_for(accept)})", path)
     for kind in KINDS:
         if kind.detect(path):
             if kind in accept:
