@@ -663,4 +663,4 @@ def read_bulk(raw: bytearray, max_runs: int) -> tuple[Any, Strings]:
         raise GiveUp(type(exc).__name__) from exc
 
 
-__all__ = ["CHUNK_CLASS", "INDEX_CLASS", "INFO_CLASS", "GiveUp", "Run", "Strings", "read_bulk"]
+__all__ = ["CHUNK_CLASS", "INDEX_CLASS", "INFO_CLASS", "GiveUp", "Machine", "Run", "Strings", "read_bulk"]

@@ -383,7 +383,9 @@ __all__ = [
     "Segment",
     "Template",
     "column_values",
+    "gather",
     "make_template",
     "matching_rows",
     "text_values",
+    "value_refs",
 ]
