@@ -232,8 +232,7 @@ class Machine:
         self.templates: dict[str, list[Template]] = {"chunk": [], "entry": []}
         self.recording: list[tuple[int, int, int]] | None = None  # (at, width, kind) of each argument
         self.record_start = 0
-        self.globals = _MetadataUnpickler(_PickleInput(b""))
-        self.globals._path_chars = len(raw)  # what the joined path parts may add up to, as the unpickler
+        self.globals = _MetadataUnpickler(_PickleInput(b""), len(raw))  # for its find_class
         self.handlers = self._handlers()
 
     # ---- the loop
@@ -444,16 +443,11 @@ class Machine:
         return pos + 1 + width
 
     def _long1(self, pos: int) -> int:
-        width = self.raw[pos + 1]
+        width = self.raw[pos + 1]  # when recording, one of the fixed bytes: rows of another width differ
         if width > _MAX_INT_BYTES:
             raise GiveUp("a wide integer")
-        if self.recording is not None:  # the width byte must recur: it is one of the fixed bytes
-            value = self._argument(pos + 1, width, SINT)
-            self.stack.append(_Col(len(self.recording) - 1))
-        else:
-            value = int.from_bytes(self.raw[pos + 2 : pos + 2 + width], "little", signed=True)
-            self.stack.append(value)
-        del value
+        value = self._argument(pos + 1, width, SINT)
+        self.stack.append(_Col(len(self.recording) - 1) if self.recording is not None else value)
         return pos + 2 + width
 
     def _text(self, pos: int, width: int) -> int:

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from reshard.errors import FormatError
 from reshard.formats.dcp.bulk import CHUNK_CLASS, INDEX_CLASS, INFO_CLASS, GiveUp, Run, Strings
 from reshard.formats.dcp.records import ChunkTable
 from reshard.formats.dcp.runs import _Col, _Ref
@@ -218,9 +217,4 @@ def chunk_table(fqn: str, offsets: np.ndarray, sizes: np.ndarray, where: Storage
     )
 
 
-def no_format_error(error: FormatError) -> GiveUp:
-    """A check failing on the fast path: the slow reader reports it (and in its words)."""
-    return GiveUp(str(error))
-
-
-__all__ = ["StorageIndex", "chunk_columns", "chunk_table", "no_format_error", "storage_index"]
+__all__ = ["StorageIndex", "chunk_columns", "chunk_table", "storage_index"]

@@ -6,7 +6,7 @@ import itertools
 import math
 import operator
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,7 +96,7 @@ def _read_in_runs(folder: str, path: str) -> DcpMetadata | None:
         try:
             top, strings = bulk.read_bulk(raw, max_runs=_BULK_RUNS + int(size * _BULK_RUNS_PER_BYTE))
             del raw
-            meta = _build_from_runs(top, strings, folder, path)
+            meta = _build_metadata(top, folder, path, strings)
         except (bulk.GiveUp, FormatError, UnsupportedError, ValueError, TypeError, KeyError, OverflowError):
             return None
     last_read_in_runs = True
@@ -115,34 +115,6 @@ def _read_whole(path: str, size: int) -> bytearray | None:
             done += got
     view.release()
     return raw
-
-
-def _build_from_runs(top: Any, strings: bulk.Strings, folder: str, path: str) -> DcpMetadata:
-    state = _state(top, f"{_META}.Metadata", path)
-    entries, storage = state.get("state_dict_metadata"), state.get("storage_data")
-    if type(entries) is not dict or type(storage) is not dict:
-        raise bulk.GiveUp("no state_dict_metadata / storage_data dictionaries")
-    where = columns.storage_index(storage, strings, _check_relative, path)
-    del storage
-    tensors: dict[str, TensorMeta] = {}
-    byte_items: dict[str, BytesItem] = {}
-    for fqn, entry in entries.items():
-        if type(fqn) is not str:
-            raise bulk.GiveUp("a key that is not a string")
-        if isinstance(entry, _Pickled) and entry.global_name == f"{_META}.BytesStorageMetadata":
-            item = where.byte_value(fqn)
-            if item is None:
-                raise bulk.GiveUp("a value without its entry")
-            byte_items[fqn] = BytesItem(fqn, *item)
-            continue
-        tensor_state = _state(entry, f"{_META}.TensorStorageMetadata", path)
-        dtype, shape, requires_grad = _tensor_header(fqn, tensor_state, path)
-        offsets, sizes = columns.chunk_columns(tensor_state.get("chunks"), len(shape))
-        meta = TensorMeta(fqn, dtype, shape, columns.chunk_table(fqn, offsets, sizes, where), requires_grad)
-        check_chunks(meta, path)
-        tensors[fqn] = meta
-    planner, version = state.get("planner_data"), state.get("version")
-    return DcpMetadata(folder, tensors, byte_items, planner, version if isinstance(version, str) else None)
 
 
 def _state(obj: Any, kind: str, path: str, form: type = dict) -> Any:
@@ -181,29 +153,45 @@ def _column(states: list[dict[Any, Any]], name: str, default: Any = None) -> lis
         return list(map(operator.methodcaller("get", name, default), states))
 
 
-def _build_metadata(top: Any, folder: str, path: str) -> DcpMetadata:
+def _build_metadata(top: Any, folder: str, path: str, strings: bulk.Strings | None = None) -> DcpMetadata:
+    """The records of an unpickled ``.metadata``, or (``strings`` given) of what ``bulk`` read: its
+    runs joined into the same columns (``columns``)."""
     state = _state(top, f"{_META}.Metadata", path)
     entries = state.get("state_dict_metadata")
     storage = state.get("storage_data")
     if not isinstance(entries, dict) or not isinstance(storage, dict):
         raise FormatError("metadata has no state_dict_metadata / storage_data dictionaries", path)
-    where = _storage_index(storage, path)
-    del storage, state
+    byte_value: Callable[[str], tuple[str, int, int] | None]
+    tensor_meta: Callable[[str, Any], TensorMeta]
+    if strings is None:
+        slow = _storage_index(storage, path)
+        byte_value, tensor_meta = slow.byte_value, lambda fqn, entry: _tensor_meta(fqn, entry, slow, path)
+    else:
+        fast = columns.storage_index(storage, strings, _check_relative, path)
+        byte_value, tensor_meta = fast.byte_value, lambda fqn, entry: _tensor_from_columns(fqn, entry, fast, path)
+    del storage
     tensors: dict[str, TensorMeta] = {}
     byte_items: dict[str, BytesItem] = {}
-    planner = top.state.get("planner_data")
-    version = top.state.get("version")
     for fqn, entry in entries.items():
         if not isinstance(fqn, str):
             raise FormatError(f"state dict key {fqn!r} is not a string", path)
         if isinstance(entry, _Pickled) and entry.global_name == f"{_META}.BytesStorageMetadata":
-            row = where.rows.get((fqn, None))
-            if row is None:
+            item = byte_value(fqn)
+            if item is None:
                 raise FormatError(f"value {fqn!r} has no storage entry", path)
-            byte_items[fqn] = BytesItem(fqn, *where.item(row))
+            byte_items[fqn] = BytesItem(fqn, *item)
         else:
-            tensors[fqn] = _tensor_meta(fqn, _state(entry, f"{_META}.TensorStorageMetadata", path), where, path)
+            tensors[fqn] = tensor_meta(fqn, _state(entry, f"{_META}.TensorStorageMetadata", path))
+    planner, version = state.get("planner_data"), state.get("version")
     return DcpMetadata(folder, tensors, byte_items, planner, version if isinstance(version, str) else None)
+
+
+def _tensor_from_columns(fqn: str, state: Any, where: columns.StorageIndex, path: str) -> TensorMeta:
+    dtype, shape, requires_grad = _tensor_header(fqn, state, path)
+    offsets, sizes = columns.chunk_columns(state.get("chunks"), len(shape))
+    meta = TensorMeta(fqn, dtype, shape, columns.chunk_table(fqn, offsets, sizes, where), requires_grad)
+    check_chunks(meta, path)
+    return meta
 
 
 StorageKey = tuple[str, tuple[int, ...] | None]
@@ -221,6 +209,11 @@ class _StorageColumns:
 
     def item(self, row: int) -> tuple[str, int, int]:
         return self.files[int(self.file_ids[row])], int(self.starts[row]), int(self.lengths[row])
+
+    def byte_value(self, fqn: str) -> tuple[str, int, int] | None:
+        """Where the non-tensor value ``fqn`` is: its file, start and length (None: no entry)."""
+        row = self.rows.get((fqn, None))
+        return None if row is None else self.item(row)
 
 
 def _storage_index(storage: dict[Any, Any], path: str) -> _StorageColumns:

@@ -158,9 +158,10 @@ _PATH_CLASSES = frozenset(("Path", "PosixPath", "PurePosixPath", "WindowsPath", 
 class _MetadataUnpickler(pickle.Unpickler):
     """Reads DCP's ``.metadata``: the DCP classes as inert records, ``torch.Size`` as tuples."""
 
-    def __init__(self, file: _PickleInput) -> None:
+    def __init__(self, file: _PickleInput, pickle_size: int | None = None) -> None:
         super().__init__(file)
-        self._path_chars = file.size  # what the joined path parts may add up to: no more than the pickle
+        # what the joined path parts may add up to: no more than the pickle (``bulk`` reads it itself)
+        self._path_chars = file.size if pickle_size is None else pickle_size
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _RECORD_CLASSES:
