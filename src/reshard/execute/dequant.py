@@ -161,7 +161,13 @@ class Dequantized:
     """
 
     def __init__(
-        self, source: QuantizedSource, values: np.ndarray, scale: np.ndarray, shape: tuple[int, ...], code: str
+        self,
+        source: QuantizedSource,
+        values: np.ndarray | Assembled,
+        scale: np.ndarray | Assembled,
+        shape: tuple[int, ...],
+        code: str,
+        release: Callable[[], None] | None = None,
     ) -> None:
         self.source = source
         self.values = values
@@ -170,10 +176,13 @@ class Dequantized:
         self.ndim = len(shape)
         self.source_code = code
         self.dtype = _carrier(source.target)
+        self.release = release
 
     def __getitem__(self, box: Box) -> np.ndarray:
         bounds = _bounds(box if isinstance(box, tuple) else (box,), self.shape)
         out = self._fp8(bounds) if self.source.kind == FP8_BLOCK else self._mxfp4(bounds)
+        if self.release is not None:
+            self.release()  # assembled from chunks: their pages read for this box dropped (the executor cannot)
         if out.dtype == self.dtype:
             return out
         made = _to_target(out, self.source.target)  # the float32 path: rounded once, here
@@ -231,9 +240,11 @@ class Dequantized:
         table = _fp8_table(self.source_code)
         offsets = ((np.arange(c0, c1) // b1 - j0) * 256).astype(np.uint16)
         out = np.empty((r1 - r0, c1 - c0), dtype=self.dtype)
-        for i in range(r0 // b0, -(-r1 // b0)):
+        i0 = r0 // b0
+        scales = self.scale[i0 : -(-r1 // b0), j0:j1]  # the box's scale rows, read once (slices: Assembled too)
+        for i in range(i0, -(-r1 // b0)):
             lo, hi = max(r0, i * b0), min(r1, (i + 1) * b0)
-            scale = _scale_f32(self.scale[i, j0:j1])
+            scale = _scale_f32(scales[i - i0])
             with np.errstate(over="ignore", invalid="ignore"):
                 products = table[None, :] * scale[:, None]
             tables = _to_target(products, code)
@@ -548,8 +559,8 @@ def wrapped_opener(plan: Plan, opener: Opener) -> Opener:
         made: dict[str, Callable[[], Any]] = {}
         memo = ScaleMemo()  # one per opened file: its quantized weights' values hand their scales on
         for q in records:
-            if q.assembled is not None:  # --quantize after a model map: the weight is a planned tensor
-                if q.name in index.entries:
+            if q.assembled is not None:  # --quantize after a model map, or a DCP source: the weight is assembled
+                if q.name in index.entries and not _own_chunk(q, path):
                     raise UsageError(
                         f"{q.name}: --quantize would compute this tensor after the model map, but {path} "
                         "already holds a tensor of that name"
@@ -567,6 +578,13 @@ def wrapped_opener(plan: Plan, opener: Opener) -> Opener:
         )
 
     return open_one
+
+
+def _own_chunk(q: QuantizedSource, path: str) -> bool:
+    """Whether tensor ``q.name`` of ``path`` is a chunk of the very weight ``q`` assembles (a DCP source's
+    ``X.weight``): the computed tensor then stands in for it (the assembly reads the file's own index)."""
+    assert q.assembled is not None
+    return any(q.assembled_sources[c.source] == path and c.tensor == q.name for c in q.assembled.copies)
 
 
 def _shape(q: QuantizedSource, stored: tuple[int, ...]) -> tuple[int, ...]:
@@ -603,40 +621,72 @@ class Assembled:
     """A planned tensor (``TensorPlan``) read as an array, rows by rows from its copies' sources.
 
     What ``Quantized`` reads when ``--quantize`` comes after a model map: the Hugging Face tensor a
-    rename, join or stack makes of the stored ones, assembled only for the rows asked.
+    rename, join or stack makes of the stored ones, assembled only for the rows asked. What
+    ``Dequantized`` and ``Quantized`` read of a chunked source's pair (a DCP folder): the stored
+    weight and scale, assembled from their chunks.
+
+    ``raw``: ``source_array`` gives stored items as their carriers (F8 bytes as uint8, bf16 as uint16) and
+    every copy reads ``t``'s own dtype, so rows are bytes moved, never numbers (no ``ml_dtypes``, no rounding).
     """
 
-    def __init__(self, t: TensorPlan, source_array: SourceArray) -> None:
+    def __init__(self, t: TensorPlan, source_array: SourceArray, raw: bool = False) -> None:
         self.t = t
         self.source_array = source_array
         self.shape = t.shape
         self.ndim = len(t.shape)
-        self.dtype = np.dtype(t.dtype.numpy)
+        self.raw = raw
+        self.dtype = np.dtype(t.dtype.carrier if raw else t.dtype.numpy)
 
     def __getitem__(self, box: Box) -> np.ndarray:
         bounds = _bounds(box if isinstance(box, tuple) else (box,), self.shape)
         (r0, r1), rest = bounds[0], bounds[1:]
-        rows = assemble.tensor_rows(self.t, r0, r1, self.source_array)
+        if self.raw:
+            rows = np.empty((r1 - r0, *self.shape[1:]), dtype=self.dtype)
+            assemble.copy_boxes(rows, self.t, r0, self.source_array)  # carriers alike: np.copyto, bytes as bytes
+        else:
+            rows = assemble.tensor_rows(self.t, r0, r1, self.source_array)
         index = (slice(None), *[slice(a, b) for a, b in rest])
         return rows[index]
 
 
-def _assembled(q: QuantizedSource, index_of: Callable[[str], TensorIndex], memo: ScaleMemo) -> Quantized:
+def _assembled(q: QuantizedSource, index_of: Callable[[str], TensorIndex], memo: ScaleMemo) -> Dequantized | Quantized:
     assert q.assembled is not None
+    weight, release = _assembled_array(q.assembled, q.assembled_sources, index_of)
+    if q.kind in (QUANTIZE, QUANTIZE_SCALE):
+        return Quantized(q, weight, q.kind == QUANTIZE_SCALE, memo, release)
+    assert q.scale_assembled is not None, "a dequantized pair assembled from chunks has its scale assembled too"
+    scale, release_scale = _assembled_array(q.scale_assembled, q.assembled_sources, index_of)
+
+    def both() -> None:
+        release()
+        release_scale()
+
+    shape = _shape(q, q.assembled.shape)
+    return Dequantized(q, weight, scale, shape, str(q.assembled.dtype.st_code), both)
+
+
+def _assembled_array(
+    t: TensorPlan, paths: Sequence[str], index_of: Callable[[str], TensorIndex]
+) -> tuple[Assembled, Callable[[], None]]:
+    """``t`` read from the files ``paths`` (its copies' sources), and what drops their pages read so far.
+
+    Stored items (carriers) when every copy reads ``t``'s own dtype: the bytes of a chunked source's pair
+    move as bytes (``Assembled.raw``); numbers otherwise (a model map's output after a ``--dtype`` cast)."""
+    raw = all(index_of(paths[c.source]).entries[c.tensor].dtype is t.dtype for c in t.copies)
     arrays: dict[tuple[int, str], np.ndarray] = {}
 
     def source_array(source: int, tensor: str) -> np.ndarray:
         if (source, tensor) not in arrays:
-            arrays[(source, tensor)] = index_of(q.assembled_sources[source]).array(tensor)
+            index = index_of(paths[source])
+            arrays[(source, tensor)] = index.items(tensor) if raw else index.array(tensor)
         return arrays[(source, tensor)]
 
     def release() -> None:  # the sources' pages read so far (transposed ones are read again by every block)
-        assert q.assembled is not None
-        for c in q.assembled.copies:
+        for c in t.copies:
             if c.src_perm is None:
-                _release(index_of(q.assembled_sources[c.source]), c.tensor)
+                _release(index_of(paths[c.source]), c.tensor)
 
-    return Quantized(q, Assembled(q.assembled, source_array), q.kind == QUANTIZE_SCALE, memo, release)
+    return Assembled(t, source_array, raw), release
 
 
 Computed = Dequantized | Quantized | Viewed
@@ -713,9 +763,17 @@ def check_scales(plan: Plan, opener: Opener) -> None:
         for q in plan.quantized:
             if q.kind in (QUANTIZE, QUANTIZE_SCALE):  # scales made by this run, not read
                 continue
-            if q.scale_path not in opened:
-                opened[q.scale_path] = opener(q.scale_path)
-            scale = _scale_f32(opened[q.scale_path].items(q.scale))
+
+            def index_of(path: str) -> TensorIndex:
+                if path not in opened:
+                    opened[path] = opener(path)
+                return opened[path]
+
+            if q.scale_assembled is not None:  # a chunked source's scale: its chunks put together (small)
+                stored = _assembled_array(q.scale_assembled, q.assembled_sources, index_of)[0][:]
+            else:
+                stored = index_of(q.scale_path).items(q.scale)
+            scale = _scale_f32(stored)
             bad = ~np.isfinite(scale)
             if bad.any():
                 first = tuple(int(i) for i in np.argwhere(bad)[0])

@@ -33,7 +33,17 @@ from reshard.layout.chunks import ChunkedTensor
 from reshard.plan import Plan, SourceFile, hf_sharded, plan_transform_full
 from reshard.plan.boxes import Indexes, OutputFile, Target, assembled_tensor, plan_boxes
 from reshard.plan.dcp import Chunking, SourceSlices, data_file_name
-from reshard.plan.model import Copy, FilePlan, SourcePaths, SourceTensor, TensorPlan, TextOutput, whole_tensor
+from reshard.plan.model import (
+    Copy,
+    FilePlan,
+    QuantizedSource,
+    SourcePaths,
+    SourceTensor,
+    TensorPlan,
+    TextOutput,
+    whole_tensor,
+)
+from reshard.plan.quantized import FP8_BLOCK, MXFP4
 from reshard.plan.unify import PART_BYTES, _bin_pack, _choice
 from reshard.sources.kind import OpenedChunks
 
@@ -70,29 +80,67 @@ def values_note(opened: OpenedChunks, notes: list[str], output: str) -> None:
         notes.append(f"{len(opened.values)} non-tensor values not carried: {output} holds tensors only")
 
 
-def resourced(plan: Plan, opened: OpenedChunks) -> Plan:
+def resourced(plan: Plan, opened: OpenedChunks, computed: dict[tuple[str, str], QuantizedSource] | None = None) -> Plan:
     """``plan`` (from ``virtual_model``) reading the chunks: each copy of a box of a global tensor
     becomes the copies of that box from the chunks holding it, the sources interned anew.
 
+    ``computed``: the run's ``--dequantize`` / ``--quantize`` records by (path, name) (``Dequantizer.records``).
+    A copy of a tensor computed from a pair of the virtual model keeps its box and reads one chunk file of
+    the stored weight instead, and ``computed`` gains that tensor's record there (``chunk_record``: the
+    stored weight and scale assembled from their chunks), which ``Dequantizer.attach`` then finds.
+
     Raises:
-        UnsupportedError: A copy through a reshaping view of a chunked tensor, or dequantized tensors.
+        UnsupportedError: A copy through a reshaping view of a chunked tensor.
     """
     virtual = os.path.join(os.path.abspath(opened.path), dcp.METADATA_NAME)
-    if plan.quantized:
-        raise UnsupportedError("--dequantize and --quantize of a PyTorch DCP checkpoint are not supported")
     interned, indexes = SourcePaths(), Indexes()
+    records = computed if computed is not None else {}
+    made = {name: q for (path, name), q in records.items() if path == virtual}
+    made.update((q.name, q) for q in plan.quantized if q.path == virtual)
+    moved_records: dict[str, QuantizedSource] = {}
+
+    def record(name: str) -> QuantizedSource:
+        if name not in moved_records:
+            q = chunk_record(made[name], opened, indexes)
+            moved_records[name] = records[(q.path, q.name)] = q
+        return moved_records[name]
 
     def moved(t: TensorPlan) -> TensorPlan:
         copies: list[Copy] = []
         for c in t.copies:
             if plan.sources[c.source] != virtual:
                 copies.append(replace(c, source=interned.id(plan.sources[c.source])))
+            elif c.tensor in made:  # computed while copying: the box of the whole computed tensor, as planned
+                copies.append(replace(c, source=interned.id(record(c.tensor).path)))
             else:
                 copies.extend(_chunk_copies(c, opened.tensors[c.tensor], interned, indexes))
         return replace(t, copies=tuple(copies))
 
     files = tuple(replace(f, tensors=tuple(moved(t) for t in f.tensors)) for f in plan.files)
-    return Plan(plan.operation, tuple(interned.paths), files, plan.texts)
+    quantized = tuple(record(q.name) if q.path == virtual else q for q in plan.quantized)
+    return Plan(plan.operation, tuple(interned.paths), files, plan.texts, quantized)
+
+
+def chunk_record(q: QuantizedSource, opened: OpenedChunks, indexes: Indexes | None = None) -> QuantizedSource:
+    """``q`` (a pair of the virtual model) read from the chunks: its stored weight and (dequantizing) its
+    stored scale assembled whole from theirs (``Assembled`` reads only the rows asked), at a data file
+    holding a chunk of the weight (the copies' source, where ``execute.dequant.wrapped_opener`` answers)."""
+    sources = SourcePaths()
+    weight = opened.tensors[q.weight]
+    assembled = assembled_tensor(sources, weight, tuple((0, n) for n in weight.shape), indexes=indexes)
+    scale, scale_path = None, weight.files[0]
+    if q.kind in (FP8_BLOCK, MXFP4):  # --quantize makes its scale; --dequantize reads the stored one
+        stored = opened.tensors[q.scale]
+        scale = assembled_tensor(sources, stored, tuple((0, n) for n in stored.shape), indexes=indexes)
+        scale_path = stored.files[0]
+    return replace(
+        q,
+        path=weight.files[0],
+        scale_path=scale_path,
+        assembled=assembled,
+        assembled_sources=tuple(sources.paths),
+        scale_assembled=scale,
+    )
 
 
 def boxed_dcp(
@@ -328,6 +376,7 @@ __all__ = [
     "boxed_dcp",
     "check_run",
     "chunk_facts",
+    "chunk_record",
     "full_plan",
     "parts_plan",
     "resourced",

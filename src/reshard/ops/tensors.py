@@ -19,10 +19,10 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar, cast
 
 from reshard import statenames
-from reshard.errors import UnsupportedError, UsageError
+from reshard.errors import UsageError
 from reshard.layout import LayoutTable
 from reshard.naming import NameReport
-from reshard.ops.chunked import VIRTUAL
+from reshard.ops import chunked
 from reshard.ops.options import TensorOptions
 from reshard.plan import Plan, SourceFile, SourceTensor
 from reshard.plan.cast import cast_files, cast_rule
@@ -40,6 +40,7 @@ from reshard.plan.quantized_dcp import block_grains, check_even_rows
 from reshard.plan.quantized_map import check_mapped_pairs
 from reshard.plan.surgery import MAPPED_SOURCE, MappedModel, NameRun
 from reshard.sources import ReadOptions, model_folder, open_checkpoint
+from reshard.sources.kind import OpenedChunks
 
 TableT = TypeVar("TableT", bound=LayoutTable)
 
@@ -102,7 +103,6 @@ class TensorPipeline:
         Raises:
             UsageError: A filter that matches nothing, a NaN-free cast that overflows, a map for
                 another model family, a model config the shapes contradict.
-            UnsupportedError: ``--dequantize`` / ``--quantize`` of a PyTorch DCP source (its virtual model).
         """
         if inputs.mapping is None:
             narrowed, stored = self.naming.narrow(inputs.files), inputs.table
@@ -113,11 +113,6 @@ class TensorPipeline:
             out = Inputs(cast_files(files, self.cast, notes), table=table, narrowed=narrowed, stored=stored)
             out.model = self.naming.mapped_file(out.files) if whole else None
         else:
-            if self.dequantizer is not None and VIRTUAL in inputs.files:
-                raise UnsupportedError(
-                    "--dequantize and --quantize of a PyTorch DCP checkpoint are not supported: write it as "
-                    "safetensors first (reshard transform SRC FULL --output-format safetensors), then run on FULL"
-                )
             files, mapping, hyper = self.naming.narrow_full(inputs.files, inputs.mapping, inputs.hyper)
             if self.naming.model_map is not None:
                 self._note_pairs({n: files[f].tensors[n] for n, f in mapping.items()})
@@ -134,6 +129,12 @@ class TensorPipeline:
         elif out.model is not None:
             out.files, out.mapping = {MAPPED_SOURCE: out.model.source}, out.model.name_to_file
         return out
+
+    def resourced(self, plan: Plan, opened: OpenedChunks) -> Plan:
+        """``plan`` of a chunked source's virtual model reading its chunks (``ops.chunked.resourced``), the
+        tensors ``--dequantize`` / ``--quantize`` computes from its pairs read from their chunks too."""
+        records = self.dequantizer.records if self.dequantizer is not None else None
+        return chunked.resourced(plan, opened, records)
 
     def _note_pairs(self, tensors: Mapping[str, SourceTensor]) -> None:
         self.stored_pairs = {w: pair.scale for w, pair in full_pairs(tensors).items()}

@@ -232,7 +232,8 @@ def _plan_chunked(job: _Job) -> tuple[Plan, None, Plan | None]:
     if job.dcp_out and everyone is None and job.pipeline.dequantizer is None:
         job.chunks = opened  # chunk boxes to chunk boxes: planned at once in _finish (chunked.boxed_dcp)
         return plan, None, None
-    return chunked.resourced(plan, opened), None, chunked.resourced(everyone, opened) if everyone else None
+    resourced = job.pipeline.resourced
+    return resourced(plan, opened), None, resourced(everyone, opened) if everyone else None
 
 
 def _plan_full(

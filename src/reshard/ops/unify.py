@@ -199,7 +199,7 @@ def _chunked_plan(
     else:
         plan, output = chunked.parts_plan(files, mapping, dst, how.choice_func), "a unified model"
     chunked.values_note(opened, notes, output)
-    return chunked.resourced(inputs.resolve(plan), opened)
+    return pipeline.resourced(inputs.resolve(plan), opened)
 
 
 def _sources(

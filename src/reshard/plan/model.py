@@ -206,6 +206,10 @@ class QuantizedSource:
     # ``assembled_sources`` names by index), not a stored one; ``path`` is then its first source's.
     assembled: TensorPlan | None = None
     assembled_sources: tuple[str, ...] = ()
+    # A chunked source's pair (a PyTorch DCP folder): ``assembled`` is the stored weight, ``scale_assembled``
+    # its stored scale, both read from their chunks (in ``assembled_sources``), ``path`` a chunk file of the
+    # weight (its copies' source), ``scale_path`` one of the scale.
+    scale_assembled: TensorPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -296,7 +300,14 @@ def _quantized_json(q: QuantizedSource) -> dict[str, object]:
         "scale": q.scale,
         "scale_file": q.scale_path,
         "block": list(q.block),
+        **({"values_from": _chunk_files(q, q.assembled)} if q.assembled is not None else {}),
+        **({"scale_from": _chunk_files(q, q.scale_assembled)} if q.scale_assembled is not None else {}),
     }
+
+
+def _chunk_files(q: QuantizedSource, t: TensorPlan) -> list[str]:
+    """The files an assembled weight or scale of ``q`` is read from, in order."""
+    return list(dict.fromkeys(q.assembled_sources[c.source] for c in t.copies))
 
 
 # --------------------------------------------------------------------------------------------
