@@ -4,7 +4,7 @@ A destination strategy cuts each scale by its weight's blocks, as for MindSpore 
 ``--dcp-ranks N`` (dim 0 in N parts, like ``torch.chunk``) writes a pair only when every part of the
 weight's rows falls on the block grid, so each data file holds the scale blocks of exactly its rows,
 and refuses any other cut in one line before any byte. torch 2.13 loads the outputs back to the stored
-bytes. ``--dequantize``/``--quantize`` of a DCP source are refused in one line.
+bytes. A DCP source dequantized or quantized: ``test_lowprec_dcp_source``.
 """
 
 from __future__ import annotations
@@ -186,27 +186,6 @@ def test_quantize_to_dcp_ranks_writes_pairs_on_the_grid(tmp_path: Path) -> None:
     proc = run_cli("transform", str(bf16), str(out), "--output-format", "dcp", "--quantize", "fp8-block")
     assert proc.returncode == 0, proc.stderr
     assert any(n.endswith(SCALE) for n in read_dcp_metadata(out).tensors)
-
-
-@pytest.mark.parametrize(
-    "args",
-    [
-        ("transform", "{dcp}", "{out}", "--output-format", "safetensors", "--dequantize", "bf16"),
-        ("unify", "{dcp}", "{out}", "--dequantize", "bf16"),
-        ("transform", "{dcp}", "{out}", "--output-format", "dcp", "--quantize", "fp8-block"),
-    ],
-)
-def test_dequantize_or_quantize_of_a_dcp_source_is_refused_in_one_line(
-    model: Path, tmp_path: Path, args: tuple[str, ...]
-) -> None:
-    dcp = tmp_path / "dcp"
-    api.transform(str(model), str(dcp), output=api.OutputSpec(format="dcp", dcp_ranks=2))
-    out = tmp_path / "out"
-    proc = run_cli(*(a.format(dcp=dcp, out=out) for a in args))
-    assert proc.returncode == 2, proc.stderr
-    (line,) = proc.stderr.strip().splitlines()
-    assert "PyTorch DCP checkpoint are not supported" in line and "--output-format safetensors" in line
-    assert not out.exists()
 
 
 def test_torch_loads_the_pairs_back(model: Path, tmp_path: Path) -> None:
