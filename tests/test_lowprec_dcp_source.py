@@ -111,3 +111,18 @@ def test_unknown_block_size_of_a_dcp_source_is_one_line(fp8_dcp: Path, tmp_path:
     (line,) = proc.stderr.strip().splitlines()
     assert "block size unknown" in line and "--block-size" in line
     assert not out.exists()
+
+
+def test_verify_dequantizes_a_dcp_side_with_the_block_given(fp8: Path, fp8_dcp: Path, tmp_path: Path) -> None:
+    out = tmp_path / "bf16"
+    proc = run_cli("transform", str(fp8), str(out), "--output-format", "safetensors", "--dequantize", "bf16")
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("verify", str(fp8_dcp), str(out), "--dequantize", "bf16", "--block-size", "128")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 differ" in proc.stdout
+    proc = run_cli("verify", str(fp8_dcp), str(out), "--dequantize", "bf16")  # a DCP folder has no config.json
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "block size unknown" in line and "--block-size" in line
+    proc = run_cli("verify", str(fp8_dcp), str(out), "--block-size", "128")
+    assert proc.returncode == 2 and "give --dequantize too" in proc.stderr

@@ -202,6 +202,7 @@ def side_plan(
     dtype: str | None = None,
     names: NameFilter | None = None,
     dequantize: str | None = None,
+    block_size: tuple[int, int] | None = None,
 ) -> Plan:
     """A plan whose tensors are the full tensors of one side (never executed), floats read as ``dtype``,
     only the names ``names`` keeps (filtered where every operation filters: once, before planning),
@@ -222,7 +223,7 @@ def side_plan(
                 dtype=dtype,
                 dtype_all=dtype is not None,
                 names=options,
-                precision=Precision(dequantize) if dequantize is not None else None,
+                precision=Precision(dequantize, block_size) if dequantize is not None else None,
             ),
         )
         # a DCP side's non-tensor values are opaque bytes: not compared (the dry run words them for its output)
@@ -252,9 +253,10 @@ def _open_side(
     dtype: str | None,
     names: NameFilter | None,
     dequantize: str | None = None,
+    block_size: tuple[int, int] | None = None,
 ) -> _Side:
     read = _side_read(path, read)
-    plan = side_plan(path, strategy, read, notes, dtype, names, dequantize)
+    plan = side_plan(path, strategy, read, notes, dtype, names, dequantize, block_size)
     opened = replace(read, verify_crc=False)  # trailers were checked while planning
     side = _Side(path, plan, SourceCache(wrapped_opener(plan, lambda p: open_checkpoint(p, opened))))
     for f in plan.files:
@@ -406,6 +408,7 @@ def verify(
     dtype: str | None = None,
     names: NameFilter | None = None,
     dequantize: str | None = None,
+    block_size: tuple[int, int] | None = None,
     on_start: Callable[[int], None] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> VerifyReport:
@@ -429,6 +432,8 @@ def verify(
             ``--weights-only``: an export without optimizer states against its source); None: all.
         dequantize: read block-scaled pairs (FP8 blocks, MXFP4) of both sides as this dtype, as
             ``--dequantize`` writes them (a quantized checkpoint against its dequantized export).
+        block_size: the FP8 block ``(rows, cols)`` for ``dequantize`` (None: each side's ``config.json``;
+            a DCP folder has none).
         on_start: called once, before the first comparison, with the bytes to compare (A's size of
             the names both sides hold), as ``RunOptions.on_start`` is for a transform.
         progress: called with the bytes of each block compared (they add up to ``on_start``'s).
@@ -448,8 +453,10 @@ def verify(
     _need_strategy(a, a_strategy, "a")
     _need_strategy(b, b_strategy, "b")
     cast_rule(dtype)  # an unknown dtype is refused before anything is read
-    side_a = _open_side(a, a_strategy, read, notes, dtype, names, dequantize)
-    side_b = _open_side(b, b_strategy, read, notes, dtype, names, dequantize)
+    if block_size is not None and dequantize is None:
+        raise UsageError("--block-size is the block of --dequantize: give --dequantize too")
+    side_a = _open_side(a, a_strategy, read, notes, dtype, names, dequantize, block_size)
+    side_b = _open_side(b, b_strategy, read, notes, dtype, names, dequantize, block_size)
     results: list[TensorResult] = []
     meter = _Meter(progress)
     if on_start is not None:

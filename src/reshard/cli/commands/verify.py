@@ -61,12 +61,20 @@ def add(sub: Any) -> None:
         help="read FP8 block pairs and MXFP4 pairs of both sides as bf16, fp16 or fp32 (checks an output "
         "written with --dequantize against its quantized source)",
     )
+    flag(
+        g,
+        "--block-size",
+        metavar="RxC",
+        help="the FP8 block of --dequantize, e.g. 128x128 (default: each side's config.json "
+        "quantization_config.weight_block_size; a DCP folder has none)",
+    )
     TENSORS.add(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from reshard import verify
+    from reshard.plan.quantized import parse_block
 
     a_strategy = source_strategy(args.a, args.a_strategy, "--a-strategy", args.quiet)
     b_strategy = source_strategy(args.b, args.b_strategy, "--b-strategy", args.quiet)
@@ -82,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         names=TENSORS.name_filter(args),
         dequantize=args.dequantize,
+        block_size=parse_block(args.block_size) if args.block_size is not None else None,
         **progress.hooks(args.progress, args.quiet, "comparing"),
     )
     progress.end()
