@@ -281,8 +281,8 @@ class Dequantizer:
             raise UsageError(f"{weight}: a FP8 block-scaled weight needs 2 dimensions or more, not {list(w.shape)}")
         if self.block is None:
             raise UsageError(
-                f"{weight}: FP8 block size unknown: config.json has no quantization_config.weight_block_size "
-                "(give --block-size, e.g. 128x128)"
+                f"{weight}: FP8 block size unknown: no config.json beside the source gives "
+                "quantization_config.weight_block_size (give --block-size, e.g. 128x128)"
             )
         b0, b1 = self.block
         want = (*w.shape[:-2], math.ceil(w.shape[-2] / b0), math.ceil(w.shape[-1] / b1))
@@ -750,8 +750,8 @@ def _scale_box(pair: Pair, box: Box, block: Block, side: str, rank: int) -> Box:
             if (a, b) != (0, edge):
                 raise UsageError(
                     f"{pair.weight}: the {side} strategy cuts this FP8 weight's {what}s, and its block size is "
-                    "unknown: config.json has no quantization_config.weight_block_size (give --block-size, "
-                    "e.g. 128x128)"
+                    "unknown: no config.json beside the source gives quantization_config.weight_block_size "
+                    "(give --block-size, e.g. 128x128)"
                 )
             out.append((0, pair.scale_shape[-2 if what == "row" else -1]))
             continue

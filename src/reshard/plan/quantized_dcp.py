@@ -84,7 +84,8 @@ def _block_rows(name: str, how: EvenRows, block: Callable[[], Block | None]) -> 
     if rows is None:
         raise UsageError(
             f"{name}: --dcp-ranks {how.parts} cuts this FP8 weight's rows, and its block size is unknown: "
-            "config.json has no quantization_config.weight_block_size (give --block-size, e.g. 128x128)"
+            "no config.json beside the source gives quantization_config.weight_block_size "
+            "(give --block-size, e.g. 128x128)"
         )
     return rows
 
