@@ -191,7 +191,8 @@ def main() -> int:
             f"CPU pressure {deq['cpu_pressure']:.0f}-{cp_fp8['cpu_pressure']:.0f} %: "
             f"dequantize {deq['wall']:.2f} s ({deq['wall'] / cp_bf16['wall']:.2f}x cp -r {cp_bf16['wall']:.2f} s), "
             f"CPU {deq['cpu']:.2f} s, peak {format_size(int(deq['peak_rss']))}; quantize {q['wall']:.2f} s "
-            f"({q['wall'] / cp_fp8['wall']:.2f}x cp -r {cp_fp8['wall']:.2f} s), CPU {q['cpu']:.2f} s, "
+            f"({q['wall'] / cp_fp8['wall']:.2f}x cp -r {cp_fp8['wall']:.2f} s of its output, "
+            f"{q['wall'] / cp_bf16['wall']:.2f}x cp -r of its bf16 input), CPU {q['cpu']:.2f} s, "
             f"peak {format_size(int(q['peak_rss']))}"
         )
         if "torch_rule" in run:
