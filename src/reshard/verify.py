@@ -407,8 +407,7 @@ def verify(
     max_memory: int = DEFAULT_MAX_MEMORY,
     dtype: str | None = None,
     names: NameFilter | None = None,
-    dequantize: str | None = None,
-    block_size: tuple[int, int] | None = None,
+    dequantize: str | Precision | None = None,
     on_start: Callable[[int], None] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> VerifyReport:
@@ -432,8 +431,8 @@ def verify(
             ``--weights-only``: an export without optimizer states against its source); None: all.
         dequantize: read block-scaled pairs (FP8 blocks, MXFP4) of both sides as this dtype, as
             ``--dequantize`` writes them (a quantized checkpoint against its dequantized export).
-        block_size: the FP8 block ``(rows, cols)`` for ``dequantize`` (None: each side's ``config.json``;
-            a DCP folder has none).
+            A ``Precision(dequantize=..., block_size=(rows, cols))`` also gives the FP8 block (else each
+            side's ``config.json`` does; a DCP folder has none).
         on_start: called once, before the first comparison, with the bytes to compare (A's size of
             the names both sides hold), as ``RunOptions.on_start`` is for a transform.
         progress: called with the bytes of each block compared (they add up to ``on_start``'s).
@@ -453,6 +452,8 @@ def verify(
     _need_strategy(a, a_strategy, "a")
     _need_strategy(b, b_strategy, "b")
     cast_rule(dtype)  # an unknown dtype is refused before anything is read
+    block_size = dequantize.block_size if isinstance(dequantize, Precision) else None
+    dequantize = dequantize.dequantize if isinstance(dequantize, Precision) else dequantize
     if block_size is not None and dequantize is None:
         raise UsageError("--block-size is the block of --dequantize: give --dequantize too")
     side_a = _open_side(a, a_strategy, read, notes, dtype, names, dequantize, block_size)

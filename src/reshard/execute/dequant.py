@@ -668,10 +668,8 @@ def _assembled(q: QuantizedSource, index_of: Callable[[str], TensorIndex], memo:
 def _assembled_array(
     t: TensorPlan, paths: Sequence[str], index_of: Callable[[str], TensorIndex]
 ) -> tuple[Assembled, Callable[[], None]]:
-    """``t`` read from the files ``paths`` (its copies' sources), and what drops their pages read so far.
-
-    Stored items (carriers) when every copy reads ``t``'s own dtype: the bytes of a chunked source's pair
-    move as bytes (``Assembled.raw``); numbers otherwise (a model map's output after a ``--dtype`` cast)."""
+    """``t`` read from the files ``paths`` (its copies' sources), and what drops their pages read so far: stored
+    items when every copy reads ``t``'s own dtype (a chunked pair's bytes as bytes), numbers otherwise (a cast)."""
     raw = all(index_of(paths[c.source]).entries[c.tensor].dtype is t.dtype for c in t.copies)
     arrays: dict[tuple[int, str], np.ndarray] = {}
 
@@ -769,10 +767,9 @@ def check_scales(plan: Plan, opener: Opener) -> None:
                     opened[path] = opener(path)
                 return opened[path]
 
-            if q.scale_assembled is not None:  # a chunked source's scale: its chunks put together (small)
-                stored = _assembled_array(q.scale_assembled, q.assembled_sources, index_of)[0][:]
-            else:
-                stored = index_of(q.scale_path).items(q.scale)
+            chunked = q.scale_assembled  # a chunked source's scale: its chunks put together (small)
+            whole = _assembled_array(chunked, q.assembled_sources, index_of)[0] if chunked is not None else None
+            stored = whole[(slice(None),)] if whole is not None else index_of(q.scale_path).items(q.scale)
             scale = _scale_f32(stored)
             bad = ~np.isfinite(scale)
             if bad.any():

@@ -74,7 +74,7 @@ def add(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from reshard import verify
-    from reshard.plan.quantized import parse_block
+    from reshard.plan.quantized import Precision, parse_block
 
     a_strategy = source_strategy(args.a, args.a_strategy, "--a-strategy", args.quiet)
     b_strategy = source_strategy(args.b, args.b_strategy, "--b-strategy", args.quiet)
@@ -89,8 +89,7 @@ def run(args: argparse.Namespace) -> int:
         max_memory=args.max_memory,
         dtype=args.dtype,
         names=TENSORS.name_filter(args),
-        dequantize=args.dequantize,
-        block_size=parse_block(args.block_size) if args.block_size is not None else None,
+        dequantize=Precision(args.dequantize, parse_block(args.block_size) if args.block_size else None),
         **progress.hooks(args.progress, args.quiet, "comparing"),
     )
     progress.end()
