@@ -757,16 +757,16 @@ def check_scales(plan: Plan, opener: Opener) -> None:
         UsageError: Naming the scale tensor, how many of its values are not finite, and the first.
     """
     opened: dict[str, TensorIndex] = {}
+
+    def index_of(path: str) -> TensorIndex:
+        if path not in opened:
+            opened[path] = opener(path)
+        return opened[path]
+
     try:
         for q in plan.quantized:
             if q.kind in (QUANTIZE, QUANTIZE_SCALE):  # scales made by this run, not read
                 continue
-
-            def index_of(path: str) -> TensorIndex:
-                if path not in opened:
-                    opened[path] = opener(path)
-                return opened[path]
-
             chunked = q.scale_assembled  # a chunked source's scale: its chunks put together (small)
             whole = _assembled_array(chunked, q.assembled_sources, index_of)[0] if chunked is not None else None
             stored = whole[(slice(None),)] if whole is not None else index_of(q.scale_path).items(q.scale)
