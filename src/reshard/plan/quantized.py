@@ -238,9 +238,9 @@ class Dequantizer:
         return out
 
     def note(self) -> str | None:
-        """``--dequantize: 12 FP8 block pair(s), 2 MXFP4 pair(s) -> BFloat16 (scales consumed)``; None: no pair."""
+        """``--dequantize: 12 FP8 block pair(s), 2 MXFP4 pair(s) -> BFloat16 (scales consumed)``, or that none is."""
         if not any(self.pairs.values()):
-            return None
+            return "--dequantize: the source holds no FP8 block pair or MXFP4 pair: every tensor copied as it is"
         return (
             f"--dequantize: {self.pairs[FP8_BLOCK]} FP8 block pair(s), {self.pairs[MXFP4]} MXFP4 pair(s) "
             f"-> {self.rule.target.ms_name} (scale tensors consumed)"
@@ -421,7 +421,7 @@ class Quantizer(Dequantizer):
 
     def note(self) -> str | None:
         if not self.pairs[QUANTIZE]:
-            return None
+            return "--quantize: no tensor the rule quantizes (2-D linear weights, --include/--exclude): none changed"
         b0, b1 = self.block or DEFAULT_BLOCK
         return f"--quantize: {self.pairs[QUANTIZE]} weight(s) -> F8_E4M3 with F32 {b0}x{b1} block scales"
 
