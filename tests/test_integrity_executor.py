@@ -92,3 +92,13 @@ def test_all_outputs_written_without_failure(job: dict[str, str], tmp_path) -> N
     report = api.transform(job["r8"], str(dst), job["s8"], job["s32"], run=RunOptions(workers=WORKERS))
     assert all(os.path.isfile(f.path) for f in report.plan.files)
     assert len(report.plan.files) == 32
+
+
+def test_each_file_fills_its_tensors_on_its_share_of_the_workers() -> None:
+    """A unify's one large part beside a tiny file takes every worker; equal files take one each."""
+    gib = 1 << 30
+    assert local.tensor_threads(gib, gib + 200, 4) == 4  # part0 beside hyper_param
+    assert local.tensor_threads(200, gib + 200, 4) == 1  # never less than one
+    assert [local.tensor_threads(gib, 4 * gib, 4) for _ in range(4)] == [1, 1, 1, 1]  # transform 8 -> 4 ranks
+    assert local.tensor_threads(gib, 2 * gib, 4) == 2
+    assert local.tensor_threads(0, 0, 4) == 1  # an output of empty tensors only

@@ -514,11 +514,12 @@ def run_plan(plan: Plan, opener: Opener, write: WriteOptions | None = None, run:
     except BaseException:
         sources.close()
         raise
-    # Workers go to output files first; spare ones fill the tensors of a file in parallel (a merge
-    # to one full file, a unify into one part).
+    # Workers go to output files first; each file fills its tensors on its share of the workers
+    # (a merge to one full file, a unify's one large part beside a small one: tensors in parallel).
     workers = max(1, min(run.workers, len(plan.files) or 1))
-    tensor_workers = max(1, run.workers // workers)
-    budget = max(_PAGE, min(STAGING_BLOCK_BYTES, run.max_memory // (workers * tensor_workers)))
+    total = sum(f.nbytes for f in plan.files)
+    # at most run.workers + workers threads fill tensors at once (each file's share rounds up to one)
+    budget = max(_PAGE, min(STAGING_BLOCK_BYTES, run.max_memory // (run.workers + workers)))
     if run.on_start is not None:
         run.on_start(sum(f.nbytes for f in plan.files))
     with interrupts.deferred(), contextlib.ExitStack() as stack:
@@ -526,14 +527,29 @@ def run_plan(plan: Plan, opener: Opener, write: WriteOptions | None = None, run:
         hashers = stack.enter_context(hash_pool()) if run.hash_outputs else None
         if workers == 1:
             for f in plan.files:
-                run_file(f, plan, sources, write, run, budget, tensor_workers, hashers)
+                run_file(f, plan, sources, write, run, budget, run.workers, hashers)
         else:
             _run_files_fail_fast(
                 plan.files,
                 workers,
-                lambda f, cancel: run_file(f, plan, sources, write, run, budget, 1, hashers, cancel),
+                lambda f, cancel: run_file(
+                    f, plan, sources, write, run, budget, tensor_threads(f.nbytes, total, run.workers), hashers, cancel
+                ),
             )
     write_texts(plan)
+
+
+def tensor_threads(file_bytes: int, total_bytes: int, workers: int) -> int:
+    """Threads that fill one output's tensors: the file's share of the run's bytes, of its workers.
+
+    Files of equal size take one thread each (a transform 8 -> 4 ranks: four files at once); a file
+    holding most of the bytes takes most of the workers. Before, every file of a several-file output
+    got one thread, so a unify (one 1.1 GB part beside a 200-byte ``hyper_param`` file) copied all of
+    its bytes on one thread while the others idled: 0.8 s against ``cp``'s 0.33 s on a warm cache.
+    """
+    if total_bytes <= 0:
+        return 1
+    return max(1, min(workers, round(workers * file_bytes / total_bytes)))
 
 
 def write_texts(plan: Plan) -> None:
@@ -542,4 +558,4 @@ def write_texts(plan: Plan) -> None:
         base.write_whole(text.path, text.text)
 
 
-__all__ = ["Cancelled", "Opener", "SourceCache", "byte_layout", "run_file", "run_plan", "write_texts"]
+__all__ = ["Cancelled", "Opener", "SourceCache", "byte_layout", "run_file", "run_plan", "tensor_threads", "write_texts"]
