@@ -6,6 +6,10 @@ DeepSeek-V3-like 7168-wide linears), then times, each in its own process through
 
 * ``reshard transform --hf --dequantize bf16`` against ``cp -r`` of the bf16 output it wrote;
 * ``reshard transform --hf --quantize fp8-block`` of that bf16 output against ``cp -r`` of its output;
+* ``reshard transform --hf --dequantize bf16 --block-size 128`` of the same model saved as a PyTorch DCP
+  checkpoint (``--dcp-ranks``, default 2 data files; made once, untimed): its weights and scales come
+  from their chunks, its peak RSS is the figure to watch; against ``cp -r`` of the bf16 output it
+  wrote, and checked equal to the safetensors source's output bit for bit (``dcp_same``);
 * DeepSeek's reference rules computed in torch on the same CPU (``--torch PYTHON``: a venv with torch and
   safetensors; skipped without it): every weight read whole, ``w.float() * scale`` expanded per block,
   cast to bf16 and saved with ``safetensors.torch.save_file``; and the quantizing rule (``amax / 448``
@@ -147,11 +151,17 @@ def main() -> int:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--torch", help="a python with torch and safetensors, for the reference rule's time")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--dcp-ranks", type=int, default=2, help="data files of the DCP source (0: no DCP row)")
     args = ap.parse_args()
     work = os.path.abspath(args.work)
     src, bf16, fp8 = (os.path.join(work, n) for n in ("fp8_model", "bf16_out", "fp8_out"))
     if not os.path.isdir(src):
         make_fp8_model(src, parse_size(args.size))
+    dcp_src, bf16_dcp = os.path.join(work, f"fp8_dcp{args.dcp_ranks}"), os.path.join(work, "bf16_from_dcp")
+    if args.dcp_ranks and not os.path.isdir(dcp_src):
+        from reshard import api
+
+        api.transform(src, dcp_src, output=api.OutputSpec(format="dcp", dcp_ranks=args.dcp_ranks))
     # no PYTHON* variable of ours (PYTHONDONTWRITEBYTECODE would make every reshard process compile its modules)
     package = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | {"PYTHONPATH": package}
@@ -159,7 +169,7 @@ def main() -> int:
     results: dict[str, object] = {"fp8_bytes": measure.tree_bytes(src), "runs": []}
     for _ in range(args.repeat):
         run: dict[str, object] = {}
-        for out in (bf16, fp8, bf16 + "_cp", fp8 + "_cp", bf16 + "_torch"):
+        for out in (bf16, fp8, bf16 + "_cp", fp8 + "_cp", bf16 + "_torch", bf16_dcp, bf16_dcp + "_cp"):
             measure.remove(out)
         argv = [*cli, "--src", src, "--dst", bf16, "--hf", "--dequantize", "bf16"]
         run["dequantize"] = timed(argv, [src], os.path.join(work, "dequantize"), env)
@@ -167,6 +177,12 @@ def main() -> int:
         argv = [*cli, "--src", bf16, "--dst", fp8, "--hf", "--quantize", "fp8-block"]
         run["quantize"] = timed(argv, [bf16], os.path.join(work, "quantize"), env)
         run["cp_fp8"] = timed(measure.cp_argv(fp8, fp8 + "_cp"), [fp8], os.path.join(work, "cp_fp8"))
+        if args.dcp_ranks:
+            argv = [*cli, "--src", dcp_src, "--dst", bf16_dcp, "--hf", "--dequantize", "bf16", "--block-size", "128"]
+            run["dequantize_dcp"] = timed(argv, [dcp_src], os.path.join(work, "dequantize_dcp"), env)
+            copy = measure.cp_argv(bf16_dcp, bf16_dcp + "_cp")
+            run["cp_bf16_dcp"] = timed(copy, [bf16_dcp], os.path.join(work, "cp_bf16_dcp"))
+            run["dcp_same"] = same_tensors(bf16_dcp, bf16)
         if args.torch:
             script = os.path.join(work, "torch_rule.py")
             with open(script, "w", encoding="utf-8") as fh:
@@ -195,6 +211,14 @@ def main() -> int:
             f"{q['wall'] / cp_bf16['wall']:.2f}x cp -r of its bf16 input), CPU {q['cpu']:.2f} s, "
             f"peak {format_size(int(q['peak_rss']))}"
         )
+        if "dequantize_dcp" in run:
+            d, c = run["dequantize_dcp"], run["cp_bf16_dcp"]
+            assert isinstance(d, dict) and isinstance(c, dict)
+            line += (
+                f"; dequantize of the {args.dcp_ranks}-file DCP {d['wall']:.2f} s ({d['wall'] / c['wall']:.2f}x cp -r "
+                f"{c['wall']:.2f} s), CPU {d['cpu']:.2f} s, peak {format_size(int(d['peak_rss']))}, "
+                f"same as from safetensors: {run['dcp_same']}"
+            )
         if "torch_rule" in run:
             t = run["torch_rule"]
             assert isinstance(t, dict)
