@@ -18,8 +18,9 @@ Why this shape (see design.md, "Techniques the peers proved"; every choice was m
 * After each output tensor the source pages it touched are unmapped again
   (``madvise(MADV_DONTNEED)``; the page cache keeps them), so resident memory stays flat
   whatever the model size.
-* Independent output files run on worker threads (a one-file output: its tensors do): numpy
-  copies and the copy syscalls release the GIL.
+* Independent output files run on worker threads, and each file fills its tensors on its share
+  of the workers by bytes (``tensor_threads``: a one-file output, or a unify's large part beside a
+  tiny ``hyper_param`` file, takes them all): numpy copies and the copy syscalls release the GIL.
 * With ``hash_outputs`` each plain output is checksummed while it is written: every finished
   tensor range is reported to a ``digest.StreamingDigest``, whose hash thread follows the
   finished prefix of the file, so the checksum is ready moments after the last byte.
