@@ -3,11 +3,14 @@
 The safetensors path is checked bit for bit against torch's and transformers' rules (``test_lowprec``,
 ``test_lowprec_oracle``); here a DCP source cut in 2 or 3 data files (and a torch_dist one) must give the
 same bytes through every output, since each computed tensor reads its weight and scale assembled from
-their chunks (``ops.chunked.resourced``).
+their chunks (``ops.chunked.resourced``). A DCP folder reshard writes from FP8 pairs carries a config.json
+saying their block size, so reading it back needs no ``--block-size``; one torch wrote (none) does.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +18,8 @@ import pytest
 
 from reshard import api
 from reshard.formats.safetensors import read_safetensors
+from reshard.plan.quantized import quantization_config
+from reshard.plan.quantized_dcp import config_for_dcp
 from tests.lowprec_fixtures import bf16_model, fp8_model
 from tests.trust_helpers import run_cli
 
@@ -104,9 +109,85 @@ def test_quantized_bf16_dcp_source_equals_the_safetensors_one(tmp_path: Path, ra
     assert _as_safetensors(out, tmp_path) == outs[0]
 
 
+def _without_config(folder: Path, tmp: Path) -> Path:
+    """A copy of a DCP folder without the config.json reshard writes beside it: what torch's own save leaves."""
+    copy = tmp / f"{folder.name}-torch-like"
+    shutil.copytree(folder, copy)
+    (copy / "config.json").unlink()
+    return copy
+
+
+def test_a_dcp_output_of_fp8_pairs_carries_its_block_size(fp8: Path, fp8_dcp: Path, tmp_path: Path) -> None:
+    """The source's config.json goes beside .metadata (listed in the manifest), so reading the DCP back needs
+    no --block-size: dequantized, it equals the safetensors source's output."""
+    config = json.loads((fp8_dcp / "config.json").read_text())
+    assert config["model_type"] == "tiny"
+    assert config["quantization_config"]["weight_block_size"] == [128, 128]
+    manifest = json.loads((fp8_dcp / "reshard-manifest.json").read_text())
+    assert "config.json" in [o["path"] for o in manifest["outputs"]]
+    outs = []
+    for src in (fp8, fp8_dcp):
+        out = tmp_path / f"{src.name}-bf16"
+        proc = run_cli("transform", str(src), str(out), "--output-format", "safetensors", "--dequantize", "bf16")
+        assert proc.returncode == 0, proc.stderr
+        outs.append(_tensors(out))
+    assert outs[0] and outs[0] == outs[1]
+
+
+def test_quantizing_into_dcp_writes_the_block_it_used(tmp_path: Path) -> None:
+    bf16 = bf16_model(tmp_path / "bf16")
+    (bf16 / "config.json").unlink()  # no config to copy: the DCP's says the quantization alone
+    dcp = tmp_path / "dcp"
+    proc = run_cli(
+        "transform",
+        str(bf16),
+        str(dcp),
+        "--output-format",
+        "torch_dist",
+        "--quantize",
+        "fp8-block",
+        "--block-size",
+        "64",
+    )
+    assert proc.returncode == 0, proc.stderr
+    config = json.loads((dcp / "config.json").read_text())
+    assert config == {"quantization_config": quantization_config((64, 64))}
+    back = tmp_path / "back"
+    proc = run_cli("transform", str(dcp), str(back), "--output-format", "safetensors", "--dequantize", "bf16")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_fp8_pairs_of_an_unknown_block_written_as_dcp_say_so(tmp_path: Path) -> None:
+    out = tmp_path / "dcp"
+    proc = run_cli("transform", str(fp8_model(tmp_path / "m", block=None)), str(out), "--output-format", "dcp")
+    assert proc.returncode == 0, proc.stderr
+    assert "reading it back with --dequantize will need --block-size" in proc.stderr
+    assert not (out / "config.json").exists()
+    given = tmp_path / "given"
+    proc = run_cli("transform", str(tmp_path / "m"), str(given), "--output-format", "dcp", "--block-size", "128")
+    assert proc.returncode == 0, proc.stderr
+    quant = json.loads((given / "config.json").read_text())["quantization_config"]
+    assert quant["weight_block_size"] == [128, 128] and quant["fmt"] == "e4m3"  # the source's keys kept
+
+
+def test_config_for_dcp() -> None:
+    source = {"model_type": "m", "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+    assert config_for_dcp((128, 128), source, requantized=False) == source
+    assert config_for_dcp((None, 128), source, requantized=False) is None
+    assert config_for_dcp(None, None, requantized=True) is None
+    assert config_for_dcp((64, 32), source, requantized=True) == {
+        "model_type": "m",
+        "quantization_config": quantization_config((64, 32)),
+    }
+    assert config_for_dcp((128, 128), None, requantized=False) == {
+        "quantization_config": quantization_config((128, 128))
+    }
+
+
 def test_unknown_block_size_of_a_dcp_source_is_one_line(fp8_dcp: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = run_cli("transform", str(fp8_dcp), str(out), "--output-format", "safetensors", "--dequantize", "bf16")
+    src = _without_config(fp8_dcp, tmp_path)
+    proc = run_cli("transform", str(src), str(out), "--output-format", "safetensors", "--dequantize", "bf16")
     assert proc.returncode == 2, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert "block size unknown" in line and "--block-size" in line
@@ -120,7 +201,11 @@ def test_verify_dequantizes_a_dcp_side_with_the_block_given(fp8: Path, fp8_dcp: 
     proc = run_cli("verify", str(fp8_dcp), str(out), "--dequantize", "bf16", "--block-size", "128")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 differ" in proc.stdout
-    proc = run_cli("verify", str(fp8_dcp), str(out), "--dequantize", "bf16")  # a DCP folder has no config.json
+    proc = run_cli("verify", str(fp8_dcp), str(out), "--dequantize", "bf16")  # the block from its config.json
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 differ" in proc.stdout
+    torch_like = _without_config(fp8_dcp, tmp_path)  # a DCP torch saved has no config.json
+    proc = run_cli("verify", str(torch_like), str(out), "--dequantize", "bf16")
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert "block size unknown" in line and "--block-size" in line

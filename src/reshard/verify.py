@@ -432,7 +432,7 @@ def verify(
         dequantize: read block-scaled pairs (FP8 blocks, MXFP4) of both sides as this dtype, as
             ``--dequantize`` writes them (a quantized checkpoint against its dequantized export).
             A ``Precision(dequantize=..., block_size=(rows, cols))`` also gives the FP8 block (else each
-            side's ``config.json`` does; a DCP folder has none).
+            side's ``config.json`` does; a DCP folder torch saved has none).
         on_start: called once, before the first comparison, with the bytes to compare (A's size of
             the names both sides hold), as ``RunOptions.on_start`` is for a transform.
         progress: called with the bytes of each block compared (they add up to ``on_start``'s).

@@ -20,6 +20,7 @@ distributed checkpoint", so it comes after everything it describes. ``OutputSpec
 from __future__ import annotations
 
 import glob
+import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from reshard.sources.kind import ByteValue, OpenedChunks
 FORMAT = "dcp"
 TORCH_DIST = "torch_dist"  # Megatron-core's: DCP data + common.pt + metadata.json
 FORMATS = (FORMAT, TORCH_DIST)  # the outputs written as DCP data
+CONFIG_JSON = "config.json"  # beside .metadata: the FP8 block size of the pairs it holds (reshard reads it back)
 VALUES_FILE = f"__0_1{DATA_SUFFIX}"  # a DCP output's non-tensor values (the chunks are in __<r>_0)
 
 
@@ -135,23 +137,28 @@ def as_dcp(
     output: OutputSpec | None = None,
     carried: Carried | None = None,
     chunks: OpenedChunks | None = None,
+    config: Mapping[str, object] | None = None,
 ) -> Plan:
     """``full`` (a plan of full tensors) re-cut as a DCP checkpoint in ``folder``, ``.metadata`` last, with
     the non-tensor values a chunked source ``carried``; as a torch_dist checkpoint when ``output`` asks for
     one, with a torch_dist source's ``common.pt`` too.
     ``chunks``: the chunked source ``full`` reads whole (``ops.chunked.virtual_model``): planned from its
-    chunk boxes at once when it can be (``ops.chunked.boxed_dcp``), else re-sourced and re-cut."""
+    chunk boxes at once when it can be (``ops.chunked.boxed_dcp``), else re-sourced and re-cut.
+    ``config``: a ``config.json`` written beside ``.metadata`` (``TensorPipeline.dcp_config``: the block
+    size of the FP8 pairs it holds)."""
     carried = carried or Carried()
     if output is None or output.format != TORCH_DIST:  # a plain DCP checkpoint: the values, then .metadata
         values, items = _values_file(folder, carried.values)
         plan = _recut(full, folder, how, notes, chunks, items)
-        return Plan(plan.operation, plan.sources, plan.files, (*values, *plan.texts), plan.quantized)
+        plain = (*values, *_config_text(folder, config), *plan.texts)
+        return Plan(plan.operation, plan.sources, plan.files, plain, plan.quantized)
     save = save_folder(folder, output)
     values, items = _values_file(save, carried.values)
     plan = _recut(full, save, how, notes, chunks, items)
     texts = [
         TextOutput(os.path.join(save, megatron.COMMON_NAME), _common_bytes(carried.common)),
         *values,
+        *_config_text(save, config),
         *plan.texts,  # .metadata
         TextOutput(os.path.join(save, megatron.CONFIG_NAME), megatron.config_text()),
     ]
@@ -174,6 +181,12 @@ def _recut(
         return dcp_plan(full, folder, how, notes, items)
     boxed = chunked.boxed_dcp(full, chunks, folder, how, notes, items)
     return boxed or dcp_plan(chunked.resourced(full, chunks), folder, how, notes, items)
+
+
+def _config_text(folder: str, config: Mapping[str, object] | None) -> list[TextOutput]:
+    if config is None:
+        return []
+    return [TextOutput(os.path.join(folder, CONFIG_JSON), json.dumps(config, indent=2) + "\n")]
 
 
 def _common_bytes(path: str | None) -> bytes:

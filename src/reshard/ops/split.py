@@ -87,7 +87,9 @@ def split(
     where = destination or Destination()
     if fmt in dcp_output.FORMATS:
         plan = _dcp_plan(inputs, paired, dst_dir, ranks, notes)
-        plan = dcp_output.as_dcp(pipeline.finish(plan, notes), dst_dir, StrategyBoxes(paired), notes, output)
+        plan = pipeline.finish(plan, notes)
+        config = pipeline.dcp_config(plan, notes)
+        plan = dcp_output.as_dcp(plan, dst_dir, StrategyBoxes(paired), notes, output, config=config)
         stale = dcp_output.superseded(dcp_output.save_folder(dst_dir, output), where.overwrite, where.resume)
         target = Target(dst_dir, [model_folder(unified_dir)], superseded=stale)
         return run_plan(plan, target, where, None, write, run, notes, pipeline.report)

@@ -36,7 +36,7 @@ from reshard.plan.quantized import (
     paired_layouts,
     sharded_pairs,
 )
-from reshard.plan.quantized_dcp import block_grains, check_even_rows
+from reshard.plan.quantized_dcp import block_grains, check_even_rows, config_for_dcp, fp8_pairs
 from reshard.plan.quantized_map import check_mapped_pairs
 from reshard.plan.surgery import MAPPED_SOURCE, MappedModel, NameRun
 from reshard.sources import ReadOptions, model_folder, open_checkpoint
@@ -168,6 +168,22 @@ class TensorPipeline:
         how = block_grains(plan, how, block)
         check_even_rows(plan, how, block)
         return how
+
+    def dcp_config(self, plan: Plan, notes: list[str]) -> dict[str, object] | None:
+        """The ``config.json`` a DCP output of ``plan`` carries so that its FP8 pairs' block size is known when
+        it is read back (None: no FP8 pair out; or a note when the block size is not known here either)."""
+        pairs = fp8_pairs(plan)
+        if not pairs:
+            return None
+        precision = self.precision or Precision()
+        config = _config_beside(self.src)
+        doc = config_for_dcp(precision.pair_block(lambda: config), config, precision.quantize is not None)
+        if doc is None:
+            notes.append(
+                f"the output holds {len(pairs)} FP8 block pairs ({pairs[0]}, ...) and no config.json beside the source "
+                "gives their block size: reading it back with --dequantize will need --block-size"
+            )
+        return doc
 
     def paired_destination(self, table: TableT | None, inputs: Inputs, notes: list[str]) -> TableT | None:
         """The destination ``table`` with the pairs of ``inputs`` (as planned: after the map) laid out together."""

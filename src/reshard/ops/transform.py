@@ -318,7 +318,8 @@ def _finish(job: _Job, plan: Plan, src_sf: LayoutTable | None, everyone: Plan | 
     if job.dcp_out:
         how = dcp_output.chunking(out, job.dst_sf, sharded=job.kind in (RANK_FOLDERS, CHECKPOINT2))
         how = job.pipeline.dcp_pairs(plan, how)  # FP8 weights cut in whole block rows
-        plan = dcp_output.as_dcp(plan, job.dst, how, job.notes, out, job.carried, job.chunks)
+        config = job.pipeline.dcp_config(plan, job.notes)
+        plan = dcp_output.as_dcp(plan, job.dst, how, job.notes, out, job.carried, job.chunks, config)
     return plan
 
 

@@ -15,18 +15,25 @@ rows and its scale's part must be exactly the blocks of those rows; otherwise (a
 known) the run is refused in one line naming the tensor, the cut and the block. Stacked (3-D and more)
 pairs and MXFP4 pairs are cut along the same leading axis as their scales, so they always agree;
 ``--dequantize`` leaves no pair to cut.
+
+A DCP folder has no ``config.json`` of its own, so one written from an FP8 model used to lose its block
+size: reading it back (``--dequantize``, ``verify --dequantize``, another ``--dcp-ranks``) needed
+``--block-size`` although reshard had known the size when it wrote the folder. ``config_for_dcp`` gives the
+``config.json`` a DCP output of FP8 pairs carries beside its ``.metadata`` (torch's loaders ignore it; reshard
+reads it as it reads a Hugging Face folder's): the source's own config when it had one, its
+``quantization_config`` saying the block the pairs are stored in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from reshard import dtypes
 from reshard.errors import UsageError
 from reshard.layout import Box
 from reshard.plan.dcp import Chunking, EvenRows, placements
 from reshard.plan.model import Plan, TensorPlan
-from reshard.plan.quantized import SCALE_INV, Block
+from reshard.plan.quantized import SCALE_INV, Block, quantization_config
 
 
 def block_grains(full: Plan, how: Chunking, block: Callable[[], Block | None]) -> Chunking:
@@ -104,4 +111,33 @@ def _blocks_of(name: str, edge: int, scale: TensorPlan, box: Box, rows: int, how
     return (a // rows, -(-b // rows)), (0, scale.shape[1])
 
 
-__all__ = ["block_grains", "check_even_rows"]
+def fp8_pairs(plan: Plan) -> list[str]:
+    """The FP8 block-scaled weights ``plan`` writes as pairs (the weight and its ``_scale_inv`` both out)."""
+    names = {t.name for f in plan.files for t in f.tensors}
+    return [
+        t.name for f in plan.files for t in f.tensors if t.dtype in dtypes.FP8_WEIGHTS and t.name + SCALE_INV in names
+    ]
+
+
+def config_for_dcp(
+    block: Block | None, config: Mapping[str, object] | None, requantized: bool
+) -> dict[str, object] | None:
+    """The ``config.json`` of a DCP output holding FP8 pairs stored in ``block`` (None: the block is unknown).
+
+    ``config``: the source's ``config.json`` (None: none), copied. Its ``quantization_config`` becomes
+    ``--quantize``'s (``requantized``); else it keeps its keys and says ``weight_block_size`` (the block given
+    with ``--block-size`` when it had none), or is DeepSeek-V3's for ``block`` when the source had none.
+    """
+    if block is None or block[0] is None or block[1] is None:
+        return None
+    size = [block[0], block[1]]
+    doc = dict(config or {})
+    stored = doc.get("quantization_config")
+    if requantized or not isinstance(stored, dict):
+        doc["quantization_config"] = quantization_config((size[0], size[1]))
+    else:
+        doc["quantization_config"] = {**stored, "weight_block_size": size}
+    return doc
+
+
+__all__ = ["block_grains", "check_even_rows", "config_for_dcp", "fp8_pairs"]

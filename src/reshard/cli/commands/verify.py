@@ -66,7 +66,7 @@ def add(sub: Any) -> None:
         "--block-size",
         metavar="RxC",
         help="the FP8 block of --dequantize, e.g. 128x128 (default: each side's config.json "
-        "quantization_config.weight_block_size; a DCP folder has none)",
+        "quantization_config.weight_block_size; a DCP folder torch saved has none)",
     )
     TENSORS.add(p)
     p.set_defaults(func=run)
