@@ -211,3 +211,17 @@ def test_verify_dequantizes_a_dcp_side_with_the_block_given(fp8: Path, fp8_dcp: 
     assert "block size unknown" in line and "--block-size" in line
     proc = run_cli("verify", str(fp8_dcp), str(out), "--block-size", "128")
     assert proc.returncode == 2 and "give --dequantize too" in proc.stderr
+
+
+def test_a_megatron_run_folder_finds_the_config_of_its_checkpoint(fp8: Path, tmp_path: Path) -> None:
+    """A torch_dist output in a run folder (``--dst-iteration``) keeps config.json in ``iter_*``; reading the run
+    folder finds it there (``inspect`` shows the block, ``--dequantize`` needs no ``--block-size``)."""
+    run = tmp_path / "run"
+    proc = run_cli("transform", str(fp8), str(run), "--output-format", "torch_dist", "--dst-iteration", "100")
+    assert proc.returncode == 0, proc.stderr
+    assert (run / "iter_0000100" / "config.json").is_file()
+    proc = run_cli("inspect", str(run))
+    assert proc.returncode == 0 and "128x128 blocks" in proc.stdout, proc.stdout + proc.stderr
+    out = tmp_path / "bf16"
+    proc = run_cli("transform", str(run), str(out), "--output-format", "safetensors", "--dequantize", "bf16")
+    assert proc.returncode == 0, proc.stderr

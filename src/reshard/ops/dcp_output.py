@@ -34,12 +34,12 @@ from reshard.ops import chunked
 from reshard.ops.options import OutputSpec
 from reshard.plan import Plan, TextOutput
 from reshard.plan.dcp import Chunking, EvenRows, SourceSlices, StrategyBoxes, dcp_plan
+from reshard.sources.full_model import CONFIG_NAME
 from reshard.sources.kind import ByteValue, OpenedChunks
 
 FORMAT = "dcp"
 TORCH_DIST = "torch_dist"  # Megatron-core's: DCP data + common.pt + metadata.json
 FORMATS = (FORMAT, TORCH_DIST)  # the outputs written as DCP data
-CONFIG_JSON = "config.json"  # beside .metadata: the FP8 block size of the pairs it holds (reshard reads it back)
 VALUES_FILE = f"__0_1{DATA_SUFFIX}"  # a DCP output's non-tensor values (the chunks are in __<r>_0)
 
 
@@ -186,7 +186,8 @@ def _recut(
 def _config_text(folder: str, config: Mapping[str, object] | None) -> list[TextOutput]:
     if config is None:
         return []
-    return [TextOutput(os.path.join(folder, CONFIG_JSON), json.dumps(config, indent=2) + "\n")]
+    # beside .metadata, where sources.config_path finds it again
+    return [TextOutput(os.path.join(folder, CONFIG_NAME), json.dumps(config, indent=2) + "\n")]
 
 
 def _common_bytes(path: str | None) -> bytes:

@@ -13,7 +13,6 @@ map is applied before planning, so a destination strategy slices the mapped tens
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar, cast
@@ -39,7 +38,7 @@ from reshard.plan.quantized import (
 from reshard.plan.quantized_dcp import block_grains, check_even_rows, config_for_dcp, fp8_pairs
 from reshard.plan.quantized_map import check_mapped_pairs
 from reshard.plan.surgery import MAPPED_SOURCE, MappedModel, NameRun
-from reshard.sources import ReadOptions, model_folder, open_checkpoint
+from reshard.sources import ReadOptions, config_path, open_checkpoint
 from reshard.sources.kind import OpenedChunks
 
 TableT = TypeVar("TableT", bound=LayoutTable)
@@ -248,13 +247,11 @@ def _dequantizer(precision: Precision | None, src: str) -> Dequantizer | None:
 
 
 def _config_beside(src: str) -> dict[str, object] | None:
-    """The ``config.json`` beside a source (a Hugging Face folder's own), or None: the block size
-    of its quantized weights."""
+    """The ``config.json`` of a source (``sources.config_path``: a Hugging Face folder's own, a Megatron-LM run's
+    checkpoint's), or None: the block size of its quantized weights."""
     import json
 
-    folder = model_folder(src)
-    folder = folder if os.path.isdir(folder) else os.path.dirname(os.path.abspath(folder))
-    path = os.path.join(folder, "config.json")
+    path = config_path(src)
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)

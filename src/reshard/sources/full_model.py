@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from reshard.errors import FormatError, UsageError
-from reshard.formats import hf_index, rank_dirs, registry
+from reshard.formats import hf_index, megatron, rank_dirs, registry
 from reshard.formats.ckpt import probe_ckpt
 from reshard.plan import SourceFile
 from reshard.sources.files import source_file
@@ -19,6 +19,8 @@ from reshard.sources.kind import FULL, OpenedModel, Traits, single_file_model
 from reshard.sources.options import ReadOptions
 from reshard.sources.rank_folders import checkpoints_in, rank_subfolders
 from reshard.sources.strategy import NAME_MAP, is_strategy_file
+
+CONFIG_NAME = "config.json"  # a Hugging Face model's config (reshard writes one beside a DCP output of FP8 pairs)
 
 HYPER_NAME = "hyper_param.safetensors"  # unify's file of the parameters outside the strategy
 FullModel = tuple[dict[str, SourceFile], dict[str, str], SourceFile | None]  # files, weight map, hyper
@@ -50,6 +52,20 @@ def model_folder(path: str) -> str:
     """The folder a full-model input stands for (an index file stands for its folder)."""
     index = hf_index.is_index_file(path) or os.path.basename(path) == NAME_MAP
     return os.path.dirname(os.path.abspath(path)) if index else path
+
+
+def config_path(path: str) -> str:
+    """Where the ``config.json`` of an input is (it may not exist): in its folder (a file's: beside it), or,
+    for a Megatron-LM run folder, in the checkpoint its tracker names (where reshard writes one)."""
+    folder = model_folder(path)
+    folder = folder if os.path.isdir(folder) else os.path.dirname(os.path.abspath(folder))
+    beside = os.path.join(folder, CONFIG_NAME)
+    if os.path.isfile(beside) or not megatron.iteration_folders(folder):
+        return beside
+    try:
+        return os.path.join(megatron.resolve_iteration(folder, None), CONFIG_NAME)
+    except (UsageError, FormatError):
+        return beside  # reading the source says what is wrong with it
 
 
 def _single(path: str, options: ReadOptions | None, name: str) -> OpenedModel:
@@ -195,12 +211,14 @@ UNIFIED = Unified()
 HUGGING_FACE = HuggingFace()
 
 __all__ = [
+    "CONFIG_NAME",
     "ENCRYPTED_CKPT",
     "FULL_FILE",
     "HUGGING_FACE",
     "HYPER_NAME",
     "UNIFIED",
     "FullModel",
+    "config_path",
     "full_model_file",
     "hf_model",
     "is_encrypted",
