@@ -225,3 +225,19 @@ def test_a_megatron_run_folder_finds_the_config_of_its_checkpoint(fp8: Path, tmp
     out = tmp_path / "bf16"
     proc = run_cli("transform", str(run), str(out), "--output-format", "safetensors", "--dequantize", "bf16")
     assert proc.returncode == 0, proc.stderr
+
+
+def test_overwrite_supersedes_the_config_reshard_wrote_not_a_users(fp8: Path, tmp_path: Path) -> None:
+    """An --overwrite that writes no FP8 pairs removes the config.json of the FP8 checkpoint it replaces (its
+    block size would describe pairs that are gone), but never one the user put there."""
+    out = tmp_path / "dcp"
+    assert run_cli("transform", str(fp8), str(out), "--output-format", "dcp").returncode == 0
+    assert (out / "config.json").is_file()
+    bf16 = bf16_model(tmp_path / "bf16")
+    proc = run_cli("transform", str(bf16), str(out), "--output-format", "dcp", "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    assert not (out / "config.json").exists()
+    (out / "config.json").write_text('{"mine": 1}')
+    proc = run_cli("transform", str(bf16), str(out), "--output-format", "dcp", "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "config.json").read_text()) == {"mine": 1}

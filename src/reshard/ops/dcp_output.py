@@ -25,6 +25,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from reshard import manifest
 from reshard.errors import FormatError, UsageError
 from reshard.execute.options import WriteOptions
 from reshard.formats import megatron
@@ -105,7 +106,8 @@ def chunking(output: OutputSpec, strategy: LayoutTable | None, sharded: bool) ->
 def superseded(dst: str, overwrite: bool, resume: bool) -> Callable[[Plan], list[str]]:
     """``Target.superseded`` of a DCP output: with ``--overwrite``, an earlier checkpoint's ``.metadata``
     and Megatron's ``metadata.json`` (removed under the lock before the first data file is replaced, so
-    no half-replaced folder ever looks complete) and the data files this plan does not write."""
+    no half-replaced folder ever looks complete), the data files this plan does not write, and the
+    ``config.json`` an earlier run wrote that this plan does not write again."""
 
     def stale(plan: Plan) -> list[str]:
         if not overwrite or resume or not os.path.isdir(dst):
@@ -114,9 +116,24 @@ def superseded(dst: str, overwrite: bool, resume: bool) -> Callable[[Plan], list
         earlier = sorted(glob.glob(os.path.join(glob.escape(dst), f"__*{DATA_SUFFIX}")))
         found = [p for p in earlier if os.path.abspath(p) not in ours]
         markers = [os.path.join(dst, n) for n in (megatron.CONFIG_NAME, METADATA_NAME)]
-        return [p for p in markers if os.path.isfile(p)] + found
+        written = {os.path.abspath(t.path) for t in plan.texts}
+        config = [p for p in _earlier_config(dst) if os.path.abspath(p) not in written]
+        return [p for p in markers if os.path.isfile(p)] + found + config
 
     return stale
+
+
+def _earlier_config(dst: str) -> list[str]:
+    """The ``config.json`` an earlier reshard run wrote beside its ``.metadata`` in ``dst`` (its manifest, in
+    ``dst`` or in the run folder above, lists it): superseded like the data, or its block size would outlive
+    the pairs it described. One a user put there is never touched."""
+    path = os.path.join(dst, CONFIG_NAME)
+    if not os.path.isfile(path):
+        return []
+    for root in (dst, os.path.dirname(os.path.abspath(dst))):
+        if os.path.relpath(path, root).replace(os.sep, "/") in manifest.previous_outputs(root):
+            return [path]
+    return []
 
 
 @dataclass(frozen=True)
