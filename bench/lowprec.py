@@ -167,6 +167,38 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | {"PYTHONPATH": package}
     cli = [sys.executable, "-m", "reshard.cli", "transform", "--no-progress", "-q"]
     results: dict[str, object] = {"fp8_bytes": measure.tree_bytes(src), "runs": []}
+    with measure.steady_host_memory(True) as host:  # measure.py: freed pages otherwise fault on the host
+        results["host_memory"] = host
+        _rounds(args, results, cli, env, work, src, bf16, fp8, dcp_src, bf16_dcp)
+    results["bf16_bytes"] = measure.tree_bytes(bf16)
+    results["cpu_count"] = os.cpu_count()
+    results["command"] = " ".join(["python3 bench/lowprec.py", *sys.argv[1:]])
+    git = ["git", "-C", os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rev-parse", "--short", "HEAD"]
+    results["commit"] = subprocess.run(git, capture_output=True, text=True).stdout.strip()
+    results["versions"] = {
+        "python": sys.version.split()[0],
+        "numpy": np.__version__,
+        "ml_dtypes": ml_dtypes.__version__,
+    }
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(results, fh, indent=1)
+    return 0
+
+
+def _rounds(
+    args: argparse.Namespace,
+    results: dict[str, object],
+    cli: list[str],
+    env: dict[str, str],
+    work: str,
+    src: str,
+    bf16: str,
+    fp8: str,
+    dcp_src: str,
+    bf16_dcp: str,
+) -> None:
+    """``args.repeat`` rounds of every step, each appended to ``results["runs"]``."""
     for _ in range(args.repeat):
         run: dict[str, object] = {}
         for out in (bf16, fp8, bf16 + "_cp", fp8 + "_cp", bf16 + "_torch", bf16_dcp, bf16_dcp + "_cp"):
@@ -230,20 +262,6 @@ def main() -> int:
             line += f"; torch quantize rule {t['wall']:.2f} s, CPU {t['cpu']:.2f} s, peak {peak}"
             line += f"; bit for bit the torch rules' tensors: {run['same_as_torch']}"
         print(line)
-    results["bf16_bytes"] = measure.tree_bytes(bf16)
-    results["cpu_count"] = os.cpu_count()
-    results["command"] = " ".join(["python3 bench/lowprec.py", *sys.argv[1:]])
-    git = ["git", "-C", os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rev-parse", "--short", "HEAD"]
-    results["commit"] = subprocess.run(git, capture_output=True, text=True).stdout.strip()
-    results["versions"] = {
-        "python": sys.version.split()[0],
-        "numpy": np.__version__,
-        "ml_dtypes": ml_dtypes.__version__,
-    }
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(results, fh, indent=1)
-    return 0
 
 
 if __name__ == "__main__":

@@ -434,6 +434,23 @@ def _main(args: argparse.Namespace, keys: list[str]) -> int:
     runner = Runner(args, env, ms_python)
     results: dict[str, Any] = {"meta": machine_facts(args, ms_python)}
     started = time.perf_counter()
+    with measure.steady_host_memory(args.settle) as host:
+        results["meta"]["host_memory"] = host
+        _log(f"host memory: {host}")
+        _bench_all(args, keys, runner, results, ms_python, env)
+    results["meta"]["total_seconds"] = time.perf_counter() - started
+    return _finish(args, results, started)
+
+
+def _bench_all(
+    args: argparse.Namespace,
+    keys: list[str],
+    runner: Runner,
+    results: dict[str, Any],
+    ms_python: str | None,
+    env: dict[str, str],
+) -> None:
+    """Every timed part of the run: the operations (and sizes), start-up rows and the planning micro-benchmark."""
     main_w = _workload(args, args.size)
     results["main"] = runner.bench_workload(main_w, keys, ms_python is not None)
     scaling_sizes = [parse_size(s) for s in args.scaling.split(",") if s.strip()]
@@ -456,7 +473,9 @@ def _main(args: argparse.Namespace, keys: list[str]) -> int:
         if not args.keep:
             measure.remove(os.path.join(args.work, "startup"))
     results["plan"] = run_plan_bench(args, env)
-    results["meta"]["total_seconds"] = time.perf_counter() - started
+
+
+def _finish(args: argparse.Namespace, results: dict[str, Any], started: float) -> int:
     results["meta"]["load_average_at_end"] = os.getloadavg()
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as fh:
