@@ -380,11 +380,12 @@ def _run_by_stage(
 ) -> None:
     """MindSpore's by-stage mode (``plan.by_stage``): every plan made before any write, then run."""
     from reshard.ops.run import Target, run_plans
-    from reshard.sources import source_file
+    from reshard.sources import indexed
     from reshard.sources.replicas import check_replicas
 
     src, dst = strategies
-    sources = {i: source_file(path, r) for i, (r, path) in stage_files(src_dir, src).items()}
+    files = stage_files(src_dir, src)
+    sources = dict(zip(files, indexed([(path, r) for r, path in files.values()], None), strict=True))
     check_replicas(sources, src)  # the copies the layout calls replicas hold the same bytes
     plans = plan_by_stage(sources, src, dst, dst_dir, prefix)
     run_plans(plans, Target(dst_dir, [src_dir]), _REPLACING, run=run)

@@ -25,7 +25,7 @@ from reshard.ops.tensors import Inputs, TensorPipeline, check_copies
 from reshard.plan import plan_transform_by_rank
 from reshard.plan.model import SourceFile
 from reshard.plan.quantized import quantized_names
-from reshard.sources import ReadOptions, source_file
+from reshard.sources import ReadOptions, source_files
 from reshard.sources import strategy as _strategy
 
 
@@ -79,7 +79,7 @@ def transform_by_rank(
         files = {r: f"demo/ckpt_8ranks/rank_{r}/checkpoint_{r}.ckpt" for r in needed}
         api.transform_by_rank(0, files, "out/checkpoint_0.ckpt", "demo/strategy_8", "demo/strategy_4")
     """
-    sources = {int(r): source_file(p, int(r), read) for r, p in files_map.items()}
+    sources = source_files({int(r): p for r, p in files_map.items()}, read)
     src_sf, dst_sf = _strategy(src_strategy), _strategy(dst_strategy)
     if quantized_names(list(sources.values())):
         src_sf, dst_sf = _paired(sources, src_sf, dst_sf, next(iter(files_map.values())))

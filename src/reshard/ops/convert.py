@@ -31,8 +31,8 @@ from reshard.sources import (
     ReadOptions,
     full_model_file,
     identify,
+    indexed,
     kind_of,
-    source_file,
 )
 
 FORMATS = WRITES["convert"]
@@ -115,7 +115,7 @@ def convert(
         raise UsageError("Hugging Face output converts one full .ckpt file to safetensors", src)
     notes: list[str] = []
     pairs = convert_targets(src, dst, fmt, file_regex, read, notes)
-    inputs = pipeline.apply(Inputs({k: source_file(i, 0, read) for k, (i, _) in enumerate(pairs)}), notes)
+    inputs = pipeline.apply(Inputs(dict(enumerate(indexed([(i, 0) for i, _ in pairs], read)))), notes)
     plan = plan_convert([(inputs.files[k], o, fmt) for k, (_, o) in enumerate(pairs)], name_map)
     plan = pipeline.after(plan, inputs, full=len(pairs) == 1)  # another family is refused first
     pipeline.check_config(full_tensors(inputs.files.values()))

@@ -15,7 +15,7 @@ from reshard.ops.options import Destination
 from reshard.ops.pairs import convert_targets
 from reshard.ops.run import Report, Target, run_plan
 from reshard.plan import plan_convert
-from reshard.sources import ReadOptions, source_file
+from reshard.sources import ReadOptions, indexed
 
 
 def recrypt(
@@ -70,7 +70,8 @@ def recrypt(
         for i, o in convert_targets(src, out_dir, "safetensors", file_regex)
     ]
     _check_not_inputs(pairs)
-    plan = plan_convert([(source_file(i, 0, read), o, "ckpt") for i, o in pairs])
+    facts = indexed([(i, 0) for i, _ in pairs], read)
+    plan = plan_convert([(f, o, "ckpt") for f, (_, o) in zip(facts, pairs, strict=True)])
     return run_plan(plan, Target(out_dir, [src]), destination, read, write, run, [])
 
 

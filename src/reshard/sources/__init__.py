@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from reshard.sources.checkpoint2 import CHECKPOINT2
 from reshard.sources.dcp import DCP
-from reshard.sources.files import has_crc_trailer, open_checkpoint, source_file, source_files
+from reshard.sources.files import has_crc_trailer, indexed, open_checkpoint, source_file, source_files
 from reshard.sources.full_model import (
     ENCRYPTED_CKPT,
     FULL_FILE,
@@ -98,6 +98,7 @@ __all__ = [
     "has_crc_trailer",
     "hf_model",
     "identify",
+    "indexed",
     "is_chunked",
     "is_encrypted",
     "is_hf_model",
