@@ -127,3 +127,29 @@ def test_plan_bench_small() -> None:
     assert result["tensors"] == 20 * 32 and result["copies"] >= result["tensors"]
     assert result["plan_seconds"] > 0 and result["layout_seconds"] > 0
     assert result["boxes_tensors"] == 20 * 32 and result["boxes_copies"] >= result["boxes_tensors"]  # the DCP-like row
+
+
+def test_page_reporting_is_held_while_timing_and_restored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``measure.steady_host_memory``: the VM's free page reporting is held (order 11) while the runs are timed
+    and put back after, even when the timing fails; without the module (or disabled) nothing is touched."""
+    sys.path.insert(0, str(BENCH))
+    import measure
+
+    knob = tmp_path / "page_reporting_order"
+    knob.write_text("9\n")
+    monkeypatch.setattr(measure, "PAGE_REPORTING_ORDER", str(knob))
+    monkeypatch.setattr(measure, "_prefault", lambda: 0)  # the real one touches all free memory
+    with measure.steady_host_memory(True) as facts:
+        assert knob.read_text() == measure.NO_REPORTING_ORDER
+    assert facts == {"held": True, "order_was": "9", "prefaulted_bytes": 0}
+    assert knob.read_text() == "9"
+    with pytest.raises(RuntimeError), measure.steady_host_memory(True):
+        raise RuntimeError("a contestant failed")
+    assert knob.read_text() == "9"
+    with measure.steady_host_memory(False) as facts:
+        assert knob.read_text() == "9"
+    assert facts == {"held": False}
+    monkeypatch.setattr(measure, "PAGE_REPORTING_ORDER", str(tmp_path / "missing"))
+    with measure.steady_host_memory(True) as facts:
+        pass
+    assert facts == {"held": False}
