@@ -434,9 +434,10 @@ def _main(args: argparse.Namespace, keys: list[str]) -> int:
     runner = Runner(args, env, ms_python)
     results: dict[str, Any] = {"meta": machine_facts(args, ms_python)}
     started = time.perf_counter()
+    for size in {args.size, *(parse_size(s) for s in args.scaling.split(",") if s.strip())}:
+        check_disk(_workload(args, size))  # refused before the host's memory is touched
     with measure.steady_host_memory(args.settle) as host:
         results["meta"]["host_memory"] = host
-        _log(f"host memory: {host}")
         _bench_all(args, keys, runner, results, ms_python, env)
     results["meta"]["total_seconds"] = time.perf_counter() - started
     return _finish(args, results, started)
