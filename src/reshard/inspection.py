@@ -256,7 +256,7 @@ def gather(path: str, strategy: str | None = None, read: Any = None, notes: list
     if info["kind"] == "distributed":
         info["parameters"] = parameter_rows(info)
     rows = [row for part in _entries_by_rank(info).values() for row in part]
-    info["quantized"] = quantized.quantized_view(rows, quantized.config_block(os.path.dirname(config_path(path))))
+    info["quantized"] = quantized.quantized_view(rows, quantized.config_block(config_path(path)))
     info["summary"] = summarize(info, sf)
     quantized.counted_once(info["summary"], info["quantized"], rows, _state_kind)
     return info

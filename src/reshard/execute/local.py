@@ -522,7 +522,7 @@ def run_plan(plan: Plan, opener: Opener, write: WriteOptions | None = None, run:
     # at most run.workers + workers threads fill tensors at once (each file's share rounds up to one)
     budget = max(_PAGE, min(STAGING_BLOCK_BYTES, run.max_memory // (run.workers + workers)))
     if run.on_start is not None:
-        run.on_start(sum(f.nbytes for f in plan.files))
+        run.on_start(total)
     with interrupts.deferred(), contextlib.ExitStack() as stack:
         stack.callback(sources.close)
         hashers = stack.enter_context(hash_pool()) if run.hash_outputs else None

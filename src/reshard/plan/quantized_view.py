@@ -8,7 +8,6 @@ as one quantized weight (format, block size, scale tensor), counted once in the 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -103,13 +102,12 @@ def _block_text(block: object) -> str:
     return f"{block[0]} values a block" if len(block) == 1 else "x".join(str(b) for b in block) + " blocks"
 
 
-def config_block(folder: str) -> tuple[int, int] | None:
-    """The FP8 block size in the config.json of ``folder`` (or beside a file; None: none, or not readable)."""
+def config_block(path: str) -> tuple[int, int] | None:
+    """The FP8 block size in the ``config.json`` at ``path`` (``sources.config_path``; None: none, or not readable)."""
     import json
 
-    folder = folder if os.path.isdir(folder) else os.path.dirname(os.path.abspath(folder))
     try:
-        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             doc = json.load(f)
         return block_from_config(doc if isinstance(doc, dict) else None)
     except (OSError, ValueError, UsageError):
