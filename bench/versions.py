@@ -21,6 +21,7 @@ DISTRIBUTIONS = (
     "protobuf",
     "cryptography",
     "rich",
+    "xxhash",
     "blake3",
     "pyyaml",
     "psutil",

@@ -90,7 +90,8 @@ def test_run_tiny_model_reshard_and_cp(tmp_path: Path) -> None:
     assert "| transform 8→4 ranks (.ckpt) |" in proc.stdout
     assert not (tmp_path / "work" / "model-8M-fp32").exists()  # inputs removed without --keep
     versions = results["meta"]["versions"]  # every figure traceable to what produced it (issue 19)
-    assert {"python", "numpy", "ml_dtypes", "protobuf", "cryptography", "rich", "blake3", "pyyaml"} <= set(versions)
+    expected = {"python", "numpy", "ml_dtypes", "protobuf", "cryptography", "rich", "xxhash", "blake3", "pyyaml"}
+    assert expected <= set(versions)
     assert versions["numpy"] and versions["ml_dtypes"]
     rows = results["startup"]["rows"]
     for row in ('python -c "import numpy"', "reshard --version", "import reshard.cli", "import reshard.mindspore"):

@@ -11,6 +11,7 @@ import threading
 import blake3
 import numpy as np
 import pytest
+import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,7 +35,7 @@ def _pieces(size: int, cuts: list[int]) -> list[tuple[int, int]]:
     seed=st.integers(0, 1 << 16),
     skip=st.booleans(),
 )
-@pytest.mark.parametrize("algorithm", ["blake3", "sha256"])
+@pytest.mark.parametrize("algorithm", ["xxh128", "blake3", "sha256"])
 def test_streaming_hash_matches_a_fresh_hash_in_any_order(
     tmp_path_factory, algorithm: str, size: int, cuts: list[int], seed: int, skip: bool
 ) -> None:
@@ -59,10 +60,25 @@ def test_streaming_hash_matches_a_fresh_hash_in_any_order(
 
 
 def _reference(algorithm: str, data: bytes) -> str:
+    if algorithm == "xxh128":
+        return xxhash.xxh3_128(data).hexdigest()
     return blake3.blake3(data).hexdigest() if algorithm == "blake3" else hashlib.sha256(data).hexdigest()
 
 
-@pytest.mark.parametrize("algorithm", ["blake3", "sha256"])
+def test_the_default_checksum_is_the_canonical_xxh128(tmp_path) -> None:
+    """XXH128 by default, as ``xxhsum -H2`` prints it: xxHash's published value of the empty input
+    (big-endian, high half first) and of a file read in several blocks."""
+    assert digest_mod.DEFAULT_ALGORITHM == "xxh128"
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert file_digest(str(empty)) == (0, "99aa06d3014798d86001c324468d497f")
+    data = bytes(range(256)) * (3 * digest_mod.HASH_BLOCK_BYTES // 256 + 7)
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    assert file_digest(str(path)) == (len(data), xxhash.xxh3_128(data).hexdigest())
+
+
+@pytest.mark.parametrize("algorithm", ["xxh128", "blake3", "sha256"])
 def test_streaming_hash_from_many_threads(tmp_path, monkeypatch, algorithm: str) -> None:
     monkeypatch.setattr(digest_mod, "HASH_BLOCK_BYTES", 4096)
     monkeypatch.setattr(digest_mod, "_THREAD", threading.local())
@@ -117,7 +133,7 @@ def test_abandon_lets_go_of_the_descriptor(tmp_path) -> None:
 
 @pytest.mark.parametrize("target", ["r8", "r8st"])
 @pytest.mark.parametrize("workers", [1, 3])
-@pytest.mark.parametrize(("crc", "algorithm"), [(False, "blake3"), (True, "sha256")])
+@pytest.mark.parametrize(("crc", "algorithm"), [(False, "xxh128"), (False, "blake3"), (True, "sha256")])
 def test_manifest_digests_equal_a_fresh_read(tmp_path, target: str, workers: int, crc: bool, algorithm: str) -> None:
     """Every output's manifest checksum (computed while writing) is the hash of the file on disk."""
     job = make_job(str(tmp_path / "job"))

@@ -189,7 +189,7 @@ def test_manifest_lists_every_output_and_is_last(job: dict[str, str], tmp_path) 
     outputs = {o["path"]: o for o in data["outputs"]}
     assert set(outputs) == {os.path.relpath(f.path, dst) for f in report.plan.files}
     for rel, entry in outputs.items():
-        assert (entry["bytes"], entry["blake3"]) == file_digest(os.path.join(dst, rel), "blake3")
+        assert (entry["bytes"], entry["xxh128"]) == file_digest(os.path.join(dst, rel))
         assert entry["bytes"] == os.path.getsize(os.path.join(dst, rel))
     assert {s["path"] for s in data["sources"]} == set(report.plan.sources)
     assert not os.path.exists(os.path.join(dst, manifest.JOURNAL_NAME))

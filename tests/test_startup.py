@@ -24,7 +24,7 @@ from reshard import dtypes
 
 # Loaded only when a run needs them: bf16/fp8 numbers, encryption, human output, rules files, PNG
 # pictures, the cluster executor, checksums.
-OPTIONAL = ("ml_dtypes", "cryptography", "rich", "yaml", "matplotlib", "ray", "blake3")
+OPTIONAL = ("ml_dtypes", "cryptography", "rich", "yaml", "matplotlib", "ray", "xxhash", "blake3")
 WATCHED = ("numpy", *OPTIONAL, "reshard.execute.ray", "reshard.execute.ray_nodes")
 
 # Runs the ``reshard`` command (or imports a module) in this interpreter and prints, at exit, which
@@ -161,7 +161,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "bf16",
         "-q",
         cwd=str(demo),
-    ) == ["numpy", "ml_dtypes", "blake3"]  # a cast needs bf16's numbers: the one case that loads ml_dtypes
+    ) == ["numpy", "ml_dtypes", "xxhash"]  # a cast needs bf16's numbers: the one case that loads ml_dtypes
     return root
 
 
@@ -183,14 +183,14 @@ def _transform(demo: Path, src: str, dst: Path) -> list[str]:
 
 
 def test_fp32_transform_loads_only_numpy_and_its_checksum(demo: Path) -> None:
-    assert _transform(demo, "ckpt_8ranks", demo / "fp32_4") == ["numpy", "blake3"]
+    assert _transform(demo, "ckpt_8ranks", demo / "fp32_4") == ["numpy", "xxhash"]
 
 
 def test_bf16_byte_moves_load_no_ml_dtypes(demo: Path) -> None:
     bf16 = str(demo / "bf16_8")
-    assert _transform(demo, bf16, demo / "bf16_4") == ["numpy", "blake3"]
+    assert _transform(demo, bf16, demo / "bf16_4") == ["numpy", "xxhash"]
     convert = ["cli", "convert", bf16, str(demo / "bf16_st"), "--to", "safetensors", "-q"]
-    assert loaded(*convert) == ["numpy", "blake3"]
+    assert loaded(*convert) == ["numpy", "xxhash"]
     unify = [
         "cli",
         "unify",
@@ -199,7 +199,7 @@ def test_bf16_byte_moves_load_no_ml_dtypes(demo: Path) -> None:
         "--src-strategy",
         "merged/src_strategy.ckpt",
     ]
-    assert loaded(*unify, cwd=str(demo / "demo")) == ["numpy", "blake3"]
+    assert loaded(*unify, cwd=str(demo / "demo")) == ["numpy", "xxhash"]
     # and the bytes are right: verify compares numbers, so it may load ml_dtypes
     check = subprocess.run(
         [

@@ -55,7 +55,7 @@ class WriteOptions:
     enc_mode: str = "AES-GCM"
     # .ckpt record size of large tensors (MindSpore's 512 MiB)
     chunk_bytes: int = field(default_factory=_mindspore_chunk_bytes)
-    checksum: str = DEFAULT_ALGORITHM  # of the manifest: "blake3" or "sha256" (execute.digest says why)
+    checksum: str = DEFAULT_ALGORITHM  # of the manifest: "xxh128", "blake3" or "sha256" (execute.digest says why)
 
 
 @dataclass(frozen=True)

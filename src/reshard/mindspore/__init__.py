@@ -58,9 +58,9 @@ otherwise give MindSpore's names and bytes):
   and the free space it needs are checked before the first byte
   ([docs/checks.md](docs/checks.md)); outputs appear atomically (temporary name, then rename); an
   interrupted run resumes (``--resume``) to byte-identical output; every run of the CLI and
-  ``api`` ends by writing ``reshard-manifest.json`` (size and checksum of every output: BLAKE3
-  by default, checked with ``b3sum``, or SHA-256 with ``--checksum sha256`` for ``sha256sum``; each
-  record names its algorithm);
+  ``api`` ends by writing ``reshard-manifest.json`` (size and checksum of every output: XXH128
+  by default, checked with ``xxhsum -H2``, or BLAKE3 / SHA-256 with ``--checksum blake3|sha256`` for
+  ``b3sum`` / ``sha256sum``; each record names its algorithm);
 * bad input gets one line on stderr and exit code 2, never a traceback or a half-written folder;
   when a rank folder holds several checkpoints, stderr says which one was used and which ignored;
 * the drop-in's outputs keep the normal permissions of new files (MindSpore chmods every checkpoint

@@ -141,7 +141,7 @@ def execute(
         read: How sources are found and opened (decryption key, crc checking, which file of a rank
             folder). None: ``ReadOptions()``, crc trailers checked, no key.
         write: What the outputs hold (``WriteOptions``: crc trailer, encryption, checksum). None: the
-            defaults (no crc trailer, no encryption, BLAKE3 in the manifest).
+            defaults (no crc trailer, no encryption, XXH128 in the manifest).
         run: How the run executes (``RunOptions``: workers, memory bound, progress hooks; a
             ``RayOptions`` runs on Ray). None: ``RunOptions()``.
         root: The folder that gets the lock, journal and manifest (None: the common folder of the
