@@ -21,7 +21,15 @@ SRC = ROOT / "src"
 
 # Lowest first. A module belongs to the first layer one of whose prefixes it equals or lies under.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("reshard", "reshard.errors", "reshard.dtypes", "reshard.text", "reshard.statenames", "reshard.interrupts"),
+    (
+        "reshard",
+        "reshard.errors",
+        "reshard.dtypes",
+        "reshard.text",
+        "reshard.statenames",
+        "reshard.interrupts",
+        "reshard.lazy",
+    ),
     ("reshard.layout", "reshard.naming"),
     ("reshard.formats",),
     ("reshard.plan",),

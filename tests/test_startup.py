@@ -252,3 +252,20 @@ def test_byte_view_of_bf16_is_its_bits(tmp_path: Path) -> None:
         assert np.array_equal(index.array("w"), values)
     finally:
         index.close()
+
+
+def test_a_convert_loads_no_strategy_reader_and_no_dcp_planner(demo: Path) -> None:
+    """Structural (issue 19): a ``.ckpt`` -> safetensors convert reads no strategy file and writes no DCP
+    folder, so protobuf, the DCP readers and the DCP planner stay unloaded (``reshard.lazy``)."""
+    probe = (
+        "import sys\n"
+        "from reshard import cli\n"
+        "code = cli.main(sys.argv[1:])\n"
+        "heavy = ('google.protobuf', 'reshard.formats.dcp.metadata', 'reshard.ops.chunked')\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+        "sys.exit(code)\n"
+    )
+    argv = ["convert", str(demo / "demo" / "ckpt_8ranks"), str(demo / "lazy_st"), "--to", "safetensors", "-q"]
+    out = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "[]"

@@ -416,7 +416,7 @@ def source_views(
         return param_views(opened.strategy)
     if isinstance(opened, OpenedChunks):  # its chunks are its layout: drawn as saved
         return chunk_views(opened.tensors, opened.saved_by)
-    sf = registry.strategy(strategy, notes) if strategy else opened.strategy
+    sf = registry.open_strategy(strategy, notes) if strategy else opened.strategy
     if sf is None:
         raise UsageError(f"this is {opened.kind}: give a strategy with --strategy to draw how it is split", source)
     if isinstance(opened, OpenedModel) and kind is not ONE_RANK_FOLDER:  # a full model: its own shapes

@@ -37,15 +37,16 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from google.protobuf.message import Message
+from typing import TYPE_CHECKING, Any
 
 from reshard.errors import FormatError, LayoutError, ReshardError, UnsupportedError, UsageError
 from reshard.formats.base import write_whole
 from reshard.layout import STAGE_SEPARATOR, ParamLayout, TensorMapEntry
 from reshard.text import first_line
+
+if TYPE_CHECKING:
+    from google.protobuf import descriptor_pb2
+    from google.protobuf.message import Message
 
 # --------------------------------------------------------------------------------------------
 # Constants
@@ -71,64 +72,70 @@ DEFAULT_OP_NAME = "reshard_stage_marker"
 DEFAULT_OP_STRATEGY: tuple[tuple[int, ...], ...] = ((1,),)
 
 # --------------------------------------------------------------------------------------------
-# Protobuf classes, built at runtime from a descriptor (docs/formats.md §2.1)
+# Protobuf classes, built at runtime from a descriptor (docs/formats.md §2.1). protobuf is imported
+# when the first class is built: a run that reads no strategy file (a convert, a JSON strategy)
+# never loads it. The schema names protobuf's label and type enums, resolved then.
 
 _PROTO_FILE = "node_strategy.proto"
 _PROTO_PACKAGE = "mindspore.straspb"
-_REQ = descriptor_pb2.FieldDescriptorProto.LABEL_REQUIRED
-_REP = descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
-_T = descriptor_pb2.FieldDescriptorProto
+_REQ = "LABEL_REQUIRED"
+_REP = "LABEL_REPEATED"
 # message -> [(field name, number, label, type, message type name or None)]
-_SCHEMA: dict[str, list[tuple[str, int, int, int, str | None]]] = {
-    "ParallelStrategy": [("dim", 1, _REP, _T.TYPE_UINT32, None)],
+_SCHEMA: dict[str, list[tuple[str, int, str, str, str | None]]] = {
+    "ParallelStrategy": [("dim", 1, _REP, "TYPE_UINT32", None)],
     "ParallelStrategys": [
-        ("stage", 1, _REQ, _T.TYPE_UINT32, None),
-        ("parallel_strategy", 2, _REP, _T.TYPE_MESSAGE, "ParallelStrategy"),
+        ("stage", 1, _REQ, "TYPE_UINT32", None),
+        ("parallel_strategy", 2, _REP, "TYPE_MESSAGE", "ParallelStrategy"),
     ],
     "ParallelStrategyItem": [
-        ("node_name", 1, _REQ, _T.TYPE_STRING, None),
-        ("parallel_strategys", 2, _REQ, _T.TYPE_MESSAGE, "ParallelStrategys"),
+        ("node_name", 1, _REQ, "TYPE_STRING", None),
+        ("parallel_strategys", 2, _REQ, "TYPE_MESSAGE", "ParallelStrategys"),
     ],
-    "DevMatrix": [("dim", 1, _REP, _T.TYPE_UINT32, None)],
-    "TensorMap": [("dim", 1, _REP, _T.TYPE_INT32, None)],
-    "ParamSplitShape": [("dim", 1, _REP, _T.TYPE_INT64, None)],
-    "IndicesOffset": [("dim", 1, _REP, _T.TYPE_INT64, None)],
+    "DevMatrix": [("dim", 1, _REP, "TYPE_UINT32", None)],
+    "TensorMap": [("dim", 1, _REP, "TYPE_INT32", None)],
+    "ParamSplitShape": [("dim", 1, _REP, "TYPE_INT64", None)],
+    "IndicesOffset": [("dim", 1, _REP, "TYPE_INT64", None)],
     "ParallelLayouts": [
-        ("dev_matrix", 1, _REP, _T.TYPE_MESSAGE, "DevMatrix"),
-        ("tensor_map", 2, _REP, _T.TYPE_MESSAGE, "TensorMap"),
-        ("param_split_shape", 3, _REP, _T.TYPE_MESSAGE, "ParamSplitShape"),
-        ("indices_offset", 4, _REP, _T.TYPE_MESSAGE, "IndicesOffset"),
-        ("field", 5, _REQ, _T.TYPE_INT32, None),
-        ("opt_weight_shard_step", 6, _REQ, _T.TYPE_INT32, None),
-        ("opt_weight_shard_size", 7, _REQ, _T.TYPE_INT32, None),
+        ("dev_matrix", 1, _REP, "TYPE_MESSAGE", "DevMatrix"),
+        ("tensor_map", 2, _REP, "TYPE_MESSAGE", "TensorMap"),
+        ("param_split_shape", 3, _REP, "TYPE_MESSAGE", "ParamSplitShape"),
+        ("indices_offset", 4, _REP, "TYPE_MESSAGE", "IndicesOffset"),
+        ("field", 5, _REQ, "TYPE_INT32", None),
+        ("opt_weight_shard_step", 6, _REQ, "TYPE_INT32", None),
+        ("opt_weight_shard_size", 7, _REQ, "TYPE_INT32", None),
     ],
     "ParallelLayoutItem": [
-        ("param_name", 1, _REQ, _T.TYPE_STRING, None),
-        ("parallel_layouts", 2, _REQ, _T.TYPE_MESSAGE, "ParallelLayouts"),
+        ("param_name", 1, _REQ, "TYPE_STRING", None),
+        ("parallel_layouts", 2, _REQ, "TYPE_MESSAGE", "ParallelLayouts"),
     ],
-    "ParallelGroupRanks": [("dim", 1, _REP, _T.TYPE_UINT32, None)],
+    "ParallelGroupRanks": [("dim", 1, _REP, "TYPE_UINT32", None)],
     "ParallelGroupItem": [
-        ("group_name", 1, _REQ, _T.TYPE_STRING, None),
-        ("parallel_group_ranks", 2, _REQ, _T.TYPE_MESSAGE, "ParallelGroupRanks"),
+        ("group_name", 1, _REQ, "TYPE_STRING", None),
+        ("parallel_group_ranks", 2, _REQ, "TYPE_MESSAGE", "ParallelGroupRanks"),
     ],
     "ParallelGroupMap": [
-        ("parallel_group_item", 1, _REP, _T.TYPE_MESSAGE, "ParallelGroupItem"),
-        ("ckpt_restore_rank_list", 2, _REQ, _T.TYPE_MESSAGE, "ParallelGroupRanks"),
+        ("parallel_group_item", 1, _REP, "TYPE_MESSAGE", "ParallelGroupItem"),
+        ("ckpt_restore_rank_list", 2, _REQ, "TYPE_MESSAGE", "ParallelGroupRanks"),
     ],
     "ParallelStrategyMap": [
-        ("current_stage", 1, _REQ, _T.TYPE_UINT32, None),
-        ("parallel_strategy_item", 2, _REP, _T.TYPE_MESSAGE, "ParallelStrategyItem"),
-        ("parallel_layout_item", 3, _REP, _T.TYPE_MESSAGE, "ParallelLayoutItem"),
+        ("current_stage", 1, _REQ, "TYPE_UINT32", None),
+        ("parallel_strategy_item", 2, _REP, "TYPE_MESSAGE", "ParallelStrategyItem"),
+        ("parallel_layout_item", 3, _REP, "TYPE_MESSAGE", "ParallelLayoutItem"),
     ],
 }
 
 
 def _file_descriptor() -> descriptor_pb2.FileDescriptorProto:
+    from google.protobuf import descriptor_pb2
+
+    field_proto = descriptor_pb2.FieldDescriptorProto
     fdp = descriptor_pb2.FileDescriptorProto(name=_PROTO_FILE, package=_PROTO_PACKAGE, syntax="proto2")
     for msg_name, fields in _SCHEMA.items():
         msg = fdp.message_type.add(name=msg_name)
         for name, number, label, ftype, type_name in fields:
-            fd = msg.field.add(name=name, number=number, label=label, type=ftype)
+            fd = msg.field.add(
+                name=name, number=number, label=getattr(field_proto, label), type=getattr(field_proto, ftype)
+            )
             if type_name is not None:
                 fd.type_name = f".{_PROTO_PACKAGE}.{type_name}"
     return fdp
@@ -137,6 +144,8 @@ def _file_descriptor() -> descriptor_pb2.FileDescriptorProto:
 @functools.cache
 def message_classes() -> dict[str, type[Message]]:
     """The ``node_strategy.proto`` message classes, from a private descriptor pool."""
+    from google.protobuf import descriptor_pool, message_factory
+
     pool = descriptor_pool.DescriptorPool()
     pool.Add(_file_descriptor())
     return {

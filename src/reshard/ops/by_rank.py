@@ -25,8 +25,7 @@ from reshard.ops.tensors import Inputs, TensorPipeline, check_copies
 from reshard.plan import plan_transform_by_rank
 from reshard.plan.model import SourceFile
 from reshard.plan.quantized import quantized_names
-from reshard.sources import ReadOptions, source_files
-from reshard.sources import strategy as _strategy
+from reshard.sources import ReadOptions, open_strategy, source_files
 
 
 def transform_by_rank(
@@ -80,7 +79,7 @@ def transform_by_rank(
         api.transform_by_rank(0, files, "out/checkpoint_0.ckpt", "demo/strategy_8", "demo/strategy_4")
     """
     sources = source_files({int(r): p for r, p in files_map.items()}, read)
-    src_sf, dst_sf = _strategy(src_strategy), _strategy(dst_strategy)
+    src_sf, dst_sf = open_strategy(src_strategy), open_strategy(dst_strategy)
     if quantized_names(list(sources.values())):
         src_sf, dst_sf = _paired(sources, src_sf, dst_sf, next(iter(files_map.values())))
     plan = plan_transform_by_rank(rank, sources, out_file, src_sf, dst_sf)
@@ -134,7 +133,7 @@ def needed_ranks(
     from reshard import layout
     from reshard.layout import layout_map
 
-    src_sf, dst_sf = _strategy(src_strategy, notes), _strategy(dst_strategy, notes)
+    src_sf, dst_sf = open_strategy(src_strategy, notes), open_strategy(dst_strategy, notes)
     if src_sf is None:
         return [0]
     dst_map = layout_map(dst_sf, rank_id) if dst_sf is not None else None

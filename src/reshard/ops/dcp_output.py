@@ -24,6 +24,7 @@ import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from reshard import manifest
 from reshard.errors import FormatError, UsageError
@@ -31,12 +32,13 @@ from reshard.execute.options import WriteOptions
 from reshard.formats import megatron
 from reshard.formats.dcp import DATA_SUFFIX, METADATA_NAME, BytesItem
 from reshard.layout import LayoutTable
-from reshard.ops import chunked
 from reshard.ops.options import OutputSpec
 from reshard.plan import Plan, TextOutput
-from reshard.plan.dcp import Chunking, EvenRows, SourceSlices, StrategyBoxes, dcp_plan
 from reshard.sources.full_model import CONFIG_NAME
 from reshard.sources.kind import ByteValue, OpenedChunks
+
+if TYPE_CHECKING:  # the DCP planners load when a DCP output is planned (chunking, as_dcp), not before
+    from reshard.plan.dcp import Chunking
 
 FORMAT = "dcp"
 TORCH_DIST = "torch_dist"  # Megatron-core's: DCP data + common.pt + metadata.json
@@ -94,6 +96,8 @@ def check_options(output: OutputSpec | None, write: WriteOptions | None, strateg
 def chunking(output: OutputSpec, strategy: LayoutTable | None, sharded: bool) -> Chunking:
     """The chunks to write: a strategy's rank boxes, ``dcp_ranks`` even row parts, or (``sharded`` sources
     without either) the source slices."""
+    from reshard.plan.dcp import EvenRows, SourceSlices, StrategyBoxes
+
     if strategy is not None:
         if output.dcp_ranks is not None:
             raise UsageError("give a destination strategy or a DCP rank count, not both")
@@ -194,6 +198,9 @@ def _recut(
 ) -> Plan:
     """The DCP data of ``full`` in ``folder``: from the chunk boxes of ``chunks`` when they plan it, else
     every copy of a full tensor re-cut (``plan.dcp.dcp_plan``); ``items`` listed in its ``.metadata``."""
+    from reshard.ops import chunked
+    from reshard.plan.dcp import dcp_plan
+
     if chunks is None:
         return dcp_plan(full, folder, how, notes, items)
     boxed = chunked.boxed_dcp(full, chunks, folder, how, notes, items)

@@ -17,8 +17,7 @@ from reshard.ops.run import Report, Target, folder_superseded, run_plan
 from reshard.ops.tensors import Inputs, TensorPipeline
 from reshard.plan import Plan, plan_split, plan_transform_full
 from reshard.plan.dcp import StrategyBoxes
-from reshard.sources import HYPER_NAME, model_folder, unified_index
-from reshard.sources import strategy as _strategy
+from reshard.sources import HYPER_NAME, model_folder, open_strategy, unified_index
 
 FORMATS = WRITES["split"]  # the first is its default
 
@@ -79,7 +78,7 @@ def split(
     pipeline = TensorPipeline(tensors, unified_dir)
     files, mapping, hyper = unified_index(unified_dir, name_map)
     notes: list[str] = []
-    sf = _strategy(dst_strategy, notes)
+    sf = open_strategy(dst_strategy, notes)
     if sf is None:
         raise UsageError("split needs the destination strategy")
     inputs = pipeline.apply(Inputs(files, mapping, hyper), notes, whole=True)

@@ -15,17 +15,15 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from reshard import statenames
 from reshard.errors import UsageError
 from reshard.layout import LayoutTable
 from reshard.naming import NameReport
-from reshard.ops import chunked
 from reshard.ops.options import TensorOptions
 from reshard.plan import Plan, SourceFile, SourceTensor
 from reshard.plan.cast import cast_files, cast_rule
-from reshard.plan.dcp import Chunking
 from reshard.plan.quantized import (
     Dequantizer,
     Pair,
@@ -35,11 +33,13 @@ from reshard.plan.quantized import (
     paired_layouts,
     sharded_pairs,
 )
-from reshard.plan.quantized_dcp import block_grains, check_even_rows, config_for_dcp, fp8_pairs
 from reshard.plan.quantized_map import check_mapped_pairs
 from reshard.plan.surgery import MAPPED_SOURCE, MappedModel, NameRun
 from reshard.sources import ReadOptions, config_path, open_checkpoint
-from reshard.sources.kind import OpenedChunks
+
+if TYPE_CHECKING:
+    from reshard.plan.dcp import Chunking
+    from reshard.sources.kind import OpenedChunks
 
 TableT = TypeVar("TableT", bound=LayoutTable)
 
@@ -132,6 +132,8 @@ class TensorPipeline:
     def resourced(self, plan: Plan, opened: OpenedChunks) -> Plan:
         """``plan`` of a chunked source's virtual model reading its chunks (``ops.chunked.resourced``), the
         tensors ``--dequantize`` / ``--quantize`` computes from its pairs read from their chunks too."""
+        from reshard.ops import chunked  # the DCP readers and box planner load only for a chunked source
+
         records = self.dequantizer.records if self.dequantizer is not None else None
         return chunked.resourced(plan, opened, records)
 
@@ -162,6 +164,8 @@ class TensorPipeline:
     def dcp_pairs(self, plan: Plan, how: Chunking) -> Chunking:
         """``how`` cutting ``plan``'s FP8 weights in whole block rows (``--dcp-ranks``), checked: a cut off their
         block grid is refused (``plan.quantized_dcp``)."""
+        from reshard.plan.quantized_dcp import block_grains, check_even_rows
+
         precision = self.precision or Precision()
         block = functools.partial(precision.pair_block, functools.partial(_config_beside, self.src))
         how = block_grains(plan, how, block)
@@ -171,6 +175,8 @@ class TensorPipeline:
     def dcp_config(self, plan: Plan, notes: list[str]) -> dict[str, object] | None:
         """The ``config.json`` a DCP output of ``plan`` carries so that its FP8 pairs' block size is known when
         it is read back (None: no FP8 pair out; or a note when the block size is not known here either)."""
+        from reshard.plan.quantized_dcp import config_for_dcp, fp8_pairs  # DCP outputs only
+
         pairs = fp8_pairs(plan)
         if not pairs:
             return None

@@ -22,7 +22,7 @@ from reshard.formats import checkpoint2, rank_dirs
 from reshard.formats.strategy import StrategyFile
 from reshard.layout import LayoutTable
 from reshard.ops import checkpoint2 as _cp2
-from reshard.ops import chunked, dcp_output
+from reshard.ops import dcp_output
 from reshard.ops.options import WRITES, Destination, OutputSpec, TensorOptions, output_format, shard_bytes
 from reshard.ops.run import Report, Target, folder_superseded, run_plan, strategy_paths
 from reshard.ops.tensors import Inputs, TensorPipeline, check_copies, plan_tensors, training_state_note
@@ -41,11 +41,11 @@ from reshard.sources import (
     ReadOptions,
     full_model_file,
     model_folder,
+    open_strategy,
     resolve,
     unified_index,
 )
 from reshard.sources import megatron as megatron_source
-from reshard.sources import strategy as _strategy
 from reshard.sources.megatron import MEGATRON
 from reshard.sources.registry import CHUNKED, is_chunked
 
@@ -159,6 +159,8 @@ def transform(
     if job.kind in (HUGGING_FACE, UNIFIED):
         plan, src_sf, everyone = _plan_full(job, src_strategy)
     elif is_chunked(job.kind):
+        from reshard.ops import chunked  # the DCP readers load for a chunked source only
+
         chunked.check_run(run)
         plan, src_sf, everyone = _plan_chunked(job)
     else:
@@ -200,7 +202,7 @@ def _job(
         )
     # every "give no strategy" / "an iteration applies to ..." refusal, before any file is read
     kind = resolve(src, _kinds(src, src_strategy), strategy=src_strategy, read=read)
-    dst_sf = _strategy(dst_strategy, notes)
+    dst_sf = open_strategy(dst_strategy, notes)
     rule = statenames.DEFAULT.with_prefixes(out.optimizer_prefixes)
     pipeline = TensorPipeline(tensors, src, out.optimizer_prefixes)
     pipeline.defer_quantize()  # --quantize: DeepSeek's rule on the map's outputs
@@ -218,6 +220,8 @@ def _job(
 def _plan_chunked(job: _Job) -> tuple[Plan, None, Plan | None]:
     """A chunked source's plan (a PyTorch DCP folder): planned as the full model of its global
     tensors, then read from the chunks (``ops.chunked``)."""
+    from reshard.ops import chunked
+
     opened = job.kind.open(job.src, job.read, job.notes)
     assert isinstance(opened, OpenedChunks)
     job.carried = _carried(job, opened)  # a DCP or torch_dist output carries the values
@@ -274,7 +278,7 @@ def _plan_sharded(job: _Job, src_strategy: str | StrategyFile | None) -> tuple[P
     """The plan from rank sources (rank folders, one full file, a Checkpoint 2.0) and their strategy."""
     opened = job.kind.open(job.src, job.read, job.notes)
     assert not isinstance(opened, OpenedChunks)  # a chunked source is planned by _plan_chunked
-    src_sf = opened.strategy if job.kind.traits.owns_layouts else _strategy(src_strategy, job.notes)
+    src_sf = opened.strategy if job.kind.traits.owns_layouts else open_strategy(src_strategy, job.notes)
     if src_sf is None and len(opened.ranks) > 1:
         raise UsageError(
             "several rank folders but no source strategy (--src-strategy, src_strategy in Python)", job.src

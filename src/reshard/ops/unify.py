@@ -19,7 +19,7 @@ from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats import rank_dirs
 from reshard.formats.strategy import StrategyFile
 from reshard.ops import checkpoint2 as _cp2
-from reshard.ops import chunked, dcp_output
+from reshard.ops import dcp_output
 from reshard.ops.options import WRITES, Destination, OutputSpec, TensorOptions, UnifyOptions, output_format, shard_bytes
 from reshard.ops.run import Report, Target, run_plan
 from reshard.ops.tensors import Inputs, TensorPipeline, check_copies, plan_tensors, training_state_note
@@ -32,10 +32,10 @@ from reshard.sources import (
     OpenedChunks,
     ReadOptions,
     identify,
+    open_strategy,
     rank_sources,
     resolve,
 )
-from reshard.sources import strategy as _strategy
 from reshard.sources.registry import is_chunked
 
 FORMATS = WRITES["unify"]
@@ -112,6 +112,8 @@ def unify(
     if shard_size is not None and how.split_dst_file:
         raise UsageError("split_dst_file (--split) does not apply to Hugging Face output")
     if is_chunked(identify(src, (RANK_FOLDERS, CHECKPOINT2, *CHUNKED))):
+        from reshard.ops import chunked  # the DCP readers load for a chunked source only
+
         chunked.check_run(run)
         plan = _chunked_plan(src, strategy, dst, how, shard_size, pipeline, read, notes)
     else:
@@ -185,6 +187,8 @@ def _chunked_plan(
     notes: list[str],
 ) -> Plan:
     """A PyTorch DCP folder unified: its global tensors (``ops.chunked``), in parts or Hugging Face shards."""
+    from reshard.ops import chunked
+
     kind = resolve(src, CHUNKED, strategy=strategy, flag="strategy")  # its layouts are its .metadata's chunks
     if how.split_dst_file:
         raise UsageError("split_dst_file (--split) is not supported for a PyTorch DCP source", src)
@@ -213,7 +217,7 @@ def _sources(
     else:
         _refuse_ckpt_ranks(src)
         _, sources = rank_sources(src, "safetensors", None, how.file_suffix, read, notes, how.mindspore_order)
-        sf = _strategy(strategy, notes)
+        sf = open_strategy(strategy, notes)
     if sf is None:
         raise UsageError("unify needs the source strategy")
     _check_unify_ranks(src, sources, sf, notes)

@@ -39,25 +39,56 @@ The modules, each importing only the ones before it:
 Everything other modules use is importable from ``reshard.plan`` itself.
 """
 
-from reshard.plan.boxes import BoxTensors, OutputFile, Target, plan_boxes
-from reshard.plan.bulk import MATERIALISED_FILES, RankTensors
-from reshard.plan.convert import hf_sharded, plan_convert, plan_hf_shards, plan_transform_full, plan_unify_hf
-from reshard.plan.model import (
-    Copy,
-    FilePlan,
-    FileStats,
-    Plan,
-    Role,
-    SourceFile,
-    SourceTensor,
-    TensorPlan,
-    TextOutput,
-)
-from reshard.plan.split import plan_split
-from reshard.plan.transform import plan_transform
-from reshard.plan.transform_reference import StageCut, TransformPlanner, plan_transform_by_rank
-from reshard.plan.unify import REDUNDANT_STATE_PREFIXES, ChoiceFunc, plan_unify
-from reshard.plan.validate import PlanError, validate_plan
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from reshard import lazy
+
+if TYPE_CHECKING:  # the names as a type checker sees them; at run time a name's module loads on its first use
+    from reshard.plan.boxes import BoxTensors, OutputFile, Target, plan_boxes
+    from reshard.plan.bulk import MATERIALISED_FILES, RankTensors
+    from reshard.plan.convert import hf_sharded, plan_convert, plan_hf_shards, plan_transform_full, plan_unify_hf
+    from reshard.plan.model import (
+        Copy,
+        FilePlan,
+        FileStats,
+        Plan,
+        Role,
+        SourceFile,
+        SourceTensor,
+        TensorPlan,
+        TextOutput,
+    )
+    from reshard.plan.split import plan_split
+    from reshard.plan.transform import plan_transform
+    from reshard.plan.transform_reference import StageCut, TransformPlanner, plan_transform_by_rank
+    from reshard.plan.unify import REDUNDANT_STATE_PREFIXES, ChoiceFunc, plan_unify
+    from reshard.plan.validate import PlanError, validate_plan
+
+# Where each name lives (reshard.lazy says why the package imports none of them up front).
+_homes: dict[str, tuple[str, ...]] = {
+    "boxes": ("BoxTensors", "OutputFile", "Target", "plan_boxes"),
+    "bulk": ("MATERIALISED_FILES", "RankTensors"),
+    "convert": ("hf_sharded", "plan_convert", "plan_hf_shards", "plan_transform_full", "plan_unify_hf"),
+    "model": (
+        "Copy",
+        "FilePlan",
+        "FileStats",
+        "Plan",
+        "Role",
+        "SourceFile",
+        "SourceTensor",
+        "TensorPlan",
+        "TextOutput",
+    ),
+    "split": ("plan_split",),
+    "transform": ("plan_transform",),
+    "transform_reference": ("StageCut", "TransformPlanner", "plan_transform_by_rank"),
+    "unify": ("REDUNDANT_STATE_PREFIXES", "ChoiceFunc", "plan_unify"),
+    "validate": ("PlanError", "validate_plan"),
+}
+__getattr__, __dir__ = lazy.exports(__name__, _homes, globals())
 
 __all__ = [
     "MATERIALISED_FILES",

@@ -28,11 +28,15 @@ A violation raises ``PlanError``: an internal error naming the output and the te
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, TypeGuard
 
-from reshard.plan.boxes import BoxTensors
-from reshard.plan.bulk import RankTensors
 from reshard.plan.model import Plan, TensorPlan
+
+if TYPE_CHECKING:
+    from reshard.plan.boxes import BoxTensors
+    from reshard.plan.bulk import RankTensors
 
 SourceShape = Callable[[int, str], "tuple[int, ...] | None"]  # (source index, tensor) -> its shape, None: absent
 
@@ -55,10 +59,10 @@ def validate_plan(plan: Plan, source_shape: SourceShape | None = None) -> None:
     held_shapes: dict[int, list[tuple[int, ...]]] = {}  # per class: the shape of each source rank's slice
     source_ids: dict[str, int] | None = None  # box plans: source path -> index, built once
     for f in plan.files:
-        if isinstance(f.tensors, RankTensors):
+        if _bulk(f.tensors):
             _check_bulk(f.path, f.tensors, checked_tables, held_shapes)
             continue
-        if isinstance(f.tensors, BoxTensors):
+        if _boxes(f.tensors):
             if source_ids is None:
                 source_ids = {p: i for i, p in enumerate(plan.sources)}
             _check_box_file(f.path, f.tensors, checked_tables, source_ids, source_shape)
@@ -69,6 +73,18 @@ def validate_plan(plan: Plan, source_shape: SourceShape | None = None) -> None:
                 raise PlanError(f"{f.path}: tensor {t.name!r} is planned twice")
             names.add(t.name)
             _check_tensor(f.path, t, len(plan.sources), source_shape)
+
+
+# A file's tensors are a planner's lazy list only if that planner's module was imported: checked
+# without importing it, so validating a convert's plan loads no transform or DCP planner.
+def _bulk(tensors: object) -> TypeGuard[RankTensors]:
+    module = sys.modules.get("reshard.plan.bulk")
+    return module is not None and isinstance(tensors, module.RankTensors)
+
+
+def _boxes(tensors: object) -> TypeGuard[BoxTensors]:
+    module = sys.modules.get("reshard.plan.boxes")
+    return module is not None and isinstance(tensors, module.BoxTensors)
 
 
 def _unique_paths(plan: Plan) -> None:

@@ -272,7 +272,7 @@ def is_hf_model(path: str) -> bool:
     return kind_of(path) is HUGGING_FACE
 
 
-def strategy(value: str | StrategyFile | None, notes: list[str] | None = None) -> StrategyFile | None:
+def open_strategy(value: str | StrategyFile | None, notes: list[str] | None = None) -> StrategyFile | None:
     """The strategy a path names (a file or a folder of per-stage files); its loading notes (a
     merged file passed over) go to ``notes``. The caller said it is a strategy, so it is not
     detected: a broken strategy file is reported as one."""
@@ -339,9 +339,9 @@ __all__ = [
     "is_sharded",
     "kind_of",
     "open_source",
+    "open_strategy",
     "register",
     "resolve",
-    "strategy",
     "unified_index",
     "unregister",
 ]

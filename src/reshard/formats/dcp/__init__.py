@@ -46,38 +46,82 @@ The package: ``records`` (the plain values), ``unpickling`` (the allowlisting un
 (the writer); everything public is importable from ``reshard.formats.dcp`` itself.
 """
 
-from reshard.formats.dcp.data import index_distcp, open_distcp, read_bytes_item, serialization_of
-from reshard.formats.dcp.metadata import check_chunks, read_dcp_metadata
-from reshard.formats.dcp.records import (
-    DATA_SUFFIX,
-    DCP_VERSION,
-    FORMAT,
-    METADATA_NAME,
-    SAFETENSORS,
-    TORCH_SAVE,
-    BytesItem,
-    Chunk,
-    ChunkTable,
-    DcpMetadata,
-    TensorMeta,
-    chunk_name,
-    collector_paused,
-)
-from reshard.formats.dcp.write import (
-    ChunkSpec,
-    DistcpLayout,
-    archive_size,
-    bytes_name,
-    distcp_finish,
-    distcp_layout,
-    metadata_pickle,
-    patch_crc,
-    save_dcp,
-    tensor_pickle,
-    tensors_of,
-    write_distcp,
-    write_metadata,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from reshard import lazy
+
+if TYPE_CHECKING:  # the names as a type checker sees them; at run time a name's module loads on its first use
+    from reshard.formats.dcp.data import index_distcp, open_distcp, read_bytes_item, serialization_of
+    from reshard.formats.dcp.metadata import check_chunks, read_dcp_metadata
+    from reshard.formats.dcp.records import (
+        DATA_SUFFIX,
+        DCP_VERSION,
+        FORMAT,
+        METADATA_NAME,
+        SAFETENSORS,
+        TORCH_SAVE,
+        BytesItem,
+        Chunk,
+        ChunkTable,
+        DcpMetadata,
+        TensorMeta,
+        chunk_name,
+        collector_paused,
+    )
+    from reshard.formats.dcp.write import (
+        ChunkSpec,
+        DistcpLayout,
+        archive_size,
+        bytes_name,
+        distcp_finish,
+        distcp_layout,
+        metadata_pickle,
+        patch_crc,
+        save_dcp,
+        tensor_pickle,
+        tensors_of,
+        write_distcp,
+        write_metadata,
+    )
+
+# Where each name lives (reshard.lazy says why the package imports none of them up front).
+_homes: dict[str, tuple[str, ...]] = {
+    "data": ("index_distcp", "open_distcp", "read_bytes_item", "serialization_of"),
+    "metadata": ("check_chunks", "read_dcp_metadata"),
+    "records": (
+        "DATA_SUFFIX",
+        "DCP_VERSION",
+        "FORMAT",
+        "METADATA_NAME",
+        "SAFETENSORS",
+        "TORCH_SAVE",
+        "BytesItem",
+        "Chunk",
+        "ChunkTable",
+        "DcpMetadata",
+        "TensorMeta",
+        "chunk_name",
+        "collector_paused",
+    ),
+    "write": (
+        "ChunkSpec",
+        "DistcpLayout",
+        "archive_size",
+        "bytes_name",
+        "distcp_finish",
+        "distcp_layout",
+        "metadata_pickle",
+        "patch_crc",
+        "save_dcp",
+        "tensor_pickle",
+        "tensors_of",
+        "write_distcp",
+        "write_metadata",
+    ),
+}
+__getattr__, __dir__ = lazy.exports(__name__, _homes, globals())
 
 __all__ = [
     "DATA_SUFFIX",
