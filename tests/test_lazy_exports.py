@@ -19,8 +19,9 @@ def test_every_exported_name_is_its_modules_object(name: str) -> None:
         importlib.import_module(f"{name}.{module.name}")
     for exported in package.__all__:
         value = getattr(package, exported)
-        home = next(m for m, names in package._homes.items() if exported in names)
-        assert value is getattr(importlib.import_module(f"{name}.{home}"), exported), exported
+        home, original = lazy.homes(package.__file__, name)[exported]
+        assert value is getattr(importlib.import_module(f"{name}.{home}"), original), exported
+    assert set(package.__all__) == set(lazy.homes(package.__file__, name))  # no name listed in one place only
     assert set(package.__all__) <= set(dir(package))
 
 
@@ -33,9 +34,23 @@ def test_no_exported_name_is_also_a_module_of_the_package(name: str) -> None:
     assert not modules & set(package.__all__)
 
 
-def test_an_unknown_name_is_an_attribute_error() -> None:
-    getattr_, dir_ = lazy.exports("reshard.plan", {"model": ("Plan",)}, {})
-    assert getattr_("Plan").__name__ == "Plan"
-    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
-        getattr_("nothing")
-    assert "Plan" in dir_()
+def test_names_come_from_the_type_checking_block(tmp_path) -> None:
+    """``homes`` reads only ``from <package>.<module> import`` lines under ``if TYPE_CHECKING:``; a name
+    not there is an AttributeError, as for any module."""
+    init = tmp_path / "pkg_init.py"
+    init.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "import os\n"
+        "if TYPE_CHECKING:\n"
+        "    from reshard.plan.model import Plan, SourceFile as Facts\n"
+        "    from collections import OrderedDict\n"
+        "from reshard.plan.split import plan_split\n"
+    )
+    assert lazy.homes(str(init), "reshard.plan") == {"Plan": ("model", "Plan"), "Facts": ("model", "SourceFile")}
+    namespace = {"__name__": "reshard.plan", "__file__": str(init)}
+    getattr_, dir_ = lazy.exports(namespace)
+    assert getattr_("Plan").__name__ == "Plan" and namespace["Plan"] is getattr_("Plan")
+    assert getattr_("Facts").__name__ == "SourceFile"
+    with pytest.raises(AttributeError, match="has no attribute 'plan_split'"):
+        getattr_("plan_split")
+    assert {"Plan", "Facts"} <= set(dir_())

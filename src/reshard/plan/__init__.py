@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 
 from reshard import lazy
 
-if TYPE_CHECKING:  # the names as a type checker sees them; at run time a name's module loads on its first use
+if TYPE_CHECKING:  # where each name lives: a type checker imports them; at run time reshard.lazy reads this
     from reshard.plan.boxes import BoxTensors, OutputFile, Target, plan_boxes
     from reshard.plan.bulk import MATERIALISED_FILES, RankTensors
     from reshard.plan.convert import hf_sharded, plan_convert, plan_hf_shards, plan_transform_full, plan_unify_hf
@@ -66,29 +66,7 @@ if TYPE_CHECKING:  # the names as a type checker sees them; at run time a name's
     from reshard.plan.unify import REDUNDANT_STATE_PREFIXES, ChoiceFunc, plan_unify
     from reshard.plan.validate import PlanError, validate_plan
 
-# Where each name lives (reshard.lazy says why the package imports none of them up front).
-_homes: dict[str, tuple[str, ...]] = {
-    "boxes": ("BoxTensors", "OutputFile", "Target", "plan_boxes"),
-    "bulk": ("MATERIALISED_FILES", "RankTensors"),
-    "convert": ("hf_sharded", "plan_convert", "plan_hf_shards", "plan_transform_full", "plan_unify_hf"),
-    "model": (
-        "Copy",
-        "FilePlan",
-        "FileStats",
-        "Plan",
-        "Role",
-        "SourceFile",
-        "SourceTensor",
-        "TensorPlan",
-        "TextOutput",
-    ),
-    "split": ("plan_split",),
-    "transform": ("plan_transform",),
-    "transform_reference": ("StageCut", "TransformPlanner", "plan_transform_by_rank"),
-    "unify": ("REDUNDANT_STATE_PREFIXES", "ChoiceFunc", "plan_unify"),
-    "validate": ("PlanError", "validate_plan"),
-}
-__getattr__, __dir__ = lazy.exports(__name__, _homes, globals())
+__getattr__, __dir__ = lazy.exports(globals())  # each name's module, from the block above, loads on first use
 
 __all__ = [
     "MATERIALISED_FILES",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from reshard import lazy
 
-if TYPE_CHECKING:  # the names as a type checker sees them; at run time a name's module loads on its first use
+if TYPE_CHECKING:  # where each name lives: a type checker imports them; at run time reshard.lazy reads this
     from reshard.sources.checkpoint2 import CHECKPOINT2
     from reshard.sources.dcp import DCP
     from reshard.sources.files import has_crc_trailer, indexed, open_checkpoint, source_file, source_files
@@ -67,59 +67,7 @@ if TYPE_CHECKING:  # the names as a type checker sees them; at run time a name's
     )
     from reshard.sources.strategy import STRATEGY, is_strategy_file
 
-# Where each name lives (reshard.lazy says why the package imports none of them up front).
-_homes: dict[str, tuple[str, ...]] = {
-    "checkpoint2": ("CHECKPOINT2",),
-    "dcp": ("DCP",),
-    "files": ("has_crc_trailer", "indexed", "open_checkpoint", "source_file", "source_files"),
-    "full_model": (
-        "ENCRYPTED_CKPT",
-        "FULL_FILE",
-        "HUGGING_FACE",
-        "HYPER_NAME",
-        "UNIFIED",
-        "config_path",
-        "full_model_file",
-        "hf_model",
-        "is_encrypted",
-        "model_folder",
-    ),
-    "kind": (
-        "FULL",
-        "SHARDED",
-        "AnyKind",
-        "Kind",
-        "Opened",
-        "OpenedChunks",
-        "OpenedModel",
-        "OpenedRanks",
-        "OpenedStrategy",
-        "StrategyKind",
-        "Traits",
-    ),
-    "megatron": ("MEGATRON",),
-    "options": ("ReadOptions", "source_choice"),
-    "rank_folders": ("ONE_RANK_FOLDER", "RANK_FOLDERS", "chosen_names", "rank_sources", "rank_subfolders"),
-    "registry": (
-        "ANY_CHECKPOINT",
-        "CHECKPOINTS",
-        "CHUNKED",
-        "FULL_MODELS",
-        "KINDS",
-        "SHARDED_JOBS",
-        "identify",
-        "is_chunked",
-        "is_hf_model",
-        "is_sharded",
-        "kind_of",
-        "open_source",
-        "resolve",
-        "open_strategy",
-        "unified_index",
-    ),
-    "strategy": ("STRATEGY", "is_strategy_file"),
-}
-__getattr__, __dir__ = lazy.exports(__name__, _homes, globals())
+__getattr__, __dir__ = lazy.exports(globals())  # each name's module, from the block above, loads on first use
 
 __all__ = [
     "ANY_CHECKPOINT",

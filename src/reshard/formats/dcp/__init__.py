@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 
 from reshard import lazy
 
-if TYPE_CHECKING:  # the names as a type checker sees them; at run time a name's module loads on its first use
+if TYPE_CHECKING:  # where each name lives: a type checker imports them; at run time reshard.lazy reads this
     from reshard.formats.dcp.data import index_distcp, open_distcp, read_bytes_item, serialization_of
     from reshard.formats.dcp.metadata import check_chunks, read_dcp_metadata
     from reshard.formats.dcp.records import (
@@ -86,42 +86,7 @@ if TYPE_CHECKING:  # the names as a type checker sees them; at run time a name's
         write_metadata,
     )
 
-# Where each name lives (reshard.lazy says why the package imports none of them up front).
-_homes: dict[str, tuple[str, ...]] = {
-    "data": ("index_distcp", "open_distcp", "read_bytes_item", "serialization_of"),
-    "metadata": ("check_chunks", "read_dcp_metadata"),
-    "records": (
-        "DATA_SUFFIX",
-        "DCP_VERSION",
-        "FORMAT",
-        "METADATA_NAME",
-        "SAFETENSORS",
-        "TORCH_SAVE",
-        "BytesItem",
-        "Chunk",
-        "ChunkTable",
-        "DcpMetadata",
-        "TensorMeta",
-        "chunk_name",
-        "collector_paused",
-    ),
-    "write": (
-        "ChunkSpec",
-        "DistcpLayout",
-        "archive_size",
-        "bytes_name",
-        "distcp_finish",
-        "distcp_layout",
-        "metadata_pickle",
-        "patch_crc",
-        "save_dcp",
-        "tensor_pickle",
-        "tensors_of",
-        "write_distcp",
-        "write_metadata",
-    ),
-}
-__getattr__, __dir__ = lazy.exports(__name__, _homes, globals())
+__getattr__, __dir__ = lazy.exports(globals())  # each name's module, from the block above, loads on first use
 
 __all__ = [
     "DATA_SUFFIX",
