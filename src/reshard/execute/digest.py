@@ -11,7 +11,7 @@ copies, the planner, numpy's casts), so every second of hashing is a second of s
 cost a 2 GB dequantizing run 0.4 s of its 3.2 CPU-s and about 0.2 s of its wall time, XXH128 0.07 s
 (docs/benchmarks.md). XXH128 is the canonical XXH3 128-bit hash, printed big-endian, the form
 ``xxhsum -H2`` checks on the command line. BLAKE3 (``b3sum``) and SHA-256 (``sha256sum``) stay one
-option away (``--checksum``, ``digest=``), and a manifest names its algorithm in each line, so a
+option away (``--checksum``, ``WriteOptions(checksum=...)``), and a manifest names its algorithm in each line, so a
 manifest written with any of them is checked with it.
 
 Why hash while writing: hashing a finished file is a second pass that starts only when the copy
@@ -40,7 +40,7 @@ from typing import Any
 
 from reshard.errors import UsageError
 
-HASH_BLOCK_BYTES = 8 * 1024 * 1024  # large reads: both hashes release the GIL, the page cache streams
+HASH_BLOCK_BYTES = 8 * 1024 * 1024  # large reads: every hash releases the GIL, the page cache streams
 ALGORITHMS = ("xxh128", "blake3", "sha256")
 DEFAULT_ALGORITHM = "xxh128"
 
@@ -57,13 +57,14 @@ def _buffer() -> memoryview:
 
 
 def new_hash(algorithm: str) -> Any:
-    """A fresh hash object of ``algorithm`` (one of ``ALGORITHMS``)."""
+    """A fresh hash object of ``algorithm`` (one of ``ALGORITHMS``); its library is imported here, so only
+    runs that checksum their outputs load it (not --help, plan, inspect)."""
     if algorithm == "xxh128":
-        import xxhash  # only runs that checksum their outputs need it (not --help, plan, inspect)
+        import xxhash
 
         return xxhash.xxh3_128()
     if algorithm == "blake3":
-        import blake3  # only runs that checksum their outputs need it (not --help, plan, inspect)
+        import blake3
 
         return blake3.blake3()
     if algorithm == "sha256":
