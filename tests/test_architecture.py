@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "reshard.statenames",
         "reshard.interrupts",
         "reshard.lazy",
+        "reshard.readahead",
     ),
     ("reshard.layout", "reshard.naming"),
     ("reshard.formats",),

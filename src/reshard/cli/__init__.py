@@ -17,8 +17,8 @@ The package: ``parser`` builds the command line from one module per command (``c
 flag groups (``flags``, ``tensor_flags``, ``strategies``) add their flags and build the options
 objects; ``calls`` is the one place that calls ``reshard.api``; ``report`` prints a run's result,
 ``progress`` its progress; ``help`` is what the command teaches about itself. This module imports
-only the standard library and ``reshard.interrupts`` at start: the parser and everything under it
-are imported by ``main``.
+only the standard library, ``reshard.interrupts`` and ``reshard.readahead`` at start: the parser
+and everything under it are imported by ``main``, after which the sources are read ahead.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from collections.abc import Sequence
 # before numpy loads (a value the user set wins); library users keep their own setting.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from reshard import interrupts
+from reshard import interrupts, readahead
 from reshard.cli.exits import EXIT_BROKEN_PIPE, EXIT_BUG, EXIT_CODES, EXIT_USAGE
 from reshard.errors import ReshardError
 from reshard.interrupts import Signalled
@@ -65,6 +65,7 @@ def _main(argv: Sequence[str] | None) -> int:
     cli_help.check_argv(parser, words)  # no command: the overview; a misspelling: "did you mean"
     interrupts.reached("parse")
     args = parser.parse_args(words)
+    readahead.start(_read_ahead(args))  # the disk reads the sources while the run imports and plans
     try:
         args.started = time.monotonic()
         print_renamed(args, args.quiet)
@@ -87,6 +88,14 @@ def _main(argv: Sequence[str] | None) -> int:
         )
         return EXIT_BUG
     return status if isinstance(status, int) else 0
+
+
+def _read_ahead(args: argparse.Namespace) -> list[str]:
+    """The sources a command reads whole (its ``reads`` names), read ahead unless the run reads only some
+    destination ranks' share (``--ranks``) or runs on a cluster (``--executor ray``)."""
+    if getattr(args, "ranks", None) or getattr(args, "executor", None) == "ray":
+        return []
+    return [value for name in getattr(args, "reads", ()) if isinstance(value := getattr(args, name, None), str)]
 
 
 def _run(args: object) -> object:

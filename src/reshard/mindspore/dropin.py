@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from reshard import readahead
 from reshard.errors import LayoutError, UnsupportedError, UsageError
 from reshard.formats import rank_dirs
 from reshard.formats.base import write_whole
@@ -79,6 +80,7 @@ def _convert(to: str, file_path: Any, save_path: Any, name_map: Any, file_name_r
     run = workers(processes_num, "processes_num")
     if not os.path.exists(src):
         raise UsageError("file_path does not exist", src)
+    readahead.start([src])  # the disk reads the sources while the run imports and plans
     from reshard import api
 
     api.convert(
@@ -347,6 +349,7 @@ def transform_checkpoints(
     out_fmt = as_format(output_format, "output_format")
     run = workers(process_num, "process_num")
     fmt = _source_format(src_dir)
+    readahead.start([src_dir])  # the disk reads the sources while the run imports and plans
     if fmt == "ckpt" and out_fmt == "safetensors":
         raise UsageError("output_format='safetensors' needs .safetensors sources; this folder holds .ckpt", src_dir)
     src = optional_strategy(src_strategy_file, "src_strategy_file")
@@ -525,6 +528,7 @@ def unified_safetensors(
     src = as_path(src_dir, "src_dir")
     if os.path.isfile(src):
         raise UsageError("src_dir must be a folder of rank_<r> folders, not a file", src)
+    readahead.start([src])  # the disk reads the sources while the run imports and plans
     strategy = strategy_path(src_strategy_file, "src_strategy_file")
     dst = as_path(dst_dir, "dst_dir")
     as_bool(merge_with_redundancy, "merge_with_redundancy")
@@ -637,6 +641,8 @@ def load_distributed_checkpoint(
     if unified_safetensors_dir is None:
         raise UsageError("unified_safetensors_dir is required with format='safetensors'")
     unified = as_path(unified_safetensors_dir, "unified_safetensors_dir")
+    if rank_id is None and dst_safetensors_dir is not None:  # every rank: the whole model is read
+        readahead.start([unified])  # the disk reads it while the run imports and plans
     out_fmt = as_format(output_format, "output_format")
     names = as_name_map(name_map)
     run = workers(max_process_num, "max_process_num")

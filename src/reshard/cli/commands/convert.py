@@ -64,7 +64,7 @@ def add(sub: Any) -> None:
     RUN.add(p)
     KEYS.add(p)
     TENSORS.add(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, reads=("src",))  # read ahead while starting (reshard.readahead)
 
 
 def load_name_map(path: str) -> dict[str, str]:

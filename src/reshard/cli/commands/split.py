@@ -58,7 +58,7 @@ def add(sub: Any) -> None:
     RUN.add(p)
     KEYS.add(p)
     TENSORS.add(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, reads=("src",))  # read ahead while starting (reshard.readahead)
 
 
 def run(args: argparse.Namespace) -> None:

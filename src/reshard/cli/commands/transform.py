@@ -108,7 +108,7 @@ def add(sub: Any) -> None:
     DESTINATION.add(p)
     WRITE.add(p)
     RUN.add(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, reads=("src_path", "src"))  # read ahead while starting (reshard.readahead)
 
 
 def places(args: argparse.Namespace, command: str) -> tuple[str, str]:

@@ -69,7 +69,7 @@ def add(sub: Any) -> None:
         "quantization_config.weight_block_size; a DCP folder torch saved has none)",
     )
     TENSORS.add(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, reads=("a", "b"))  # read ahead while starting (reshard.readahead)
 
 
 def run(args: argparse.Namespace) -> int:
