@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
+import time
 import zlib
 from pathlib import Path
 
@@ -493,3 +494,70 @@ def test_bit_flips_raise_only_reshard_errors(tmp_path: Path, data: bytes, bit: i
     flipped = bytearray(data)
     flipped[(bit // 8) % len(data)] ^= 1 << (bit % 8)
     _read_all_or_reshard_error(write(tmp_path, bytes(flipped)), crc)
+
+
+# ------------------------------------------------------------------ the index memo (one walk a run)
+
+
+@pytest.fixture
+def counted_walks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The files ``read_ckpt`` walked (indexed afresh), with a fresh memo and a 0.05 s settling time."""
+    walked: list[str] = []
+    real = ckpt._index
+    monkeypatch.setattr(ckpt, "_MEMO", ckpt._IndexMemo())
+    monkeypatch.setattr(ckpt, "SETTLED_SECONDS", 0.05)
+
+    def counting(scan: object, end: int) -> object:
+        walked.append(scan.path)  # type: ignore[attr-defined]
+        return real(scan, end)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ckpt, "_index", counting)
+    return walked
+
+
+def _values(path: Path) -> dict[str, np.ndarray]:
+    with read_ckpt(path) as index:
+        return {name: index.array(name).copy() for name in index.entries}
+
+
+def test_a_settled_file_is_indexed_once(tmp_path: Path, counted_walks: list[str]) -> None:
+    path = tmp_path / "m.ckpt"
+    save_ckpt(path, {"a": np.arange(6, dtype=np.float32), "b": np.ones((2, 3), np.int32)})
+    time.sleep(0.1)
+    first, second = _values(path), _values(path)
+    assert counted_walks == [str(path)]
+    assert first.keys() == second.keys() and all(np.array_equal(first[k], second[k]) for k in first)
+
+
+def test_a_file_written_lately_is_indexed_every_time(tmp_path: Path, counted_walks: list[str]) -> None:
+    path = tmp_path / "m.ckpt"
+    save_ckpt(path, {"a": np.arange(6, dtype=np.float32)})
+    _values(path)
+    _values(path)
+    assert counted_walks == [str(path), str(path)]
+
+
+def test_a_file_rewritten_in_place_is_indexed_again(tmp_path: Path, counted_walks: list[str]) -> None:
+    """Same inode and size, other tensor names: the write's ctime changes the key."""
+    path = tmp_path / "m.ckpt"
+    save_ckpt(path, {"a": np.arange(6, dtype=np.float32)})
+    time.sleep(0.1)
+    assert list(_values(path)) == ["a"]
+    other = tmp_path / "other.ckpt"
+    save_ckpt(other, {"z": np.arange(6, dtype=np.float32)})
+    inode = path.stat().st_ino
+    with open(path, "r+b") as fh:  # in place, as `cp -p` over an existing file would
+        fh.write(other.read_bytes())
+    assert path.stat().st_ino == inode and path.stat().st_size == other.stat().st_size
+    assert list(_values(path)) == ["z"]
+    assert counted_walks == [str(path), str(path)]
+
+
+def test_encrypted_files_are_never_remembered(tmp_path: Path, counted_walks: list[str]) -> None:
+    path = tmp_path / "m.ckpt"
+    save_ckpt(path, {"a": np.arange(6, dtype=np.float32)}, enc_key=KEYS["AES-GCM"])
+    time.sleep(0.1)
+    for _ in range(2):
+        with read_ckpt(path, dec_key=KEYS["AES-GCM"]) as index:
+            assert list(index.entries) == ["a"]
+    assert len(counted_walks) == 2

@@ -26,6 +26,13 @@ Deliberate choices, each checked against MindSpore 2.10:
   compatible). Non-consecutive repeats of a tag overwrite the earlier entry but keep its
   position, like MindSpore's dict assignment.
 * ``MapTensor`` entries (embedding hash maps, docs/formats.md §1.8) are refused with ``UnsupportedError``.
+
+A run opens each source three times (planning, the replica check, the executor), and indexing a
+``.ckpt`` walks every record head. The index of a plain file is therefore remembered for the
+process (``_IndexMemo``) and used again while the file is provably the same: same inode, size,
+mtime and ctime, and a ctime at least ``SETTLED_SECONDS`` old when it was indexed, so that any
+later write (which sets the ctime to the clock's present, and no user can set it back) changes the
+key. A file still being written is indexed afresh every time.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import mmap
 import os
 import tempfile
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -83,6 +91,8 @@ CHECKPOINT_VALUE = 1
 VALUE_TAG, VALUE_TENSOR, VALUE_MAPTENSOR = 1, 2, 3
 TENSOR_DIMS, TENSOR_TYPE, TENSOR_CONTENT = 1, 2, 3
 _FIXED_SIZES = {FIXED64: 8, FIXED32: 4}
+SETTLED_SECONDS = 2.0  # a file whose ctime is older is remembered (the clock a write stamps is coarse)
+MEMO_TENSORS = 200_000  # tensor entries remembered at most (the oldest files are forgotten first)
 
 
 # --------------------------------------------------------------------------------------- reader
@@ -207,9 +217,13 @@ def read_ckpt(
             closer()
             buf, closer = plain, plain_closer
         end = _payload_end(buf, size, verify_crc, path)
+        identity = _MEMO.identity(path) if dec_key is None else None
         try:
-            with _prefetch_fd(path if dec_key is None and not verify_crc else None) as fd:
-                entries = _index(_Scanner(buf, path, fd), end)
+            entries = _MEMO.recall(identity)
+            if entries is None:
+                with _prefetch_fd(path if dec_key is None and not verify_crc else None) as fd:
+                    entries = _index(_Scanner(buf, path, fd), end)
+                _MEMO.keep(identity, entries, path)
             drop_resident(buf)
         except FormatError as exc:
             if dec_key is None:
@@ -329,6 +343,52 @@ def _crc_of_buffer(buf: Any, end: int) -> int:
             crc = zlib.crc32(view[start:stop], crc)
             drop_resident(buf, start, stop - start)
     return crc
+
+
+FileIdentity = tuple[str, int, int, int, int, int]  # path, device, inode, size, mtime, ctime (ns)
+
+
+class _IndexMemo:
+    """Indexes of settled plain ``.ckpt`` files, by file identity (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._indexes: dict[FileIdentity, dict[str, TensorEntry]] = {}
+        self._tensors = 0
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def identity(path: str) -> FileIdentity | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def recall(self, identity: FileIdentity | None) -> dict[str, TensorEntry] | None:
+        """A copy of the remembered index (callers may change their dict), or None."""
+        with self._lock:
+            entries = self._indexes.get(identity) if identity is not None else None
+        return dict(entries) if entries is not None else None
+
+    def keep(self, identity: FileIdentity | None, entries: dict[str, TensorEntry], path: str) -> None:
+        """Remember ``entries`` if the file was settled before and unchanged while it was indexed."""
+        if identity is None or len(entries) > MEMO_TENSORS:
+            return
+        if time.time_ns() - identity[5] < SETTLED_SECONDS * 1e9 or self.identity(path) != identity:
+            return  # written lately (a later write could carry the same stamps), or changed meanwhile
+        with self._lock:
+            while self._indexes and self._tensors + len(entries) > MEMO_TENSORS:
+                self._tensors -= len(self._indexes.pop(next(iter(self._indexes))))
+            self._indexes[identity] = dict(entries)
+            self._tensors += len(entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._indexes.clear()
+            self._tensors = 0
+
+
+_MEMO = _IndexMemo()
 
 
 def _index(scan: _Scanner, end: int) -> dict[str, TensorEntry]:
