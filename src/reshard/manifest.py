@@ -55,7 +55,7 @@ from typing import Any
 from reshard import __version__, interrupts
 from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
-from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM, file_digest, new_hash
+from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM, check_algorithm, file_digest
 from reshard.execute.options import KEEP_FINISHED, RunOptions, WriteOptions
 from reshard.formats import crypto, rank_dirs, registry
 from reshard.formats.base import TEMP_SUFFIX, atomic_path
@@ -317,7 +317,7 @@ class RunRecorder:
         self.root = os.path.abspath(root)
         self.write = write
         self.algorithm = write.checksum
-        new_hash(write.checksum)  # an unknown algorithm is refused before anything is written
+        check_algorithm(write.checksum)  # an unknown algorithm is refused before anything is written
         self.resume = resume
         self.manifest = manifest
         self.records: dict[str, OutputRecord] = {}

@@ -104,3 +104,6 @@ def _walk(folder: str, depth: int) -> Iterator[str]:
 
 def _natural(path: str) -> list[object]:
     return [int(part) if part.isdigit() else part for part in _DIGITS.split(path)]
+
+
+__all__ = ["BUDGET", "HINT_BYTES", "SUFFIXES", "checkpoint_files", "hint", "start"]

@@ -56,9 +56,16 @@ def _buffer() -> memoryview:
     return view
 
 
+def check_algorithm(algorithm: str) -> None:
+    """Refuse an unknown checksum name (without importing any hash library)."""
+    if algorithm not in ALGORITHMS:
+        raise UsageError(f"unknown checksum {algorithm!r}; choose one of: {', '.join(ALGORITHMS)}")
+
+
 def new_hash(algorithm: str) -> Any:
     """A fresh hash object of ``algorithm`` (one of ``ALGORITHMS``); its library is imported here, so only
-    runs that checksum their outputs load it (not --help, plan, inspect)."""
+    runs that checksum their outputs load it (not --help, plan, inspect, --no-manifest)."""
+    check_algorithm(algorithm)
     if algorithm == "xxh128":
         import xxhash
 
@@ -67,9 +74,7 @@ def new_hash(algorithm: str) -> Any:
         import blake3
 
         return blake3.blake3()
-    if algorithm == "sha256":
-        return hashlib.sha256()
-    raise UsageError(f"unknown checksum {algorithm!r}; choose one of: {', '.join(ALGORITHMS)}")
+    return hashlib.sha256()
 
 
 def file_digest(path: str, algorithm: str = DEFAULT_ALGORITHM) -> tuple[int, str]:
@@ -212,6 +217,7 @@ __all__ = [
     "DEFAULT_ALGORITHM",
     "HASH_BLOCK_BYTES",
     "StreamingDigest",
+    "check_algorithm",
     "file_digest",
     "hash_pool",
     "new_hash",

@@ -42,17 +42,18 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from reshard import interrupts
-from reshard.execute import assemble, dequant
 from reshard.execute.digest import StreamingDigest, hash_pool
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats import base, registry
 from reshard.formats.base import ByteLayout, TensorIndex, TensorSpec, pwrite_all
 from reshard.plan import FilePlan, Plan, TensorPlan
 from reshard.plan.validate import validate_plan
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _PAGE = mmap.PAGESIZE
 # Largest row block a thread assembles at once. Peak RSS grows by about two blocks per thread (the
@@ -267,7 +268,13 @@ def _fill_tensor(
     if t.shape and not cast and _byte_runs(out, t, segments, sources, plan):
         return
     # Strided boxes: assemble row blocks in a reused staging buffer, then one pwrite per block
-    # (measured 15% faster than copying into a map of the output, which faults every page).
+    # (measured 15% faster than copying into a map of the output, which faults every page). numpy,
+    # the box copier and the dequantizer load here, with the first such tensor: a run of byte
+    # copies (a convert, most of a reshard) never imports them.
+    import numpy as np
+
+    from reshard.execute import assemble, dequant
+
     row_bytes = t.nbytes // t.shape[0] if t.shape and t.shape[0] else 0
     if made:
         budget = dequant.row_block_bytes(made, budget)  # float32 temporaries beside the staging
@@ -327,6 +334,8 @@ _THREAD = threading.local()
 
 def _staging(nbytes: int) -> np.ndarray:
     """This thread's staging buffer (grown as needed, never shrunk: its pages stay faulted in)."""
+    import numpy as np
+
     buf: np.ndarray | None = getattr(_THREAD, "staging", None)
     if buf is None or buf.size < nbytes:
         buf = np.empty(max(nbytes, 1 << 20), dtype=np.uint8)
@@ -507,7 +516,12 @@ def _run_files_fail_fast(
 def run_plan(plan: Plan, opener: Opener, write: WriteOptions | None = None, run: RunOptions | None = None) -> None:
     """Execute every output of ``plan``; text outputs (index JSON) are written last."""
     write, run = write or WriteOptions(), run or RunOptions()
-    sources = SourceCache(dequant.wrapped_opener(plan, opener))
+    reading = opener
+    if plan.quantized:  # tensors computed while copying: their readers (numpy) load with them
+        from reshard.execute import dequant
+
+        reading = dequant.wrapped_opener(plan, opener)
+    sources = SourceCache(reading)
     try:
         validate_plan(plan, lambda i, name: sources.shape(plan.sources[i], name))  # before any byte
         if plan.quantized:

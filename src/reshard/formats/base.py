@@ -16,19 +16,21 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import mmap
 import os
 import re
 import secrets
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from reshard import dtypes
 from reshard.dtypes import DType
 from reshard.errors import FormatError, ReshardError, UsageError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 Segment = tuple[int, int]  # (offset, length) in bytes
 
@@ -100,6 +102,8 @@ class TensorIndex:
         entry = self.entries[name]
         if entry.is_string:
             raise UsageError(f"{name!r} is a string, not a tensor", self.path)
+        import numpy as np  # numpy loads with the first array: a byte move never needs one
+
         data = np.frombuffer(self.raw(name), dtype=entry.dtype.numpy)
         return data.reshape(entry.shape)
 
@@ -111,6 +115,8 @@ class TensorIndex:
         entry = self.entries[name]
         if entry.is_string:
             raise UsageError(f"{name!r} is a string, not a tensor", self.path)
+        import numpy as np
+
         return np.frombuffer(self.raw(name), dtype=entry.dtype.carrier).reshape(entry.shape)
 
     def value(self, name: str) -> np.ndarray | str:
@@ -162,13 +168,15 @@ class TensorSpec:
 
     def __post_init__(self) -> None:
         if self.nbytes < 0:
-            object.__setattr__(self, "nbytes", int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize)
+            object.__setattr__(self, "nbytes", math.prod(self.shape) * self.dtype.itemsize)
 
     @classmethod
     def of(cls, name: str, value: np.ndarray | str) -> TensorSpec:
         """The spec of an in-memory value (numpy array or python string)."""
         if isinstance(value, str):
             return cls(name, dtypes.STR, (0,), len(encode_string(value)))
+        import numpy as np
+
         arr = np.asarray(value)
         return cls(name, dtypes.from_numpy(arr.dtype), tuple(int(d) for d in arr.shape))
 
@@ -197,6 +205,8 @@ def value_bytes(value: np.ndarray | str) -> bytes | memoryview:
     """Raw content of an in-memory value as the formats store it."""
     if isinstance(value, str):
         return encode_string(value)
+    import numpy as np
+
     arr = np.ascontiguousarray(value)
     if arr.dtype.byteorder == ">":  # files are little-endian
         arr = arr.astype(arr.dtype.newbyteorder("<"))

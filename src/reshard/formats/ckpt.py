@@ -48,9 +48,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from reshard import dtypes
 from reshard.dtypes import DType
@@ -76,6 +74,9 @@ from reshard.formats.base import (
     pwrite_all,
     write_file,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SLICE_BYTES = 512 * 1024 * 1024  # MindSpore SLICE_SIZE (512 * 1024 KiB): tensor-path chunk size
 CRC_MARK = b"crc_num"  # trailer = mark + crc32 as a 10-byte big-endian integer (docs/formats.md §1.6)
@@ -610,11 +611,13 @@ def crc_finish(fd: int, layout: ByteLayout) -> None:
     pwrite_all(fd, CRC_MARK + crc.to_bytes(CRC_DIGITS, "big"), layout.size)
 
 
-SaveValue = np.ndarray | str  # what save_ckpt accepts per parameter
+SaveValue: TypeAlias = "np.ndarray | str"  # what save_ckpt accepts per parameter (numpy loads with the first save)
 
 
 def _prepare(name: str, value: SaveValue) -> tuple[TensorSpec, np.ndarray]:
     """The spec and the exact content bytes/array MindSpore would store for ``value``."""
+    import numpy as np
+
     if not isinstance(name, str):
         raise UsageError(f"parameter names must be strings, got {name!r}")
     if isinstance(value, np.ndarray) and value.dtype.kind == "U" and value.ndim == 0:

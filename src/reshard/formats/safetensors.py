@@ -46,9 +46,7 @@ import math
 import os
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from reshard import dtypes
 from reshard.dtypes import DType
@@ -63,6 +61,9 @@ from reshard.formats.base import (
     write_file,
 )
 from reshard.text import first_line
+
+if TYPE_CHECKING:
+    import numpy as np
 
 FORMAT = "safetensors"
 METADATA_KEY = "__metadata__"
@@ -348,6 +349,8 @@ def save_safetensors(
 def _little_endian(value: Any) -> Any:
     if isinstance(value, str):
         return value  # rejected by the layout with UnsupportedError
+    import numpy as np  # numpy loads with the first array written: a byte move never needs one
+
     array = np.asarray(value)
     if array.dtype.byteorder == ">":
         return array.astype(array.dtype.newbyteorder("<"))

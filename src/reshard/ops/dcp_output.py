@@ -30,14 +30,15 @@ from reshard import manifest
 from reshard.errors import FormatError, UsageError
 from reshard.execute.options import WriteOptions
 from reshard.formats import megatron
-from reshard.formats.dcp import DATA_SUFFIX, METADATA_NAME, BytesItem
+from reshard.formats.dcp.names import DATA_SUFFIX, METADATA_NAME
 from reshard.layout import LayoutTable
 from reshard.ops.options import OutputSpec
 from reshard.plan import Plan, TextOutput
 from reshard.sources.full_model import CONFIG_NAME
 from reshard.sources.kind import ByteValue, OpenedChunks
 
-if TYPE_CHECKING:  # the DCP planners load when a DCP output is planned (chunking, as_dcp), not before
+if TYPE_CHECKING:  # the DCP planners and records load when a DCP output is planned, not before
+    from reshard.formats.dcp import BytesItem
     from reshard.plan.dcp import Chunking
 
 FORMAT = "dcp"
@@ -229,10 +230,12 @@ def _values_file(save: str, values: Mapping[str, ByteValue]) -> tuple[list[TextO
     written before ``.metadata``), and the ``.metadata`` records of where each is."""
     if not values:
         return [], []
+    from reshard.formats import dcp  # the DCP records (numpy) load with a DCP output's values
+
     data = bytearray()
     items = []
     for value in values.values():
-        items.append(BytesItem(value.name, VALUES_FILE, len(data), value.length))
+        items.append(dcp.BytesItem(value.name, VALUES_FILE, len(data), value.length))
         data += _read_value(value)
     return [TextOutput(os.path.join(save, VALUES_FILE), bytes(data))], items
 

@@ -40,10 +40,11 @@ executor fills ``data/0`` in place; the CRC-32 of each ``data/0`` is patched in 
 records are used for members or archives past 4 GiB, as torch does. ``write_metadata`` writes the
 ``.metadata`` pickle (the same globals torch's has) to ``.metadata.tmp`` and renames it, last.
 
-The package: ``records`` (the plain values), ``unpickling`` (the allowlisting unpicklers),
-``opcodes`` (every opcode of a pickle checked against what the file can hold, before it is unpickled),
-``metadata`` (reading and checking ``.metadata``), ``data`` (reading ``.distcp`` files) and ``write``
-(the writer); everything public is importable from ``reshard.formats.dcp`` itself.
+The package: ``names`` (file and serialization names, no numpy), ``records`` (the plain values),
+``unpickling`` (the allowlisting unpicklers), ``opcodes`` (every opcode of a pickle checked against
+what the file can hold, before it is unpickled), ``metadata`` (reading and checking ``.metadata``),
+``data`` (reading ``.distcp`` files) and ``write`` (the writer); everything public is importable from
+``reshard.formats.dcp`` itself.
 """
 
 from __future__ import annotations
@@ -55,13 +56,8 @@ from reshard import lazy
 if TYPE_CHECKING:  # where each name lives: a type checker imports them; at run time reshard.lazy reads this
     from reshard.formats.dcp.data import index_distcp, open_distcp, read_bytes_item, serialization_of
     from reshard.formats.dcp.metadata import check_chunks, read_dcp_metadata
+    from reshard.formats.dcp.names import DATA_SUFFIX, DCP_VERSION, FORMAT, METADATA_NAME, SAFETENSORS, TORCH_SAVE
     from reshard.formats.dcp.records import (
-        DATA_SUFFIX,
-        DCP_VERSION,
-        FORMAT,
-        METADATA_NAME,
-        SAFETENSORS,
-        TORCH_SAVE,
         BytesItem,
         Chunk,
         ChunkTable,

@@ -14,14 +14,15 @@ from typing import Any
 import numpy as np
 
 from reshard.dtypes import DType
-
-FORMAT = "dcp"
-METADATA_NAME = ".metadata"
-DATA_SUFFIX = ".distcp"
-DCP_VERSION = "1.0.0"  # torch 2.13's CURRENT_DCP_VERSION
-TORCH_SAVE = "torch_save"
-SAFETENSORS = "safetensors"
-SHARDING_INFO_KEY = "DCP_SHARDING_INFO"  # the safetensors serialization's per-tensor saved_offsets
+from reshard.formats.dcp.names import (
+    DATA_SUFFIX,
+    DCP_VERSION,
+    FORMAT,
+    METADATA_NAME,
+    SAFETENSORS,
+    SHARDING_INFO_KEY,
+    TORCH_SAVE,
+)
 
 _META = "torch.distributed.checkpoint.metadata"
 _FILESYSTEM = "torch.distributed.checkpoint.filesystem"
