@@ -24,9 +24,13 @@ Why this shape (see design.md, "Techniques the peers proved"; every choice was m
 * With ``hash_outputs`` each plain output is checksummed while it is written: every finished
   tensor range is reported to a ``digest.StreamingDigest``, whose hash thread follows the
   finished prefix of the file, so the checksum is ready moments after the last byte.
-* No read-ahead of our own: a thread issuing ``posix_fadvise(WILLNEED)`` for the next 512 MiB of
-  source ranges was measured slower on a cold cache (transform 8->4: 1.13 s -> 1.8 s); the
-  kernel's read-ahead (8 MiB windows on this disk) already streams each source.
+* No read-ahead of our own while copying: a thread issuing ``posix_fadvise(WILLNEED)`` for the next
+  512 MiB of source ranges was measured slower on a cold cache (transform 8->4: 1.13 s -> 1.8 s),
+  and hinting the next one to four tensors' source ranges gained nothing on a merge or unify; the
+  kernel's read-ahead (8 MiB windows on this disk) already streams each source. What pays is
+  reading ahead while the process starts, before this module runs (``reshard.readahead``).
+* numpy, ``assemble`` and ``dequant`` load with the first tensor that needs them (a strided box, a
+  cast, a computed tensor): a run of byte copies never imports them.
 """
 
 from __future__ import annotations
