@@ -161,9 +161,10 @@ def test_no_manifest_run_interrupted_after_its_last_file_is_complete(job: dict[s
     assert COMPLETE.match(one_line(proc, signal.SIGHUP)), proc.stderr
 
 
-# Start-up: before any of reshard's heavy modules is imported, inside the import of one, and while
-# the arguments are parsed; through each way the command starts.
-STARTUP = ["startup", "import:reshard.cli", "import:numpy", "import:rich", "parse"]
+# Start-up: before any of reshard's heavy modules is imported, inside the import of one (the operations'
+# API; numpy loads only with the first array a run makes), and while the arguments are parsed; through
+# each way the command starts.
+STARTUP = ["startup", "import:reshard.cli", "import:reshard.api", "import:rich", "parse"]
 
 
 @pytest.mark.parametrize("point", STARTUP)
@@ -180,7 +181,7 @@ def test_every_way_of_starting_installs_the_handlers_first(tmp_path, module: str
         code = "import sys; from reshard.entry import main; sys.exit(main())"
         args: list[str] = ["-c", code, "inspect", str(tmp_path)]
         marker = str(tmp_path / "marker")
-        env = {**os.environ, interrupts.PAUSE_ENV: "import:numpy", interrupts.MARKER_ENV: marker}
+        env = {**os.environ, interrupts.PAUSE_ENV: "import:reshard.api", interrupts.MARKER_ENV: marker}
         # SIGINT's default disposition, as run_paused gives: a suite run in the background inherits it ignored
         proc = subprocess.Popen(
             [sys.executable, *args],
@@ -195,7 +196,7 @@ def test_every_way_of_starting_installs_the_handlers_first(tmp_path, module: str
         _, err = proc.communicate(timeout=CLI_TIMEOUT)
         result = subprocess.CompletedProcess(proc.args, proc.returncode, "", err)
     else:
-        result = run_paused(["inspect", str(tmp_path)], "import:numpy", signal.SIGINT, str(tmp_path / "m"), module)
+        result = run_paused(["inspect", str(tmp_path)], "import:reshard.api", signal.SIGINT, str(tmp_path / "m"), module)
     assert one_line(result, signal.SIGINT).endswith("): no output file was written")
 
 
