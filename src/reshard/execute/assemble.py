@@ -61,7 +61,9 @@ def copy_boxes(dst: np.ndarray, t: TensorPlan, first_row: int, source_array: Sou
         dst_box = dst[_box(lo - r0, hi - lo, c.dst_start[1:], c.lengths[1:])]
         if c.src_perm is None:
             src_box = _box(c.src_start[0] + lo - c.dst_start[0], hi - lo, c.src_start[1:], c.lengths[1:])
-            _copy(dst_box, src[src_box], t)
+            fill = getattr(src, "fill_box", None)  # a computed tensor (dequant.Dequantized) writes in place
+            if fill is None or not fill(src_box, dst_box):
+                _copy(dst_box, src[src_box], t)
         else:  # destination rows lo:hi are a range of source axis src_perm[0]
             lengths = list(c.src_lengths)
             starts = list(c.src_start)

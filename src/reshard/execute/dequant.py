@@ -178,6 +178,20 @@ class Dequantized:
         self.dtype = _carrier(source.target)
         self.release = release
 
+    def fill_box(self, box: Box, dst: np.ndarray) -> bool:
+        """Compute ``self[box]`` straight into ``dst`` (the executor's staging) when it is FP8 blocks read
+        through tables into ``dst``'s own dtype; False: not done, index and copy the box instead. Saves a
+        copy of every output byte and a fresh array per box: on the bench's 2 GiB dequantize, 0.05 s of
+        wall and peak RSS 104 -> 89 MB."""
+        if self.source.kind != FP8_BLOCK or self.source.target is None or dst.dtype != self.dtype:
+            return False
+        bounds = _bounds(box, self.shape)
+        if len(bounds) != 2 or self._fp8_tables(bounds, dst) is None:
+            return False
+        if self.release is not None:
+            self.release()
+        return True
+
     def __getitem__(self, box: Box) -> np.ndarray:
         bounds = _bounds(box if isinstance(box, tuple) else (box,), self.shape)
         out = self._fp8(bounds) if self.source.kind == FP8_BLOCK else self._mxfp4(bounds)
@@ -223,13 +237,16 @@ class Dequantized:
         grid *= scale[..., :, None, :, None]
         return values[..., r0 - pr0 : r1 - pr0, c0 - pc0 : c1 - pc0]
 
-    def _fp8_tables(self, bounds: list[tuple[int, int]]) -> np.ndarray | None:
+    def _fp8_tables(self, bounds: list[tuple[int, int]], out: np.ndarray | None = None) -> np.ndarray | None:
         """The box in the target dtype through one 256-entry table per block (None: a value would overflow).
 
         Each table holds ``target(float32(byte) * float32(scale))`` for the 256 bytes: the very values
         the float32 path rounds, so the result is the same bit for bit, at one table lookup an element
         (measured about twice as fast; ``np.take(mode="clip", out=)`` is 1.8x fancy indexing again). Per
-        band of block rows, ``byte + 256 * column block`` indexes the band's tables laid end to end.
+        band of block rows, ``byte + 256 * column block`` (16 bits) indexes the band's tables laid end to
+        end. ``out``: write there (the executor's staging). Measured and not kept: the index made in
+        numpy's native integers, which ``take`` converts a 16-bit one to (12% of the samples), whole or
+        in L2-sized pieces: no faster end to end (pieces of two rows: 1.5x slower).
         """
         (r0, r1), (c0, c1) = bounds
         b0, b1 = self.source.block
@@ -239,7 +256,7 @@ class Dequantized:
         code = self.source.target
         table = _fp8_table(self.source_code)
         offsets = ((np.arange(c0, c1) // b1 - j0) * 256).astype(np.uint16)
-        out = np.empty((r1 - r0, c1 - c0), dtype=self.dtype)
+        out = np.empty((r1 - r0, c1 - c0), dtype=self.dtype) if out is None else out
         i0 = r0 // b0
         scales = self.scale[i0 : -(-r1 // b0), j0:j1]  # the box's scale rows, read once (slices: Assembled too)
         for i in range(i0, -(-r1 // b0)):
