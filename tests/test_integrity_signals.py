@@ -196,7 +196,9 @@ def test_every_way_of_starting_installs_the_handlers_first(tmp_path, module: str
         _, err = proc.communicate(timeout=CLI_TIMEOUT)
         result = subprocess.CompletedProcess(proc.args, proc.returncode, "", err)
     else:
-        result = run_paused(["inspect", str(tmp_path)], "import:reshard.api", signal.SIGINT, str(tmp_path / "m"), module)
+        result = run_paused(
+            ["inspect", str(tmp_path)], "import:reshard.api", signal.SIGINT, str(tmp_path / "m"), module
+        )
     assert one_line(result, signal.SIGINT).endswith("): no output file was written")
 
 

@@ -49,7 +49,7 @@ from reshard.plan.quantized import FP8_BLOCK, QUANTIZE, QUANTIZE_SCALE
 Opener = Callable[[str], TensorIndex]
 Box = tuple[slice, ...]
 
-E8M0_NAN = 255
+E8M0_NAN = floatbits.E8M0_NAN
 EXPANSION = 4  # a dequantized row block holds float32 values and one block of padding: a quarter of the budget
 QUANTIZE_EXPANSION = 16  # a quantized row block (1 byte an element) needs three float32 temporaries
 # Largest row block of a computed tensor, in output bytes: its float32 temporaries are 2-12x that, and
@@ -61,49 +61,17 @@ BAND_ELEMENTS = 1 << 20  # --quantize computes this many weight elements at a ti
 MEMO_BYTES = 64 * 1024**2  # block maxima kept between a quantized weight's values and its scale tensor
 
 
-# The float32 bits torch gives F8_E4M3's two NaN bytes (numpy's would be 0x7FC00000): a NaN weight
-# then stays the NaN torch's reference computes through the multiplication.
-_E4M3_NAN_BITS = {0x7F: 0x7FF00000, 0xFF: 0xFFF00000}
-
-
-@functools.cache
-def _fp8_table(code: str) -> np.ndarray:
-    """float32 value of every byte of an F8 dtype (exact: every float8 value is a float32)."""
-    table = floatbits.fp8_values(code)
-    if code == "F8_E4M3":
-        bits = table.view(np.uint32)
-        for byte, nan in _E4M3_NAN_BITS.items():
-            bits[byte] = nan
-    return table
-
-
-@functools.cache
-def _fp4_table() -> np.ndarray:
-    return np.array(dtypes.FP4_E2M1_VALUES, dtype=np.float32)
-
-
-@functools.cache
-def _mxfp4_products() -> np.ndarray:
-    """float32 ``FP4[nibble] * 2 ** (byte - 127)`` for every scale byte and nibble, flat (byte * 16 + nibble)."""
-    exps = np.arange(256, dtype=np.int32) - dtypes.E8M0_BIAS
-    with np.errstate(over="ignore", invalid="ignore"):
-        powers = np.ldexp(np.float32(1.0), exps).astype(np.float32)
-        out = (powers[:, None] * _fp4_table()[None, :]).astype(np.float32)
-    out[E8M0_NAN] = np.nan
-    return out.reshape(-1)
-
-
 @functools.cache
 def _mxfp4_table(code: str) -> np.ndarray:
-    """``_mxfp4_products`` rounded once to the target dtype (its carrier): what the float32 path writes, one
+    """``floatbits.mxfp4_products`` rounded once to the target dtype (its carrier): what the float32 path writes, one
     lookup a value."""
-    return _to_target(_mxfp4_products(), code)
+    return _to_target(floatbits.mxfp4_products(), code)
 
 
 def _mxfp4_overflows(code: str, largest_byte: int) -> bool:
     """Whether a scale byte up to ``largest_byte`` makes a finite value infinite in the target (fp16)."""
     made = _mxfp4_table(code)[: (largest_byte + 1) * 16]
-    return _overflows(made, _mxfp4_products()[: (largest_byte + 1) * 16], code)
+    return _overflows(made, floatbits.mxfp4_products()[: (largest_byte + 1) * 16], code)
 
 
 def _carrier(code: str | None) -> np.dtype:
@@ -226,7 +194,9 @@ class Dequantized:
         pr0, pr1, pc0, pc1 = i0 * b0, min(i1 * b0, rows), j0 * b1, min(j1 * b1, cols)
         values_box = (*lead, slice(pr0, pr1), slice(pc0, pc1))
         stored = self.values[values_box]
-        values = _fp8_table(self.source_code)[stored.view(np.uint8)]  # fancy indexing: 10x np.take(out=)
+        values = floatbits.torch_fp8_values(self.source_code)[
+            stored.view(np.uint8)
+        ]  # fancy indexing: 10x np.take(out=)
         if values.shape[-2:] != ((i1 - i0) * b0, (j1 - j0) * b1):  # a partial block at the tensor's edge
             padded = np.zeros((*values.shape[:-2], (i1 - i0) * b0, (j1 - j0) * b1), dtype=np.float32)
             padded[..., : pr1 - pr0, : pc1 - pc0] = values
@@ -254,7 +224,7 @@ class Dequantized:
         if (j1 - j0) * 256 > 1 << 16:  # indexes must fit 16 bits: very wide tensors take the float32 path
             return None
         code = self.source.target
-        table = _fp8_table(self.source_code)
+        table = floatbits.torch_fp8_values(self.source_code)
         offsets = ((np.arange(c0, c1) // b1 - j0) * 256).astype(np.uint16)
         out = np.empty((r1 - r0, c1 - c0), dtype=self.dtype) if out is None else out
         i0 = r0 // b0
@@ -287,7 +257,7 @@ class Dequantized:
                 out[..., 1] = table[rows + (stored >> 4)]
                 flat = out.reshape(e1 - e0, r1 - r0, (g1 - g0) * block)[:, :, k0 - g0 * block : k1 - g0 * block]
                 return flat.transpose(0, 2, 1)
-        table = _fp4_table()
+        table = floatbits.fp4_values()
         out = np.empty((*stored.shape, 2), dtype=np.float32)  # [e, r, g, 16, 2]: low nibble first
         out[..., 0] = table[stored & 0x0F]
         out[..., 1] = table[stored >> 4]

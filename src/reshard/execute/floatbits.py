@@ -6,6 +6,8 @@ run that needs no other cast then never imports ``ml_dtypes`` (about half a seco
 * ``bf16_bits``: float32 -> bfloat16, round to nearest even, NaN kept quiet with its sign.
 * ``fp8_values``: every byte of F8_E4M3 (E4M3FN) or F8_E5M2 as its float32 value (exact).
 * ``e4m3_bytes``: float32 -> F8_E4M3, below.
+* ``torch_fp8_values``, ``fp4_values``, ``mxfp4_products``: the tables ``--dequantize`` looks values up
+  in (FP8 bytes with torch's NaN bits, FP4 E2M1 nibbles, and every MXFP4 nibble times its E8M0 scale).
 
 ``--quantize fp8-block`` spends most of its time on this one cast: ``ml_dtypes`` converts one value
 at a time (about 2.4 ns a value on this project's machine), while the rest of DeepSeek's rule (a
@@ -32,6 +34,8 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+
+from reshard import dtypes
 
 CHUNK = 1 << 16  # values a pass: 256 KiB of uint32 temporaries, within a core's L2 cache
 _SHIFT = np.uint32(18)  # index = bits 31..18 with bit 0 replaced by the sticky bit of bits 18..0
@@ -119,4 +123,47 @@ def e4m3_bytes(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return result
 
 
-__all__ = ["CHUNK", "bf16_bits", "e4m3_bytes", "fp8_values"]
+E8M0_NAN = 255  # the one E8M0 scale byte that is no power of two
+# The float32 bits torch gives F8_E4M3's two NaN bytes (numpy's would be 0x7FC00000): a NaN weight
+# then stays the NaN torch's reference computes through the multiplication.
+_E4M3_NAN_BITS = {0x7F: 0x7FF00000, 0xFF: 0xFFF00000}
+
+
+@functools.cache
+def torch_fp8_values(code: str) -> np.ndarray:
+    """float32 value of every byte of an F8 dtype (exact: every float8 value is a float32), NaNs as torch's."""
+    table = fp8_values(code)
+    if code == "F8_E4M3":
+        bits = table.view(np.uint32)
+        for byte, nan in _E4M3_NAN_BITS.items():
+            bits[byte] = nan
+    return table
+
+
+@functools.cache
+def fp4_values() -> np.ndarray:
+    """float32 value of every FP4 E2M1 nibble."""
+    return np.array(dtypes.FP4_E2M1_VALUES, dtype=np.float32)
+
+
+@functools.cache
+def mxfp4_products() -> np.ndarray:
+    """float32 ``FP4[nibble] * 2 ** (byte - 127)`` for every scale byte and nibble, flat (byte * 16 + nibble)."""
+    exps = np.arange(256, dtype=np.int32) - dtypes.E8M0_BIAS
+    with np.errstate(over="ignore", invalid="ignore"):
+        powers = np.ldexp(np.float32(1.0), exps).astype(np.float32)
+        out = (powers[:, None] * fp4_values()[None, :]).astype(np.float32)
+    out[E8M0_NAN] = np.nan
+    return out.reshape(-1)
+
+
+__all__ = [
+    "CHUNK",
+    "E8M0_NAN",
+    "bf16_bits",
+    "e4m3_bytes",
+    "fp4_values",
+    "fp8_values",
+    "mxfp4_products",
+    "torch_fp8_values",
+]
