@@ -40,8 +40,9 @@ def test_checkpoint_files_are_the_checkpoints_in_natural_rank_order(tmp_path: Pa
     assert readahead.checkpoint_files(str(tmp_path / "missing")) == []
 
 
-def test_hints_stop_at_the_budget_in_file_order_and_chunks(tmp_path: Path) -> None:
+def test_hints_stop_at_the_budget_in_file_order_and_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mib = 1024**2
+    monkeypatch.setattr(readahead, "hint_bytes", lambda device: 16 * mib)
     for r in range(3):
         _write(tmp_path / f"rank_{r}" / "x.ckpt", 40 * mib)
     calls: list[tuple[str, int, int]] = []
@@ -53,8 +54,61 @@ def test_hints_stop_at_the_budget_in_file_order_and_chunks(tmp_path: Path) -> No
     assert hinted == 70 * mib
     assert sum(length for _, _, length in calls) == 70 * mib
     assert [os.path.basename(os.path.dirname(name)) for name, _, _ in calls] == ["rank_0"] * 3 + ["rank_1"] * 2
-    assert all(length <= readahead.HINT_BYTES for _, _, length in calls)
+    assert all(length <= 16 * mib for _, _, length in calls)
     assert calls[3][1] == 0  # the second file from its start
+
+
+def _fake_queue(
+    root: Path, device: str, window_kib: int | None, request_kib: int | None, partition: bool = False
+) -> None:
+    """A ``/sys/dev/block/<major>:<minor>`` entry; a partition's queue sits in its disk's folder."""
+    disk = root / "devices" / "disk"
+    node = disk / "part1" if partition else disk
+    node.mkdir(parents=True, exist_ok=True)
+    (root / "block").mkdir(exist_ok=True)
+    (root / "block" / device).symlink_to(node)
+    queue = disk / "queue"
+    queue.mkdir(exist_ok=True)
+    for name, value in (("read_ahead_kb", window_kib), ("max_sectors_kb", request_kib)):
+        if value is not None:
+            (queue / name).write_text(f"{value}\n")
+
+
+@pytest.mark.parametrize(
+    ("window_kib", "request_kib", "partition", "expected"),
+    [
+        (8192, 4096, False, 8 * 1024**2),  # this machine's disk: the window
+        (128, 1280, False, 1280 * 1024),  # a default window, a larger request: the request
+        (128, 1280, True, 1280 * 1024),  # a partition: its disk's queue
+        (65536, 4096, False, readahead.HINT_BYTES),  # capped
+        (128, 128, False, readahead.FALLBACK_HINT_BYTES),  # never smaller than the floor
+        (None, None, False, readahead.FALLBACK_HINT_BYTES),  # sysfs does not say
+    ],
+)
+def test_each_hint_asks_for_what_the_device_reads_in_one_go(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    window_kib: int | None,
+    request_kib: int | None,
+    partition: bool,
+    expected: int,
+) -> None:
+    _fake_queue(tmp_path, "259:1", window_kib, request_kib, partition)
+    monkeypatch.setattr(readahead, "SYSFS_BLOCK", str(tmp_path / "block"))
+    readahead.hint_bytes.cache_clear()
+    try:
+        assert readahead.hint_bytes(os.makedev(259, 1)) == expected
+        assert readahead.hint_bytes(os.makedev(8, 99)) == readahead.FALLBACK_HINT_BYTES  # no such device
+    finally:
+        readahead.hint_bytes.cache_clear()
+
+
+def test_a_file_is_hinted_in_its_device_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    name = _write(tmp_path / "x.safetensors", 5 * 1024**2 + 7)
+    monkeypatch.setattr(readahead, "hint_bytes", lambda device: 2 * 1024**2)
+    calls: list[tuple[int, int]] = []
+    readahead.hint([name], readahead.BUDGET, lambda fd, offset, length: calls.append((offset, length)))
+    assert calls == [(0, 2 * 1024**2), (2 * 1024**2, 2 * 1024**2), (4 * 1024**2, 1024**2 + 7)]
 
 
 def test_two_sources_share_the_budget(tmp_path: Path) -> None:

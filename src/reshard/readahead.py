@@ -3,7 +3,9 @@
 Why: a run spends its first quarter second on the CPU (the interpreter, numpy and reshard's
 imports, the arguments, the plan) while the disk idles, then its copy waits on the disk. Hinting the
 kernel to read the first ``BUDGET`` bytes of the sources meanwhile overlaps the two: on a cold page
-cache it took 0.05-0.1 s off every operation of the bench's 1.2 GB model (docs/benchmarks.md).
+cache it took 0.05-0.1 s off every operation of the bench's 1.2 GB model (docs/benchmarks.md). That
+was measured with 16 MiB hints of which the kernel read 8 MiB each (see below), so 128 MiB in all;
+256 MiB actually read was 0.06 s slower on the merge (the planner's header reads queue behind them).
 
 How, and why it is safe:
 
@@ -14,6 +16,15 @@ How, and why it is safe:
 * Bounded: larger budgets measured slower, as the planner's own header reads and the first copies
   queued behind the hinted bytes. The files are taken in natural order (``rank_2`` before
   ``rank_10``), the order the executor mostly reads them in.
+* One hint reads at most what the device reads in one go: Linux caps each ``WILLNEED`` call at the
+  larger of the device's read-ahead window and its largest request (``read_ahead_kb``,
+  ``max_sectors_kb`` under ``/sys/dev/block/<major>:<minor>/queue``) and silently drops the rest.
+  With 16 MiB hints on this machine's disk (8 MiB window) half of the budget was never read; on a
+  default device (128 KiB window, 1.25 MiB requests) it would have been about a tenth. So each
+  file is hinted in pieces of its device's limit (``hint_bytes``); where sysfs does not say (an
+  overlay or network filesystem) the pieces are ``FALLBACK_HINT_BYTES``. Pieces are not made
+  smaller than that: every call releases and retakes the GIL, which the main thread holds while it
+  imports, so a call costs up to a switch interval (5 ms) however little it asks for.
 
 Only the standard library is imported, so the thread starts before numpy is loaded.
 """
@@ -21,13 +32,16 @@ Only the standard library is imported, so the thread starts before numpy is load
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 
-BUDGET = 256 * 1024**2  # bytes hinted in all
-HINT_BYTES = 16 * 1024**2  # one fadvise call
+BUDGET = 128 * 1024**2  # bytes hinted in all
+HINT_BYTES = 16 * 1024**2  # the most one fadvise call asks for
+FALLBACK_HINT_BYTES = 1024**2  # one call where sysfs does not give the device's limit (and the least)
+SYSFS_BLOCK = "/sys/dev/block"  # <major>:<minor> -> the device (a partition's queue is its disk's)
 SUFFIXES = (".ckpt", ".safetensors", ".distcp")
 MAX_DEPTH = 3  # a source folder's files: rank_<r>/x.ckpt, a Checkpoint 2.0's iteration/rank_<r>/x
 _DIGITS = re.compile(r"(\d+)")
@@ -78,12 +92,35 @@ def _hint_quietly(paths: list[str], budget: int) -> None:
 def _hint_file(name: str, left: int, advise: Advise) -> int:
     fd = os.open(name, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
-        size = min(os.fstat(fd).st_size, left)
-        for offset in range(0, size, HINT_BYTES):
-            advise(fd, offset, min(HINT_BYTES, size - offset))
+        stat = os.fstat(fd)
+        size = min(stat.st_size, left)
+        piece = hint_bytes(stat.st_dev)
+        for offset in range(0, size, piece):
+            advise(fd, offset, min(piece, size - offset))
         return size
     finally:
         os.close(fd)
+
+
+@functools.cache
+def hint_bytes(device: int) -> int:
+    """Bytes one ``WILLNEED`` hint reads on ``device`` (an ``st_dev``): the larger of its read-ahead
+    window and its largest request, within ``[FALLBACK_HINT_BYTES, HINT_BYTES]``."""
+    node = os.path.join(SYSFS_BLOCK, f"{os.major(device)}:{os.minor(device)}")
+    for queue in (os.path.join(node, "queue"), os.path.join(node, "..", "queue")):
+        window, request = _kib(queue, "read_ahead_kb"), _kib(queue, "max_sectors_kb")
+        if window or request:
+            return max(FALLBACK_HINT_BYTES, min(HINT_BYTES, max(window, request)))
+    return FALLBACK_HINT_BYTES
+
+
+def _kib(queue: str, name: str) -> int:
+    """A sysfs size in KiB, as bytes (0 when the file is not there or not a number)."""
+    try:
+        with open(os.path.join(queue, name), encoding="ascii") as fh:
+            return int(fh.read().strip()) * 1024
+    except (OSError, ValueError):
+        return 0
 
 
 def _willneed(fd: int, offset: int, length: int) -> None:
@@ -106,4 +143,14 @@ def _natural(path: str) -> list[object]:
     return [int(part) if part.isdigit() else part for part in _DIGITS.split(path)]
 
 
-__all__ = ["BUDGET", "HINT_BYTES", "SUFFIXES", "checkpoint_files", "hint", "start"]
+__all__ = [
+    "BUDGET",
+    "FALLBACK_HINT_BYTES",
+    "HINT_BYTES",
+    "SUFFIXES",
+    "SYSFS_BLOCK",
+    "checkpoint_files",
+    "hint",
+    "hint_bytes",
+    "start",
+]
