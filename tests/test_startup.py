@@ -91,6 +91,17 @@ def test_import_dropin_loads_neither_numpy_nor_the_api() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    "name", ["transform_checkpoints", "unified_safetensors", "load_distributed_checkpoint", "ckpt_to_safetensors"]
+)
+def test_the_dropin_whole_model_functions_load_no_numpy(name: str) -> None:
+    """Looking up a whole-model function loads its module but not numpy (``load_checkpoint`` does, and
+    ``transform_checkpoints`` loads it on a worker thread with its first strided tensor, as the command)."""
+    probe = f"import sys\nfrom reshard import mindspore as ms\nms.{name}\nprint('numpy' in sys.modules)\n"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_dropin_modules_import_the_api_only_inside_functions() -> None:
     """Structural: no module of ``reshard.mindspore`` imports ``reshard.api`` or ``reshard.ops``'
     operations at module level (the run path is loaded by the function that runs one)."""

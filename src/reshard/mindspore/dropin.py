@@ -47,13 +47,13 @@ from reshard.mindspore.arguments import (
     strategy_path,
     workers,
 )
-from reshard.mindspore.saveload import LoadedValue, load_checkpoint, save_checkpoint
 from reshard.ops.options import Destination, OutputSpec
 from reshard.plan import Plan, plan_split
 from reshard.plan.by_stage import is_by_stage, plan_by_stage, stage_files
 
 if TYPE_CHECKING:
     from reshard.execute.options import RunOptions
+    from reshard.mindspore.saveload import LoadedValue  # numpy arrays: loaded with the first values returned
 
 # MindSpore writes into an existing folder, replacing same-named files, and keeps no records.
 _REPLACING = Destination(overwrite=True, manifest=WRITE_MANIFEST)
@@ -689,12 +689,10 @@ def _split_plan(
 __all__ = [
     "build_searched_strategy",
     "ckpt_to_safetensors",
-    "load_checkpoint",
     "load_distributed_checkpoint",
     "merge_pipeline_strategys",
     "rank_list_for_transform",
     "safetensors_to_ckpt",
-    "save_checkpoint",
     "transform_checkpoint_by_rank",
     "transform_checkpoints",
     "unified_safetensors",
