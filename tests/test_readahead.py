@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from reshard import readahead
-from reshard.cli import _read_ahead
+from reshard.cli import _read_ahead, early
 from reshard.cli.parser import build_parser
 from tests.test_cli import snapshot
 from tests.trust_helpers import SMALL, make_job
@@ -145,23 +145,56 @@ def test_reading_ahead_changes_nothing(tmp_path: Path) -> None:
     assert snapshot(job["r8"]) == before
 
 
-@pytest.mark.parametrize(
-    ("argv", "expected"),
-    [
-        (["transform", "SRC", "DST", "--dst-strategy", "s.ckpt"], ["SRC"]),
-        (["transform", "--src", "SRC", "--dst", "DST", "--dst-strategy", "s.ckpt"], ["SRC"]),
-        (["transform", "SRC", "DST", "--dst-strategy", "s.ckpt", "--ranks", "0-1"], []),
-        (["transform", "SRC", "DST", "--dst-strategy", "s.ckpt", "--executor", "ray"], []),
-        (["unify", "SRC", "DST", "--src-strategy", "s.ckpt"], ["SRC"]),
-        (["convert", "SRC", "DST", "--to", "safetensors"], ["SRC"]),
-        (["split", "SRC", "DST", "--dst-strategy", "s.ckpt"], ["SRC"]),
-        (["verify", "A", "B"], ["A", "B"]),
-        (["inspect", "SRC"], []),  # headers only
-        (["plan", "SRC", "DST", "--dst-strategy", "s.ckpt"], []),  # no data read
-    ],
-)
-def test_the_command_reads_ahead_what_it_reads_whole(argv: list[str], expected: list[str]) -> None:
+# (argv, what the command reads ahead once parsed, what ``cli.early`` reads off the words before)
+READS = [
+    (["transform", "SRC", "DST", "--dst-strategy", "s.ckpt"], ["SRC"], ["SRC"]),
+    (["transform", "--src", "SRC", "--dst", "DST", "--dst-strategy", "s.ckpt"], ["SRC"], ["SRC"]),
+    (["transform", "--src=SRC", "--dst", "DST", "--dst-strategy", "s.ckpt"], ["SRC"], ["SRC"]),
+    (["transform", "--dst-strategy", "s.ckpt", "SRC", "DST"], ["SRC"], []),  # a flag first: after parsing
+    (["transform", "SRC", "DST", "--src-strat", "s.ckpt", "--dst-strategy", "s.ckpt"], ["SRC"], ["SRC"]),
+    (["transform", "SRC", "DST", "--dst-strategy", "s.ckpt", "--ranks", "0-1"], [], []),
+    (["transform", "SRC", "DST", "--dst-strategy", "s.ckpt", "--ranks=0-1"], [], []),
+    (["transform", "SRC", "DST", "--dst-strategy", "s.ckpt", "--executor", "ray"], [], []),
+    (["transform", "SRC", "DST", "--dst-strategy", "s.ckpt", "--execu", "ray"], [], []),
+    (["transform", "SRC", "DST", "--dst-strategy", "s.ckpt", "--executor", "local"], ["SRC"], []),
+    (["unify", "SRC", "DST", "--src-strategy", "s.ckpt"], ["SRC"], ["SRC"]),
+    (["unify", "--src-strategy", "s.ckpt", "SRC", "DST"], ["SRC"], []),
+    (["convert", "SRC", "DST", "--to", "safetensors"], ["SRC"], ["SRC"]),
+    (["split", "SRC", "DST", "--dst-strategy", "s.ckpt"], ["SRC"], ["SRC"]),
+    (["verify", "A", "B"], ["A", "B"], ["A", "B"]),
+    (["verify", "A", "--dequantize", "bf16", "B"], ["A", "B"], []),
+    (["inspect", "SRC"], [], []),  # headers only
+    (["plan", "SRC", "DST", "--dst-strategy", "s.ckpt"], [], []),  # no data read
+]
+
+
+@pytest.mark.parametrize(("argv", "expected", "_"), READS)
+def test_the_command_reads_ahead_what_it_reads_whole(argv: list[str], expected: list[str], _: list[str]) -> None:
     assert _read_ahead(build_parser().parse_args(argv)) == expected
+
+
+@pytest.mark.parametrize(("argv", "parsed", "named"), READS)
+def test_the_words_name_the_sources_before_the_parser_or_nothing(
+    argv: list[str], parsed: list[str], named: list[str]
+) -> None:
+    """``cli.early`` reads the unambiguous forms only, and never a source the parsed command would not read."""
+    assert early.sources(argv) == named
+    assert named in ([], parsed)
+
+
+def test_the_command_reads_ahead_once_from_its_words_else_after_parsing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reshard import cli
+
+    job = make_job(str(tmp_path / "job"), SMALL)
+    started: list[list[str]] = []
+    monkeypatch.setattr(cli.readahead, "start", lambda paths: started.append(list(paths)))
+    assert cli.main(["convert", job["r8"], str(tmp_path / "a"), "--to", "safetensors", "-q"]) == 0
+    assert started == [[job["r8"]]]  # from the words, before the parser was built; not again
+    started.clear()
+    assert cli.main(["convert", "--to", "safetensors", "-q", job["r8"], str(tmp_path / "b")]) == 0
+    assert started == [[], [job["r8"]]]  # nothing sure in the words: after parsing
 
 
 def test_the_dropin_reads_ahead_its_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,8 +17,9 @@ The package: ``parser`` builds the command line from one module per command (``c
 flag groups (``flags``, ``tensor_flags``, ``strategies``) add their flags and build the options
 objects; ``calls`` is the one place that calls ``reshard.api``; ``report`` prints a run's result,
 ``progress`` its progress; ``help`` is what the command teaches about itself. This module imports
-only the standard library, ``reshard.interrupts`` and ``reshard.readahead`` at start: the parser
-and everything under it are imported by ``main``, after which the sources are read ahead.
+only the standard library, ``reshard.interrupts``, ``reshard.readahead`` and ``cli.early`` at start:
+the sources the words name are read ahead first (``early``), then the parser and everything under
+it are imported by ``main``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from collections.abc import Sequence
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from reshard import interrupts, readahead
+from reshard.cli import early
 from reshard.cli.exits import EXIT_BROKEN_PIPE, EXIT_BUG, EXIT_CODES, EXIT_USAGE
 from reshard.errors import ReshardError
 from reshard.interrupts import Signalled
@@ -57,6 +59,8 @@ def _main(argv: Sequence[str] | None) -> int:
 
         print(f"reshard {__version__}")
         return 0
+    named = early.sources(words)  # the disk reads the sources while the parser is built (cli.early)
+    readahead.start(named)
     from reshard.cli import help as cli_help
     from reshard.cli.flags import print_renamed
     from reshard.cli.parser import build_parser
@@ -65,7 +69,8 @@ def _main(argv: Sequence[str] | None) -> int:
     cli_help.check_argv(parser, words)  # no command: the overview; a misspelling: "did you mean"
     interrupts.reached("parse")
     args = parser.parse_args(words)
-    readahead.start(_read_ahead(args))  # the disk reads the sources while the run imports and plans
+    if (reads := _read_ahead(args)) != named:  # the words were not what they seemed: read what is read
+        readahead.start(reads)  # the disk reads the sources while the run imports and plans
     try:
         args.started = time.monotonic()
         print_renamed(args, args.quiet)
