@@ -91,15 +91,30 @@ def test_import_dropin_loads_neither_numpy_nor_the_api() -> None:
     ]
 
 
+DROPIN_AT_LOOKUP = (
+    "reshard",
+    "reshard.errors",
+    "reshard.mindspore",
+    "reshard.mindspore.arguments",
+    "reshard.mindspore.dropin",
+    "reshard.readahead",
+)
+
+
 @pytest.mark.parametrize(
     "name", ["transform_checkpoints", "unified_safetensors", "load_distributed_checkpoint", "ckpt_to_safetensors"]
 )
 def test_the_dropin_whole_model_functions_load_no_numpy(name: str) -> None:
-    """Looking up a whole-model function loads its module but not numpy (``load_checkpoint`` does, and
-    ``transform_checkpoints`` loads it on a worker thread with its first strided tensor, as the command)."""
-    probe = f"import sys\nfrom reshard import mindspore as ms\nms.{name}\nprint('numpy' in sys.modules)\n"
+    """Looking up a whole-model function loads its module and the argument checks only: no numpy
+    (``load_checkpoint`` does; a transform loads it on a worker thread with its first strided tensor,
+    as the command), no planner, no reader, so a call starts reading its source before those load."""
+    probe = (
+        "import sys\nfrom reshard import mindspore as ms\n"
+        f"ms.{name}\nprint(sorted(m for m in sys.modules if m == 'numpy' or m.startswith('reshard')))\n"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
-    assert out.stdout.strip() == "False"
+    # nothing but the argument checks and the read-ahead: the call starts reading, then loads the planners
+    assert out.stdout.strip() == str(sorted(DROPIN_AT_LOOKUP))
 
 
 def test_dropin_modules_import_the_api_only_inside_functions() -> None:

@@ -3,7 +3,9 @@
 Every function of ``reshard.mindspore`` checks its arguments as MindSpore does, before any file is
 read, and says what was wrong in one line (``reshard.errors``). The checks are shared by the save
 and load functions (``saveload``) and the conversions (``dropin``), so they live here; the module
-imports nothing heavy (``import reshard.mindspore`` loads no numpy: docs/architecture.md, Start-up).
+imports nothing of reshard but its errors at start (``import reshard.mindspore`` loads no numpy, and a
+whole-model function starts reading its source before the planners load: docs/architecture.md,
+Start-up).
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from reshard.errors import UsageError
-from reshard.execute.options import RunOptions
-from reshard.layout import device_num, stage_count
 
 if TYPE_CHECKING:
+    from reshard.execute.options import RunOptions
     from reshard.formats.strategy import StrategyFile
 
 FORMATS = ("ckpt", "safetensors")
@@ -92,6 +93,8 @@ def workers(value: Any, what: str) -> RunOptions:
     ran MindSpore's default ``process_num=1`` on one thread, slower than the CLI on the same job; the
     drop-in runs at the CLI's speed whatever the count (``options.default_workers()``).
     """
+    from reshard.execute.options import RunOptions  # after the check: a drop-in call reads ahead first
+
     as_int(value, what, minimum=1)
     return RunOptions()
 
@@ -125,6 +128,8 @@ def check_prefix(prefix: Any) -> str:
 
 def rank_bound(src: StrategyFile | None, dst: StrategyFile | None) -> int | None:
     """Number of valid destination ranks: all stages of ``dst``, else the devices of ``src``."""
+    from reshard.layout import device_num, stage_count
+
     if dst is not None:
         return device_num(dst) * stage_count(dst)
     if src is not None:

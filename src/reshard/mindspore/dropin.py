@@ -16,19 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from reshard import readahead
 from reshard.errors import LayoutError, UnsupportedError, UsageError
-from reshard.formats import rank_dirs
-from reshard.formats.base import write_whole
-from reshard.formats.strategy import (
-    JSON,
-    PROTOBUF,
-    StrategyFile,
-    encode_strategy,
-    find_strategy_files,
-    format_of,
-    merge_strategy_files,
-    message_classes,
-    read_strategy,
-)
 from reshard.mindspore.arguments import (
     DEFAULT_ENC_MODE,
     DEFAULT_MAX_PROCESS_NUM,
@@ -47,16 +34,21 @@ from reshard.mindspore.arguments import (
     strategy_path,
     workers,
 )
-from reshard.ops.options import Destination, OutputSpec
-from reshard.plan import Plan, plan_split
-from reshard.plan.by_stage import is_by_stage, plan_by_stage, stage_files
 
 if TYPE_CHECKING:
     from reshard.execute.options import RunOptions
+    from reshard.formats.strategy import StrategyFile
     from reshard.mindspore.saveload import LoadedValue  # numpy arrays: loaded with the first values returned
+    from reshard.ops.options import Destination
+    from reshard.plan import Plan
 
-# MindSpore writes into an existing folder, replacing same-named files, and keeps no records.
-_REPLACING = Destination(overwrite=True, manifest=WRITE_MANIFEST)
+
+def _replacing() -> Destination:
+    """MindSpore writes into an existing folder, replacing same-named files, and keeps no records."""
+    from reshard.ops.options import Destination
+
+    return Destination(overwrite=True, manifest=WRITE_MANIFEST)
+
 
 # --------------------------------------------------------------------------------------------
 # ckpt_to_safetensors / safetensors_to_ckpt (docs/formats.md §5)
@@ -77,11 +69,13 @@ def _convert(to: str, file_path: Any, save_path: Any, name_map: Any, file_name_r
             raise UsageError(f"file_name_regex {file_name_regex!r} is not a valid regular expression: {exc}") from None
         if os.path.isfile(src) and not pattern.findall(src):
             raise UsageError(f"the input file does not match file_name_regex {file_name_regex!r}", src)
-    run = workers(processes_num, "processes_num")
+    as_int(processes_num, "processes_num", minimum=1)
     if not os.path.exists(src):
         raise UsageError("file_path does not exist", src)
     readahead.start([src])  # the disk reads the sources while the run imports and plans
+    run = workers(processes_num, "processes_num")
     from reshard import api
+    from reshard.ops.options import Destination
 
     api.convert(
         src,
@@ -200,6 +194,8 @@ def merge_pipeline_strategys(src_strategy_dirs: str, dst_strategy_file: str) -> 
     dst = as_path(dst_strategy_file, "dst_strategy_file")
     if os.path.isdir(dst):
         raise UsageError("dst_strategy_file is a directory", dst)
+    from reshard.formats.strategy import JSON, find_strategy_files, format_of, merge_strategy_files
+
     files = find_strategy_files(src, exclude=dst)  # validated candidates (sorted)
     listing = {name: i for i, name in enumerate(os.listdir(src))}
     files.sort(key=lambda f: listing.get(os.path.basename(f), len(listing)))
@@ -211,6 +207,8 @@ def merge_pipeline_strategys(src_strategy_dirs: str, dst_strategy_file: str) -> 
 
 def _write_plain(path: str, data: bytes) -> None:
     """Atomically, with the permissions of a plain ``open(path, "wb")``."""
+    from reshard.formats.base import write_whole
+
     try:
         write_whole(path, data)
     except OSError as exc:
@@ -240,6 +238,8 @@ def build_searched_strategy(strategy_filename: str) -> dict[str, Any]:
         layouts = ms.build_searched_strategy("demo/merged/src_strategy.ckpt")
         dev_matrix = list(next(iter(layouts.values())).dev_matrix[0].dim)
     """
+    from reshard.formats.strategy import PROTOBUF, encode_strategy, format_of, message_classes, read_strategy
+
     path = strategy_path(strategy_filename, "strategy_filename")
     sf = read_strategy(path)  # validates and gives one-line errors
     if format_of(path) == PROTOBUF:
@@ -290,6 +290,8 @@ def rank_list_for_transform(
 
 
 def _source_format(src_dir: str) -> str:
+    from reshard.formats import rank_dirs
+
     if not os.path.isdir(src_dir):
         raise UsageError("src_checkpoints_dir does not exist or is not a directory", src_dir)
     fmt, chosen = rank_dirs.collect_rank_files(src_dir)
@@ -347,9 +349,14 @@ def transform_checkpoints(
     dst_dir = as_path(dst_checkpoints_dir, "dst_checkpoints_dir")
     prefix = check_prefix(ckpt_prefix)
     out_fmt = as_format(output_format, "output_format")
+    as_int(process_num, "process_num", minimum=1)
+    readahead.start([src_dir])  # the disk reads the sources while the run imports and plans
     run = workers(process_num, "process_num")
     fmt = _source_format(src_dir)
-    readahead.start([src_dir])  # the disk reads the sources while the run imports and plans
+    from reshard.formats import rank_dirs
+    from reshard.ops.options import OutputSpec
+    from reshard.plan.by_stage import is_by_stage
+
     if fmt == "ckpt" and out_fmt == "safetensors":
         raise UsageError("output_format='safetensors' needs .safetensors sources; this folder holds .ckpt", src_dir)
     src = optional_strategy(src_strategy_file, "src_strategy_file")
@@ -374,7 +381,7 @@ def transform_checkpoints(
         dst,
         run=run,
         output=OutputSpec(prefix=prefix, format=out_fmt),
-        destination=_REPLACING,
+        destination=_replacing(),
     )
 
 
@@ -383,6 +390,7 @@ def _run_by_stage(
 ) -> None:
     """MindSpore's by-stage mode (``plan.by_stage``): every plan made before any write, then run."""
     from reshard.ops.run import Target, run_plans
+    from reshard.plan.by_stage import plan_by_stage, stage_files
     from reshard.sources import indexed
     from reshard.sources.replicas import check_replicas
 
@@ -391,7 +399,7 @@ def _run_by_stage(
     sources = dict(zip(files, indexed([(path, r) for r, path in files.values()], None), strict=True))
     check_replicas(sources, src)  # the copies the layout calls replicas hold the same bytes
     plans = plan_by_stage(sources, src, dst, dst_dir, prefix)
-    run_plans(plans, Target(dst_dir, [src_dir]), _REPLACING, run=run)
+    run_plans(plans, Target(dst_dir, [src_dir]), _replacing(), run=run)
 
 
 def transform_checkpoint_by_rank(
@@ -450,6 +458,7 @@ def transform_checkpoint_by_rank(
     _refuse_no_strategy(src, dst)
     rank = as_rank(rank_id, rank_bound(None, dst))
     from reshard.ops.by_rank import transform_by_rank
+    from reshard.ops.options import Destination
 
     transform_by_rank(rank, files, out, src, dst, destination=Destination(manifest=WRITE_MANIFEST))
 
@@ -545,7 +554,7 @@ def unified_safetensors(
     report = api.unify(src, strategy, dst, parts=parts, destination=api.Destination(dry_run=True))
     if split and not report.plan.files and not report.plan.texts:
         raise UsageError(f"split_dst_file {split} selects none of the model's parts (MindSpore fails here too)")
-    run_plans([report.plan], Target(dst, [src]), _REPLACING, run=run)
+    run_plans([report.plan], Target(dst, [src]), _replacing(), run=run)
 
 
 _UNUSED_DST = "__reshard_not_written__"  # plan paths of return_param_dict: never written
@@ -651,6 +660,8 @@ def load_distributed_checkpoint(
         raise UnsupportedError("predict_strategy is required: give the destination strategy file")
     if not isinstance(predict_strategy, (str, os.PathLike)):
         raise UnsupportedError("predict_strategy must be a strategy file path (layout dicts are not supported)")
+    from reshard.formats.strategy import read_strategy
+
     strategy = read_strategy(strategy_path(predict_strategy, "predict_strategy"))
     rank = None if rank_id is None else as_rank(rank_id, rank_bound(None, strategy))
     dst = optional_path(dst_safetensors_dir, "dst_safetensors_dir")
@@ -663,7 +674,7 @@ def load_distributed_checkpoint(
     if dst is not None:
         from reshard.ops.run import Target, run_plans
 
-        run_plans([plan], Target(dst, [unified]), _REPLACING, run=run)
+        run_plans([plan], Target(dst, [unified]), _replacing(), run=run)
     if not return_param_dict:
         return None
     from reshard.execute.memory import materialize  # the in-memory executor: no file written
@@ -680,6 +691,7 @@ def _split_plan(
     name_map: Mapping[str, str] | None,
 ) -> Plan:
     """``plan_split`` over the unified folder (MindSpore's name lookup and dict order are in the plan)."""
+    from reshard.plan import plan_split
     from reshard.sources import unified_index
 
     files, index, hyper = unified_index(unified, name_map)
