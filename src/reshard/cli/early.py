@@ -11,12 +11,12 @@ own header reads start, so those no longer queue behind them (docs/benchmarks.md
 Only the unambiguous forms are read: the word right after the command when it is not a flag (the
 first positional argument, always the source: ``transform SRC DST``, ``unify SRC DST``), both words
 for ``verify A B``, and ``--src X`` / ``--src=X`` for ``transform``. Anything else (a flag before the
-source, an abbreviated ``--sr``, MindFormers' ``--src_checkpoint`` spellings) gives nothing here and
-the command reads ahead after parsing, as before. So do the runs that must not read ahead at all:
-``--ranks`` or ``--rank_id`` (a share of the ranks), ``--executor`` (a cluster), ``--help``, each
-also abbreviated as argparse allows. ``reshard.cli`` checks
-the parsed arguments afterwards: when they name other sources than these words, it reads those
-ahead too (a wrong guess costs a bounded hint, never a write).
+source, MindFormers' ``--src_checkpoint`` spellings) gives nothing here, and the command reads ahead
+after parsing, as before. So do the runs that must not read ahead at all: ``--ranks`` or
+``--rank_id`` (a share of the ranks), ``--executor`` (a cluster), ``--help``, each also abbreviated
+as argparse allows. ``reshard.cli`` checks the parsed arguments afterwards: when they name other
+sources than these words, it reads those ahead too (a wrong guess costs a bounded hint, never a
+write).
 
 Standard library only: this runs before any of reshard's heavy imports.
 """

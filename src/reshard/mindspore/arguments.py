@@ -93,9 +93,9 @@ def workers(value: Any, what: str) -> RunOptions:
     ran MindSpore's default ``process_num=1`` on one thread, slower than the CLI on the same job; the
     drop-in runs at the CLI's speed whatever the count (``options.default_workers()``).
     """
-    from reshard.execute.options import RunOptions  # after the check: a drop-in call reads ahead first
-
     as_int(value, what, minimum=1)
+    from reshard.execute.options import RunOptions  # here, not at start: a drop-in call reads ahead first
+
     return RunOptions()
 
 
