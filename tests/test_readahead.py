@@ -3,6 +3,7 @@ how many bytes, from which faces, and that nothing of the user's changes."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -51,11 +52,19 @@ def test_hints_stop_at_the_budget_in_file_order_and_chunks(tmp_path: Path, monke
         calls.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length))
 
     hinted = readahead.hint([str(tmp_path)], 70 * mib, advise)
+    head = readahead.HEAD_BYTES
     assert hinted == 70 * mib
     assert sum(length for _, _, length in calls) == 70 * mib
-    assert [os.path.basename(os.path.dirname(name)) for name, _, _ in calls] == ["rank_0"] * 3 + ["rank_1"] * 2
+    rank = [os.path.basename(os.path.dirname(name)) for name, _, _ in calls]
+    # every file's start first (the headers planning reads), then the files whole in turn
+    assert [(r, offset, length) for r, (_, offset, length) in zip(rank, calls, strict=True)][:3] == [
+        (f"rank_{r}", 0, head) for r in range(3)
+    ]
+    assert rank[3:] == ["rank_0"] * 3 + ["rank_1"] * 2
+    assert calls[3][1] == head and calls[6][1] == head  # each file's bulk from where its start ended
     assert all(length <= 16 * mib for _, _, length in calls)
-    assert calls[3][1] == 0  # the second file from its start
+    spans = sorted((name, offset, offset + length) for name, offset, length in calls)
+    assert all(a[0] != b[0] or a[2] <= b[1] for a, b in itertools.pairwise(spans))  # no byte hinted twice
 
 
 def _fake_queue(
@@ -108,7 +117,29 @@ def test_a_file_is_hinted_in_its_device_pieces(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(readahead, "hint_bytes", lambda device: 2 * 1024**2)
     calls: list[tuple[int, int]] = []
     readahead.hint([name], readahead.BUDGET, lambda fd, offset, length: calls.append((offset, length)))
-    assert calls == [(0, 2 * 1024**2), (2 * 1024**2, 2 * 1024**2), (4 * 1024**2, 1024**2 + 7)]
+    head, mib = readahead.HEAD_BYTES, 1024**2
+    assert calls == [(0, head), (head, 2 * mib), (head + 2 * mib, 2 * mib), (head + 4 * mib, mib - head + 7)]
+
+
+def test_the_starts_of_many_files_come_first_within_the_budget(tmp_path: Path) -> None:
+    head = readahead.HEAD_BYTES
+    for r in range(5):
+        _write(tmp_path / f"rank_{r}" / "x.safetensors", 4 * head)
+    _write(tmp_path / "rank_5" / "small.safetensors", head // 2)  # smaller than a start: hinted whole once
+    calls: list[tuple[str, int, int]] = []
+    readahead.hint(
+        [str(tmp_path)],
+        head * 5 // 2,
+        lambda fd, offset, length: calls.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length)),
+    )
+    assert [(os.path.basename(os.path.dirname(n)), o, n_) for n, o, n_ in calls] == [
+        ("rank_0", 0, head),
+        ("rank_1", 0, head),
+        ("rank_2", 0, head // 2),  # the budget ends inside the third start: no file whole
+    ]
+    calls.clear()
+    readahead.hint([str(tmp_path / "rank_5")], readahead.BUDGET, lambda fd, o, n: calls.append(("", o, n)))
+    assert calls == [("", 0, head // 2)]
 
 
 def test_two_sources_share_the_budget(tmp_path: Path) -> None:
