@@ -64,7 +64,7 @@ class TensorIndex:
     metadata: dict[str, str] = field(default_factory=dict)
     _closer: Callable[[], None] | None = None
     # True when segment offsets are offsets in the file at ``path`` itself (not in decrypted
-    # plaintext): executors may then copy bytes kernel-side (``copy_file_range``) from the file.
+    # plaintext): executors may then copy bytes kernel-side (``splice``, ``copy_file_range``) from the file.
     file_backed: bool = False
 
     def __enter__(self) -> TensorIndex:

@@ -4,7 +4,7 @@ A plan is computed from file *headers* and strategy files only, never from tenso
 can be printed (``reshard plan``), tested without IO, checked before anything is written and
 shipped to other machines (Ray). Per output file it lists the tensors, per tensor the boxes to
 copy from source tensors; the executor (``reshard.execute.local``) copies each box straight into
-place: a box that is one byte run on both sides with ``copy_file_range`` (or ``pwrite``), a strided
+place: a box that is one byte run on both sides with a kernel-side copy (or ``pwrite``), a strided
 box through a staging buffer (strided numpy copies) and one ``pwrite`` per block.
 
 The planners reproduce MindSpore's choices that decide *which* bytes land *where*: which
