@@ -102,3 +102,35 @@ def test_each_file_fills_its_tensors_on_its_share_of_the_workers() -> None:
     assert [local.tensor_threads(gib, 4 * gib, 4) for _ in range(4)] == [1, 1, 1, 1]  # transform 8 -> 4 ranks
     assert local.tensor_threads(gib, 2 * gib, 4) == 2
     assert local.tensor_threads(0, 0, 4) == 1  # an output of empty tensors only
+
+
+def test_a_run_that_computes_tensors_takes_at_most_one_thread_per_core(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dequantizing is numpy's work, not the disk's: threads past the cores only contend (local.computing_threads)."""
+    from reshard.ops.options import OutputSpec, TensorOptions
+    from reshard.plan.quantized import Precision
+    from tests.lowprec_fixtures import fp8_model
+
+    src = fp8_model(tmp_path / "fp8")
+    threads: list[int] = []
+    real = local.run_file
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        threads.append(args[6])  # the file's tensor threads
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(local, "run_file", spy)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    hf = OutputSpec(format="hf")
+    api.transform(
+        str(src),
+        str(tmp_path / "bf16"),
+        output=hf,
+        tensors=TensorOptions(precision=Precision(dequantize="bf16")),
+        run=RunOptions(workers=6),
+    )
+    assert threads == [2]
+    api.transform(str(src), str(tmp_path / "copy"), output=hf, run=RunOptions(workers=6))
+    assert threads == [2, 6]  # byte copies keep every worker (cold, they wait on the disk)
+    assert local.computing_threads(8) == 2 and local.computing_threads(1) == 1

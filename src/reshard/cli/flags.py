@@ -573,7 +573,7 @@ class RunFlags:
             type=positive_int,
             default=default_workers(),
             help="worker threads: parallel output files, or tensors of a one-file output "
-            "(default: one per core, at least 4, at most 8)",
+            "(default: one per core, at least 4, at most 8; --dequantize/--quantize use at most one per core)",
         )
         flag(
             g,

@@ -30,7 +30,8 @@ MAX_DEFAULT_WORKERS = 8
 
 
 def default_workers() -> int:
-    """Worker threads when none are asked for: one per core, at least 4, at most 8.
+    """Worker threads when none are asked for: one per core, at least 4, at most 8 (a run that computes
+    tensors uses at most one per core: ``local.computing_threads``).
 
     Measured on 2 cores, cold cache: 4 threads instead of 2 took a merge 8 ranks -> full from
     1.14-1.20 s to 1.05-1.09 s (the disk gets more requests at once); warm, no difference.
