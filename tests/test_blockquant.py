@@ -143,3 +143,28 @@ def test_float32_weights_take_the_literal_rule() -> None:
     full = np.repeat(np.repeat(want_scale, 128, 0), 128, 1)[:300, :200]
     assert scale.tobytes() == want_scale.tobytes()
     assert (got == np.clip(w / full, -448, 448).astype(F8).view(np.uint8)).all()
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_block_maxima_of_bf16_bits_are_the_largest_magnitudes(contiguous: bool) -> None:
+    """``_bits_amax`` (two reductions on whole contiguous blocks, else the sign cleared first) against
+    ``max(abs(float32))``: blocks all negative, all positive, of zeros and ``-0.0``, mixed, and NaN."""
+    rng = np.random.default_rng(7)
+    values = rng.standard_normal((4 * 8, 3 * 16)).astype(np.float32)
+    values[:8, :16] = -np.abs(values[:8, :16])  # only negative values
+    values[8:16, :16] = np.abs(values[8:16, :16])  # only positive values
+    values[16:24, :16] = -0.0
+    values[24:32, 16:32] = 0.0
+    values[24, 40] = np.nan
+    values[3, 20] = -1e30  # a negative magnitude above every positive one of its block
+    bits = (values.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+    if not contiguous:
+        wide = np.zeros((bits.shape[0], bits.shape[1] + 5), dtype=np.uint16)
+        wide[:, :-5] = bits
+        bits = wide[:, :-5]
+    got = dequant._bits_amax(bits, (4, 3), (8, 16))
+    widened = (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    want = np.abs(widened).reshape(4, 8, 3, 16).max(axis=(1, 3))
+    assert np.isnan(got[3, 2]) and np.isnan(want[3, 2])
+    got[3, 2] = want[3, 2] = 0
+    assert got.tobytes() == want.tobytes()

@@ -416,14 +416,24 @@ class Quantized:
 
 def _bits_amax(bits: np.ndarray, grid: tuple[int, int], block: tuple[int, ...]) -> np.ndarray:
     """``max(|w|)`` (float32) of each of ``grid``'s blocks of bf16 ``bits`` (uint16, fewer rows or columns
-    at the tensor's edges: zeros past them): non-negative bf16 order as their bits, widened exactly."""
+    at the tensor's edges: zeros past them): non-negative bf16 order as their bits, widened exactly.
+
+    Whole contiguous blocks take two reductions and no copy: the largest bits read as int16 are the
+    largest positive magnitude (negative when there is none), the largest read as uint16 the largest
+    negative one with its sign bit (or the positive one again): 0.10 -> 0.06 ns a value.
+    """
     (k, j), (b0, b1) = grid, block
-    magnitude = np.bitwise_and(bits, np.uint16(0x7FFF))
-    if magnitude.shape != (k * b0, j * b1):  # a partial block at the tensor's edge
-        padded = np.zeros((k * b0, j * b1), dtype=np.uint16)
-        padded[: bits.shape[0], : bits.shape[1]] = magnitude
-        magnitude = padded
-    tall = np.maximum.reduce(magnitude.reshape(k, b0, j * b1), axis=1)
+    if bits.shape == (k * b0, j * b1) and bits.flags.c_contiguous:
+        positive = np.maximum.reduce(bits.view(np.int16).reshape(k, b0, j * b1), axis=1)
+        signed = np.maximum.reduce(bits.reshape(k, b0, j * b1), axis=1)
+        tall = np.maximum(np.maximum(positive, 0).view(np.uint16), signed & np.uint16(0x7FFF))
+    else:
+        magnitude = np.bitwise_and(bits, np.uint16(0x7FFF))
+        if magnitude.shape != (k * b0, j * b1):  # a partial block at the tensor's edge
+            padded = np.zeros((k * b0, j * b1), dtype=np.uint16)
+            padded[: bits.shape[0], : bits.shape[1]] = magnitude
+            magnitude = padded
+        tall = np.maximum.reduce(magnitude.reshape(k, b0, j * b1), axis=1)
     top = tall.reshape(k, j, b1).max(axis=2)
     return (top.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
