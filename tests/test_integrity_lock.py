@@ -181,3 +181,25 @@ def test_failed_run_leaves_no_lock_and_no_folder(big: dict[str, Any], tmp_path) 
     proc = run_cli(*big["args"], "--dst", dst, "--checksum", "sha256", "--enc-key-env", "NO_SUCH_VAR")
     assert proc.returncode == 2
     assert not os.path.exists(dst)
+
+
+def test_a_run_refused_before_the_holder_recorded_itself_still_names_it(tmp_path) -> None:
+    """A holder writes its facts just after it takes the lock; a run refused in that gap waits for them
+    (briefly) so its one line says which run holds the folder."""
+    import fcntl
+    import threading
+
+    path = lock.lock_path(str(tmp_path))
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    facts = {"pid": os.getpid(), "host": socket.gethostname(), "started": "2026-12-06 14:00:00 UTC"}
+    recorder = threading.Timer(0.1, lambda: os.write(fd, json.dumps(facts).encode()))
+    recorder.start()
+    try:
+        with pytest.raises(UsageError) as refused:
+            lock.DestinationLock(str(tmp_path)).acquire()
+    finally:
+        recorder.join()
+        os.close(fd)
+    match = HOLDER.search(str(refused.value))
+    assert match and int(match.group(1)) == os.getpid(), str(refused.value)

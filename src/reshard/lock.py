@@ -35,6 +35,9 @@ from reshard.errors import UsageError
 LOCK_NAME = ".reshard-lock"
 _PROBE_RETRIES, _PROBE_WAIT_SECONDS = 3, 0.02
 _ATTEMPTS = 5  # the lock file replaced under us (a holder releasing, a stale file) this many times: give up
+# A holder records its facts right after it takes the lock: a run refused in between waits this long for
+# them, so its one line names the holder (two runs started together met that gap in CI).
+_RECORD_WAIT_SECONDS, _RECORD_POLL_SECONDS = 0.5, 0.01
 
 
 def lock_path(root: str) -> str:
@@ -54,6 +57,15 @@ def read_holder(path: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def _recorded_holder(path: str) -> dict[str, Any] | None:
+    """The facts of the lock file's holder, waiting up to ``_RECORD_WAIT_SECONDS`` for a holder that has
+    taken the lock but not yet written them."""
+    deadline = time.monotonic() + _RECORD_WAIT_SECONDS
+    while (holder := read_holder(path)) is None and time.monotonic() < deadline:
+        time.sleep(_RECORD_POLL_SECONDS)
+    return holder
 
 
 def describe(holder: dict[str, Any] | None) -> str:
@@ -167,7 +179,7 @@ class DestinationLock:
             _flock_patiently(fd)
             return True
         except BlockingIOError:
-            holder = read_holder(self.path)
+            holder = _recorded_holder(self.path)
             if _dead_here(holder):  # held through an inherited descriptor of a dead run: replace the file
                 with contextlib.suppress(OSError):
                     os.unlink(self.path)
