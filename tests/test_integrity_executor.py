@@ -134,3 +134,43 @@ def test_a_run_that_computes_tensors_takes_at_most_one_thread_per_core(
     api.transform(str(src), str(tmp_path / "copy"), output=hf, run=RunOptions(workers=6))
     assert threads == [2, 6]  # byte copies keep every worker (cold, they wait on the disk)
     assert local.computing_threads(8) == 2 and local.computing_threads(1) == 1
+
+
+def test_a_quantized_weights_scale_and_values_are_filled_one_after_the_other(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The F32 scale tensors stand before every F8 weight in the file, and each reads its whole weight:
+    filled in file order, a cold run read its whole input before computing anything (local.work_order)."""
+    import json
+
+    import ml_dtypes
+    import numpy as np
+
+    from reshard.formats.safetensors import save_safetensors
+    from reshard.ops.options import OutputSpec, TensorOptions
+    from reshard.plan.quantized import Precision
+
+    rng = np.random.default_rng(3)
+    weights = [f"model.layers.{i}.mlp.up_proj.weight" for i in range(3)]
+    tensors = {name: rng.standard_normal((256, 128)).astype(ml_dtypes.bfloat16) for name in weights}
+    tensors["model.norm.weight"] = np.ones(128, dtype=ml_dtypes.bfloat16)
+    (tmp_path / "bf16").mkdir()
+    save_safetensors(tmp_path / "bf16" / "model.safetensors", tensors, {"format": "pt"})
+    (tmp_path / "bf16" / "config.json").write_text(json.dumps({"model_type": "tiny"}))
+    filled: list[str] = []
+    real = local._fill_tensor
+    monkeypatch.setattr(local, "_fill_tensor", lambda out, t, *rest: (filled.append(t.name), real(out, t, *rest)))
+    api.transform(
+        str(tmp_path / "bf16"),
+        str(tmp_path / "fp8"),
+        output=OutputSpec(format="hf"),
+        tensors=TensorOptions(precision=Precision(quantize="fp8-block")),
+        run=RunOptions(workers=1),
+    )
+    pairs = [name for w in weights for name in (w + "_scale_inv", w)]
+    assert [n for n in filled if n != "model.norm.weight"] == pairs
+    raw = (tmp_path / "fp8" / "model.safetensors").read_bytes()
+    header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
+    stored = sorted((v["data_offsets"][0], k) for k, v in header.items() if k != "__metadata__")
+    layout = [name for _, name in stored]
+    assert layout.index(weights[0]) > layout.index(weights[2] + "_scale_inv")  # the file's own order differs

@@ -372,6 +372,7 @@ def run_file(
     fmt = registry.get(file.format)
     layout = byte_layout(file, write)
     by_name = {t.name: t for t in file.tensors}
+    work = work_order(layout.order, by_name, plan)
     encrypted = write.enc_key is not None and fmt.encrypts
     hasher: StreamingDigest | None = None  # follows the file while it is written (plain outputs)
     checksum: str | None = None
@@ -397,13 +398,13 @@ def run_file(
         if tensor_workers > 1 and len(lay.order) > 1:  # tensors fill disjoint byte ranges
             with ThreadPoolExecutor(tensor_workers, thread_name_prefix="reshard-tensor") as pool:
                 try:
-                    for future in [pool.submit(one, out, lay, name) for name in lay.order]:
+                    for future in [pool.submit(one, out, lay, name) for name in work]:
                         future.result()
                 except BaseException:  # a failed tensor or Ctrl-C: the queued tensors give up at once
                     stop.set()
                     raise
         else:
-            for name in lay.order:
+            for name in work:
                 one(out, lay, name)
 
     def fill(fd: int, lay: ByteLayout) -> None:
@@ -441,6 +442,37 @@ def run_file(
     if run.on_file_written is not None:
         run.on_file_written(file, checksum)
     return checksum
+
+
+def work_order(order: Sequence[str], by_name: dict[str, TensorPlan], plan: Plan) -> list[str]:
+    """The order a file's tensors are filled in: the layout's, except that the tensors computed from one
+    stored weight are taken one after the other, where the first of them stands.
+
+    Why: a ``--quantize`` output holds every F32 scale tensor before every F8 weight, and each scale
+    tensor reads its whole weight. In file order a run read its whole input from the disk first, with
+    half a core busy, and computed the values afterwards from the page cache: cold, the sum of the two.
+    Taken weight by weight, the reading and the computing overlap: the bench's 2 GiB bf16 quantized
+    cold, medians of 5, 2.02 -> 1.28 s (``cp -r`` of the input 0.83 s). The checksum of the file can
+    only follow once every scale is in, near the end (0.08 s of that run).
+    """
+    if not plan.quantized:
+        return list(order)
+    stored = {(q.path, q.name): (q.path, q.weight) for q in plan.quantized}
+    weight_of: dict[str, tuple[str, str] | None] = {}
+    together: dict[tuple[str, str], list[str]] = {}
+    for name in order:
+        keys = [stored[k] for c in by_name[name].copies if (k := (plan.sources[c.source], c.tensor)) in stored]
+        weight_of[name] = keys[0] if keys else None
+        if keys:
+            together.setdefault(keys[0], []).append(name)
+    work: list[str] = []
+    for name in order:
+        weight = weight_of[name]
+        if weight is None:
+            work.append(name)
+        elif together[weight][0] == name:
+            work.extend(together[weight])
+    return work
 
 
 def _final_framing(lay: ByteLayout) -> Iterator[base.Segment]:
@@ -595,5 +627,6 @@ __all__ = [
     "run_file",
     "run_plan",
     "tensor_threads",
+    "work_order",
     "write_texts",
 ]
