@@ -100,7 +100,7 @@ def test_quantize_bf16_edges_tiny_blocks_and_column_boxes() -> None:
     assert (box[:300] == want[:, 128:256]).all()
 
 
-def _quantized(bits: np.ndarray, scales: bool, memo: dequant.ScaleMemo) -> dequant.Quantized:
+def _quantized(bits: np.ndarray, scales: bool, memo: blockquant.ScaleMemo) -> dequant.Quantized:
     kind = QUANTIZE_SCALE if scales else QUANTIZE
     source = QuantizedSource("m", "w", kind, "w", "m", "w_scale_inv", (128, 128))
     return dequant.Quantized(source, bits, scales, memo)
@@ -115,7 +115,7 @@ def test_quantized_weights_with_every_kind_of_block(scales_first: bool) -> None:
     bits[:128, 128:256] = 0x8000
     bits[128:256, :128] = rng.integers(0, 0x0A00, (128, 128))  # maxima below 2 ** -107
     bits[256:384, 256:384] = rng.integers(0x7F00, 0x7F80, (128, 128))  # near the largest bf16
-    memo = dequant.ScaleMemo()
+    memo = blockquant.ScaleMemo()
     values, scale = _quantized(bits, False, memo), _quantized(bits, True, memo)
     first, second = (scale, values) if scales_first else (values, scale)
     got = {id(first): first[:, :], id(second): second[:, :]}
@@ -134,7 +134,7 @@ def test_float32_weights_take_the_literal_rule() -> None:
     rng = np.random.default_rng(7)
     w = (rng.standard_normal((300, 200)) * np.exp2(rng.integers(-20, 20, (300, 200)))).astype(np.float32)
     w[:128, :128] = 0
-    memo = dequant.ScaleMemo()
+    memo = blockquant.ScaleMemo()
     got, scale = _quantized(w, False, memo)[:, :], _quantized(w, True, memo)[:, :]
     padded = np.zeros((384, 256), dtype=np.float32)
     padded[:300, :200] = np.abs(w)
@@ -147,7 +147,7 @@ def test_float32_weights_take_the_literal_rule() -> None:
 
 @pytest.mark.parametrize("contiguous", [True, False])
 def test_block_maxima_of_bf16_bits_are_the_largest_magnitudes(contiguous: bool) -> None:
-    """``_bits_amax`` (two reductions on whole contiguous blocks, else the sign cleared first) against
+    """``blockquant.bits_amax`` (two reductions on whole contiguous blocks, else the sign cleared first) against
     ``max(abs(float32))``: blocks all negative, all positive, of zeros and ``-0.0``, mixed, and NaN."""
     rng = np.random.default_rng(7)
     values = rng.standard_normal((4 * 8, 3 * 16)).astype(np.float32)
@@ -162,9 +162,53 @@ def test_block_maxima_of_bf16_bits_are_the_largest_magnitudes(contiguous: bool) 
         wide = np.zeros((bits.shape[0], bits.shape[1] + 5), dtype=np.uint16)
         wide[:, :-5] = bits
         bits = wide[:, :-5]
-    got = dequant._bits_amax(bits, (4, 3), (8, 16))
+    got = blockquant.bits_amax(bits, (4, 3), (8, 16))
     widened = (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
     want = np.abs(widened).reshape(4, 8, 3, 16).max(axis=(1, 3))
     assert np.isnan(got[3, 2]) and np.isnan(want[3, 2])
     got[3, 2] = want[3, 2] = 0
     assert got.tobytes() == want.tobytes()
+
+
+def test_quantized_boxes_are_whole_block_rows_computed_once_into_the_staging(tmp_path, monkeypatch) -> None:
+    """Row blocks of a ``--quantize`` weight are whole block rows (``dequant.row_alignment``): each block row is
+    computed once, straight into the executor's staging (``Quantized.fill_box``), whatever the memory bound
+    makes of the row block; the bytes are those of a run with memory to spare."""
+    import json
+
+    from reshard import api
+    from reshard.execute.options import RunOptions
+    from reshard.formats.safetensors import save_safetensors
+    from reshard.plan.quantized import Precision
+
+    rng = np.random.default_rng(11)
+    weight = "model.layers.0.mlp.down_proj.weight"
+    src = tmp_path / "bf16"
+    src.mkdir()
+    bf16 = (rng.standard_normal((1024, 384)) * 0.02).astype(ml_dtypes.bfloat16)
+    save_safetensors(src / "model.safetensors", {weight: bf16}, {"format": "pt"})
+    (src / "config.json").write_text(json.dumps({"model_type": "tiny"}))
+    precision = api.TensorOptions(precision=Precision(quantize="fp8-block"))
+    hf = api.OutputSpec(format="hf")
+    api.transform(str(src), str(tmp_path / "roomy"), output=hf, tensors=precision)
+    rows: list[int] = []
+    filled: list[tuple[bool, bool]] = []  # (a scale tensor's box, filled in place)
+    real_quantize, real_fill = blockquant.quantize_bf16, dequant.Quantized.fill_box
+    monkeypatch.setattr(
+        blockquant, "quantize_bf16", lambda out, bits, top: (rows.append(bits.shape[0]), real_quantize(out, bits, top))
+    )
+
+    def fill(self: dequant.Quantized, box: tuple[slice, ...], dst: np.ndarray) -> bool:
+        filled.append((self.scales, real_fill(self, box, dst)))
+        return filled[-1][1]
+
+    monkeypatch.setattr(dequant.Quantized, "fill_box", fill)
+    # 3.7 MB: a row block of ~300 F8 rows before alignment, 256 after (two block rows)
+    api.transform(
+        str(src), str(tmp_path / "tight"), output=hf, tensors=precision, run=RunOptions(workers=1, max_memory=3_700_000)
+    )
+    assert sum(rows) == 1024  # the values pass: every row once (the scale pass took the maxima from the memo)
+    values = [done for scales, done in filled if not scales]
+    assert values and all(values)  # every values box in place; a scale tensor's box is copied
+    made = (tmp_path / "tight" / "model.safetensors").read_bytes()
+    assert made == (tmp_path / "roomy" / "model.safetensors").read_bytes()

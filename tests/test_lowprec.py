@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from reshard import api, dtypes
-from reshard.execute import dequant
+from reshard.execute import blockquant, dequant
 from reshard.formats.safetensors import read_safetensors, save_safetensors
 from reshard.formats.strategy import make_strategy, write_strategy
 from reshard.layout import ParamLayout
@@ -326,8 +326,8 @@ def test_quantize_shares_scales_between_passes_or_not(
         return scale_of(self, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(dequant.Quantized, "_scale_of", counted)
-    for memo, workers in ((dequant.MEMO_BYTES, 1), (dequant.MEMO_BYTES, 2), (0, 2)):
-        monkeypatch.setattr(dequant, "MEMO_BYTES", memo)
+    for memo, workers in ((blockquant.MEMO_BYTES, 1), (blockquant.MEMO_BYTES, 2), (0, 2)):
+        monkeypatch.setattr(blockquant, "MEMO_BYTES", memo)
         out = tmp_path / f"q{len(outs)}"
         computed.append(0)
         run = RunOptions(workers=workers, max_memory=64 * 1024)

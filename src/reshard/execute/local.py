@@ -190,13 +190,16 @@ def _copy_bytes(
             d_off, d_len = dst_pieces[di]
 
 
-def _row_blocks(t: TensorPlan, budget: int) -> Iterator[tuple[int, int]]:
+def _row_blocks(t: TensorPlan, budget: int, align: int = 1) -> Iterator[tuple[int, int]]:
+    """Row ranges of ``t`` of at most ``budget`` bytes, each a multiple of ``align`` rows where one fits."""
     if not t.shape:
         yield 0, 0
         return
     rows = t.shape[0]
     row_bytes = max(1, t.nbytes // rows) if rows else 1
     step = max(1, budget // row_bytes)
+    if step > align > 1:
+        step -= step % align
     for r0 in range(0, max(rows, 1), step):
         yield r0, min(rows, r0 + step)
 
@@ -277,8 +280,10 @@ def _fill_tensor(
     from reshard.execute import assemble, dequant
 
     row_bytes = t.nbytes // t.shape[0] if t.shape and t.shape[0] else 0
+    align = 1
     if made:
         budget = dequant.row_block_bytes(made, budget)  # float32 temporaries beside the staging
+        align = dequant.row_alignment(t, plan)  # --quantize computes whole blocks: boxes of whole block rows
 
     arrays: dict[tuple[int, str], np.ndarray] = {}  # each source tensor's view made once, not per block
 
@@ -296,7 +301,7 @@ def _fill_tensor(
     else:
         element, read = (t.dtype.numpy if cast else t.dtype.carrier), source_array
 
-    blocks = list(_row_blocks(t, budget))
+    blocks = list(_row_blocks(t, budget, align))
     for r0, r1 in blocks:
         interrupts.check()  # a large strided tensor: a deferred signal waits at most one block
         block_shape = (r1 - r0, *t.shape[1:]) if t.shape else ()
