@@ -307,9 +307,8 @@ class Quantized:
         (a0, a1), (c0, c1) = _bounds(box, self.shape)
         (b0, b1), cols = self.source.block, self.shape[1]
         whole = (c0, c1) == (0, cols) and not (cols % b1 or a0 % b0 or a1 % b0)
-        if self.scales or not whole or dst.dtype != self.dtype or dst.shape != (a1 - a0, cols):
-            return False
-        if not dst.flags.c_contiguous:
+        fits = dst.dtype == self.dtype and dst.shape == (a1 - a0, cols) and dst.flags.c_contiguous
+        if self.scales or not whole or not fits:
             return False
         self._blocks(a0 // b0, a1 // b0, 0, self.grid[1], out=dst)
         return True
@@ -347,9 +346,9 @@ class Quantized:
         kept = self.memo.take(self.source.weight, self.scales, range(i0, i1)) if whole_rows else None
         if kept is not None and self.scales:
             return np.empty((0, 0), dtype=np.uint8), kept
-        values = (
-            None if self.scales else np.empty(((i1 - i0) * b0, (j1 - j0) * b1), dtype=np.uint8) if out is None else out
-        )
+        values = out  # the F8 values (padded to whole blocks): into ``out`` when given, else a fresh array
+        if values is None and not self.scales:
+            values = np.empty(((i1 - i0) * b0, (j1 - j0) * b1), dtype=np.uint8)
         step = max(1, BAND_ELEMENTS // ((j1 - j0) * b0 * b1))  # block rows a band
         maxima = []
         for k0 in range(i0, i1, step):
@@ -680,16 +679,15 @@ def staging(t: TensorPlan, read: SourceArray) -> tuple[np.dtype, SourceArray]:
     return np.dtype(t.dtype.numpy), read
 
 
-def row_alignment(t: TensorPlan, plan: Plan) -> int:
-    """Rows each row block of ``t`` should be a multiple of: the block rows of the ``--quantize`` weights
-    its copies read (1: none). Each box of one is computed from whole blocks, so a box that ends inside
-    a block row computes that block row twice and cannot take its maxima from the memo. 32 bf16 weights
-    of 2048x7168 (585-row boxes before), quantized: warm 0.82-0.90 -> 0.56-0.59 s, cold medians of 5
-    0.862 -> 0.647 s (with ``Quantized.fill_box``); the bench's 7168x2048 weights, already aligned,
-    1.351 -> 1.270 s cold from ``fill_box`` alone."""
-    made = {(q.path, q.name): q.block[0] for q in plan.quantized if q.kind == QUANTIZE}
-    rows = {made[key] for c in t.copies if (key := (plan.sources[c.source], c.tensor)) in made}
-    return max(rows) if len(rows) == 1 else 1
+def row_alignment(computed: Sequence[QuantizedSource]) -> int:
+    """Rows each row block of a tensor whose copies read ``computed`` should be a multiple of: the block
+    rows of its ``--quantize`` weight (1: none, or several). Each box of one is computed from whole
+    blocks, so a box that ends inside a block row computes that block row twice and cannot take its
+    maxima from the memo. 32 bf16 weights of 2048x7168 (585-row boxes before), quantized: warm
+    0.82-0.90 -> 0.56-0.59 s, cold medians of 5 0.862 -> 0.647 s (with ``Quantized.fill_box``); the
+    bench's 7168x2048 weights, already aligned, 1.351 -> 1.270 s cold from ``fill_box`` alone."""
+    rows = {q.block[0] for q in computed if q.kind == QUANTIZE}
+    return rows.pop() if len(rows) == 1 else 1
 
 
 def row_block_bytes(kinds: set[str], budget: int) -> int:

@@ -263,7 +263,8 @@ def _fill_tensor(
     if t.literal is not None:
         _write_at(out.fd, segments, 0, memoryview(t.literal))
         return
-    made = _made_kinds(t, plan) if plan.quantized else set()
+    computed = plan.computed_reads(t) if plan.quantized else []
+    made = {q.kind for q in computed}  # how the copies read tensors computed while copying (empty: none)
     cast = bool(made) or _casts(t, sources, plan)  # a tensor computed while copying is never a byte copy
     if t.whole_copy and not cast:  # one unchanged source tensor: a kernel-side copy
         c = t.copies[0]
@@ -283,7 +284,7 @@ def _fill_tensor(
     align = 1
     if made:
         budget = dequant.row_block_bytes(made, budget)  # float32 temporaries beside the staging
-        align = dequant.row_alignment(t, plan)  # --quantize computes whole blocks: boxes of whole block rows
+        align = dequant.row_alignment(computed)  # --quantize computes whole blocks: boxes of whole block rows
 
     arrays: dict[tuple[int, str], np.ndarray] = {}  # each source tensor's view made once, not per block
 
@@ -318,12 +319,6 @@ def _release_row_sources(t: TensorPlan, sources: SourceCache, plan: Plan) -> Non
     for c in t.copies:
         if c.src_perm is None:
             sources.release(plan.sources[c.source], c.tensor)
-
-
-def _made_kinds(t: TensorPlan, plan: Plan) -> set[str]:
-    """How the copies of ``t`` read tensors computed while copying (``--dequantize``/``--quantize``; empty: none)."""
-    made = {(q.path, q.name): q.kind for q in plan.quantized}
-    return {made[key] for c in t.copies if (key := (plan.sources[c.source], c.tensor)) in made}
 
 
 def _casts(t: TensorPlan, sources: SourceCache, plan: Plan) -> bool:
@@ -462,14 +457,13 @@ def work_order(order: Sequence[str], by_name: dict[str, TensorPlan], plan: Plan)
     """
     if not plan.quantized:
         return list(order)
-    stored = {(q.path, q.name): (q.path, q.weight) for q in plan.quantized}
     weight_of: dict[str, tuple[str, str] | None] = {}
     together: dict[tuple[str, str], list[str]] = {}
     for name in order:
-        keys = [stored[k] for c in by_name[name].copies if (k := (plan.sources[c.source], c.tensor)) in stored]
-        weight_of[name] = keys[0] if keys else None
-        if keys:
-            together.setdefault(keys[0], []).append(name)
+        reads = plan.computed_reads(by_name[name])
+        weight_of[name] = (reads[0].path, reads[0].weight) if reads else None
+        if reads:
+            together.setdefault((reads[0].path, reads[0].weight), []).append(name)
     work: list[str] = []
     for name in order:
         weight = weight_of[name]

@@ -15,6 +15,7 @@ destination file, and the destination ranks and metadata of an output.
 from __future__ import annotations
 
 import abc
+import functools
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -221,6 +222,17 @@ class Plan:
     # Tensors the copies read dequantized (``--dequantize``, reshard.plan.quantized): keyed by
     # (source path, tensor name), so re-interning the sources keeps them valid.
     quantized: tuple[QuantizedSource, ...] = ()
+
+    @functools.cached_property
+    def quantized_by_copy(self) -> dict[tuple[str, str], QuantizedSource]:
+        """``quantized`` by the (source path, tensor name) a copy reads: made once per plan, since the
+        executor asks for every output tensor (a dict per tensor was 4 ms a tensor at 45 000 pairs)."""
+        return {(q.path, q.name): q for q in self.quantized}
+
+    def computed_reads(self, t: TensorPlan) -> list[QuantizedSource]:
+        """The computed tensors (``--dequantize``/``--quantize``) the copies of ``t`` read, in copy order."""
+        made = self.quantized_by_copy
+        return [q for c in t.copies if (q := made.get((self.sources[c.source], c.tensor))) is not None]
 
     @property
     def bytes_written(self) -> int:
