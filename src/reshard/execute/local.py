@@ -31,6 +31,9 @@ Why this shape (see design.md, "Techniques the peers proved"; every choice was m
   and hinting the next one to four tensors' source ranges gained nothing on a merge or unify; the
   kernel's read-ahead (8 MiB windows on this disk) already streams each source. What pays is
   reading ahead while the process starts, before this module runs (``reshard.readahead``).
+* An output copied from one source alone (a convert) is filled in the source's order, after the
+  record heads its index cached in cold stretches of that source are dropped (``source_order``,
+  ``pagecache``): the kernel then reads the source in 4 MiB requests, not ~1 MiB ones.
 * numpy, ``assemble`` and ``dequant`` load with the first tensor that needs them (a strided box, a
   cast, a computed tensor): a run of byte copies never imports them.
 """
@@ -83,6 +86,7 @@ class SourceCache:
         self._lock = threading.Lock()
         self.kernel_copy = hasattr(os, "copy_file_range")  # switched off after the first refusal
         self.copier = kernelcopy.Copier()  # its pipes are closed with the cache
+        self._islands_dropped: set[str] = set()
 
     def get(self, path: str) -> TensorIndex:
         with self._lock:
@@ -104,6 +108,18 @@ class SourceCache:
             start = offset - offset % _PAGE
             with contextlib.suppress(OSError, ValueError):
                 index.buffer.madvise(mmap.MADV_DONTNEED, start, offset + length - start)
+
+    def drop_islands(self, path: str) -> None:
+        """Once per run and source: drop the record heads its index left cached in its cold stretches
+        (``pagecache``), before it is read in order."""
+        index = self.get(path)
+        with self._lock:
+            if not index.file_backed or path in self._islands_dropped:
+                return
+            self._islands_dropped.add(path)
+        from reshard.execute import pagecache  # ctypes loads with the first source read in order
+
+        pagecache.drop_islands(path, (segment for entry in index.entries.values() for segment in entry.segments))
 
     def fd(self, path: str) -> int | None:
         """A read-only descriptor of a file-backed source, for kernel-side copies (None otherwise)."""
@@ -372,7 +388,9 @@ def run_file(
     fmt = registry.get(file.format)
     layout = byte_layout(file, write)
     by_name = {t.name: t for t in file.tensors}
-    work = work_order(layout.order, by_name, plan)
+    work = work_order(layout.order, by_name, plan, sources)
+    if not plan.quantized and (source := single_source(layout.order, by_name, plan)) is not None:
+        sources.drop_islands(source)  # read in the source's order (``source_order``): in large requests
     encrypted = write.enc_key is not None and fmt.encrypts
     hasher: StreamingDigest | None = None  # follows the file while it is written (plain outputs)
     checksum: str | None = None
@@ -444,9 +462,12 @@ def run_file(
     return checksum
 
 
-def work_order(order: Sequence[str], by_name: dict[str, TensorPlan], plan: Plan) -> list[str]:
+def work_order(
+    order: Sequence[str], by_name: dict[str, TensorPlan], plan: Plan, sources: SourceCache | None = None
+) -> list[str]:
     """The order a file's tensors are filled in: the layout's, except that the tensors computed from one
-    stored weight are taken one after the other, where the first of them stands.
+    stored weight are taken one after the other, where the first of them stands, and that a file copied
+    from one source file alone is filled in that source's order (``source_order``).
 
     Why: a ``--quantize`` output holds every F32 scale tensor before every F8 weight, and each scale
     tensor reads its whole weight. In file order a run read its whole input from the disk first, with
@@ -456,7 +477,7 @@ def work_order(order: Sequence[str], by_name: dict[str, TensorPlan], plan: Plan)
     only follow once every scale is in, near the end (0.08 s of that run).
     """
     if not plan.quantized:
-        return list(order)
+        return source_order(order, by_name, plan, sources) if sources is not None else list(order)
     weight_of: dict[str, tuple[str, str] | None] = {}
     together: dict[tuple[str, str], list[str]] = {}
     for name in order:
@@ -472,6 +493,38 @@ def work_order(order: Sequence[str], by_name: dict[str, TensorPlan], plan: Plan)
         elif together[weight][0] == name:
             work.extend(together[weight])
     return work
+
+
+def single_source(order: Sequence[str], by_name: dict[str, TensorPlan], plan: Plan) -> str | None:
+    """The one source file every copy of the file reads (a convert: one rank file to one file of
+    another format), or None when it reads several, or none."""
+    paths = {plan.sources[c.source] for name in order for c in by_name[name].copies}
+    return paths.pop() if len(paths) == 1 else None
+
+
+def source_order(order: Sequence[str], by_name: dict[str, TensorPlan], plan: Plan, sources: SourceCache) -> list[str]:
+    """``order``, sorted by where each tensor's bytes stand in the source, when every copy of the file
+    reads one and the same source file (``single_source``).
+
+    Why: the output's order is not the source's (a safetensors file sorts its names, a ``.ckpt``
+    keeps the writer's order), and the kernel reads ahead only for reads that follow each other. In
+    the output's order a convert of 8 ``.ckpt`` rank files read its sources in ~1 MiB requests; in
+    the source's order, with the index's islands dropped first (``pagecache``), in up to 4 MiB ones.
+    Writes land anywhere in the preallocated file either way. Outputs read from several sources (a
+    merge, a reshard) keep the output's order: each output tensor reads all of them, and sorting by
+    one of them gained nothing.
+    """
+    path = single_source(order, by_name, plan)
+    if path is None:
+        return list(order)
+    entries = sources.get(path).entries
+
+    def at(name: str) -> int:
+        copies = by_name[name].copies
+        segments = entries[copies[0].tensor].segments if copies else ()
+        return segments[0][0] if segments else -1  # literals and empty tensors first
+
+    return sorted(order, key=at)
 
 
 def _final_framing(lay: ByteLayout) -> Iterator[base.Segment]:
@@ -625,6 +678,8 @@ __all__ = [
     "computing_threads",
     "run_file",
     "run_plan",
+    "single_source",
+    "source_order",
     "tensor_threads",
     "work_order",
     "write_texts",
