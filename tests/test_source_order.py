@@ -196,3 +196,38 @@ def test_no_residency_for_a_file_the_process_neither_owns_nor_may_write(
     segments = [segment for entry in index.entries.values() for segment in entry.segments]
     index.close()
     assert pagecache.drop_islands(str(path), segments) == 0
+
+
+def test_a_warm_file_is_told_by_a_few_probe_pages() -> None:
+    gaps = [((i * 100 * PAGE, 2 * PAGE), i * 100 * PAGE + 20 * PAGE) for i in range(64)]
+    asked: list[int] = []
+
+    def warm(offset: int, length: int) -> list[bool]:
+        asked.append(offset)
+        return [True] * (length // PAGE)
+
+    assert not pagecache.cold_somewhere(gaps, warm)
+    assert len(asked) == pagecache.SAMPLES  # eight calls, not one a gap
+
+    def cold_tail(offset: int, length: int) -> list[bool]:
+        return [offset < 60 * 100 * PAGE] * (length // PAGE)
+
+    assert pagecache.cold_somewhere(gaps, cold_tail)  # the last sample lies in the cold stretch
+    assert not pagecache.cold_somewhere([], warm)
+
+
+def test_a_reshard_drops_the_islands_of_every_source_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """8 rank files to 4: each output reads several sources, each source's islands are dropped once,
+    before the first output that reads it; the outputs are the same bytes as without it."""
+    from tests.trust_helpers import make_job, tree
+
+    job = make_job(str(tmp_path / "job"))
+    dropped: list[str] = []
+    monkeypatch.setattr(pagecache, "drop_islands", lambda path, segments: dropped.append(path) or 0)
+    api.transform(job["r8"], str(tmp_path / "four"), job["s8"], job["s4"], run=RunOptions(workers=3))
+    sources = sorted(str(p) for p in Path(job["r8"]).glob("rank_*/*.ckpt"))
+    assert sorted(dropped) == sources  # all eight, once each
+    monkeypatch.setattr(local.SourceCache, "drop_islands", lambda self, path: None)
+    api.transform(job["r8"], str(tmp_path / "plain"), job["s8"], job["s4"], run=RunOptions(workers=3))
+    ours = {k: v for k, v in tree(str(tmp_path / "four")).items() if "manifest" not in k}
+    assert ours == {k: v for k, v in tree(str(tmp_path / "plain")).items() if "manifest" not in k}

@@ -1,24 +1,28 @@
-"""Dropping the record heads an index left cached inside a cold source, before it is read in order.
+"""Dropping the record heads an index left cached inside a cold source, before the source is read.
 
 Why: indexing a ``.ckpt`` reads one small head per record, all over the file, and on a cold page cache
 each of those reads leaves a page or two cached between the tensors' bytes. The kernel's read-ahead
 reads an uncached range in large folios, 4 MiB a request on this machine's disk, but splits its
-requests wherever a page is already cached. A copy that then reads the file in order (``local.
-source_order``: a convert) read one rank file in ~0.7 MiB requests instead of ~3.7 MiB, in 0.18 s
-instead of 0.10 s (docs/benchmarks.md, "Reading the sources in large requests"). Dropping those
-islands first gives the read-ahead the whole range again; the copy reads the heads' pages with it.
+requests wherever a page is already cached. The copies that follow read each source mostly in order
+(a merge or a reshard in the output's order, which follows the ranks' own; a convert in the source's,
+``local.source_order``): one rank file read in order after its index went in ~0.7 MiB requests
+instead of ~3.7 MiB, in 0.18 s instead of 0.10 s (docs/benchmarks.md, "Reading the sources in large
+requests"). Dropping those islands first gives the read-ahead whole ranges again; the copy reads the
+heads' pages with them. Cold, medians of 8: a merge of 8 rank files 0.717 -> 0.663 s, a transform
+8 -> 4 0.691 -> 0.616 s (``cp -r`` 0.523 s).
 
 What is dropped: the pages around a gap between two tensors' bytes (where a head stands), when some
 are cached while a page further into the next tensor is not, i.e. islands in a cold stretch. In a
-warm file that page is cached too, and nothing is dropped. Which pages are cached, ``mincore``
+warm file that page is cached too, and nothing is dropped (eight probe pages spread over the file
+are asked first: when all are cached, the rest is not asked). Which pages are cached, ``mincore``
 says, asked for a few pages at a time on a mapping of the file that is never touched (~2 µs, nothing
-read). Python has no binding for it: it is called through ``ctypes``, loaded only by a run that
-reads a source in order. Linux answers truthfully only for files the caller owns or may write; for
-other files, and where ``mincore`` is missing, nothing is dropped.
+read). Python has no binding for it: it is called through ``ctypes``, loaded only for a source
+that has gaps (a ``.ckpt``; a safetensors file has none). Linux answers truthfully only for files
+the caller owns or may write; for other files, and where ``mincore`` is missing, nothing is dropped.
 
 Tried first and not kept: reading the heads past the page cache (``O_DIRECT``) while indexing. It
-left no islands, but made every run's index 10-20 ms slower on a cold cache, and a merge, which reads
-eight sources at once and not in order, gained nothing from it (cold, medians of 6: 0.674 -> 0.709 s).
+left no islands, but made every run's index 10-20 ms slower on a cold cache, behind the start-up
+read-ahead, and the merge lost that again (cold, medians of 6: 0.674 -> 0.709 s).
 """
 
 from __future__ import annotations
@@ -29,11 +33,12 @@ import itertools
 import mmap
 import os
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 PAGE = mmap.PAGESIZE
 MAX_GAP_BYTES = 64 * 1024  # a gap longer than this is not a record head: left alone
+SAMPLES = 8  # probe pages asked first: when all are cached the file is taken as warm
 ISLAND_REACH = 64 * 1024  # how far past a head its index read may have cached pages (seen: 2-6 pages)
 _PROT_READ, _MAP_SHARED = 1, 1
 
@@ -78,6 +83,14 @@ def islands(gaps: Iterable[tuple[Range, int]], cached: Any) -> list[Range]:
     return drop
 
 
+def cold_somewhere(gaps: Sequence[tuple[Range, int]], cached: Any, samples: int = SAMPLES) -> bool:
+    """Whether any of ``samples`` probe pages spread evenly over ``gaps`` is not cached: a warm file is
+    told by a few ``mincore`` calls, not one a gap. ``cached`` as in ``islands``."""
+    last = len(gaps) - 1
+    picks = sorted({round(i * last / max(1, samples - 1)) for i in range(samples)}) if gaps else []
+    return any(cached(gaps[k][1], PAGE) == [False] for k in picks)  # the first and the last gap included
+
+
 def drop_islands(path: str, segments: Iterable[Range]) -> int:
     """Drop the head islands of the cold stretches of ``path`` from the page cache; the bytes dropped
     (0 where the page cache cannot be asked). A hint: nothing is read, written or required."""
@@ -91,7 +104,7 @@ def drop_islands(path: str, segments: Iterable[Range]) -> int:
         if residency is None:
             return 0
         try:
-            drop = islands(gaps, residency.pages)
+            drop = islands(gaps, residency.pages) if cold_somewhere(gaps, residency.pages) else []
         finally:
             residency.close()
         for offset, length in drop:
@@ -175,4 +188,15 @@ def _libc() -> Any:
     )
 
 
-__all__ = ["ISLAND_REACH", "MAX_GAP_BYTES", "PAGE", "Range", "Residency", "drop_islands", "head_gaps", "islands"]
+__all__ = [
+    "ISLAND_REACH",
+    "MAX_GAP_BYTES",
+    "PAGE",
+    "SAMPLES",
+    "Range",
+    "Residency",
+    "cold_somewhere",
+    "drop_islands",
+    "head_gaps",
+    "islands",
+]
