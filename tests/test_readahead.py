@@ -41,9 +41,9 @@ def test_checkpoint_files_are_the_checkpoints_in_natural_rank_order(tmp_path: Pa
     assert readahead.checkpoint_files(str(tmp_path / "missing")) == []
 
 
-def test_hints_stop_at_the_budget_in_file_order_and_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reads_stop_at_the_budget_in_file_order_and_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mib = 1024**2
-    monkeypatch.setattr(readahead, "hint_bytes", lambda device: 16 * mib)
+    monkeypatch.setattr(readahead, "READ_BYTES", 16 * mib)
     for r in range(3):
         _write(tmp_path / f"rank_{r}" / "x.ckpt", 40 * mib)
     calls: list[tuple[str, int, int]] = []
@@ -51,7 +51,7 @@ def test_hints_stop_at_the_budget_in_file_order_and_chunks(tmp_path: Path, monke
     def advise(fd: int, offset: int, length: int) -> None:
         calls.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length))
 
-    hinted = readahead.hint([str(tmp_path)], 70 * mib, advise)
+    hinted = readahead.hint([str(tmp_path)], 70 * mib, advise, advise)
     head = readahead.HEAD_BYTES
     assert hinted == 70 * mib
     assert sum(length for _, _, length in calls) == 70 * mib
@@ -112,13 +112,77 @@ def test_each_hint_asks_for_what_the_device_reads_in_one_go(
         readahead.hint_bytes.cache_clear()
 
 
-def test_a_file_is_hinted_in_its_device_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_file_is_read_in_pieces_after_its_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    name = _write(tmp_path / "x.safetensors", 5 * 1024**2 + 7)
+    monkeypatch.setattr(readahead, "READ_BYTES", 2 * 1024**2)
+    hints: list[tuple[int, int]] = []
+    reads: list[tuple[int, int]] = []
+    readahead.hint(
+        [name],
+        readahead.BUDGET,
+        lambda fd, offset, length: hints.append((offset, length)),
+        lambda fd, offset, length: reads.append((offset, length)),
+    )
+    head, mib = readahead.HEAD_BYTES, 1024**2
+    assert hints == [(0, head)]  # the start, where the header is: hinted
+    assert reads == [(head, 2 * mib), (head + 2 * mib, 2 * mib), (head + 4 * mib, mib - head + 7)]
+
+
+def _evicted(path: str) -> bool:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return not any(_cached(path))
+
+
+def _cached(path: str) -> list[bool]:
+    from reshard.execute.pagecache import Residency
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        residency = Residency.of(fd)
+        assert residency is not None
+        try:
+            return residency.pages(0, residency.size)
+        finally:
+            residency.close()
+    finally:
+        os.close(fd)
+
+
+def test_the_bulk_is_read_through_dev_null_into_the_page_cache(tmp_path: Path) -> None:
+    """Read as ``cp`` reads (large folios, a few requests at a time), not hinted all at once."""
+    name = _write(tmp_path / "x.safetensors", 6 * 1024**2)
+    if not _evicted(name):
+        pytest.skip("this filesystem keeps its pages (tmpfs)")
+    budget = readahead.HEAD_BYTES + 2 * 1024**2
+    assert readahead.hint([name], budget) == budget
+    pages = _cached(name)
+    wanted = budget // os.sysconf("SC_PAGE_SIZE")
+    assert all(pages[:wanted])
+
+
+def test_where_sendfile_is_refused_the_rest_is_hinted_in_device_pieces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     name = _write(tmp_path / "x.safetensors", 5 * 1024**2 + 7)
     monkeypatch.setattr(readahead, "hint_bytes", lambda device: 2 * 1024**2)
-    calls: list[tuple[int, int]] = []
-    readahead.hint([name], readahead.BUDGET, lambda fd, offset, length: calls.append((offset, length)))
+    sent: list[int] = []
+
+    def sendfile(out: int, fd: int, offset: int, count: int) -> int:
+        sent.append(offset)
+        raise OSError(22, "Invalid argument")  # what a platform without it says
+
+    monkeypatch.setattr(os, "sendfile", sendfile)
+    hints: list[tuple[int, int]] = []
+    monkeypatch.setattr(readahead, "_willneed", lambda fd, offset, length: hints.append((offset, length)))
+    readahead.hint([name], readahead.BUDGET)
     head, mib = readahead.HEAD_BYTES, 1024**2
-    assert calls == [(0, head), (head, 2 * mib), (head + 2 * mib, 2 * mib), (head + 4 * mib, mib - head + 7)]
+    assert sent == [head]  # tried once, then not again
+    assert hints == [(0, head), (head, 2 * mib), (head + 2 * mib, 2 * mib), (head + 4 * mib, mib - head + 7)]
 
 
 def test_the_starts_of_many_files_come_first_within_the_budget(tmp_path: Path) -> None:
@@ -127,19 +191,19 @@ def test_the_starts_of_many_files_come_first_within_the_budget(tmp_path: Path) -
         _write(tmp_path / f"rank_{r}" / "x.safetensors", 4 * head)
     _write(tmp_path / "rank_5" / "small.safetensors", head // 2)  # smaller than a start: hinted whole once
     calls: list[tuple[str, int, int]] = []
-    readahead.hint(
-        [str(tmp_path)],
-        head * 5 // 2,
-        lambda fd, offset, length: calls.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length)),
-    )
+
+    def record(fd: int, offset: int, length: int) -> None:
+        calls.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length))
+
+    readahead.hint([str(tmp_path)], head * 5 // 2, record, record)
     assert [(os.path.basename(os.path.dirname(n)), o, n_) for n, o, n_ in calls] == [
         ("rank_0", 0, head),
         ("rank_1", 0, head),
         ("rank_2", 0, head // 2),  # the budget ends inside the third start: no file whole
     ]
     calls.clear()
-    readahead.hint([str(tmp_path / "rank_5")], readahead.BUDGET, lambda fd, o, n: calls.append(("", o, n)))
-    assert calls == [("", 0, head // 2)]
+    readahead.hint([str(tmp_path / "rank_5")], readahead.BUDGET, record, record)
+    assert [(o, n) for _, o, n in calls] == [(0, head // 2)]
 
 
 def test_two_sources_share_the_budget(tmp_path: Path) -> None:
@@ -151,7 +215,7 @@ def test_two_sources_share_the_budget(tmp_path: Path) -> None:
         name = os.readlink(f"/proc/self/fd/{fd}")
         seen[name] = seen.get(name, 0) + length
 
-    readahead.hint([a, b], 8 * 1024**2, advise)
+    readahead.hint([a, b], 8 * 1024**2, advise, advise)
     assert seen == {a: 4 * 1024**2, b: 4 * 1024**2}
 
 

@@ -1,36 +1,39 @@
 """Reading the start of a run's sources ahead while the process starts.
 
-Why: a run spends its first quarter second on the CPU (the interpreter, numpy and reshard's
-imports, the arguments, the plan) while the disk idles, then its copy waits on the disk. Hinting the
-kernel to read the first ``BUDGET`` bytes of the sources meanwhile overlaps the two: on a cold page
-cache it took 0.05-0.1 s off every operation of the bench's 1.2 GB model (docs/benchmarks.md). That
-was measured with 16 MiB hints of which the kernel read 8 MiB each (see below), so 128 MiB in all;
-256 MiB actually read was 0.06 s slower on the merge (the planner's header reads queue behind them).
+Why: a run spends its first tenths of a second on the CPU (the interpreter, reshard's imports, the
+arguments, the index, the plan) while the disk would idle, then its copy waits on the disk. Reading
+the first ``BUDGET`` bytes of the sources into the page cache meanwhile overlaps the two.
 
 How, and why it is safe:
 
-* ``posix_fadvise(WILLNEED)`` only: the kernel reads into its page cache in the background;
-  nothing is copied into this process, and the files are opened read-only and closed at once.
-* One daemon thread, started after the arguments are parsed (the sources are then known, not
-  guessed) and before the heavy imports; a failure of any kind ends it quietly (a hint).
-* Bounded: larger budgets measured slower, as the planner's own header reads and the first copies
-  queued behind the hinted bytes. The files are taken in natural order (``rank_2`` before
-  ``rank_10``), the order the executor mostly reads them in.
-* Headers first: the first ``HEAD_BYTES`` of every file are hinted before any file is hinted whole.
-  The planner reads every source's header (a safetensors file's JSON, a ``.ckpt``'s first records)
-  before it copies a byte, and those reads queued behind the whole of ``rank_0``'s and ``rank_1``'s
-  hinted bytes. Cold, interleaved, median of 5 against the commit before (docs/benchmarks.md): a
-  merge of 8 ``.ckpt`` ranks 1.040 -> 1.002 s, a unify of 8 safetensors ranks 0.989 -> 0.960 s, a
-  transform 8->4 of them 0.925 -> 0.914 s (``cp -r`` 0.682 s).
-* One hint reads at most what the device reads in one go: Linux caps each ``WILLNEED`` call at the
+* One daemon thread, started as soon as the sources are known (``cli.early`` reads them off the
+  command's words) and before the heavy imports; a failure of any kind ends it quietly (a hint).
+  Nothing is copied into this process, and the files are opened read-only and closed at once.
+* Headers first: the first ``HEAD_BYTES`` of every file are hinted (``posix_fadvise(WILLNEED)``)
+  before any file is read on. The planner reads every source's header (a safetensors file's JSON, a
+  ``.ckpt``'s first records) before it copies a byte, and those reads queued behind the whole of
+  ``rank_0``'s and ``rank_1``'s bytes (cold, median of 5: merge 1.040 -> 1.002 s, unify 0.989 ->
+  0.960 s on the first machine).
+* Then the files are read whole, one after another in natural order (``rank_2`` before
+  ``rank_10``), by ``sendfile`` into ``/dev/null``: the kernel reads them as it reads for ``cp``,
+  in large folios, 4 MiB requests on this machine's disk, a few at a time. This replaced hinting the
+  bulk with ``WILLNEED`` (Linux 6.18): those hints read in small folios, ~0.5-1 MiB requests, and
+  queued all 128 MiB at once, so the index's own small reads waited behind them (a cold index of 8
+  ``.ckpt`` rank files 120 ms with the hints running, 35 ms without). Cold, interleaved, medians of
+  5 against the hints (``cp -r`` 0.529 s): merge 0.685 -> 0.619 s, transform 8 -> 4 0.657 -> 0.551
+  s, split 0.677 -> 0.652 s, convert 0.567 -> 0.525 s, unify 0.753 -> 0.719 s, transform of
+  safetensors 0.715 -> 0.679 s (docs/benchmarks.md, "Reading the sources in large requests").
+* Bounded: 256 MiB measured best on the merge (128 / 256 / 384 MiB: 0.674 / 0.655 / 0.683 s);
+  each source path gets an equal share. Reading the files' first pieces in turn instead of file by
+  file was slower (0.666 s).
+* Where ``sendfile`` cannot write to ``/dev/null`` (not Linux), the rest is hinted as before:
+  in pieces of what the device reads in one go, since Linux caps each ``WILLNEED`` call at the
   larger of the device's read-ahead window and its largest request (``read_ahead_kb``,
-  ``max_sectors_kb`` under ``/sys/dev/block/<major>:<minor>/queue``) and silently drops the rest.
-  With 16 MiB hints on this machine's disk (8 MiB window) half of the budget was never read; on a
-  default device (128 KiB window, 1.25 MiB requests) it would have been about a tenth. So each
-  file is hinted in pieces of its device's limit (``hint_bytes``); where sysfs does not say (an
-  overlay or network filesystem) the pieces are ``FALLBACK_HINT_BYTES``. Pieces are not made
-  smaller than that: every call releases and retakes the GIL, which the main thread holds while it
-  imports, so a call costs up to a switch interval (5 ms) however little it asks for.
+  ``max_sectors_kb`` under ``/sys/dev/block/<major>:<minor>/queue``) and silently drops the rest
+  (``hint_bytes``; ``FALLBACK_HINT_BYTES`` where sysfs does not say).
+* Reads and hints go in pieces of at least ``READ_BYTES`` / ``FALLBACK_HINT_BYTES``: every call
+  releases and retakes the GIL, which the main thread holds while it imports, so a call costs up to
+  a switch interval (5 ms) however little it asks for.
 
 Only the standard library is imported, so the thread starts before numpy is loaded.
 """
@@ -44,8 +47,9 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 
-BUDGET = 128 * 1024**2  # bytes hinted in all
+BUDGET = 256 * 1024**2  # bytes read ahead in all
 HEAD_BYTES = 256 * 1024  # the start of every file, hinted before any file whole: where its header is
+READ_BYTES = 32 * 1024**2  # one sendfile call into /dev/null
 HINT_BYTES = 16 * 1024**2  # the most one fadvise call asks for
 FALLBACK_HINT_BYTES = 1024**2  # one call where sysfs does not give the device's limit (and the least)
 SYSFS_BLOCK = "/sys/dev/block"  # <major>:<minor> -> the device (a partition's queue is its disk's)
@@ -53,10 +57,11 @@ SUFFIXES = (".ckpt", ".safetensors", ".distcp")
 MAX_DEPTH = 3  # a source folder's files: rank_<r>/x.ckpt, a Checkpoint 2.0's iteration/rank_<r>/x
 _DIGITS = re.compile(r"(\d+)")
 Advise = Callable[[int, int, int], None]  # (fd, offset, length)
+Read = Callable[[int, int, int], None]  # (fd, offset, length): bring those bytes into the page cache
 
 
 def start(paths: Iterable[str | os.PathLike[str] | None], budget: int = BUDGET) -> threading.Thread | None:
-    """Hint the kernel to read the first ``budget`` bytes of the checkpoint files under ``paths``.
+    """Read the first ``budget`` bytes of the checkpoint files under ``paths`` into the page cache.
 
     Returns the thread (tests join it), or None when there is nothing to read or the platform has
     no ``posix_fadvise``. Paths that are not there, or not readable, are skipped without a word.
@@ -76,26 +81,32 @@ def checkpoint_files(path: str) -> list[str]:
     return sorted(_walk(path, MAX_DEPTH), key=_natural)
 
 
-def hint(paths: list[str], budget: int, advise: Advise | None = None) -> int:
-    """Issue the read hints (``advise(fd, offset, length)``, default ``posix_fadvise(WILLNEED)``); returns
-    the bytes hinted. Each path gets an equal share of ``budget``: first the start of each of its files
-    (``HEAD_BYTES``), then the files whole in turn, from where their start ended."""
+def hint(paths: list[str], budget: int, advise: Advise | None = None, read: Read | None = None) -> int:
+    """Read the sources ahead; returns the bytes asked for. Each path gets an equal share of
+    ``budget``: first the start of each of its files is hinted (``advise(fd, offset, length)``,
+    default ``posix_fadvise(WILLNEED)``, ``HEAD_BYTES`` each), then the files are read whole in turn
+    from where their start ended (``read``, default ``sendfile`` into ``/dev/null``, which falls back
+    to hints)."""
+    advise = advise or _willneed
     share = budget // len(paths)
     total = 0
-    for path in paths:
-        names = checkpoint_files(path)
-        left = share
-        heads: dict[str, int] = {}
-        for name in names:
-            if left <= 0:
-                break
-            heads[name] = _hint_file(name, min(left, HEAD_BYTES), advise or _willneed)
-            left -= heads[name]
-        for name in names:
-            if left <= 0 or name not in heads:
-                break
-            left -= _hint_file(name, left, advise or _willneed, start=heads[name])
-        total += share - left
+    with contextlib.ExitStack() as stack:
+        if read is None:
+            read = stack.enter_context(_NullReader())
+        for path in paths:
+            names = checkpoint_files(path)
+            left = share
+            heads: dict[str, int] = {}
+            for name in names:
+                if left <= 0:
+                    break
+                heads[name] = _each_piece(name, min(left, HEAD_BYTES), advise, hint_bytes)
+                left -= heads[name]
+            for name in names:
+                if left <= 0 or name not in heads:
+                    break
+                left -= _each_piece(name, left, read, lambda device: READ_BYTES, start=heads[name])
+            total += share - left
     return total
 
 
@@ -104,18 +115,49 @@ def _hint_quietly(paths: list[str], budget: int) -> None:
         hint(paths, budget)
 
 
-def _hint_file(name: str, left: int, advise: Advise, start: int = 0) -> int:
-    """Hint up to ``left`` bytes of ``name`` from ``start``, one device read a call; the bytes hinted."""
+def _each_piece(name: str, left: int, call: Advise, piece_bytes: Callable[[int], int], start: int = 0) -> int:
+    """``call(fd, offset, length)`` over up to ``left`` bytes of ``name`` from ``start``, in pieces of
+    ``piece_bytes(st_dev)``; the bytes asked for."""
     fd = os.open(name, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
         stat = os.fstat(fd)
         end = min(stat.st_size, start + left)
-        piece = hint_bytes(stat.st_dev)
+        piece = piece_bytes(stat.st_dev)
         for offset in range(start, end, piece):
-            advise(fd, offset, min(piece, end - offset))
+            call(fd, offset, min(piece, end - offset))
         return max(0, end - start)
     finally:
         os.close(fd)
+
+
+class _NullReader:
+    """Reads file pieces into the page cache by ``sendfile`` into ``/dev/null``; where that is refused
+    (not Linux), hints them instead, in the device's pieces."""
+
+    def __enter__(self) -> _NullReader:
+        self._null: int | None = os.open(os.devnull, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._null is not None:
+            os.close(self._null)
+            self._null = None
+
+    def __call__(self, fd: int, offset: int, length: int) -> None:
+        end = offset + length
+        while self._null is not None and offset < end:
+            try:
+                sent = os.sendfile(self._null, fd, offset, end - offset)
+            except OSError:
+                self.__exit__()  # refused: hint the rest
+                break
+            if sent <= 0:
+                return  # the file ended
+            offset += sent
+        if offset < end:
+            piece = hint_bytes(os.fstat(fd).st_dev)
+            for at in range(offset, end, piece):
+                _willneed(fd, at, min(piece, end - at))
 
 
 @functools.cache
@@ -164,6 +206,7 @@ __all__ = [
     "FALLBACK_HINT_BYTES",
     "HEAD_BYTES",
     "HINT_BYTES",
+    "READ_BYTES",
     "SUFFIXES",
     "SYSFS_BLOCK",
     "checkpoint_files",
