@@ -20,9 +20,10 @@ How, and why it is safe:
   bulk with ``WILLNEED`` (Linux 6.18): those hints read in small folios, ~0.5-1 MiB requests, and
   queued all 128 MiB at once, so the index's own small reads waited behind them (a cold index of 8
   ``.ckpt`` rank files 120 ms with the hints running, 35 ms without). Cold, interleaved, medians of
-  5 against the hints (``cp -r`` 0.529 s): merge 0.685 -> 0.619 s, transform 8 -> 4 0.657 -> 0.551
-  s, split 0.677 -> 0.652 s, convert 0.567 -> 0.525 s, unify 0.753 -> 0.719 s, transform of
-  safetensors 0.715 -> 0.679 s (docs/benchmarks.md, "Reading the sources in large requests").
+  5 against the hints (``cp -r`` 0.537 s): merge 0.684 -> 0.627 s, transform 8 -> 4 0.645 -> 0.560
+  s, unify 0.742 -> 0.705 s; in the trial before (8 MiB calls), split 0.677 -> 0.652 s, convert
+  0.567 -> 0.525 s, transform of safetensors 0.715 -> 0.679 s (docs/benchmarks.md, "Reading the
+  sources in large requests").
 * Bounded: 256 MiB measured best on the merge (128 / 256 / 384 MiB: 0.674 / 0.655 / 0.683 s);
   each source path gets an equal share. Reading the files' first pieces in turn instead of file by
   file was slower (0.666 s).
