@@ -113,25 +113,37 @@ class _Chunk:
 class _Scanner:
     """Protobuf wire-format primitives over a buffer; every error names the byte offset.
 
-    ``fd`` (a descriptor of the mapped file, if it is one) lets ``prefetch`` pull a record's head
-    into the page cache with one small ``pread`` before the map is touched there. Why: a fault on
-    a cold map reads the device's whole read-ahead window around it (8 MiB on this machine's
-    disk), so walking the record heads through the map read every byte of every source before
-    planning could even start (0.89 s for 1.2 GB of 8 rank files); with a 4 KiB ``pread`` per
-    record the same scan takes 0.16 s and the tensor bytes are read once, later, by the copy.
+    ``fd`` (a descriptor of the mapped file, if it is one) lets ``prefetch`` read a record's head
+    with one small ``pread`` and parse it from those bytes; the map is touched only for a head that
+    runs past them. Why: a fault on a cold map reads the device's whole read-ahead window around it
+    (8 MiB on this machine's disk), so walking the record heads through the map read every byte of
+    every source before planning could even start (0.89 s for 1.2 GB of 8 rank files; with a 4 KiB
+    ``pread`` per record, 0.16 s). And a fault on a cached large folio maps all of it: parsing the
+    heads through the map after a ``pread`` still raised a convert's peak RSS from 46 to 126 MiB
+    once the read-ahead read its sources in large folios (cd56d71), and a warm one's to 380 MiB.
+    Positions stay file offsets: ``base`` is where the bytes being parsed start.
     """
 
     def __init__(self, buf: Any, path: str, fd: int | None = None) -> None:
-        self.buf = buf
+        self.map = buf
+        self.buf: Any = buf
+        self.base = 0
+        self.size = len(buf)
         self.path = path
         self.fd = fd
 
     def prefetch(self, pos: int) -> None:
+        """Read the record head at ``pos`` to parse it from there (else from the map)."""
+        self.buf, self.base = self.map, 0
         if self.fd is not None:
             try:
-                os.pread(self.fd, RECORD_HEAD_PREFETCH_BYTES, pos)
+                self.buf, self.base = os.pread(self.fd, RECORD_HEAD_PREFETCH_BYTES, pos), pos
             except OSError:
-                self.fd = None  # only a hint: the map reports real read errors
+                self.fd = None  # the map reports real read errors
+
+    def use_map(self) -> None:
+        """Parse from the map again (a head that ran past the bytes read)."""
+        self.buf, self.base = self.map, 0
 
     def error(self, message: str, offset: int) -> FormatError:
         return FormatError(f"{message} at byte {offset}", self.path)
@@ -141,7 +153,7 @@ class _Scanner:
         for i in range(MAX_VARINT_BYTES):
             if pos + i >= end:
                 raise self.error("truncated varint", pos)
-            byte = self.buf[pos + i]
+            byte = self.buf[pos + i - self.base]
             result |= (byte & 0x7F) << (7 * i)
             if byte < 0x80:
                 if result >> 64:
@@ -161,10 +173,10 @@ class _Scanner:
         """(start, stop) of a length-delimited payload whose length varint is at ``pos``."""
         length, start = self.varint(pos, end)
         if length > end - start:
-            if start + length > len(self.buf):
+            if start + length > self.size:
                 raise self.error(
                     f"truncated (or damaged): a field of {length} bytes runs past the end of the file "
-                    f"({len(self.buf)} bytes)",
+                    f"({self.size} bytes)",
                     pos,
                 )
             raise self.error(f"length {length} runs past the end of its message", pos)
@@ -190,7 +202,9 @@ class _Scanner:
 
     def text(self, start: int, stop: int, what: str) -> str:
         try:
-            return bytes(self.buf[start:stop]).decode("utf-8")
+            if stop - self.base > len(self.buf):
+                raise IndexError(stop)  # past the head's bytes: ``_records`` parses it from the map
+            return bytes(self.buf[start - self.base : stop - self.base]).decode("utf-8")
         except UnicodeDecodeError:
             raise self.error(f"{what} is not valid UTF-8", start) from None
 
@@ -407,14 +421,24 @@ def _records(scan: _Scanner, end: int) -> Iterator[_Chunk]:
     """The ``Checkpoint.value`` records of the top-level message, in file order."""
     pos = 0
     while pos < end:
-        at = pos
         scan.prefetch(pos)
-        field, wire, pos = scan.key(pos, end)
-        if field != CHECKPOINT_VALUE:
-            pos = scan.skip(wire, pos, end, at)
-            continue
-        start, pos = scan.payload(wire, pos, end, "Checkpoint.value", at)
-        yield _value(scan, start, pos, at)
+        try:
+            chunk, pos = _record(scan, pos, end)
+        except IndexError:  # the head ran past the bytes read (a very long name): parse it from the map
+            scan.use_map()
+            chunk, pos = _record(scan, pos, end)
+        if chunk is not None:
+            yield chunk
+
+
+def _record(scan: _Scanner, at: int, end: int) -> tuple[_Chunk | None, int]:
+    """The top-level field at ``at``: a ``Checkpoint.value`` record (None for another field, skipped),
+    and where the next field starts."""
+    field, wire, pos = scan.key(at, end)
+    if field != CHECKPOINT_VALUE:
+        return None, scan.skip(wire, pos, end, at)
+    start, pos = scan.payload(wire, pos, end, "Checkpoint.value", at)
+    return _value(scan, start, pos, at), pos
 
 
 def _value(scan: _Scanner, pos: int, end: int, record: int) -> _Chunk:
