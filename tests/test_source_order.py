@@ -42,7 +42,7 @@ def test_a_convert_fills_its_output_in_the_source_order(tmp_path: Path, monkeypa
     tensors = _ckpt(tmp_path / "src" / "model.ckpt", names)
     filled = _filled(monkeypatch)
     dropped: list[str] = []
-    monkeypatch.setattr(pagecache, "drop_islands", lambda path, segments: dropped.append(path) or 0)
+    monkeypatch.setattr(pagecache, "drop_islands", lambda path, segments, reads=(): dropped.append(path) or 0)
     api.convert(str(tmp_path / "src" / "model.ckpt"), str(tmp_path / "out"), "safetensors", run=RunOptions(workers=1))
     assert filled == names  # the .ckpt's record order, not the safetensors file's sorted one
     assert dropped == [str(tmp_path / "src" / "model.ckpt")]  # its islands first, once
@@ -223,7 +223,7 @@ def test_a_reshard_drops_the_islands_of_every_source_once(tmp_path: Path, monkey
 
     job = make_job(str(tmp_path / "job"))
     dropped: list[str] = []
-    monkeypatch.setattr(pagecache, "drop_islands", lambda path, segments: dropped.append(path) or 0)
+    monkeypatch.setattr(pagecache, "drop_islands", lambda path, segments, reads=(): dropped.append(path) or 0)
     api.transform(job["r8"], str(tmp_path / "four"), job["s8"], job["s4"], run=RunOptions(workers=3))
     sources = sorted(str(p) for p in Path(job["r8"]).glob("rank_*/*.ckpt"))
     assert sorted(dropped) == sources  # all eight, once each
@@ -231,3 +231,62 @@ def test_a_reshard_drops_the_islands_of_every_source_once(tmp_path: Path, monkey
     api.transform(job["r8"], str(tmp_path / "plain"), job["s8"], job["s4"], run=RunOptions(workers=3))
     ours = {k: v for k, v in tree(str(tmp_path / "four")).items() if "manifest" not in k}
     assert ours == {k: v for k, v in tree(str(tmp_path / "plain")).items() if "manifest" not in k}
+
+
+def test_read_ranges_cover_each_sample_and_the_pages_after_it() -> None:
+    reach = pagecache.ISLAND_REACH
+    ((offset, length), probe) = pagecache.read_ranges([(10 * PAGE + 100, 4096)], 10**9)[0]
+    assert offset == 10 * PAGE and offset + length == probe >= 10 * PAGE + 100 + 4096 + reach
+    assert pagecache.read_ranges([(0, 4096)], 4096 + reach) == []  # the probe page past the end
+    assert pagecache.read_ranges([(0, 0)], 10**9) == []
+
+
+def test_the_replica_checks_samples_are_asked_for_at_once_and_dropped_when_cold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its blocks are hinted together before they are read (one round of the disk, not one each),
+    and the pages they left in a cold file are islands the executor drops."""
+    from reshard.sources import replicas
+    from tests.trust_helpers import make_job
+
+    job = make_job(str(tmp_path / "job"))
+    hinted: list[tuple[int, int]] = []
+    real = os.posix_fadvise
+
+    def advise(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_WILLNEED:
+            hinted.append((offset, length))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", advise)
+    api.transform(job["r8"], str(tmp_path / "full"), job["s8"], None)
+    monkeypatch.setattr(os, "posix_fadvise", real)
+    index = read_ckpt(sorted(Path(job["r8"]).glob("rank_0/*.ckpt"))[0])
+    try:
+        sampled = {r for e in index.entries.values() for r in replicas.sampled_ranges(e.segments, e.nbytes)}
+    finally:
+        index.close()
+    assert sampled & set(hinted)  # rank 0's copies: hinted before they were read
+
+    path = tmp_path / "big.ckpt"
+    _ckpt(path, [f"layer{i}.weight" for i in range(4)], rows=512)  # 512 KiB a tensor
+    index = read_ckpt(path)
+    entries = list(index.entries.values())
+    index.close()
+    reads = [r for e in entries for r in replicas.sampled_ranges(e.segments, e.nbytes)]
+    fd = os.open(path, os.O_RDONLY)
+    residency = pagecache.Residency.of(fd)
+    assert residency is not None
+    try:
+        _evict(path)
+        if any(residency.pages(0, residency.size)):
+            pytest.skip("this filesystem keeps its pages (tmpfs): nothing to drop")
+        for offset, length in reads:
+            os.pread(fd, length, offset)  # what the check leaves
+        middle = entries[1].segments[0][0] + entries[1].nbytes // 2
+        assert residency.pages(middle - middle % PAGE, PAGE) == [True]
+        assert pagecache.drop_islands(str(path), [s for e in entries for s in e.segments], reads) > 0
+        assert residency.pages(middle - middle % PAGE, PAGE) == [False]
+    finally:
+        residency.close()
+        os.close(fd)

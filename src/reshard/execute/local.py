@@ -111,16 +111,19 @@ class SourceCache:
                 index.buffer.madvise(mmap.MADV_DONTNEED, start, offset + length - start)
 
     def drop_islands(self, path: str) -> None:
-        """Once per run and source, before it is read: drop the record heads its index left cached
-        in its cold stretches (``pagecache``)."""
+        """Once per run and source, before it is read: drop the record heads its index and the
+        samples the replica check left cached in its cold stretches (``pagecache``)."""
         index = self.get(path)
         with self._lock:
             if not index.file_backed or path in self._islands_dropped:
                 return
             self._islands_dropped.add(path)
-        from reshard.execute import pagecache  # ctypes loads only for a source with gaps (a .ckpt)
+        from reshard.execute import pagecache  # ctypes loads only for a source read in between
+        from reshard.sources.replicas import sampled_ranges
 
-        pagecache.drop_islands(path, (segment for entry in index.entries.values() for segment in entry.segments))
+        entries = index.entries.values()
+        segments = [segment for entry in entries for segment in entry.segments]
+        pagecache.drop_islands(path, segments, [r for e in entries for r in sampled_ranges(e.segments, e.nbytes)])
 
     def fd(self, path: str) -> int | None:
         """A read-only descriptor of a file-backed source, for kernel-side copies (None otherwise)."""

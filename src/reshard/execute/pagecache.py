@@ -1,7 +1,8 @@
-"""Dropping the record heads an index left cached inside a cold source, before the source is read.
+"""Dropping the small reads planning left cached inside a cold source, before the source is read.
 
-Why: indexing a ``.ckpt`` reads one small head per record, all over the file, and on a cold page cache
-each of those reads leaves a page or two cached between the tensors' bytes. The kernel's read-ahead
+Why: indexing a ``.ckpt`` reads one small head per record, all over the file, and the replica check
+reads three 4 KiB samples of every replicated tensor (``sources.replicas``); on a cold page cache each
+of those reads leaves a page or two cached between the tensors' bytes. The kernel's read-ahead
 reads an uncached range in large folios, 4 MiB a request on this machine's disk, but splits its
 requests wherever a page is already cached. The copies that follow read each source mostly in order
 (a merge or a reshard in the output's order, which follows the ranks' own; a convert in the source's,
@@ -9,10 +10,11 @@ requests wherever a page is already cached. The copies that follow read each sou
 instead of ~3.7 MiB, in 0.18 s instead of 0.10 s (docs/benchmarks.md, "Reading the sources in large
 requests"). Dropping those islands first gives the read-ahead whole ranges again; the copy reads the
 heads' pages with them. Cold, medians of 8: a merge of 8 rank files 0.717 -> 0.663 s, a transform
-8 -> 4 0.691 -> 0.616 s (``cp -r`` 0.523 s).
+8 -> 4 0.691 -> 0.616 s (``cp -r`` 0.523 s); the replica check's samples dropped too (medians of 5), a unify
+of 8 safetensors rank files 0.705 -> 0.581 s and a transform of them 0.689 -> 0.561 s.
 
-What is dropped: the pages around a gap between two tensors' bytes (where a head stands), when some
-are cached while a page further into the next tensor is not, i.e. islands in a cold stretch. In a
+What is dropped: the pages around a gap between two tensors' bytes (where a head stands) or a sample
+read, when some are cached while a page further on is not, i.e. islands in a cold stretch. In a
 warm file that page is cached too, and nothing is dropped (eight probe pages spread over the file
 are asked first: when all are cached, the rest is not asked). Which pages are cached, ``mincore``
 says, asked for a few pages at a time on a mapping of the file that is never touched (~2 µs, nothing
@@ -72,6 +74,19 @@ def head_gaps(segments: Iterable[Range], size: int) -> list[tuple[Range, int]]:
     return gaps
 
 
+def read_ranges(ranges: Iterable[Range], size: int) -> list[tuple[Range, int]]:
+    """The page ranges of small reads made inside the tensors' bytes (the replica check's samples),
+    each with its probe page ``ISLAND_REACH`` bytes past its end (as ``head_gaps``). Pure; ranges
+    whose probe page lies past the file's end are left out."""
+    out: list[tuple[Range, int]] = []
+    for offset, length in ranges:
+        first = offset - offset % PAGE
+        probe = -(-(offset + length + ISLAND_REACH) // PAGE) * PAGE
+        if length > 0 and probe + PAGE <= size:
+            out.append(((first, probe - first), probe))
+    return out
+
+
 def islands(gaps: Iterable[tuple[Range, int]], cached: Any) -> list[Range]:
     """The ranges to drop: some page of it cached while its probe page is not (an island in a cold
     stretch). ``cached(offset, length)`` returns one bool per page (``Residency.pages``)."""
@@ -91,16 +106,18 @@ def cold_somewhere(gaps: Sequence[tuple[Range, int]], cached: Any, samples: int 
     return any(cached(gaps[k][1], PAGE) == [False] for k in picks)  # the first and the last gap included
 
 
-def drop_islands(path: str, segments: Iterable[Range]) -> int:
-    """Drop the head islands of the cold stretches of ``path`` from the page cache; the bytes dropped
-    (0 where the page cache cannot be asked). A hint: nothing is read, written or required."""
+def drop_islands(path: str, segments: Iterable[Range], reads: Iterable[Range] = ()) -> int:
+    """Drop the islands of the cold stretches of ``path`` from the page cache: around its record heads
+    (the gaps between ``segments``) and the small ``reads`` made inside them; the bytes dropped (0
+    where the page cache cannot be asked). A hint: nothing is read, written or required."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return 0
     try:
-        gaps = head_gaps(segments, os.fstat(fd).st_size)
-        residency = Residency.of(fd) if gaps else None  # a safetensors file has no gaps: no ctypes
+        size = os.fstat(fd).st_size
+        gaps = sorted(head_gaps(segments, size) + read_ranges(reads, size))
+        residency = Residency.of(fd) if gaps else None  # nothing read in between: no ctypes
         if residency is None:
             return 0
         try:
@@ -199,4 +216,5 @@ __all__ = [
     "drop_islands",
     "head_gaps",
     "islands",
+    "read_ranges",
 ]

@@ -81,6 +81,11 @@ def sample_blocks(nbytes: int) -> tuple[Block, ...]:
     return ((0, SAMPLE_BYTES), (middle, middle + SAMPLE_BYTES), (nbytes - SAMPLE_BYTES, nbytes))
 
 
+def sampled_ranges(segments: tuple[tuple[int, int], ...], nbytes: int) -> list[tuple[int, int]]:
+    """The file byte ranges ``(offset, length)`` the check reads of a tensor stored in ``segments``."""
+    return [piece for block in sample_blocks(nbytes) for piece in _pieces(segments, block)]
+
+
 def check_replicas(
     files: Mapping[int, SourceFile],
     strategy: LayoutTable,
@@ -186,10 +191,25 @@ def _file_samples(
     with open_checkpoint(path, replace(options or ReadOptions(), verify_crc=False)) as index:
         fd = os.open(path, os.O_RDONLY) if index.file_backed else None
         try:
+            if fd is not None:
+                _hint(fd, index, items)
             return [(key, _sample(index, fd, key.name, rank)) for key, rank in items]
         finally:
             if fd is not None:
                 os.close(fd)
+
+
+def _hint(fd: int, index: TensorIndex, items: list[tuple[_Slice, int]]) -> None:
+    """Ask for every block of the file at once (``WILLNEED``), then read them one by one: on a cold
+    cache the reads then wait on one round of the disk, not one round each (the bench's unify of 8
+    rank files, cold: the check took 0.088-0.096 s, now 0.023-0.031 s, before the copy could start)."""
+    for key, _ in items:
+        entry = index.entries.get(key.name)
+        for offset, length in sampled_ranges(entry.segments, entry.nbytes) if entry is not None else ():
+            try:
+                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+            except (OSError, AttributeError):  # a hint: the reads below read all the same
+                return
 
 
 def _sample(index: TensorIndex, fd: int | None, name: str, rank: int) -> _First:
@@ -231,4 +251,10 @@ def _compare(key: _Slice, seen: _First, mine: _First, p: ParamLayout, path: str)
             )
 
 
-__all__ = ["SAMPLE_BYTES", "Sampled", "check_replicas", "sample_blocks"]
+__all__ = [
+    "SAMPLE_BYTES",
+    "Sampled",
+    "check_replicas",
+    "sample_blocks",
+    "sampled_ranges",
+]
