@@ -4,7 +4,6 @@ a head longer than one read, which is parsed from the map."""
 
 from __future__ import annotations
 
-import mmap
 from pathlib import Path
 from typing import Any
 
@@ -12,33 +11,16 @@ import numpy as np
 import pytest
 
 from reshard.formats import ckpt
+from tests.page_helpers import CountingMap
 
 
-class _CountingMap:
-    """A file's map that counts the reads made through it."""
-
-    def __init__(self, inner: mmap.mmap) -> None:
-        self.inner = inner
-        self.reads = 0
-
-    def __getitem__(self, key: Any) -> Any:
-        self.reads += 1
-        return self.inner[key]
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-def _counting(monkeypatch: pytest.MonkeyPatch) -> list[_CountingMap]:
-    maps: list[_CountingMap] = []
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[CountingMap]:
+    maps: list[CountingMap] = []
     real = ckpt.map_file
 
     def map_file(path: Any) -> Any:
         buf, closer, size = real(path)
-        counting = _CountingMap(buf)
+        counting = CountingMap(buf)
         maps.append(counting)
         return counting, closer, size
 

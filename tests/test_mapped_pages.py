@@ -9,7 +9,6 @@ mapped.
 
 from __future__ import annotations
 
-import mmap
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +20,7 @@ from reshard.formats.dcp import data
 from reshard.ops.options import TensorOptions
 from reshard.plan.quantized import Precision
 from tests.lowprec_fixtures import fp8_model
-
-
-class _CountingMap:
-    def __init__(self, inner: mmap.mmap) -> None:
-        self.inner = inner
-        self.reads = 0
-
-    def __getitem__(self, key: Any) -> Any:
-        self.reads += 1
-        return self.inner[key]
-
-    def __len__(self) -> int:
-        return len(self.inner)
+from tests.page_helpers import CountingMap
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +33,12 @@ def fp8_dcp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_dcp_data_file_is_indexed_without_touching_its_map(fp8_dcp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    maps: list[_CountingMap] = []
+    maps: list[CountingMap] = []
     real = data.map_file
 
     def map_file(path: Any) -> Any:
         buf, closer, size = real(path)
-        maps.append(_CountingMap(buf))
+        maps.append(CountingMap(buf))
         return maps[-1], closer, size
 
     monkeypatch.setattr(data, "map_file", map_file)

@@ -12,6 +12,7 @@ import pytest
 from reshard import readahead
 from reshard.cli import _read_ahead, early
 from reshard.cli.parser import build_parser
+from tests.page_helpers import evict
 from tests.test_cli import snapshot
 from tests.trust_helpers import SMALL, make_job
 
@@ -129,12 +130,7 @@ def test_a_file_is_read_in_pieces_after_its_start(tmp_path: Path, monkeypatch: p
 
 
 def _evicted(path: str) -> bool:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    evict(path)
     return not any(_cached(path))
 
 

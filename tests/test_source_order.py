@@ -18,6 +18,7 @@ from reshard.execute import local, pagecache
 from reshard.execute.options import RunOptions
 from reshard.formats.ckpt import read_ckpt, save_ckpt
 from reshard.formats.safetensors import read_safetensors
+from tests.page_helpers import evict
 
 PAGE = pagecache.PAGE
 
@@ -141,15 +142,6 @@ def test_islands_are_cached_gaps_in_cold_stretches_only() -> None:
     assert pagecache.islands(gaps, cached) == []  # nothing cached: nothing to drop
 
 
-def _evict(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def test_drop_islands_drops_the_heads_an_index_cached_in_a_cold_file(tmp_path: Path) -> None:
     path = tmp_path / "model.ckpt"
     _ckpt(path, [f"layer{i}.weight" for i in range(6)], rows=256)  # 256 KiB a tensor
@@ -160,7 +152,7 @@ def test_drop_islands_drops_the_heads_an_index_cached_in_a_cold_file(tmp_path: P
     residency = pagecache.Residency.of(fd)
     assert residency is not None  # this process owns the file: mincore tells the truth
     try:
-        _evict(path)
+        evict(path)
         if any(residency.pages(0, residency.size)):
             pytest.skip("this filesystem keeps its pages (tmpfs): nothing to drop")
         gaps = pagecache.head_gaps(segments, residency.size)
@@ -278,7 +270,7 @@ def test_the_replica_checks_samples_are_asked_for_at_once_and_dropped_when_cold(
     residency = pagecache.Residency.of(fd)
     assert residency is not None
     try:
-        _evict(path)
+        evict(path)
         if any(residency.pages(0, residency.size)):
             pytest.skip("this filesystem keeps its pages (tmpfs): nothing to drop")
         for offset, length in reads:
