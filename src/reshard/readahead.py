@@ -123,12 +123,15 @@ def _each_piece(name: str, left: int, call: Advise, piece_bytes: Callable[[int],
     try:
         stat = os.fstat(fd)
         end = min(stat.st_size, start + left)
-        piece = piece_bytes(stat.st_dev)
-        for offset in range(start, end, piece):
-            call(fd, offset, min(piece, end - offset))
+        _in_pieces(fd, start, end, piece_bytes(stat.st_dev), call)
         return max(0, end - start)
     finally:
         os.close(fd)
+
+
+def _in_pieces(fd: int, start: int, end: int, piece: int, call: Advise) -> None:
+    for offset in range(start, end, piece):
+        call(fd, offset, min(piece, end - offset))
 
 
 class _NullReader:
@@ -140,6 +143,9 @@ class _NullReader:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._close()
+
+    def _close(self) -> None:
         if self._null is not None:
             os.close(self._null)
             self._null = None
@@ -150,15 +156,13 @@ class _NullReader:
             try:
                 sent = os.sendfile(self._null, fd, offset, end - offset)
             except OSError:
-                self.__exit__()  # refused: hint the rest
+                self._close()  # refused: hint the rest
                 break
             if sent <= 0:
                 return  # the file ended
             offset += sent
         if offset < end:
-            piece = hint_bytes(os.fstat(fd).st_dev)
-            for at in range(offset, end, piece):
-                _willneed(fd, at, min(piece, end - at))
+            _in_pieces(fd, offset, end, hint_bytes(os.fstat(fd).st_dev), _willneed)
 
 
 @functools.cache

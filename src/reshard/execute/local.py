@@ -48,7 +48,7 @@ import mmap
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -393,7 +393,7 @@ def run_file(
     layout = byte_layout(file, write)
     by_name = {t.name: t for t in file.tensors}
     work = work_order(layout.order, by_name, plan, sources)
-    for source in sorted({plan.sources[c.source] for t in file.tensors for c in t.copies}):
+    for source in sorted(source_paths(file.tensors, plan)):
         sources.drop_islands(source)  # the kernel then reads it in large requests (``pagecache``)
     encrypted = write.enc_key is not None and fmt.encrypts
     hasher: StreamingDigest | None = None  # follows the file while it is written (plain outputs)
@@ -499,10 +499,15 @@ def work_order(
     return work
 
 
+def source_paths(tensors: Iterable[TensorPlan], plan: Plan) -> set[str]:
+    """The source files the copies of ``tensors`` read."""
+    return {plan.sources[c.source] for t in tensors for c in t.copies}
+
+
 def single_source(order: Sequence[str], by_name: dict[str, TensorPlan], plan: Plan) -> str | None:
     """The one source file every copy of the file reads (a convert: one rank file to one file of
     another format), or None when it reads several, or none."""
-    paths = {plan.sources[c.source] for name in order for c in by_name[name].copies}
+    paths = source_paths((by_name[name] for name in order), plan)
     return paths.pop() if len(paths) == 1 else None
 
 
@@ -685,6 +690,7 @@ __all__ = [
     "run_plan",
     "single_source",
     "source_order",
+    "source_paths",
     "tensor_threads",
     "work_order",
     "write_texts",

@@ -66,10 +66,10 @@ def head_gaps(segments: Iterable[Range], size: int) -> list[tuple[Range, int]]:
             first = None
             continue
         first = gap_start - gap_start % PAGE if first is None else first
-        probe = -(-(gap_end + ISLAND_REACH) // PAGE) * PAGE
-        if probe + PAGE > min(b_offset + b_length, size):
+        island = _island(first, gap_end, min(b_offset + b_length, size))
+        if island is None:
             continue  # the next run is too short to tell by: the range goes on past its next head
-        gaps.append(((first, probe - first), probe))
+        gaps.append(island)
         first = None
     return gaps
 
@@ -78,13 +78,15 @@ def read_ranges(ranges: Iterable[Range], size: int) -> list[tuple[Range, int]]:
     """The page ranges of small reads made inside the tensors' bytes (the replica check's samples),
     each with its probe page ``ISLAND_REACH`` bytes past its end (as ``head_gaps``). Pure; ranges
     whose probe page lies past the file's end are left out."""
-    out: list[tuple[Range, int]] = []
-    for offset, length in ranges:
-        first = offset - offset % PAGE
-        probe = -(-(offset + length + ISLAND_REACH) // PAGE) * PAGE
-        if length > 0 and probe + PAGE <= size:
-            out.append(((first, probe - first), probe))
-    return out
+    found = (_island(offset - offset % PAGE, offset + length, size) for offset, length in ranges if length > 0)
+    return [island for island in found if island is not None]
+
+
+def _island(first: int, end: int, limit: int) -> tuple[Range, int] | None:
+    """The range from page ``first`` to the probe page, the first page boundary ``ISLAND_REACH`` bytes
+    past ``end``, with that page; None when the probe page does not end by ``limit``."""
+    probe = -(-(end + ISLAND_REACH) // PAGE) * PAGE
+    return ((first, probe - first), probe) if probe + PAGE <= limit else None
 
 
 def islands(gaps: Iterable[tuple[Range, int]], cached: Any) -> list[Range]:

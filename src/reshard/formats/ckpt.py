@@ -134,7 +134,7 @@ class _Scanner:
 
     def prefetch(self, pos: int) -> None:
         """Read the record head at ``pos`` to parse it from there (else from the map)."""
-        self.buf, self.base = self.map, 0
+        self.use_map()
         if self.fd is not None:
             try:
                 self.buf, self.base = os.pread(self.fd, RECORD_HEAD_PREFETCH_BYTES, pos), pos
