@@ -28,6 +28,7 @@ from reshard.formats.ckpt import read_ckpt
 from tests.trust_helpers import make_big_job, make_job, run_cli, snapshot, temp_files, tree
 
 KILL_POLL_SECONDS = 0.002
+KILL_DELAY_SECONDS = 0.004  # the most a kill waits after its files are there (random)
 
 
 # ------------------------------------------------------------------------------------ kill -9
@@ -120,12 +121,16 @@ def _new_outputs(dst: str, since_ns: int) -> int:
 
 
 def test_repeated_kills_at_random_moments_then_resume(big: dict[str, Any], tmp_path) -> None:
-    """Kill the first run and several resumed runs, each after a few new files and a random delay."""
+    """Kill the first run and several resumed runs, each after a few new files and a random delay.
+
+    The delay stays within a few milliseconds: this job's 16 outputs are written in ~30 ms once the
+    sources are read in large requests, so a longer one let a run finish before its kill (2 of 5
+    kills landed in one CI run, with delays of up to 30 ms)."""
     dst = str(tmp_path / "out")
     rng = random.Random(5)
     interrupted = 0
     for attempt in range(5):
-        wanted, extra = rng.randint(1, 4), rng.uniform(0.0, 0.03)
+        wanted, extra = rng.randint(1, 4), rng.uniform(0.0, KILL_DELAY_SECONDS)
         since = time.time_ns()
         flags = ["--resume"] if attempt else []
         seen: dict[str, float] = {}
