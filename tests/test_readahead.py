@@ -298,3 +298,57 @@ def test_the_dropin_reads_ahead_its_source(tmp_path: Path, monkeypatch: pytest.M
     ms.transform_checkpoints(job["r8"], str(tmp_path / "r4"), "checkpoint_", job["s8"], job["s4"])
     ms.ckpt_to_safetensors(job["r8"], str(tmp_path / "st"))
     assert started == [[job["r8"]], [job["r8"]]]
+
+
+def test_the_bulk_waits_while_an_index_runs(tmp_path: Path) -> None:
+    """``paused`` holds the bulk between two of its reads (the heads are hinted all the same), and
+    the reads go on once the last holder leaves."""
+    import threading
+
+    name = _write(tmp_path / "x.ckpt", 3 * readahead.HEAD_BYTES)
+    hints: list[int] = []
+    reads: list[int] = []
+    with readahead.paused():
+        with readahead.paused():  # two indexes at once: the bulk waits for both
+            worker = threading.Thread(
+                target=readahead.hint,
+                args=([name], readahead.BUDGET, lambda fd, o, n: hints.append(o), lambda fd, o, n: reads.append(o)),
+            )
+            worker.start()
+            worker.join(0.1)
+            assert hints == [0] and reads == []
+        worker.join(0.05)
+        assert reads == []
+    worker.join(5)
+    assert reads == [readahead.HEAD_BYTES]
+
+
+def test_stop_ends_the_bulk_of_a_read_ahead_under_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    monkeypatch.setattr(readahead, "READ_BYTES", 1024**2)
+    name = _write(tmp_path / "x.ckpt", 4 * 1024**2)
+    first, go_on = threading.Event(), threading.Event()
+    reads: list[int] = []
+    ended: list[str] = []
+
+    def read(fd: int, offset: int, length: int) -> None:
+        reads.append(offset)
+        first.set()
+        go_on.wait(5)
+
+    def bulk() -> None:
+        try:
+            readahead.hint([name], readahead.BUDGET, lambda fd, o, n: None, read)
+            ended.append("finished")
+        except Exception as exc:  # what the read-ahead's thread swallows: it ends there
+            ended.append(type(exc).__name__)
+
+    worker = threading.Thread(target=bulk)
+    worker.start()
+    assert first.wait(5)
+    readahead.stop()  # the executor's own read-ahead takes over
+    go_on.set()
+    worker.join(5)
+    assert reads == [readahead.HEAD_BYTES]  # the read under way finished; no other began
+    assert ended == ["_Stopped"]

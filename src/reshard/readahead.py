@@ -24,9 +24,17 @@ How, and why it is safe:
   s, unify 0.742 -> 0.705 s; in the trial before (8 MiB calls), split 0.677 -> 0.652 s, convert
   0.567 -> 0.525 s, transform of safetensors 0.715 -> 0.679 s (docs/benchmarks.md, "Reading the
   sources in large requests").
-* Bounded: 256 MiB measured best on the merge (128 / 256 / 384 MiB: 0.674 / 0.655 / 0.683 s);
-  each source path gets an equal share. Reading the files' first pieces in turn instead of file by
-  file was slower (0.666 s).
+* Bounded, and ended early: the bulk stops when the executor starts reading in the copy's own
+  order (``stop``, when ``execute.prefetch`` starts), so a larger budget only reads on while the run
+  plans. While the bulk ran on into the copy, 256 MiB measured best (128 / 256 / 384 MiB: 0.674 /
+  0.655 / 0.683 s; 1 GiB 0.83 s, its reads and the copy's competing); since it stops there, 256 /
+  512 / 1024 MiB all gave a cold merge 0.57-0.58 s, and 512 MiB keeps a slow plan of a large model
+  from filling the page cache in an order the copy may not want. Each source path gets an equal
+  share. Reading the files' first pieces in turn instead of file by file was slower (0.666 s).
+* The bulk makes way for an index (``paused``): a ``.ckpt`` index reads one small record head
+  after another, and each of those reads queued behind the bulk's 4 MiB requests. A cold index of
+  8 rank files took 32 ms alone and 130-160 ms beside the bulk, on the run's critical path; so
+  ``sources.files.indexed`` holds the bulk between two of its reads while it indexes.
 * Where ``sendfile`` cannot write to ``/dev/null`` (not Linux), the rest is hinted as before:
   in pieces of what the device reads in one go, since Linux caps each ``WILLNEED`` call at the
   larger of the device's read-ahead window and its largest request (``read_ahead_kb``,
@@ -48,7 +56,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 
-BUDGET = 256 * 1024**2  # bytes read ahead in all
+BUDGET = 512 * 1024**2  # bytes read ahead in all
 HEAD_BYTES = 256 * 1024  # the start of every file, hinted before any file whole: where its header is
 READ_BYTES = 32 * 1024**2  # one sendfile call into /dev/null
 HINT_BYTES = 16 * 1024**2  # the most one fadvise call asks for
@@ -57,6 +65,11 @@ SYSFS_BLOCK = "/sys/dev/block"  # <major>:<minor> -> the device (a partition's q
 SUFFIXES = (".ckpt", ".safetensors", ".distcp")
 MAX_DEPTH = 3  # a source folder's files: rank_<r>/x.ckpt, a Checkpoint 2.0's iteration/rank_<r>/x
 _DIGITS = re.compile(r"(\d+)")
+_BULK_MAY_READ = threading.Event()  # cleared while an index runs (``paused``)
+_BULK_MAY_READ.set()
+_pausers = 0  # indexes running now
+_pausers_lock = threading.Lock()
+_generation = 0  # ``stop`` ends the bulk of every read-ahead started before it
 Advise = Callable[[int, int, int], None]  # (fd, offset, length)
 Read = Callable[[int, int, int], None]  # (fd, offset, length): bring those bytes into the page cache
 
@@ -70,7 +83,8 @@ def start(paths: Iterable[str | os.PathLike[str] | None], budget: int = BUDGET) 
     given = [os.fspath(p) for p in paths if p]
     if not given or budget <= 0 or not hasattr(os, "posix_fadvise"):
         return None
-    thread = threading.Thread(target=_hint_quietly, args=(given, budget), name="reshard-readahead", daemon=True)
+    args = (given, budget, _generation)  # a ``stop`` from here on ends this one's bulk
+    thread = threading.Thread(target=_hint_quietly, args=args, name="reshard-readahead", daemon=True)
     thread.start()
     return thread
 
@@ -82,7 +96,9 @@ def checkpoint_files(path: str) -> list[str]:
     return sorted(_walk(path, MAX_DEPTH), key=_natural)
 
 
-def hint(paths: list[str], budget: int, advise: Advise | None = None, read: Read | None = None) -> int:
+def hint(
+    paths: list[str], budget: int, advise: Advise | None = None, read: Read | None = None, generation: int | None = None
+) -> int:
     """Read the sources ahead; returns the bytes asked for. Each path gets an equal share of
     ``budget``: first the start of each of its files is hinted (``advise(fd, offset, length)``,
     default ``posix_fadvise(WILLNEED)``, ``HEAD_BYTES`` each), then the files are read whole in turn
@@ -93,7 +109,8 @@ def hint(paths: list[str], budget: int, advise: Advise | None = None, read: Read
     total = 0
     with contextlib.ExitStack() as stack:
         if read is None:
-            read = stack.enter_context(_NullReader())
+            read = stack.enter_context(NullReader())
+        bulk = _when_unpaused(read, _generation if generation is None else generation)
         for path in paths:
             names = checkpoint_files(path)
             left = share
@@ -106,14 +123,53 @@ def hint(paths: list[str], budget: int, advise: Advise | None = None, read: Read
             for name in names:
                 if left <= 0 or name not in heads:
                     break
-                left -= _each_piece(name, left, read, lambda device: READ_BYTES, start=heads[name])
+                left -= _each_piece(name, left, bulk, lambda device: READ_BYTES, start=heads[name])
             total += share - left
     return total
 
 
-def _hint_quietly(paths: list[str], budget: int) -> None:
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Hold the bulk reads while the caller's small reads go first (they resume when the last
+    holder leaves). The read under way finishes first: at most ``READ_BYTES``."""
+    global _pausers
+    with _pausers_lock:
+        _pausers += 1
+        _BULK_MAY_READ.clear()
+    try:
+        yield
+    finally:
+        with _pausers_lock:
+            _pausers -= 1
+            if not _pausers:
+                _BULK_MAY_READ.set()
+
+
+def stop() -> None:
+    """End the bulk of the read-ahead under way (its read in progress finishes first): the executor's
+    own read-ahead (``execute.prefetch``) reads in the copy's order from here on."""
+    global _generation
+    with _pausers_lock:
+        _generation += 1
+
+
+class _Stopped(Exception):
+    """The bulk was ended by ``stop``."""
+
+
+def _when_unpaused(read: Read, generation: int) -> Read:
+    def read_when_unpaused(fd: int, offset: int, length: int) -> None:
+        _BULK_MAY_READ.wait()
+        if _generation != generation:
+            raise _Stopped
+        read(fd, offset, length)
+
+    return read_when_unpaused
+
+
+def _hint_quietly(paths: list[str], budget: int, generation: int) -> None:
     with contextlib.suppress(Exception):  # a hint: the run reads what it needs either way
-        hint(paths, budget)
+        hint(paths, budget, generation=generation)
 
 
 def _each_piece(name: str, left: int, call: Advise, piece_bytes: Callable[[int], int], start: int = 0) -> int:
@@ -134,11 +190,11 @@ def _in_pieces(fd: int, start: int, end: int, piece: int, call: Advise) -> None:
         call(fd, offset, min(piece, end - offset))
 
 
-class _NullReader:
+class NullReader:
     """Reads file pieces into the page cache by ``sendfile`` into ``/dev/null``; where that is refused
     (not Linux), hints them instead, in the device's pieces."""
 
-    def __enter__(self) -> _NullReader:
+    def __enter__(self) -> NullReader:
         self._null: int | None = os.open(os.devnull, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
         return self
 
@@ -214,8 +270,11 @@ __all__ = [
     "READ_BYTES",
     "SUFFIXES",
     "SYSFS_BLOCK",
+    "NullReader",
     "checkpoint_files",
     "hint",
     "hint_bytes",
+    "paused",
     "start",
+    "stop",
 ]

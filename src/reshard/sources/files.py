@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from reshard import readahead
 from reshard.errors import UsageError
 from reshard.formats import registry
 from reshard.formats.base import TensorIndex
@@ -110,10 +111,11 @@ def indexed(files: Sequence[tuple[str, int]], options: ReadOptions | None) -> li
     rank files indexed them one after another in 0.125 s, a quarter of ``cp``'s whole copy of them.
     Errors are raised in the files' order, as a sequential scan would.
     """
-    if len(files) <= 1:
-        return [source_file(path, rank, options) for path, rank in files]
-    with ThreadPoolExecutor(min(INDEX_THREADS, len(files)), thread_name_prefix="reshard-index") as pool:
-        return list(pool.map(lambda f: source_file(f[0], f[1], options), files))
+    with readahead.paused():  # the start-up read-ahead's bulk waits: these small reads go first
+        if len(files) <= 1:
+            return [source_file(path, rank, options) for path, rank in files]
+        with ThreadPoolExecutor(min(INDEX_THREADS, len(files)), thread_name_prefix="reshard-index") as pool:
+            return list(pool.map(lambda f: source_file(f[0], f[1], options), files))
 
 
 __all__ = ["INDEX_THREADS", "has_crc_trailer", "indexed", "open_checkpoint", "source_file", "source_files"]
