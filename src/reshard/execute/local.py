@@ -53,10 +53,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from reshard import interrupts
-from reshard.execute import kernelcopy
+from reshard import interrupts, readahead
+from reshard.execute import kernelcopy, prefetch
 from reshard.execute.digest import StreamingDigest, hash_pool
 from reshard.execute.options import RunOptions, WriteOptions
+from reshard.execute.prefetch import Prefetcher
 from reshard.formats import base, registry
 from reshard.formats.base import ByteLayout, TensorIndex, TensorSpec, pwrite_all
 from reshard.plan import FilePlan, Plan, TensorPlan
@@ -398,9 +399,13 @@ def run_file(
     encrypted = write.enc_key is not None and fmt.encrypts
     hasher: StreamingDigest | None = None  # follows the file while it is written (plain outputs)
     checksum: str | None = None
+    position = {name: k for k, name in enumerate(work)}
+    ahead = _prefetcher(work, by_name, plan, sources)  # reads the sources in the copy's order
 
     def one(out: _Output, lay: ByteLayout, name: str) -> None:
         interrupts.check()  # no lock is held here: the main thread raises a deferred signal
+        if ahead is not None:
+            ahead.take(position[name])  # returns once its bytes are in the page cache (or the file is given up)
         if stop.is_set() or interrupts.requested():
             raise Cancelled(file.path)
         t = by_name[name]
@@ -424,6 +429,8 @@ def run_file(
                         future.result()
                 except BaseException:  # a failed tensor or Ctrl-C: the queued tensors give up at once
                     stop.set()
+                    if ahead is not None:
+                        ahead.close()  # and so do those waiting for their bytes
                     raise
         else:
             for name in work:
@@ -456,14 +463,44 @@ def run_file(
         if hasher is not None:  # the trailer is in the file now: hash up to its real end
             checksum = hasher.result(os.fstat(fd).st_size)
 
-    if encrypted:  # plaintext temp file, then records
-        assert write.enc_key is not None
-        fmt.write_encrypted(file.path, layout, fill, write.enc_key, write.enc_mode)
-    else:
-        base.write_file(file.path, layout, fill, finish)
+    try:
+        if encrypted:  # plaintext temp file, then records
+            assert write.enc_key is not None
+            fmt.write_encrypted(file.path, layout, fill, write.enc_key, write.enc_mode)
+        else:
+            base.write_file(file.path, layout, fill, finish)
+    finally:
+        if ahead is not None:
+            ahead.close()
     if run.on_file_written is not None:
         run.on_file_written(file, checksum)
     return checksum
+
+
+def _prefetcher(
+    work: Sequence[str], by_name: dict[str, TensorPlan], plan: Plan, sources: SourceCache
+) -> Prefetcher | None:
+    """A started ``Prefetcher`` of the file's sources in work order, or None where it cannot say
+    which file bytes a tensor reads (a source that is not a plain file, tensors computed while
+    copying)."""
+    if plan.quantized:
+        return None
+
+    def entry_of(path: str, tensor: str) -> tuple[tuple[base.Segment, ...], tuple[int, ...]] | None:
+        index = sources.get(path)
+        entry = index.entries.get(tensor) if index.file_backed else None
+        return (entry.segments, entry.shape) if entry is not None else None
+
+    reads = []
+    for name in work:
+        ranges = prefetch.tensor_reads(by_name[name], plan, entry_of)
+        if ranges is None:
+            return None
+        reads.append(ranges)
+    if not any(reads):
+        return None
+    readahead.stop()  # the start-up read-ahead read in file order: from here on, the copy's order
+    return Prefetcher(reads).start()
 
 
 def work_order(
