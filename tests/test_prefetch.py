@@ -53,7 +53,7 @@ def test_a_tensor_reads_its_boxes_through_the_segments_neighbours_merged() -> No
     t = TensorPlan("w", f32, (4, 4), (rows, cols), 64)
     segments = {"a": ((1000, 40), (2000, 24)), "b": ((5000, 64),)}  # "a" stored in two pieces
     plan = Plan("transform", ("a", "b"), ())
-    reads = prefetch.tensor_reads(t, plan, lambda path, name: (segments[path], (4, 4)))
+    reads = prefetch.tensor_reads(t, plan, lambda path, name: (segments[path], (4, 4), 4))
     assert reads == [("a", 1032, 8), ("a", 2000, 24), ("b", 5004, 56)]
     assert prefetch.tensor_reads(t, plan, lambda path, name: None) is None  # not a plain file: nothing
     assert prefetch.merged([("a", 0, 10), ("a", 10, 5), ("a", 4, 2), ("b", 15, 1), ("a", 16, 1)]) == [
@@ -197,3 +197,43 @@ def test_a_reshard_reads_ahead_every_byte_it_copies_and_writes_the_same_files(
     api.transform(job["r8"], str(tmp_path / "plain"), job["s8"], None, run=RunOptions(workers=3))
     ours = {k: v for k, v in tree(str(tmp_path / "full")).items() if "manifest" not in k}
     assert ours == {k: v for k, v in tree(str(tmp_path / "plain")).items() if "manifest" not in k}
+
+
+@pytest.mark.parametrize("mode", ["dequantize", "quantize"])
+def test_computed_tensors_read_their_stored_weights_and_scales_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """``--dequantize`` reads each FP8 weight and its scale ahead, ``--quantize`` each bf16 weight (both
+    passes of it: its values and its scale tensor); the outputs are the bytes of a run without it."""
+    from reshard.plan.quantized import Precision
+    from tests.lowprec_fixtures import bf16_model, fp8_model
+
+    source = fp8_model(tmp_path / "fp8") if mode == "dequantize" else bf16_model(tmp_path / "bf16")
+    precision = Precision(dequantize="bf16") if mode == "dequantize" else Precision(quantize="fp8-block")
+    made: list[prefetch.Prefetcher] = []
+    real_prefetcher = prefetch.Prefetcher
+
+    def recording(*args: object, **kwargs: object) -> prefetch.Prefetcher:
+        made.append(real_prefetcher(*args, **kwargs))  # type: ignore[arg-type]
+        return made[-1]
+
+    def run(out: str) -> bytes:
+        api.transform(
+            str(source),
+            str(tmp_path / out),
+            output=api.OutputSpec(format="hf"),
+            tensors=api.TensorOptions(precision=precision),
+            run=RunOptions(workers=2),
+        )
+        return (tmp_path / out / "model.safetensors").read_bytes()
+
+    monkeypatch.setattr(local, "Prefetcher", recording)
+    ahead = run("ahead")
+    assert len(made) == 1
+    files = {path for ranges in made[0]._reads for path, _, _ in ranges}
+    assert files == {str(source / "model.safetensors")}
+    read = sum(length for ranges in made[0]._reads for _, _, length in ranges)
+    stored = (source / "model.safetensors").stat().st_size
+    assert stored * 0.9 < read <= 2 * stored  # every weight (twice over for --quantize's pairs), no more
+    monkeypatch.setattr(local, "_prefetcher", lambda *args: None)
+    assert ahead == run("plain")

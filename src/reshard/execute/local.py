@@ -481,15 +481,13 @@ def _prefetcher(
     work: Sequence[str], by_name: dict[str, TensorPlan], plan: Plan, sources: SourceCache
 ) -> Prefetcher | None:
     """A started ``Prefetcher`` of the file's sources in work order, or None where it cannot say
-    which file bytes a tensor reads (a source that is not a plain file, tensors computed while
-    copying)."""
-    if plan.quantized:
-        return None
+    which file bytes a tensor reads (a source that is not a plain file, a weight assembled from
+    chunks)."""
 
-    def entry_of(path: str, tensor: str) -> tuple[tuple[base.Segment, ...], tuple[int, ...]] | None:
+    def entry_of(path: str, tensor: str) -> tuple[tuple[base.Segment, ...], tuple[int, ...], int] | None:
         index = sources.get(path)
         entry = index.entries.get(tensor) if index.file_backed else None
-        return (entry.segments, entry.shape) if entry is not None else None
+        return (entry.segments, entry.shape, entry.dtype.itemsize) if entry is not None else None
 
     reads = []
     for name in work:

@@ -36,15 +36,17 @@ from collections.abc import Callable, Iterable, Sequence
 
 from reshard.formats.base import Segment, segment_pieces
 from reshard.plan import Copy, Plan, TensorPlan
+from reshard.plan.quantized import FP8_BLOCK, QUANTIZE
 from reshard.readahead import NullReader
 
 WINDOW_BYTES = 256 * 1024**2  # read at most this far ahead of the copy threads
 PIECE_BYTES = 32 * 1024**2  # one read call: ``close`` waits for at most one
 FileRange = tuple[str, int, int]  # (source path, file offset, length)
-# (source path, tensor name) -> the tensor's segments in the file and its shape, or None when the
-# source is not a plain file (decrypted plaintext, computed tensors): nothing to read ahead there
 ReadRange = Callable[[str, int, int], None]  # bring (path, offset, length) into the page cache
-EntryOf = Callable[[str, str], tuple[tuple[Segment, ...], tuple[int, ...]] | None]
+# (source path, stored tensor name) -> its segments in the file, its shape and its item size, or None
+# when the source is not a plain file (decrypted plaintext): nothing to read ahead there
+EntryOf = Callable[[str, str], tuple[tuple[Segment, ...], tuple[int, ...], int] | None]
+SAME_SHAPE = (FP8_BLOCK, QUANTIZE)  # computed tensors whose boxes are boxes of their stored weight
 
 
 def box_extent(c: Copy, shape: tuple[int, ...], itemsize: int) -> tuple[int, int]:
@@ -64,16 +66,31 @@ def box_extent(c: Copy, shape: tuple[int, ...], itemsize: int) -> tuple[int, int
 
 def tensor_reads(t: TensorPlan, plan: Plan, entry_of: EntryOf) -> list[FileRange] | None:
     """The file ranges tensor ``t``'s copies read, adjacent ones merged (None: a source that is not
-    a plain file, or a tensor computed while copying)."""
+    a plain file, or a tensor computed from an assembled weight).
+
+    A box is measured in its source's own items (a cast reads other bytes than it writes). A tensor
+    computed while copying (``--dequantize``, ``--quantize``) reads its stored weight: the box's rows
+    where the computed tensor has the weight's shape (FP8 blocks, their quantized values), the whole
+    weight otherwise (a quantized weight's scales, MXFP4's unpacked values), and its scale tensor whole.
+    """
     ranges: list[FileRange] = []
     for c in t.copies:
         path = plan.sources[c.source]
-        entry = entry_of(path, c.tensor)
-        if entry is None:
+        q = plan.quantized_by_copy.get((path, c.tensor)) if plan.quantized else None
+        stored = entry_of(path, c.tensor if q is None else q.weight)
+        if stored is None or (q is not None and (q.assembled is not None or q.scale_assembled is not None)):
             return None
-        segments, shape = entry
-        start, length = box_extent(c, c.src_view or shape, t.dtype.itemsize)
-        ranges.extend((path, offset, n) for offset, n in segment_pieces(segments, start, length))
+        segments, shape, itemsize = stored
+        if q is None or q.kind in SAME_SHAPE:
+            start, length = box_extent(c, c.src_view or shape, itemsize)
+            ranges.extend((path, offset, n) for offset, n in segment_pieces(segments, start, length))
+        else:
+            ranges.extend((path, offset, n) for offset, n in segments)
+        if q is not None and q.target is not None:  # dequantized: its block scales too
+            scale = entry_of(q.scale_path, q.scale)
+            if scale is None:
+                return None
+            ranges.extend((q.scale_path, offset, n) for offset, n in scale[0])
     return merged(ranges)
 
 
@@ -194,6 +211,7 @@ class _SendfileReader:
 
 __all__ = [
     "PIECE_BYTES",
+    "SAME_SHAPE",
     "WINDOW_BYTES",
     "EntryOf",
     "FileRange",
