@@ -534,3 +534,35 @@ def test_mindformers_tool_flags_refuse_dequantize(model: Path, tmp_path: Path) -
         "transform", "--src_checkpoint", str(model), "--dst_checkpoint_dir", str(tmp_path / "o"), "--dequantize", "bf16"
     )
     assert proc.returncode == 2 and "--dequantize does not combine" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "change"), [("--quantize", "fp8-block", "adds"), ("--dequantize", "bf16", "drops")]
+)
+def test_without_hf_config_the_note_names_the_sources_config(
+    tmp_path: Path, flag: str, value: str, change: str
+) -> None:
+    """No config.json is invented; the note gives the flag that copies the source's own, and what it becomes."""
+    src = bf16_model(tmp_path / "bf16") if flag == "--quantize" else fp8_model(tmp_path / "fp8")
+    out = tmp_path / "out"
+    proc = run_cli("transform", "--src", str(src), "--dst", str(out), "--hf", flag, value)
+    assert proc.returncode == 0, proc.stderr
+    assert not (out / "config.json").exists()
+    assert (
+        f"give --hf-config {src / 'config.json'} to copy it in; {flag} {change} its quantization_config" in proc.stderr
+    )
+    again = run_cli(
+        "transform",
+        "--src",
+        str(src),
+        "--dst",
+        str(tmp_path / "with"),
+        "--hf",
+        flag,
+        value,
+        "--hf-config",
+        str(src / "config.json"),
+    )
+    assert again.returncode == 0 and "no config.json" not in again.stderr
+    has = "quantization_config" in json.loads((tmp_path / "with" / "config.json").read_text())
+    assert has == (flag == "--quantize")

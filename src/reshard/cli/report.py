@@ -156,10 +156,26 @@ def _missing_config_note(report: Report, how: Printing) -> None:
         say_notes(
             [
                 f"no config.json in {folder}: transformers' from_pretrained needs the model's config.json beside "
-                "the shards (give --hf-config FILE to copy it in)"
+                f"the shards (give --hf-config {_source_config(report) or 'FILE'} to copy it in{_config_change(how)})"
             ],
             how.quiet,
         )
+
+
+def _source_config(report: Report) -> str | None:
+    """The config.json beside the run's first source file, when there is one (a Hugging Face folder's)."""
+    if not report.plan.sources:
+        return None
+    beside = os.path.join(os.path.dirname(report.plan.sources[0]), "config.json")
+    return beside if os.path.isfile(beside) else None
+
+
+def _config_change(how: Printing) -> str:
+    if how.tensors.quantize is not None:
+        return "; --quantize adds its quantization_config"
+    if how.tensors.dequantize is not None:
+        return "; --dequantize drops its quantization_config"
+    return ""
 
 
 def _print_names(names: NameReport | None, how: Printing) -> None:
