@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -280,12 +281,27 @@ def test_the_command_reads_ahead_once_from_its_words_else_after_parsing(
 
     job = make_job(str(tmp_path / "job"), SMALL)
     started: list[list[str]] = []
-    monkeypatch.setattr(cli.readahead, "start", lambda paths: started.append(list(paths)))
+    small: list[list[str]] = []
+
+    def start(paths: list[str], small_files: tuple[str, ...] = ()) -> None:
+        started.append(list(paths))
+        small.append(list(small_files))
+
+    monkeypatch.setattr(cli.readahead, "start", lambda paths, small=(): start(paths, small))
     assert cli.main(["convert", job["r8"], str(tmp_path / "a"), "--to", "safetensors", "-q"]) == 0
     assert started == [[job["r8"]]]  # from the words, before the parser was built; not again
     started.clear()
     assert cli.main(["convert", "--to", "safetensors", "-q", job["r8"], str(tmp_path / "b")]) == 0
     assert started == [[], [job["r8"]]]  # nothing sure in the words: after parsing
+    started.clear()
+    small.clear()
+    argv = ["transform", job["r8"], str(tmp_path / "c"), "--src-strategy", job["s8"], "--dst-strategy", job["s4"]]
+    assert cli.main([*argv, "-q"]) == 0
+    assert started == [[job["r8"]]] and small == [[job["s8"], job["s4"]]]  # the strategies first, whole
+    started.clear()
+    small.clear()
+    assert cli.main(["unify", "-q", "--src-strategy", job["s8"], job["r8st"], str(tmp_path / "d")]) == 0
+    assert started == [[], [job["r8st"]]] and small == [[], [job["s8"]]]  # after parsing: from the arguments
 
 
 def test_the_dropin_reads_ahead_its_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -293,11 +309,12 @@ def test_the_dropin_reads_ahead_its_source(tmp_path: Path, monkeypatch: pytest.M
     from reshard.mindspore import dropin
 
     job = make_job(str(tmp_path / "job"), SMALL)
-    started: list[list[str]] = []
-    monkeypatch.setattr(dropin.readahead, "start", lambda paths: started.append(list(paths)))
+    started: list[tuple[list[str], list[str]]] = []
+    monkeypatch.setattr(dropin.readahead, "start", lambda paths, small=(): started.append((list(paths), list(small))))
     ms.transform_checkpoints(job["r8"], str(tmp_path / "r4"), "checkpoint_", job["s8"], job["s4"])
     ms.ckpt_to_safetensors(job["r8"], str(tmp_path / "st"))
-    assert started == [[job["r8"]], [job["r8"]]]
+    ms.unified_safetensors(job["r8st"], job["s8"], str(tmp_path / "unified"))
+    assert started == [([job["r8"]], [job["s8"], job["s4"]]), ([job["r8"]], []), ([job["r8st"]], [job["s8"]])]
 
 
 def test_the_bulk_waits_while_an_index_runs(tmp_path: Path) -> None:
@@ -352,3 +369,63 @@ def test_stop_ends_the_bulk_of_a_read_ahead_under_way(tmp_path: Path, monkeypatc
     worker.join(5)
     assert reads == [readahead.HEAD_BYTES]  # the read under way finished; no other began
     assert ended == ["_Stopped"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["transform", "SRC", "DST", "--src-strategy", "a", "--dst-strategy=b"], ["a", "b"]),
+        (["unify", "SRC", "DST", "--src-strategy", "a"], ["a"]),
+        (["split", "SRC", "DST", "--dst-strategy", "b"], ["b"]),
+        (["transform", "SRC", "DST", "--src-strategy", "--dst-strategy", "b"], ["b"]),  # no value: nothing
+        (["transform", "SRC", "DST", "--src-strat", "a"], []),  # abbreviated: after parsing
+        (["transform", "SRC", "DST", "--src-strategy", "a", "--ranks", "0"], []),
+        (["inspect", "SRC", "--src-strategy", "a"], []),
+    ],
+)
+def test_the_words_name_the_strategies_read_whole(argv: list[str], named: list[str]) -> None:
+    assert early.strategies(argv) == named
+
+
+def test_strategy_files_are_hinted_whole_before_any_source(tmp_path: Path) -> None:
+    source = _write(tmp_path / "rank_0" / "x.ckpt", 2 * readahead.HEAD_BYTES)
+    strategy = _write(tmp_path / "s.ckpt", 3000)
+    stages = tmp_path / "stages"
+    for k in (10, 2):
+        _write(stages / f"stage_{k}.ckpt", 100)
+    calls: list[tuple[str, int, int]] = []
+
+    def advise(fd: int, offset: int, length: int) -> None:
+        calls.append((os.path.basename(os.readlink(f"/proc/self/fd/{fd}")), offset, length))
+
+    readahead.hint([str(tmp_path / "rank_0")], readahead.BUDGET, advise, advise, small=[strategy, str(stages)])
+    assert calls[:4] == [
+        ("s.ckpt", 0, 3000),
+        ("stage_2.ckpt", 0, 100),
+        ("stage_10.ckpt", 0, 100),
+        ("x.ckpt", 0, readahead.HEAD_BYTES),
+    ]
+    assert readahead.small_files([str(tmp_path / "missing"), source]) == [source]
+
+
+def test_an_index_and_the_replica_check_hold_the_bulk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Their small reads go first: both take ``paused`` while they read (a merge of 8 rank files)."""
+    import contextlib
+
+    from reshard import api
+
+    job = make_job(str(tmp_path / "job"), SMALL)
+    held: list[str] = []
+    real = readahead.paused
+
+    @contextlib.contextmanager
+    def recording() -> Iterator[None]:
+        import traceback
+
+        held.append(traceback.extract_stack()[-3].name)
+        with real():
+            yield
+
+    monkeypatch.setattr(readahead, "paused", recording)
+    api.transform(job["r8"], str(tmp_path / "full"), job["s8"], None)
+    assert "indexed" in held and "check_replicas" in held

@@ -60,7 +60,7 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"reshard {__version__}")
         return 0
     named = early.sources(words)  # the disk reads the sources while the parser is built (cli.early)
-    readahead.start(named)
+    readahead.start(named, small=early.strategies(words) if named else ())
     from reshard.cli import help as cli_help
     from reshard.cli.flags import print_renamed
     from reshard.cli.parser import build_parser
@@ -70,7 +70,7 @@ def _main(argv: Sequence[str] | None) -> int:
     interrupts.reached("parse")
     args = parser.parse_args(words)
     if (reads := _read_ahead(args)) != named:  # the words were not what they seemed: read what is read
-        readahead.start(reads)  # the disk reads the sources while the run imports and plans
+        readahead.start(reads, small=_strategies(args))  # the disk reads the sources while the run imports and plans
     try:
         args.started = time.monotonic()
         print_renamed(args, args.quiet)
@@ -101,6 +101,15 @@ def _read_ahead(args: argparse.Namespace) -> list[str]:
     if getattr(args, "ranks", None) or getattr(args, "executor", None) == "ray":
         return []
     return [value for name in getattr(args, "reads", ()) if isinstance(value := getattr(args, name, None), str)]
+
+
+def _strategies(args: argparse.Namespace) -> list[str]:
+    """The strategy paths the parsed command names (read whole by its planner)."""
+    return [
+        value
+        for name in ("src_strategy", "dst_strategy", "strategy")
+        if isinstance(value := getattr(args, name, None), str)
+    ]
 
 
 def _run(args: object) -> object:

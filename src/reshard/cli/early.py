@@ -28,6 +28,7 @@ from collections.abc import Sequence
 # command -> how many leading positional arguments are sources
 POSITIONAL_SOURCES = {"transform": 1, "unify": 1, "split": 1, "convert": 1, "verify": 2}
 SOURCE_FLAG = {"transform": "--src"}  # the commands whose source also has a flag
+STRATEGY_FLAGS = ("--src-strategy", "--dst-strategy")
 # Flags that make a run read ahead nothing, or not the whole source (see reshard.cli._read_ahead), also
 # as argparse's abbreviations (``--execu ray``); MindFormers' ``--rank_id`` too.
 NO_READ_AHEAD = ("--ranks", "--rank_id", "--executor", "--help")
@@ -54,6 +55,21 @@ def sources(words: Sequence[str]) -> list[str]:
     return leading
 
 
+def strategies(words: Sequence[str]) -> list[str]:
+    """The strategy paths ``words`` name with ``--src-strategy`` / ``--dst-strategy`` (or ``=``) for a
+    command that reads its sources whole: the planner reads each in one go, so they are read ahead
+    first (``readahead.start``'s ``small``)."""
+    if not words or words[0] not in POSITIONAL_SOURCES or any(_stops(word) for word in words[1:]):
+        return []
+    args = list(words[1:])
+    return [
+        value
+        for flag in STRATEGY_FLAGS
+        for i, word in enumerate(args)
+        if (word == flag or word.startswith(flag + "=")) and (value := _flag_value(args, i, flag))
+    ]
+
+
 def _stops(word: str) -> bool:
     """Whether ``word`` is (an abbreviation of) a flag that stops reading ahead."""
     name = word.split("=", 1)[0]
@@ -68,4 +84,4 @@ def _flag_value(args: list[str], i: int, flag: str) -> str:
     return args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("-") else ""
 
 
-__all__ = ["NO_READ_AHEAD", "POSITIONAL_SOURCES", "SOURCE_FLAG", "sources"]
+__all__ = ["NO_READ_AHEAD", "POSITIONAL_SOURCES", "SOURCE_FLAG", "STRATEGY_FLAGS", "sources", "strategies"]
