@@ -113,13 +113,21 @@ def test_tensors_are_read_in_work_order_and_no_further_than_the_window() -> None
     assert _wait_for(lambda: reader.left == 1) and reader.entered == 1
 
 
-def test_a_copy_thread_waits_for_its_tensor_then_finds_it_read() -> None:
+def _taking_behind_a_closed_gate(
+    reads: list[list[tuple[str, int, int]]],
+) -> tuple[_Reader, prefetch.Prefetcher, threading.Thread, threading.Event]:
+    """A prefetcher whose reader waits at its gate, and a copy thread taking the second tensor."""
     reader = _Reader()
     reader.gate.clear()
-    ahead = prefetch.Prefetcher([[("f", 0, 10)], [("f", 10, 10)]], reader=reader).start()
+    ahead = prefetch.Prefetcher(reads, reader=reader).start()
     taken = threading.Event()
     waiter = threading.Thread(target=lambda: (ahead.take(1), taken.set()))
     waiter.start()
+    return reader, ahead, waiter, taken
+
+
+def test_a_copy_thread_waits_for_its_tensor_then_finds_it_read() -> None:
+    reader, ahead, waiter, taken = _taking_behind_a_closed_gate([[("f", 0, 10)], [("f", 10, 10)]])
     assert not taken.wait(0.1)  # nothing read yet
     reader.gate.set()
     assert taken.wait(5)
@@ -148,12 +156,7 @@ def test_a_failed_reader_leaves_the_reading_to_the_copy_threads() -> None:
 
 
 def test_a_file_given_up_frees_the_copy_threads_waiting_for_bytes() -> None:
-    reader = _Reader()
-    reader.gate.clear()
-    ahead = prefetch.Prefetcher([[("f", 0, 1)], [("f", 1, 1)]], reader=reader).start()
-    freed = threading.Event()
-    waiter = threading.Thread(target=lambda: (ahead.take(1), freed.set()))
-    waiter.start()
+    reader, ahead, waiter, freed = _taking_behind_a_closed_gate([[("f", 0, 1)], [("f", 1, 1)]])
     assert not freed.wait(0.05)
     ahead.close()
     assert freed.wait(5)
