@@ -399,8 +399,7 @@ def run_file(
     encrypted = write.enc_key is not None and fmt.encrypts
     hasher: StreamingDigest | None = None  # follows the file while it is written (plain outputs)
     checksum: str | None = None
-    position = {name: k for k, name in enumerate(work)}
-    ahead = _prefetcher(work, by_name, plan, sources)  # reads the sources in the copy's order
+    position = {name: k for k, name in enumerate(work)}  # for ``ahead``, the sources read in the copy's order
 
     def one(out: _Output, lay: ByteLayout, name: str) -> None:
         interrupts.check()  # no lock is held here: the main thread raises a deferred signal
@@ -463,18 +462,29 @@ def run_file(
         if hasher is not None:  # the trailer is in the file now: hash up to its real end
             checksum = hasher.result(os.fstat(fd).st_size)
 
-    try:
+    with _reading_ahead(work, by_name, plan, sources) as ahead:
         if encrypted:  # plaintext temp file, then records
             assert write.enc_key is not None
             fmt.write_encrypted(file.path, layout, fill, write.enc_key, write.enc_mode)
         else:
             base.write_file(file.path, layout, fill, finish)
-    finally:
-        if ahead is not None:
-            ahead.close()
     if run.on_file_written is not None:
         run.on_file_written(file, checksum)
     return checksum
+
+
+@contextlib.contextmanager
+def _reading_ahead(
+    work: Sequence[str], by_name: dict[str, TensorPlan], plan: Plan, sources: SourceCache
+) -> Iterator[Prefetcher | None]:
+    """A ``Prefetcher`` of the file's sources in work order while the file is written, closed after
+    (None: ``_prefetcher`` cannot say which bytes a tensor reads)."""
+    ahead = _prefetcher(work, by_name, plan, sources)
+    try:
+        yield ahead
+    finally:
+        if ahead is not None:
+            ahead.close()
 
 
 def _prefetcher(
