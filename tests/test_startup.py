@@ -25,7 +25,8 @@ from reshard import dtypes
 # Loaded only when a run needs them: bf16/fp8 numbers, encryption, human output, rules files, PNG
 # pictures, the cluster executor, checksums.
 OPTIONAL = ("ml_dtypes", "cryptography", "rich", "yaml", "matplotlib", "ray", "xxhash", "blake3")
-WATCHED = ("numpy", *OPTIONAL, "reshard.execute.ray", "reshard.execute.ray_nodes")
+# and the executor's parts a run loads only when it needs them: the cluster, the (de)quantizer
+WATCHED = ("numpy", *OPTIONAL, "reshard.execute.ray", "reshard.execute.ray_nodes", "reshard.execute.dequant")
 
 # Runs the ``reshard`` command (or imports a module) in this interpreter and prints, at exit, which
 # of the watched packages it loaded. ``atexit`` sees --help/--version, which end in SystemExit.

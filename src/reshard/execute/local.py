@@ -296,16 +296,18 @@ def _fill_tensor(
     if t.shape and not cast and _byte_runs(out, t, segments, sources, plan):
         return
     # Strided boxes: assemble row blocks in a reused staging buffer, then one pwrite per block
-    # (measured 15% faster than copying into a map of the output, which faults every page). numpy,
-    # the box copier and the dequantizer load here, with the first such tensor: a run of byte
-    # copies (a convert, most of a reshard) never imports them.
+    # (measured 15% faster than copying into a map of the output, which faults every page). numpy
+    # and the box copier load here, with the first such tensor: a run of byte copies (a convert,
+    # most of a reshard) never imports them; the dequantizer with the first computed tensor.
     import numpy as np
 
-    from reshard.execute import assemble, dequant
+    from reshard.execute import assemble
 
     row_bytes = t.nbytes // t.shape[0] if t.shape and t.shape[0] else 0
     align = 1
     if made:
+        from reshard.execute import dequant
+
         budget = dequant.row_block_bytes(made, budget)  # float32 temporaries beside the staging
         align = dequant.row_alignment(computed)  # --quantize computes whole blocks: boxes of whole block rows
 
