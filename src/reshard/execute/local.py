@@ -504,11 +504,13 @@ def _prefetcher(
         return (entry.segments, entry.shape, entry.dtype.itemsize) if entry is not None else None
 
     reads = []
+    planned: set[prefetch.FileRange] = set()  # a quantized weight's values and scales read it once
     for name in work:
         ranges = prefetch.tensor_reads(by_name[name], plan, entry_of)
         if ranges is None:
             return None
-        reads.append(ranges)
+        reads.append([r for r in ranges if r not in planned])
+        planned.update(ranges)
     if not any(reads):
         return None
     readahead.stop()  # the start-up read-ahead read in file order: from here on, the copy's order
