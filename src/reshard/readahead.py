@@ -81,16 +81,17 @@ Read = Callable[[int, int, int], None]  # (fd, offset, length): bring those byte
 def start(
     paths: Iterable[str | os.PathLike[str] | None],
     budget: int = BUDGET,
-    small: Iterable[str | os.PathLike[str] | None] = (),
+    small: Iterable[object] = (),
 ) -> threading.Thread | None:
     """Read the first ``budget`` bytes of the checkpoint files under ``paths`` into the page cache;
-    first of all the ``small`` files (strategy files, or the files of a strategy folder) whole.
+    first of all the ``small`` files (strategy files, or the files of a strategy folder) whole, of
+    which anything but a path (None, a loaded strategy) is passed over.
 
     Returns the thread (tests join it), or None when there is nothing to read or the platform has
     no ``posix_fadvise``. Paths that are not there, or not readable, are skipped without a word.
     """
     given = [os.fspath(p) for p in paths if p]
-    extra = [os.fspath(p) for p in small if p]
+    extra = [os.fspath(p) for p in small if isinstance(p, (str, os.PathLike)) and p]
     if not given or budget <= 0 or not hasattr(os, "posix_fadvise"):
         return None
     args = (given, budget, _generation, extra)  # a ``stop`` from here on ends this one's bulk

@@ -103,13 +103,9 @@ def _read_ahead(args: argparse.Namespace) -> list[str]:
     return [value for name in getattr(args, "reads", ()) if isinstance(value := getattr(args, name, None), str)]
 
 
-def _strategies(args: argparse.Namespace) -> list[str]:
-    """The strategy paths the parsed command names (read whole by its planner)."""
-    return [
-        value
-        for name in ("src_strategy", "dst_strategy", "strategy")
-        if isinstance(value := getattr(args, name, None), str)
-    ]
+def _strategies(args: argparse.Namespace) -> list[object]:
+    """The strategies the parsed command names (read whole by its planner)."""
+    return [value for name in ("src_strategy", "dst_strategy", "strategy") if (value := getattr(args, name, None))]
 
 
 def _run(args: object) -> object:

@@ -32,7 +32,7 @@ import contextlib
 import itertools
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from reshard.formats.base import Segment, segment_pieces
 from reshard.plan import Copy, Plan, TensorPlan
@@ -77,8 +77,10 @@ def tensor_reads(t: TensorPlan, plan: Plan, entry_of: EntryOf) -> list[FileRange
     for c in t.copies:
         path = plan.sources[c.source]
         q = plan.quantized_by_copy.get((path, c.tensor)) if plan.quantized else None
+        if q is not None and (q.assembled is not None or q.scale_assembled is not None):
+            return None  # put together from chunks or a model map: no one stored weight to read
         stored = entry_of(path, c.tensor if q is None else q.weight)
-        if stored is None or (q is not None and (q.assembled is not None or q.scale_assembled is not None)):
+        if stored is None:
             return None
         segments, shape, itemsize = stored
         if q is None or q.kind in SAME_SHAPE:
@@ -128,7 +130,7 @@ class Prefetcher:
     ) -> None:
         self._reads = reads
         self._window = window
-        self._reader = reader or _SendfileReader
+        self._reader = reader or _sendfile_reader
         self._ends = list(itertools.accumulate(sum(length for _, _, length in ranges) for ranges in reads))
         self._taken_up_to = -1  # the furthest work order position a copy thread took
         self._claimed = 0  # the next position the reading thread takes on
@@ -189,24 +191,23 @@ class Prefetcher:
                 self._moved.notify_all()
 
 
-class _SendfileReader:
+@contextlib.contextmanager
+def _sendfile_reader() -> Iterator[ReadRange]:
     """Reads file ranges into the page cache by ``sendfile`` into ``/dev/null`` (``NullReader``),
     each source opened once, all closed together."""
+    fds: dict[str, int] = {}
 
-    def __enter__(self) -> ReadRange:
-        self._fds: dict[str, int] = {}
-        self._null = NullReader().__enter__()
-        return self._read
+    def read(path: str, offset: int, length: int) -> None:
+        if path not in fds:
+            fds[path] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        null(fds[path], offset, length)
 
-    def __exit__(self, *exc: object) -> None:
-        self._null.__exit__(*exc)
-        for fd in self._fds.values():
+    try:
+        with NullReader() as null:
+            yield read
+    finally:
+        for fd in fds.values():
             os.close(fd)
-
-    def _read(self, path: str, offset: int, length: int) -> None:
-        if path not in self._fds:
-            self._fds[path] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        self._null(self._fds[path], offset, length)
 
 
 __all__ = [

@@ -350,8 +350,7 @@ def transform_checkpoints(
     prefix = check_prefix(ckpt_prefix)
     out_fmt = as_format(output_format, "output_format")
     as_int(process_num, "process_num", minimum=1)
-    small = [f for f in (src_strategy_file, dst_strategy_file) if isinstance(f, str)]  # read whole by the planner
-    readahead.start([src_dir], small=small)  # the disk reads the sources while the run imports and plans
+    readahead.start([src_dir], small=(src_strategy_file, dst_strategy_file))  # the disk works while the run plans
     run = workers(process_num, "process_num")
     fmt = _source_format(src_dir)
     from reshard.formats import rank_dirs
@@ -538,8 +537,7 @@ def unified_safetensors(
     src = as_path(src_dir, "src_dir")
     if os.path.isfile(src):
         raise UsageError("src_dir must be a folder of rank_<r> folders, not a file", src)
-    small = [src_strategy_file] if isinstance(src_strategy_file, str) else []  # read whole by the planner
-    readahead.start([src], small=small)  # the disk reads the sources while the run imports and plans
+    readahead.start([src], small=(src_strategy_file,))  # the disk reads the sources while the run imports and plans
     strategy = strategy_path(src_strategy_file, "src_strategy_file")
     dst = as_path(dst_dir, "dst_dir")
     as_bool(merge_with_redundancy, "merge_with_redundancy")
@@ -653,8 +651,7 @@ def load_distributed_checkpoint(
         raise UsageError("unified_safetensors_dir is required with format='safetensors'")
     unified = as_path(unified_safetensors_dir, "unified_safetensors_dir")
     if rank_id is None and dst_safetensors_dir is not None:  # every rank: the whole model is read
-        small = [predict_strategy] if isinstance(predict_strategy, str) else []  # read whole by the planner
-        readahead.start([unified], small=small)  # the disk reads it while the run imports and plans
+        readahead.start([unified], small=(predict_strategy,))  # the disk reads it while the run imports and plans
     out_fmt = as_format(output_format, "output_format")
     names = as_name_map(name_map)
     run = workers(max_process_num, "max_process_num")
