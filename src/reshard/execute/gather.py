@@ -173,8 +173,9 @@ def addresses_of(buffers: Sequence[Any]) -> Iterator[list[int]]:
 
 
 def available() -> bool:
-    """Whether this platform gives ``pwritev`` (Linux, the BSDs, macOS 11+)."""
-    return _PWRITEV is not None
+    """Whether this platform gives ``pwritev`` (Linux, the BSDs, macOS 11+) and 64-bit ``iovec``
+    entries (a pointer and a length of 8 bytes each, as the ``array("Q")`` vectors are built)."""
+    return _PWRITEV is not None and ctypes.sizeof(ctypes.c_void_p) == ctypes.sizeof(ctypes.c_size_t) == 8
 
 
 def _pwritev_all(fd: int, vector: array.array[int], offset: int) -> None:
