@@ -72,8 +72,7 @@ def _reference(t: TensorPlan, sources: list[bytes], src_shapes: list[tuple[int, 
 
 
 def _gathered(t: TensorPlan, sources: list[bytes], src_shapes: list[tuple[int, ...]], path: Path) -> bytes:
-    shapes = {id(c): s for c, s in zip(t.copies, src_shapes, strict=True)}
-    bands = gather.bands(t, lambda c: shapes[id(c)], 0)
+    bands = gather.bands(t, src_shapes, 0)
     assert bands is not None
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -115,20 +114,20 @@ def _column_merge(runs_of: int = 512) -> tuple[TensorPlan, dict[int, tuple[int, 
 
 def test_the_staging_copy_keeps_what_this_path_cannot_do() -> None:
     t, shapes = _column_merge()
-    assert gather.bands(t, lambda c: shapes[c.source]) is not None
+    assert gather.bands(t, [shapes[c.source] for c in t.copies]) is not None
     mid, mid_shapes = _column_merge(runs_of=256)  # 1 KiB runs: gathered only while numpy is not loaded
-    assert gather.bands(mid, lambda c: mid_shapes[c.source]) is None
-    assert gather.bands(mid, lambda c: mid_shapes[c.source], gather.MIN_RUN_BYTES) is not None
+    assert gather.bands(mid, [mid_shapes[c.source] for c in mid.copies]) is None
+    assert gather.bands(mid, [mid_shapes[c.source] for c in mid.copies], gather.MIN_RUN_BYTES) is not None
     short, short_shapes = _column_merge(runs_of=8)  # 32-byte runs: a vector entry each costs more than numpy
-    assert gather.bands(short, lambda c: short_shapes[c.source], gather.MIN_RUN_BYTES) is None
+    assert gather.bands(short, [short_shapes[c.source] for c in short.copies], gather.MIN_RUN_BYTES) is None
     transposed = TensorPlan(
         "w", t.dtype, t.shape, (t.copies[0], Copy(1, "w", (0, 0), (0, 512), (4, 512), src_perm=(1, 0))), t.nbytes
     )
-    assert gather.bands(transposed, lambda c: (512, 4) if c.src_perm else (4, 512)) is None
-    reshaped = gather.bands(t, lambda c: (4, 512, 1))  # a source of other rank (src_view): staged
+    assert gather.bands(transposed, [(4, 512), (512, 4)]) is None
+    reshaped = gather.bands(t, [(4, 512, 1), (4, 512, 1)])  # a source of other rank (src_view): staged
     assert reshaped is None
     gap = TensorPlan("w", t.dtype, t.shape, t.copies[:1], t.nbytes)  # the right half missing
-    assert gather.bands(gap, lambda c: shapes[c.source]) is None
+    assert gather.bands(gap, [shapes[c.source] for c in gap.copies]) is None
     f32 = dtypes.FLOAT32
     third_dim = TensorPlan(  # split on dim 2: runs of 1024 items, not the whole rows of dims 2 on
         "w",
@@ -137,11 +136,8 @@ def test_the_staging_copy_keeps_what_this_path_cannot_do() -> None:
         (Copy(0, "w", (0, 0, 0), (0, 0, 0), (2, 2, 1024)), Copy(1, "w", (0, 0, 0), (0, 0, 1024), (2, 2, 1024))),
         2 * 2 * 2048 * 4,
     )
-    assert gather.bands(third_dim, lambda c: (2, 2, 1024)) is None
-    assert (
-        gather.bands(TensorPlan("v", f32, (4096,), (Copy(0, "v", (0,), (0,), (4096,)),), 16384), lambda c: (4096,))
-        is None
-    )
+    assert gather.bands(third_dim, [(2, 2, 1024), (2, 2, 1024)]) is None
+    assert gather.bands(TensorPlan("v", f32, (4096,), (Copy(0, "v", (0,), (0,), (4096,)),), 16384), [(4096,)]) is None
 
 
 def test_short_runs_are_gathered_until_numpy_is_loaded(monkeypatch: pytest.MonkeyPatch) -> None:

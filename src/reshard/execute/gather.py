@@ -55,7 +55,6 @@ MIN_RUN_BYTES = 768
 MADV_POPULATE_READ = 22  # Linux's value; Python's mmap module names it from 3.13 on
 IOV_MAX = 1024  # Linux's UIO_MAXIOV: the most vector entries one pwritev takes
 BLOCK_BYTES = 8 * 1024**2  # output bytes between ``between_blocks`` calls (page release, Ctrl-C)
-ShapeOf = Callable[[Copy], tuple[int, ...]]  # a copy's source tensor shape (its ``src_view`` if any)
 
 
 @dataclass(frozen=True)
@@ -78,14 +77,14 @@ class Band:
     runs: tuple[Run, ...]
 
 
-def bands(t: TensorPlan, shape_of: ShapeOf, min_run: int = LONG_RUN_BYTES) -> list[Band] | None:
+def bands(t: TensorPlan, src_shapes: Sequence[tuple[int, ...]], min_run: int = LONG_RUN_BYTES) -> list[Band] | None:
     """``t``'s rows as bands of runs, or None where this path does not apply (see the module doc) or
-    its runs average less than ``min_run`` bytes (``min_run_bytes``)."""
+    its runs average less than ``min_run`` bytes (``min_run_bytes``). ``src_shapes``: each copy's
+    source tensor shape as the copy views it (its ``src_view`` if any), in ``t.copies``' order."""
     if len(t.shape) < 2 or not t.copies or t.nbytes == 0:
         return None
     boxes = []
-    for k, c in enumerate(t.copies):
-        src_shape = shape_of(c)
+    for k, (c, src_shape) in enumerate(zip(t.copies, src_shapes, strict=True)):
         if c.src_perm is not None or len(src_shape) != len(t.shape):
             return None
         if any(n != s or n != d for n, s, d in zip(c.lengths[2:], src_shape[2:], t.shape[2:], strict=True)):

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from reshard import interrupts, readahead
-from reshard.execute import gather, kernelcopy, prefetch
+from reshard.execute import kernelcopy, prefetch
 from reshard.execute.digest import StreamingDigest, hash_pool
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.execute.prefetch import Prefetcher
@@ -348,15 +348,18 @@ def _gathered(
 ) -> bool:
     """Write a column split's boxes from the sources' maps by ``pwritev`` (``execute.gather``), if
     ``t`` is one output segment, each source tensor one segment of a map, and the boxes fit."""
-    if len(segments) != 1 or not gather.available():
+    if len(segments) != 1:
+        return False
+    from reshard.execute import gather  # ctypes and libc's pwritev load with the first strided tensor
+
+    if not gather.available():
         return False
     indexes = [sources.get(plan.sources[c.source]) for c in t.copies]
     entries = [index.entries[c.tensor] for index, c in zip(indexes, t.copies, strict=True)]
     if any(len(e.segments) != 1 or not index.buffer for index, e in zip(indexes, entries, strict=True)):
         return False
-    tensor_bands = gather.bands(
-        t, lambda c: c.src_view or sources.get(plan.sources[c.source]).entries[c.tensor].shape, gather.min_run_bytes()
-    )
+    shapes = [c.src_view or e.shape for c, e in zip(t.copies, entries, strict=True)]
+    tensor_bands = gather.bands(t, shapes, gather.min_run_bytes())
     if tensor_bands is None:
         return False
 
