@@ -149,6 +149,10 @@ class _Scanner:
         return FormatError(f"{message} at byte {offset}", self.path)
 
     def varint(self, pos: int, end: int) -> tuple[int, int]:
+        if pos < end:  # most varints of a record head are one byte (keys, name lengths): no loop
+            first = self.buf[pos - self.base]
+            if first < 0x80:
+                return first, pos + 1
         result = 0
         for i in range(MAX_VARINT_BYTES):
             if pos + i >= end:
