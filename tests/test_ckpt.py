@@ -24,7 +24,7 @@ from reshard.errors import (
     UnsupportedError,
     UsageError,
 )
-from reshard.formats import ckpt
+from reshard.formats import ckpt, index_memo
 from reshard.formats.base import TensorSpec, fill_from_values, write_file
 from reshard.formats.ckpt import SLICE_BYTES, ckpt_layout, crc_finish, read_ckpt, save_ckpt
 
@@ -504,8 +504,8 @@ def counted_walks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The files ``read_ckpt`` walked (indexed afresh), with a fresh memo and a 0.05 s settling time."""
     walked: list[str] = []
     real = ckpt._index
-    monkeypatch.setattr(ckpt, "_MEMO", ckpt._IndexMemo())
-    monkeypatch.setattr(ckpt, "SETTLED_SECONDS", 0.05)
+    monkeypatch.setattr(ckpt, "_MEMO", index_memo.IndexMemo())
+    monkeypatch.setattr(index_memo, "SETTLED_SECONDS", 0.05)
 
     def counting(scan: object, end: int) -> object:
         walked.append(scan.path)  # type: ignore[attr-defined]

@@ -16,6 +16,7 @@ import pytest
 from reshard import api
 from reshard.execute import local, pagecache
 from reshard.execute.options import RunOptions
+from reshard.formats import uncached
 from reshard.formats.ckpt import read_ckpt, save_ckpt
 from reshard.formats.safetensors import read_safetensors
 from tests.page_helpers import evict
@@ -44,6 +45,7 @@ def test_a_convert_fills_its_output_in_the_source_order(tmp_path: Path, monkeypa
     filled = _filled(monkeypatch)
     dropped: list[str] = []
     monkeypatch.setattr(pagecache, "drop_islands", lambda path, segments, reads=(): dropped.append(path) or 0)
+    monkeypatch.setattr(uncached, "left_none", lambda: False)  # a small read went through the page cache
     api.convert(str(tmp_path / "src" / "model.ckpt"), str(tmp_path / "out"), "safetensors", run=RunOptions(workers=1))
     assert filled == names  # the .ckpt's record order, not the safetensors file's sorted one
     assert dropped == [str(tmp_path / "src" / "model.ckpt")]  # its islands first, once
@@ -216,9 +218,14 @@ def test_a_reshard_drops_the_islands_of_every_source_once(tmp_path: Path, monkey
     job = make_job(str(tmp_path / "job"))
     dropped: list[str] = []
     monkeypatch.setattr(pagecache, "drop_islands", lambda path, segments, reads=(): dropped.append(path) or 0)
+    monkeypatch.setattr(uncached, "left_none", lambda: False)  # small reads went through the page cache
     api.transform(job["r8"], str(tmp_path / "four"), job["s8"], job["s4"], run=RunOptions(workers=3))
     sources = sorted(str(p) for p in Path(job["r8"]).glob("rank_*/*.ckpt"))
     assert sorted(dropped) == sources  # all eight, once each
+    dropped.clear()
+    monkeypatch.setattr(uncached, "left_none", lambda: True)  # every small read went uncached: no islands
+    api.transform(job["r8"], str(tmp_path / "uncached"), job["s8"], job["s4"], run=RunOptions(workers=3))
+    assert dropped == []
     monkeypatch.setattr(local.SourceCache, "drop_islands", lambda self, path: None)
     api.transform(job["r8"], str(tmp_path / "plain"), job["s8"], job["s4"], run=RunOptions(workers=3))
     ours = {k: v for k, v in tree(str(tmp_path / "four")).items() if "manifest" not in k}
@@ -236,12 +243,14 @@ def test_read_ranges_cover_each_sample_and_the_pages_after_it() -> None:
 def test_the_replica_checks_samples_are_asked_for_at_once_and_dropped_when_cold(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Its blocks are hinted together before they are read (one round of the disk, not one each),
-    and the pages they left in a cold file are islands the executor drops."""
+    """Where small reads go through the page cache, its blocks are hinted together before they are
+    read (one round of the disk, not one each), and the pages they left in a cold file are islands
+    the executor drops."""
     from reshard.sources import replicas
     from tests.trust_helpers import make_job
 
     job = make_job(str(tmp_path / "job"))
+    monkeypatch.setattr(uncached, "left_none", lambda: False)
     hinted: list[tuple[int, int]] = []
     real = os.posix_fadvise
 

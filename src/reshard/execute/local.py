@@ -37,7 +37,8 @@ Why this shape (see design.md, "Techniques the peers proved"; every choice was m
   s -> 1.8 s), and hinting the next one to four tensors' ranges gained nothing. Before this module
   runs, the start-up read-ahead reads the first sources in file order (``reshard.readahead``).
 * Before a source is read, the record heads its index left cached in its cold stretches are
-  dropped again (``pagecache``), and an output copied from one source alone (a convert) is filled
+  dropped again (``pagecache``) where planning's small reads could not go uncached
+  (``formats.uncached``), and an output copied from one source alone (a convert) is filled
   in the source's order (``source_order``): the kernel then reads the sources in 4 MiB requests,
   not ~1 MiB ones.
 * numpy, ``assemble`` and ``dequant`` load with the first tensor that needs them (a staged box, a
@@ -63,7 +64,7 @@ from reshard.execute import kernelcopy, prefetch
 from reshard.execute.digest import StreamingDigest, hash_pool
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.execute.prefetch import Prefetcher
-from reshard.formats import base, registry
+from reshard.formats import base, registry, uncached
 from reshard.formats.base import ByteLayout, TensorIndex, TensorSpec, pwrite_all
 from reshard.plan import FilePlan, Plan, TensorPlan
 from reshard.plan.validate import validate_plan
@@ -118,7 +119,10 @@ class SourceCache:
 
     def drop_islands(self, path: str) -> None:
         """Once per run and source, before it is read: drop the record heads its index and the
-        samples the replica check left cached in its cold stretches (``pagecache``)."""
+        samples the replica check left cached in its cold stretches (``pagecache``); nothing to do
+        when every small read went uncached (``formats.uncached``)."""
+        if uncached.left_none():
+            return
         index = self.get(path)
         with self._lock:
             if not index.file_backed or path in self._islands_dropped:

@@ -13,6 +13,9 @@ heads' pages with them. Cold, medians of 8: a merge of 8 rank files 0.717 -> 0.6
 8 -> 4 0.691 -> 0.616 s (``cp -r`` 0.523 s); the replica check's samples dropped too (medians of 5), a unify
 of 8 safetensors rank files 0.705 -> 0.581 s and a transform of them 0.689 -> 0.561 s.
 
+Where those reads go uncached (``formats.uncached``: ``RWF_DONTCACHE``, Linux 6.14 and later) they
+leave no islands, and the executor does not call this module (``uncached.left_none``).
+
 What is dropped: the pages around a gap between two tensors' bytes (where a head stands) or a sample
 read, when some are cached while a page further on is not, i.e. islands in a cold stretch. In a
 warm file that page is cached too, and nothing is dropped (eight probe pages spread over the file

@@ -27,12 +27,10 @@ Deliberate choices, each checked against MindSpore 2.10:
   position, like MindSpore's dict assignment.
 * ``MapTensor`` entries (embedding hash maps, docs/formats.md §1.8) are refused with ``UnsupportedError``.
 
-A run opens each source three times (planning, the replica check, the executor), and indexing a
-``.ckpt`` walks every record head. The index of a plain file is therefore remembered for the
-process (``_IndexMemo``) and used again while the file is provably the same: same inode, size,
-mtime and ctime, and a ctime at least ``SETTLED_SECONDS`` old when it was indexed, so that any
-later write (which sets the ctime to the clock's present, and no user can set it back) changes the
-key. A file still being written is indexed afresh every time.
+A run opens each source three times (planning, the replica check, the executor), so the index of
+a plain file is remembered for the process while the file is provably unchanged (``index_memo``).
+Its magic, trailer and record heads are read with small reads that leave no page cached
+(``uncached``): the heads of small records share one read, and no read-ahead runs past them.
 """
 
 from __future__ import annotations
@@ -44,7 +42,6 @@ import mmap
 import os
 import tempfile
 import threading
-import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -60,7 +57,7 @@ from reshard.errors import (
     UnsupportedError,
     UsageError,
 )
-from reshard.formats import crypto
+from reshard.formats import crypto, uncached
 from reshard.formats.base import (
     ByteLayout,
     Segment,
@@ -74,6 +71,7 @@ from reshard.formats.base import (
     pwrite_all,
     write_file,
 )
+from reshard.formats.index_memo import IndexMemo
 
 if TYPE_CHECKING:
     import numpy as np
@@ -88,12 +86,11 @@ CRC_BLOCK_BYTES = 4 * 1024 * 1024  # crc block: read back, or checked and unmapp
 VARINT, FIXED64, LEN, FIXED32 = 0, 1, 2, 5
 MAX_VARINT_BYTES = 10  # a 64-bit value needs at most 10 groups of 7 bits
 RECORD_HEAD_PREFETCH_BYTES = 4096  # one small read covers a record head (name, dims, type, lengths)
+HEAD_SLACK_BYTES = 512  # a record head starting this far before the end of a read is parsed from it
 CHECKPOINT_VALUE = 1
 VALUE_TAG, VALUE_TENSOR, VALUE_MAPTENSOR = 1, 2, 3
 TENSOR_DIMS, TENSOR_TYPE, TENSOR_CONTENT = 1, 2, 3
 _FIXED_SIZES = {FIXED64: 8, FIXED32: 4}
-SETTLED_SECONDS = 2.0  # a file whose ctime is older is remembered (the clock a write stamps is coarse)
-MEMO_TENSORS = 200_000  # tensor entries remembered at most (the oldest files are forgotten first)
 
 
 # --------------------------------------------------------------------------------------- reader
@@ -137,9 +134,13 @@ class _Scanner:
         self.use_map()
         if self.fd is not None:
             try:
-                self.buf, self.base = os.pread(self.fd, RECORD_HEAD_PREFETCH_BYTES, pos), pos
+                self.buf, self.base = uncached.read(self.fd, RECORD_HEAD_PREFETCH_BYTES, pos), pos
             except OSError:
                 self.fd = None  # the map reports real read errors
+
+    def holds(self, pos: int) -> bool:
+        """Whether the bytes read last reach ``HEAD_SLACK_BYTES`` past ``pos`` (a head there fits)."""
+        return self.buf is not self.map and self.base <= pos and pos + HEAD_SLACK_BYTES <= self.base + len(self.buf)
 
     def use_map(self) -> None:
         """Parse from the map again (a head that ran past the bytes read)."""
@@ -220,41 +221,72 @@ def read_ckpt(
     dec_key: bytes | None = None,
     dec_mode: str = "AES-GCM",
 ) -> TensorIndex:
-    """Index a ``.ckpt`` file (zero-copy over an mmap; decrypted into a temp file with ``dec_key``)."""
+    """Index a ``.ckpt`` file (zero-copy over an mmap; decrypted into a temp file with ``dec_key``).
+
+    The magic, the trailer and the record heads are read with small ``pread``s (``uncached``), not
+    through the map: a first fault on a map reads the device's read-ahead window around it (8 MiB
+    here), twice a file, ahead of the index's small reads."""
     path = os.fspath(path)
     buf, closer, size = map_file(path)
     try:
-        mode = crypto.encrypted_mode(buf[:4])
-        if mode is not None and dec_key is None:
-            raise FormatError(
-                f"encrypted ({mode}); give the key (--dec-key-file or --dec-key-env; dec_key in Python)", path
-            )
-        if dec_key is not None:
-            if mode is None:
-                raise CryptoError("dec_key given but the file is not an encrypted checkpoint", path)
-            plain, plain_closer, size = _decrypt(buf, dec_key, dec_mode, path)
-            closer()
-            buf, closer = plain, plain_closer
-        end = _payload_end(buf, size, verify_crc, path)
-        identity = _MEMO.identity(path) if dec_key is None else None
-        try:
-            entries = _MEMO.recall(identity)
-            if entries is None:
-                with _prefetch_fd(path if dec_key is None and not verify_crc else None) as fd:
-                    entries = _index(_Scanner(buf, path, fd), end)
-                _MEMO.keep(identity, entries, path)
-            drop_resident(buf)
-        except FormatError as exc:
-            if dec_key is None:
-                raise
-            # CBC has no authentication: a wrong key usually only shows up as garbage plaintext.
-            raise CryptoError(
-                f"decrypted bytes are not a checkpoint (wrong key or mode?): {exc.detail}", path
-            ) from None
+        with _prefetch_fd(path) as fd:
+            entries, buf, closer = _read_entries(path, buf, closer, size, fd, verify_crc, dec_key, dec_mode)
     except BaseException:
         closer()
         raise
     return TensorIndex(path, "ckpt", buf, entries, _closer=closer, file_backed=dec_key is None)
+
+
+def _read_entries(
+    path: str,
+    buf: Any,
+    closer: Callable[[], None],
+    size: int,
+    fd: int | None,
+    verify_crc: bool,
+    dec_key: bytes | None,
+    dec_mode: str,
+) -> tuple[dict[str, TensorEntry], Any, Callable[[], None]]:
+    """``read_ckpt``'s work: the entries, and the buffer they point into with its closer (the
+    plaintext's, once decrypted; the caller closes whichever it gets back on an error)."""
+    mode = crypto.encrypted_mode(_bytes_at(buf, fd, 0, 4))
+    if mode is not None and dec_key is None:
+        raise FormatError(
+            f"encrypted ({mode}); give the key (--dec-key-file or --dec-key-env; dec_key in Python)", path
+        )
+    if dec_key is not None:
+        if mode is None:
+            raise CryptoError("dec_key given but the file is not an encrypted checkpoint", path)
+        plain, plain_closer, size = _decrypt(buf, dec_key, dec_mode, path)
+        closer()
+        buf, closer, fd = plain, plain_closer, None
+    try:
+        end = _payload_end(buf, size, verify_crc, path, fd)
+        identity = _MEMO.identity(path) if dec_key is None else None
+        entries = _MEMO.recall(identity)
+        if entries is None:  # a crc check has just read the whole file: its heads parse from the map
+            entries = _index(_Scanner(buf, path, None if verify_crc else fd), end)
+            _MEMO.keep(identity, entries, path)
+        drop_resident(buf)
+    except FormatError as exc:
+        if dec_key is None:
+            raise
+        closer()  # CBC has no authentication: a wrong key usually only shows up as garbage plaintext
+        raise CryptoError(f"decrypted bytes are not a checkpoint (wrong key or mode?): {exc.detail}", path) from None
+    except BaseException:
+        if dec_key is not None:
+            closer()
+        raise
+    return entries, buf, closer
+
+
+def _bytes_at(buf: Any, fd: int | None, offset: int, length: int) -> bytes:
+    """``length`` bytes of the file at ``offset``: by a small read where there is a descriptor, else
+    (decrypted bytes, or a read that failed: the map reports real errors) from the buffer."""
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            return bytes(uncached.read(fd, length, offset))
+    return bytes(buf[offset : offset + length])
 
 
 @contextlib.contextmanager
@@ -270,6 +302,8 @@ def _prefetch_fd(path: str | None) -> Iterator[int | None]:
         yield None
         return
     try:
+        with contextlib.suppress(OSError, AttributeError):  # the heads only: no read-ahead past them
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         yield fd
     finally:
         os.close(fd)
@@ -337,12 +371,14 @@ def _decrypt(buf: Any, key: bytes, mode: str, path: str) -> tuple[Any, Callable[
     return plain, plain.close, size
 
 
-def _payload_end(buf: Any, size: int, verify_crc: bool, path: str) -> int:
+def _payload_end(buf: Any, size: int, verify_crc: bool, path: str, fd: int | None = None) -> int:
     """Where the protobuf bytes end: before the CRC trailer if there is one (checked on request)."""
-    if ends_with_crc_trailer(buf[max(0, size - CRC_TRAILER_BYTES) : size]):
+    tail_start = max(0, size - CRC_TRAILER_BYTES)
+    tail = _bytes_at(buf, fd, tail_start, size - tail_start)
+    if ends_with_crc_trailer(tail):
         end = size - CRC_TRAILER_BYTES
         if verify_crc:
-            stored = int.from_bytes(buf[size - CRC_DIGITS : size], "big")
+            stored = int.from_bytes(tail[-CRC_DIGITS:], "big")
             actual = _crc_of_buffer(buf, end)
             if stored != actual:
                 raise IntegrityError(f"crc mismatch: trailer says {stored}, content has {actual}", path)
@@ -364,50 +400,7 @@ def _crc_of_buffer(buf: Any, end: int) -> int:
     return crc
 
 
-FileIdentity = tuple[str, int, int, int, int, int]  # path, device, inode, size, mtime, ctime (ns)
-
-
-class _IndexMemo:
-    """Indexes of settled plain ``.ckpt`` files, by file identity (see the module docstring)."""
-
-    def __init__(self) -> None:
-        self._indexes: dict[FileIdentity, dict[str, TensorEntry]] = {}
-        self._tensors = 0
-        self._lock = threading.Lock()
-
-    @staticmethod
-    def identity(path: str) -> FileIdentity | None:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-    def recall(self, identity: FileIdentity | None) -> dict[str, TensorEntry] | None:
-        """A copy of the remembered index (callers may change their dict), or None."""
-        with self._lock:
-            entries = self._indexes.get(identity) if identity is not None else None
-        return dict(entries) if entries is not None else None
-
-    def keep(self, identity: FileIdentity | None, entries: dict[str, TensorEntry], path: str) -> None:
-        """Remember ``entries`` if the file was settled before and unchanged while it was indexed."""
-        if identity is None or len(entries) > MEMO_TENSORS:
-            return
-        if time.time_ns() - identity[5] < SETTLED_SECONDS * 1e9 or self.identity(path) != identity:
-            return  # written lately (a later write could carry the same stamps), or changed meanwhile
-        with self._lock:
-            while self._indexes and self._tensors + len(entries) > MEMO_TENSORS:
-                self._tensors -= len(self._indexes.pop(next(iter(self._indexes))))
-            self._indexes[identity] = dict(entries)
-            self._tensors += len(entries)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._indexes.clear()
-            self._tensors = 0
-
-
-_MEMO = _IndexMemo()
+_MEMO = IndexMemo()  # see the module docstring
 
 
 def _index(scan: _Scanner, end: int) -> dict[str, TensorEntry]:
@@ -425,14 +418,29 @@ def _records(scan: _Scanner, end: int) -> Iterator[_Chunk]:
     """The ``Checkpoint.value`` records of the top-level message, in file order."""
     pos = 0
     while pos < end:
-        scan.prefetch(pos)
-        try:
-            chunk, pos = _record(scan, pos, end)
-        except IndexError:  # the head ran past the bytes read (a very long name): parse it from the map
-            scan.use_map()
-            chunk, pos = _record(scan, pos, end)
+        chunk, pos = _record_from_bytes_read(scan, pos, end)
         if chunk is not None:
             yield chunk
+
+
+def _record_from_bytes_read(scan: _Scanner, pos: int, end: int) -> tuple[_Chunk | None, int]:
+    """``_record`` at ``pos``, parsed from the bytes read for an earlier head where they hold it (the
+    heads of small records share one read), else from a read at ``pos``, else from the map (a head
+    longer than a read: a very long name)."""
+    if not scan.holds(pos):
+        scan.prefetch(pos)
+    try:
+        return _record(scan, pos, end)
+    except IndexError:  # the head ran past the bytes read
+        pass
+    if scan.base != pos and scan.buf is not scan.map:
+        scan.prefetch(pos)
+        try:
+            return _record(scan, pos, end)
+        except IndexError:
+            pass
+    scan.use_map()
+    return _record(scan, pos, end)
 
 
 def _record(scan: _Scanner, at: int, end: int) -> tuple[_Chunk | None, int]:
