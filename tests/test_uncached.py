@@ -54,10 +54,11 @@ def test_read_returns_what_pread_returns(tmp_path: Path) -> None:
         os.close(fd)
 
 
-@pytest.mark.parametrize("code", [errno.EINVAL, errno.ENOSYS])
-def test_a_kernel_without_the_flag_is_asked_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+def _two_reads_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: BaseException) -> list[int]:
+    """Two reads where ``preadv2`` fails with ``error``: they return a plain read's bytes, and the
+    executor is told to look for islands; the flags ``preadv2`` was called with."""
     path, data = _file(tmp_path)
-    preadv, calls = _refusing(OSError(code, os.strerror(code)))
+    preadv, calls = _refusing(error)
     monkeypatch.setattr(os, "preadv", preadv)
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -65,35 +66,30 @@ def test_a_kernel_without_the_flag_is_asked_once(tmp_path: Path, monkeypatch: py
         assert uncached.read(fd, 100, 2000) == data[2000:2100]
     finally:
         os.close(fd)
-    assert calls == [uncached.RWF_DONTCACHE]  # then plain reads, without asking again
-    assert not uncached.left_none()  # so the executor looks for islands
+    assert not uncached.left_none()
+    return calls
 
 
-def test_a_platform_without_preadv2_is_asked_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path, data = _file(tmp_path)
-    preadv, calls = _refusing(NotImplementedError("preadv2: flags unavailable on this platform"))
-    monkeypatch.setattr(os, "preadv", preadv)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        assert uncached.read(fd, 10, 0) == data[:10]
-        assert uncached.read(fd, 10, 10) == data[10:20]
-    finally:
-        os.close(fd)
-    assert len(calls) == 1 and not uncached.left_none()
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError(errno.EINVAL, "a kernel before 6.14"),
+        OSError(errno.ENOSYS, "a kernel without preadv2"),
+        NotImplementedError("preadv2: flags unavailable on this platform"),
+    ],
+    ids=["EINVAL", "ENOSYS", "no-preadv2"],
+)
+def test_a_kernel_or_platform_without_the_flag_is_asked_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: BaseException
+) -> None:
+    assert _two_reads_refused(tmp_path, monkeypatch, error) == [uncached.RWF_DONTCACHE]  # then plain reads
+    assert not uncached._TALLY.kernel_takes
 
 
 def test_a_file_system_without_it_gets_plain_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another file system of the same run may take it: the flag is asked for again next time."""
-    path, data = _file(tmp_path)
-    preadv, calls = _refusing(OSError(errno.EOPNOTSUPP, "not supported"))
-    monkeypatch.setattr(os, "preadv", preadv)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        assert uncached.read(fd, 10, 0) == data[:10]
-        assert uncached.read(fd, 10, 10) == data[10:20]
-    finally:
-        os.close(fd)
-    assert len(calls) == 2 and uncached._TALLY.kernel_takes and not uncached.left_none()
+    calls = _two_reads_refused(tmp_path, monkeypatch, OSError(errno.EOPNOTSUPP, "not supported"))
+    assert len(calls) == 2 and uncached._TALLY.kernel_takes
 
 
 def test_a_read_error_is_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
