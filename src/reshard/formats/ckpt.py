@@ -230,54 +230,41 @@ def read_ckpt(
     buf, closer, size = map_file(path)
     try:
         with _prefetch_fd(path) as fd:
-            entries, buf, closer = _read_entries(path, buf, closer, size, fd, verify_crc, dec_key, dec_mode)
+            mode = crypto.encrypted_mode(_bytes_at(buf, fd, 0, 4))
+            if mode is not None and dec_key is None:
+                hint = "give the key (--dec-key-file or --dec-key-env; dec_key in Python)"
+                raise FormatError(f"encrypted ({mode}); {hint}", path)
+            if dec_key is not None:
+                if mode is None:
+                    raise CryptoError("dec_key given but the file is not an encrypted checkpoint", path)
+                plain, plain_closer, size = _decrypt(buf, dec_key, dec_mode, path)
+                closer()
+                buf, closer, fd = plain, plain_closer, None
+            entries = _entries(path, buf, size, fd, verify_crc, decrypted=dec_key is not None)
     except BaseException:
         closer()
         raise
     return TensorIndex(path, "ckpt", buf, entries, _closer=closer, file_backed=dec_key is None)
 
 
-def _read_entries(
-    path: str,
-    buf: Any,
-    closer: Callable[[], None],
-    size: int,
-    fd: int | None,
-    verify_crc: bool,
-    dec_key: bytes | None,
-    dec_mode: str,
-) -> tuple[dict[str, TensorEntry], Any, Callable[[], None]]:
-    """``read_ckpt``'s work: the entries, and the buffer they point into with its closer (the
-    plaintext's, once decrypted; the caller closes whichever it gets back on an error)."""
-    mode = crypto.encrypted_mode(_bytes_at(buf, fd, 0, 4))
-    if mode is not None and dec_key is None:
-        raise FormatError(
-            f"encrypted ({mode}); give the key (--dec-key-file or --dec-key-env; dec_key in Python)", path
-        )
-    if dec_key is not None:
-        if mode is None:
-            raise CryptoError("dec_key given but the file is not an encrypted checkpoint", path)
-        plain, plain_closer, size = _decrypt(buf, dec_key, dec_mode, path)
-        closer()
-        buf, closer, fd = plain, plain_closer, None
+def _entries(
+    path: str, buf: Any, size: int, fd: int | None, verify_crc: bool, decrypted: bool
+) -> dict[str, TensorEntry]:
+    """The tensors of the (plain or decrypted) bytes ``buf``: remembered, or indexed afresh."""
     try:
         end = _payload_end(buf, size, verify_crc, path, fd)
-        identity = _MEMO.identity(path) if dec_key is None else None
+        identity = None if decrypted else _MEMO.identity(path)
         entries = _MEMO.recall(identity)
         if entries is None:  # a crc check has just read the whole file: its heads parse from the map
             entries = _index(_Scanner(buf, path, None if verify_crc else fd), end)
             _MEMO.keep(identity, entries, path)
         drop_resident(buf)
+        return entries
     except FormatError as exc:
-        if dec_key is None:
+        if not decrypted:
             raise
-        closer()  # CBC has no authentication: a wrong key usually only shows up as garbage plaintext
+        # CBC has no authentication: a wrong key usually only shows up as garbage plaintext.
         raise CryptoError(f"decrypted bytes are not a checkpoint (wrong key or mode?): {exc.detail}", path) from None
-    except BaseException:
-        if dec_key is not None:
-            closer()
-        raise
-    return entries, buf, closer
 
 
 def _bytes_at(buf: Any, fd: int | None, offset: int, length: int) -> bytes:
@@ -290,19 +277,16 @@ def _bytes_at(buf: Any, fd: int | None, offset: int, length: int) -> bytes:
 
 
 @contextlib.contextmanager
-def _prefetch_fd(path: str | None) -> Iterator[int | None]:
-    """A read-only descriptor for ``_Scanner.prefetch`` (None: no prefetching, e.g. decrypted bytes,
-    or a crc check, which has just read the whole file anyway)."""
-    if path is None:
-        yield None
-        return
+def _prefetch_fd(path: str) -> Iterator[int | None]:
+    """A read-only descriptor for the small reads of an index (``_Scanner.prefetch``, ``_bytes_at``),
+    advised to read nothing ahead; None where the file cannot be opened (the map reports it)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         yield None
         return
     try:
-        with contextlib.suppress(OSError, AttributeError):  # the heads only: no read-ahead past them
+        with contextlib.suppress(OSError, AttributeError):  # the bytes asked for only: no read-ahead past them
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         yield fd
     finally:
