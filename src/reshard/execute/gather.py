@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from reshard.execute import libc
 from reshard.plan import Copy, TensorPlan
 
 # Runs of at least LONG_RUN_BYTES (on average) are gathered: faster than staging them (64 MiB of
@@ -230,18 +231,8 @@ class _PyBuffer(ctypes.Structure):
     ]
 
 
-def _libc(name: str, argtypes: list[Any], restype: Any) -> Any:
-    try:
-        function = getattr(ctypes.CDLL(None, use_errno=True), name)
-    except (AttributeError, OSError, TypeError):  # no such function, or no C library to ask (Windows)
-        return None
-    function.argtypes = argtypes
-    function.restype = restype
-    return function
-
-
-_PWRITEV = _libc("pwritev", [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_long], ctypes.c_ssize_t)
-_MADVISE = _libc("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int)
+_PWRITEV = libc.function("pwritev", [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_long], ctypes.c_ssize_t)
+_MADVISE = libc.function("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int)
 _POPULATE = sys.platform.startswith("linux")
 _PAGE = mmap.PAGESIZE
 _GET_BUFFER = ctypes.pythonapi.PyObject_GetBuffer

@@ -204,21 +204,21 @@ def _told_truthfully(fd: int, owner: int) -> bool:
 
 @functools.cache
 def _libc() -> Any:
-    """libc's ``mmap``, ``munmap`` and ``mincore`` through ctypes, typed once (None where missing)."""
-    try:
-        import ctypes
+    """libc's ``mmap``, ``munmap`` and ``mincore``, typed (``execute.libc``; None where any is missing)."""
+    import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    except (ImportError, OSError, AttributeError):
+    from reshard.execute import libc
+
+    size_t, void_p, c_int = ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int
+    mapper = libc.function("mmap", [void_p, size_t, c_int, c_int, c_int, ctypes.c_long], void_p)
+    unmapper = libc.function("munmap", [void_p, size_t], c_int)
+    mincore = libc.function("mincore", [void_p, size_t, void_p], c_int)
+    if mapper is None or unmapper is None or mincore is None:
         return None
     return types.SimpleNamespace(
-        mmap=libc.mmap,
-        munmap=libc.munmap,
-        mincore=libc.mincore,
+        mmap=mapper,
+        munmap=unmapper,
+        mincore=mincore,
         c_ubyte=ctypes.c_ubyte,
         map_failed=ctypes.c_void_p(-1).value,  # MAP_FAILED, as the typed mmap returns it
     )

@@ -286,8 +286,7 @@ def _prefetch_fd(path: str) -> Iterator[int | None]:
         yield None
         return
     try:
-        with contextlib.suppress(OSError, AttributeError):  # the bytes asked for only: no read-ahead past them
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        uncached.read_nothing_ahead(fd)
         yield fd
     finally:
         os.close(fd)

@@ -11,7 +11,7 @@ again and drop them before the copy, about 2 ms a file on the run's way to its f
 Linux 6.14 and later read with ``RWF_DONTCACHE`` through the page cache and drop what the read
 brought in once it is copied out (a page cached before stays cached), at the latency of a plain
 read. Pages read ahead past the bytes asked for would stay, so the callers read through a
-descriptor advised ``POSIX_FADV_RANDOM``. ``read`` asks for the flag and falls back to a plain
+descriptor advised ``POSIX_FADV_RANDOM`` (``read_nothing_ahead``). ``read`` asks for the flag and falls back to a plain
 ``pread`` where the kernel does not know it (``EINVAL``, ``ENOSYS``, or a platform without
 ``preadv2``: then it is not asked again) or the file system does not take it (``EOPNOTSUPP``).
 ``left_none`` says whether every read so far went uncached; the executor looks for islands only
@@ -22,6 +22,7 @@ bench's 8 rank files 0.559 -> 0.541 s (8 rounds: transform 8 -> 4 0.504 -> 0.495
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
@@ -65,10 +66,17 @@ def read(fd: int, length: int, offset: int) -> bytes | bytearray:
     return os.pread(fd, length, offset)
 
 
+def read_nothing_ahead(fd: int) -> None:
+    """Advise ``fd`` to read only the bytes asked for (``POSIX_FADV_RANDOM``): ``read`` drops the
+    pages it asked for, not those the kernel reads ahead of them. A hint; refused, nothing changes."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+
+
 def left_none() -> bool:
     """Whether every ``read`` of this process so far left nothing cached."""
     with _TALLY.lock:
         return _TALLY.kernel_takes and _TALLY.cached_reads == 0
 
 
-__all__ = ["RWF_DONTCACHE", "left_none", "read"]
+__all__ = ["RWF_DONTCACHE", "left_none", "read", "read_nothing_ahead"]

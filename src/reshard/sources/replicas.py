@@ -27,7 +27,6 @@ reads 17 MiB, where planning takes 0.1-0.2 s and the transform to a full model a
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -194,11 +193,10 @@ def _file_samples(
     with open_checkpoint(path, replace(options or ReadOptions(), verify_crc=False)) as index:
         fd = os.open(path, os.O_RDONLY) if index.file_backed else None
         try:
-            if fd is not None and not uncached.left_none():  # hinted blocks would stay cached
-                _hint(fd, index, items)
+            if fd is not None and uncached.left_none():  # hinted blocks would stay cached
+                uncached.read_nothing_ahead(fd)
             elif fd is not None:
-                with contextlib.suppress(OSError, AttributeError):  # the blocks only: no read-ahead past them
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                _hint(fd, index, items)
             return [(key, _sample(index, fd, key.name, rank)) for key, rank in items]
         finally:
             if fd is not None:
