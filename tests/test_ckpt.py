@@ -501,15 +501,17 @@ def test_bit_flips_raise_only_reshard_errors(tmp_path: Path, data: bytes, bit: i
 
 @pytest.fixture
 def counted_walks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The files ``read_ckpt`` walked (indexed afresh), with a fresh memo and a 0.05 s settling time."""
+    """The files ``read_ckpt`` walked (indexed afresh), with a fresh memo and a 0.05 s settling time
+    (and no twins: ``test_ckpt_twins``)."""
     walked: list[str] = []
     real = ckpt._index
     monkeypatch.setattr(ckpt, "_MEMO", index_memo.IndexMemo())
     monkeypatch.setattr(index_memo, "SETTLED_SECONDS", 0.05)
+    monkeypatch.setattr(ckpt._TWINS, "checked", lambda fd, size, end: None)
 
-    def counting(scan: object, end: int) -> object:
+    def counting(scan: object, end: int, recorder: object = None) -> object:
         walked.append(scan.path)  # type: ignore[attr-defined]
-        return real(scan, end)  # type: ignore[arg-type]
+        return real(scan, end, recorder)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ckpt, "_index", counting)
     return walked

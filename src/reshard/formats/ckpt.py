@@ -71,6 +71,7 @@ from reshard.formats.base import (
     pwrite_all,
     write_file,
 )
+from reshard.formats.ckpt_twins import Recorder, Twins
 from reshard.formats.index_memo import IndexMemo
 
 if TYPE_CHECKING:
@@ -255,8 +256,10 @@ def _entries(
         end = _payload_end(buf, size, verify_crc, path, fd)
         identity = None if decrypted else _MEMO.identity(path)
         entries = _MEMO.recall(identity)
-        if entries is None:  # a crc check has just read the whole file: its heads parse from the map
-            entries = _index(_Scanner(buf, path, None if verify_crc else fd), end)
+        if entries is None:
+            # a decrypted file's bytes are in a temporary file: no twins there
+            plain = fd if identity is not None else None
+            entries = _TWINS.checked(plain, size, end) or _index_offered(path, buf, end, plain, verify_crc)
             _MEMO.keep(identity, entries, path)
         drop_resident(buf)
         return entries
@@ -265,6 +268,16 @@ def _entries(
             raise
         # CBC has no authentication: a wrong key usually only shows up as garbage plaintext.
         raise CryptoError(f"decrypted bytes are not a checkpoint (wrong key or mode?): {exc.detail}", path) from None
+
+
+def _index_offered(path: str, buf: Any, end: int, fd: int | None, verify_crc: bool) -> dict[str, TensorEntry]:
+    """The file indexed record by record (a crc check has just read it whole: its heads parse from the map);
+    a plain file's layout is offered to its twins."""
+    recorder = Recorder() if fd is not None else None
+    entries = _index(_Scanner(buf, path, None if verify_crc else fd), end, recorder)
+    if recorder is not None:
+        _TWINS.offer(len(buf), end, recorder.layout(entries))
+    return entries
 
 
 def _bytes_at(buf: Any, fd: int | None, offset: int, length: int) -> bytes:
@@ -384,11 +397,13 @@ def _crc_of_buffer(buf: Any, end: int) -> int:
 
 
 _MEMO = IndexMemo()  # see the module docstring
+_TWINS = Twins()  # the record layouts of files indexed, for their twins (formats.ckpt_twins)
 
 
-def _index(scan: _Scanner, end: int) -> dict[str, TensorEntry]:
-    """All tensors of the file: consecutive records with one tag joined, file order kept."""
-    chunks = list(_records(scan, end))
+def _index(scan: _Scanner, end: int, recorder: Recorder | None = None) -> dict[str, TensorEntry]:
+    """All tensors of the file: consecutive records with one tag joined, file order kept (the bytes
+    outside tensor contents to ``recorder``)."""
+    chunks = list(_records(scan, end, recorder))
     if not chunks:
         raise FormatError("no parameters in the checkpoint (empty or not a .ckpt)", scan.path)
     entries: dict[str, TensorEntry] = {}
@@ -397,13 +412,18 @@ def _index(scan: _Scanner, end: int) -> dict[str, TensorEntry]:
     return entries
 
 
-def _records(scan: _Scanner, end: int) -> Iterator[_Chunk]:
+def _records(scan: _Scanner, end: int, recorder: Recorder | None) -> Iterator[_Chunk]:
     """The ``Checkpoint.value`` records of the top-level message, in file order."""
     pos = 0
     while pos < end:
-        chunk, pos = _record_from_bytes_read(scan, pos, end)
+        chunk, after = _record_from_bytes_read(scan, pos, end)
+        if recorder is not None:  # the record's bytes around its content, from the bytes just parsed
+            content, length = chunk.content if chunk is not None else (after, 0)
+            recorder.take(scan.buf, scan.base, pos, content)
+            recorder.take(scan.buf, scan.base, content + length, after)
         if chunk is not None:
             yield chunk
+        pos = after
 
 
 def _record_from_bytes_read(scan: _Scanner, pos: int, end: int) -> tuple[_Chunk | None, int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 from reshard import readahead
 from reshard.errors import UsageError
@@ -110,12 +110,37 @@ def indexed(files: Sequence[tuple[str, int]], options: ReadOptions | None) -> li
     released), so overlapping the files hides most of the latency on a cold cache: a convert of 8
     rank files indexed them one after another in 0.125 s, a quarter of ``cp``'s whole copy of them.
     Errors are raised in the files' order, as a sequential scan would.
+
+    The first file of each size is indexed before the others: the ranks of a pipeline stage are
+    usually twins (same records, other tensor data), and a twin of an indexed ``.ckpt`` file is
+    checked against it instead of walked record by record (``formats.ckpt_twins``; cold, medians:
+    the bench's 8 rank files 32.8 -> 23.4 ms, 128 rank files of 2 stages 515 -> 273 ms).
     """
     with readahead.paused():  # the start-up read-ahead's bulk waits: these small reads go first
         if len(files) <= 1:
             return [source_file(path, rank, options) for path, rank in files]
+        first, rest = _first_of_each_size([path for path, _ in files])
         with ThreadPoolExecutor(min(INDEX_THREADS, len(files)), thread_name_prefix="reshard-index") as pool:
-            return list(pool.map(lambda f: source_file(f[0], f[1], options), files))
+            done = {k: pool.submit(source_file, *files[k], options) for k in first}
+            wait(list(done.values()))
+            done.update({k: pool.submit(source_file, *files[k], options) for k in rest})
+            return [done[k].result() for k in range(len(files))]
+
+
+def _first_of_each_size(paths: Sequence[str]) -> tuple[list[int], list[int]]:
+    """The positions of the first file of each size (and of files that cannot be sized), and the others'."""
+    seen: set[int] = set()
+    first: list[int] = []
+    rest: list[int] = []
+    for k, path in enumerate(paths):
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            first.append(k)  # opening it reports the problem
+            continue
+        (rest if size in seen else first).append(k)
+        seen.add(size)
+    return first, rest
 
 
 __all__ = ["INDEX_THREADS", "has_crc_trailer", "indexed", "open_checkpoint", "source_file", "source_files"]
