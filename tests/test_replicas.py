@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from reshard.errors import IntegrityError
+from reshard.formats.base import TEMP_SUFFIX
 from reshard.formats.safetensors import save_safetensors
 from reshard.formats.strategy import make_strategy
 from reshard.layout import ParamLayout
@@ -187,3 +189,46 @@ def test_encrypted_copies_are_compared_from_their_decrypted_bytes(tmp_path: Path
         files[rank] = source_file(path, rank, read)
     with pytest.raises(IntegrityError, match=r"ranks 0 and 1 hold different bytes at offset 61440\.\.65536"):
         check_replicas(files, STRATEGY, read)  # type: ignore[arg-type]
+
+
+def test_the_check_runs_beside_the_copy_and_the_output_waits_for_it(
+    demo: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check's verdict comes while the copy runs (``ops.pending``): a failing one still leaves no output."""
+    from reshard import api
+    from reshard.sources import replicas
+
+    out = tmp_path / "out"
+    seen: dict[str, bool] = {}
+
+    def slow_check(*args: object, **kwargs: object) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(out.rglob(f"*{TEMP_SUFFIX}")):
+            time.sleep(0.001)
+        seen["copy started first"] = any(out.rglob(f"*{TEMP_SUFFIX}"))
+        raise IntegrityError("ranks 0 and 2 hold different bytes (a test's check)", "rank_2")
+
+    monkeypatch.setattr(replicas, "check_replicas", slow_check)
+    with pytest.raises(IntegrityError, match="a test's check"):
+        api.transform(demo["good"], str(out), demo["s8"], None)
+    assert seen == {"copy started first": True}
+    assert not out.exists()
+
+
+def test_its_error_comes_before_a_refused_destination(demo: dict[str, str], tmp_path: Path) -> None:
+    """As when the check ran before the copy: a stale rank file is the problem to tell first."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mine.txt").write_text("a user's file")
+    proc = run("transform", "--src", demo["r8"], "--src-strategy", demo["s8"], "--dst", str(out))
+    assert proc.returncode == 2, proc.stderr
+    assert "ranks 0 and 2" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
+
+
+def test_a_passing_check_lets_every_output_in(demo: dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = run("transform", "--src", demo["good"], "--src-strategy", demo["s8"], "--dst-strategy", demo["s4"],
+               "--dst", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.parent.name for p in out.rglob("*.ckpt")) == [f"rank_{r}" for r in range(4)]

@@ -485,12 +485,16 @@ def run_file(
         interrupts.reached("file")  # a test-only pause point (reshard.interrupts): the temporary file exists
         if hasher_pool is None or encrypted:
             fill_tensors(fd, lay)
+            if run.before_commit is not None:
+                run.before_commit()
             return
         hasher = StreamingDigest(fd, hasher_pool, write.checksum)
         for offset, length in _final_framing(lay):  # written by write_file before fill (but what seal writes)
             hasher.finished(offset, length)
         try:
             fill_tensors(fd, lay)
+            if run.before_commit is not None:  # the file is renamed into place after fill (and finish)
+                run.before_commit()
         except BaseException:
             hasher.abandon()
             raise

@@ -71,6 +71,9 @@ class RunOptions:
     # while writing.
     on_file_written: Callable[[FilePlan, str | None], None] | None = None
     hash_outputs: bool = False  # checksum each plain output while writing it (encrypted ones: None)
+    # Called once an output's bytes are written, before it is renamed into place (from worker threads):
+    # what it raises fails the run, which then leaves no output (a check running beside the copy).
+    before_commit: Callable[[], None] | None = None
 
 
 # Bytes fetched from other nodes per writer node and not yet written (execute.ray_nodes), by default.

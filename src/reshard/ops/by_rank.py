@@ -83,9 +83,10 @@ def transform_by_rank(
     if quantized_names(list(sources.values())):
         src_sf, dst_sf = _paired(sources, src_sf, dst_sf, next(iter(files_map.values())))
     plan = plan_transform_by_rank(rank, sources, out_file, src_sf, dst_sf)
-    check_copies(sources, src_sf, read)
+    pending = check_copies(sources, src_sf, read)
     reads = [*files_map.values(), *strategy_paths(src_strategy, dst_strategy)]
-    return run_plan(plan, Target(None, reads, output_file=out_file), destination, read, write, run, [])
+    target = Target(None, reads, output_file=out_file)
+    return run_plan(plan, target, destination, read, write, run, [], pending=pending)
 
 
 def _paired(

@@ -23,6 +23,7 @@ from reshard.execute.options import RayOptions, RunOptions, WriteOptions
 from reshard.formats.strategy import StrategyFile
 from reshard.naming import NameReport
 from reshard.ops.options import Destination
+from reshard.ops.pending import PendingCheck, beside_the_copy, its_error_first
 from reshard.plan import Plan
 from reshard.sources import ReadOptions, open_checkpoint
 
@@ -65,17 +66,28 @@ def run_plan(
     run: RunOptions | None,
     notes: list[str],
     names: NameReport | None = None,
+    pending: PendingCheck | None = None,
 ) -> Report:
     """Run ``plan`` into ``target`` (nothing with ``destination.dry_run``) and report it.
+
+    ``pending``: a check of the inputs not yet run (``ops.pending``): beside a copy into one file it
+    runs while the copy does, and the output waits for it; otherwise it runs first. Its error comes
+    first either way.
 
     Raises:
         UsageError: A refused destination (``reshard.destination``), and everything ``execute`` raises.
     """
     where = destination or Destination()
-    if where.dry_run:
-        return Report(plan, notes, [], names)
-    kept = kept_note(run_plans([plan], target, where, read, write, run), notes)
-    return Report(plan, notes, kept, names)
+    if where.dry_run or pending is None or not beside_the_copy(plan):
+        if pending is not None:
+            pending.wait()
+        if where.dry_run:
+            return Report(plan, notes, [], names)
+        return Report(plan, notes, kept_note(run_plans([plan], target, where, read, write, run), notes), names)
+    with its_error_first(pending):
+        kept = run_plans([plan], target, where, read, write, pending.gated(run))
+    pending.wait()
+    return Report(plan, notes, kept_note(kept, notes), names)
 
 
 def run_plans(

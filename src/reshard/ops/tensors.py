@@ -22,6 +22,7 @@ from reshard.errors import UsageError
 from reshard.layout import LayoutTable
 from reshard.naming import NameReport
 from reshard.ops.options import TensorOptions
+from reshard.ops.pending import PendingCheck
 from reshard.plan import Plan, SourceFile, SourceTensor
 from reshard.plan.cast import cast_files, cast_rule
 from reshard.plan.quantized import (
@@ -289,13 +290,17 @@ def training_state_note(plan: Plan, notes: list[str]) -> None:
         )
 
 
-def check_copies(sources: Mapping[int, SourceFile], sf: LayoutTable | None, read: ReadOptions | None) -> None:
+def check_copies(
+    sources: Mapping[int, SourceFile], sf: LayoutTable | None, read: ReadOptions | None
+) -> PendingCheck | None:
     """The copies of a slice the source strategy calls replicas hold the same bytes (sampled:
-    ``reshard.sources.replicas``), checked once a plan is made from them, before any byte is written."""
-    if sf is not None:
-        from reshard.sources.replicas import check_replicas
+    ``reshard.sources.replicas``), checked once a plan is made from them, beside the copy: no output
+    is renamed into place before it passed (``ops.pending``). None: no strategy, nothing to check."""
+    if sf is None:
+        return None
+    from reshard.sources.replicas import check_replicas
 
-        check_replicas(sources, sf, read)
+    return PendingCheck(lambda: check_replicas(sources, sf, read), name="reshard-replicas")
 
 
 __all__ = [

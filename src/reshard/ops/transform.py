@@ -24,6 +24,7 @@ from reshard.layout import LayoutTable
 from reshard.ops import checkpoint2 as _cp2
 from reshard.ops import dcp_output
 from reshard.ops.options import WRITES, Destination, OutputSpec, TensorOptions, output_format, shard_bytes
+from reshard.ops.pending import PendingCheck, its_error_first
 from reshard.ops.run import Report, Target, folder_superseded, run_plan, strategy_paths
 from reshard.ops.tensors import Inputs, TensorPipeline, check_copies, plan_tensors, training_state_note
 from reshard.plan import Plan, SourceFile, hf_sharded, plan_transform, plan_transform_full
@@ -74,6 +75,7 @@ class _Job:
     out_format: str | None = None  # the output format asked for (None: the source's)
     carried: dcp_output.Carried | None = None  # what a chunked source hands a torch_dist output
     chunks: OpenedChunks | None = None  # a DCP source to a DCP output: planned from its boxes in _finish
+    copies: PendingCheck | None = None  # the replica check, running beside the copy (ops.pending)
 
 
 def transform(
@@ -165,16 +167,10 @@ def transform(
         plan, src_sf, everyone = _plan_chunked(job)
     else:
         plan, src_sf, everyone = _plan_sharded(job, src_strategy)
-    plan = _finish(job, plan, src_sf, everyone, out)
-    sources = [model_folder(src), *strategy_paths(src_strategy, dst_strategy)]
-    if job.cp2_out:
-        target = Target(dst, sources, superseded=lambda p: _cp2.superseded(dst, p, where.overwrite, where.resume))
-    elif job.dcp_out:
-        save = dcp_output.save_folder(dst, out)
-        target = Target(dst, sources, superseded=dcp_output.superseded(save, where.overwrite, where.resume))
-    else:
-        target = Target(dst, sources, superseded=folder_superseded(dst, job.dst_sf, where))
-    return run_plan(plan, target, where, read, write, run, job.notes, job.pipeline.report)
+    with its_error_first(job.copies):
+        plan = _finish(job, plan, src_sf, everyone, out)
+        target = _target(job, src, dst, src_strategy, dst_strategy, out, where)
+    return run_plan(plan, target, where, read, write, run, job.notes, job.pipeline.report, job.copies)
 
 
 def _job(
@@ -266,6 +262,25 @@ def _plan_full(
     return plan, None, everyone
 
 
+def _target(
+    job: _Job,
+    src: str,
+    dst: str,
+    src_strategy: str | StrategyFile | None,
+    dst_strategy: str | StrategyFile | None,
+    out: OutputSpec,
+    where: Destination,
+) -> Target:
+    """Where the plan goes, what it reads, and what of an earlier run there it replaces."""
+    sources = [model_folder(src), *strategy_paths(src_strategy, dst_strategy)]
+    if job.cp2_out:
+        return Target(dst, sources, superseded=lambda p: _cp2.superseded(dst, p, where.overwrite, where.resume))
+    if job.dcp_out:
+        save = dcp_output.save_folder(dst, out)
+        return Target(dst, sources, superseded=dcp_output.superseded(save, where.overwrite, where.resume))
+    return Target(dst, sources, superseded=folder_superseded(dst, job.dst_sf, where))
+
+
 def _pair_destination(job: _Job, inputs: Inputs) -> None:
     """The destination strategy with each FP8 scale laid out as its weight: the planned one, or (a DCP output,
     planned whole and cut into chunks afterwards) the one the chunks are cut by."""
@@ -293,13 +308,14 @@ def _plan_sharded(job: _Job, src_strategy: str | StrategyFile | None) -> tuple[P
     _pair_destination(job, inputs)
     fmt = job.fmt or opened.fmt or "ckpt"
     plan = plan_transform(sources, src_sf, job.plan_dst, job.dst, job.prefix, fmt, job.ranks)
-    check_copies(inputs.read or {}, src_sf, job.read)
-    plan = job.pipeline.after(inputs.resolve(plan), inputs, full=job.plan_dst is None)
-    everyone = None
-    if job.cp2_out:
-        everyone = _cp2.everyone(
-            job.ranks, lambda: plan_transform(sources, src_sf, job.plan_dst, job.dst, "", "safetensors")
-        )
+    job.copies = check_copies(inputs.read or {}, src_sf, job.read)
+    with its_error_first(job.copies):
+        plan = job.pipeline.after(inputs.resolve(plan), inputs, full=job.plan_dst is None)
+        everyone = None
+        if job.cp2_out:
+            everyone = _cp2.everyone(
+                job.ranks, lambda: plan_transform(sources, src_sf, job.plan_dst, job.dst, "", "safetensors")
+            )
     return plan, src_sf, everyone
 
 

@@ -21,6 +21,7 @@ from reshard.formats.strategy import StrategyFile
 from reshard.ops import checkpoint2 as _cp2
 from reshard.ops import dcp_output
 from reshard.ops.options import WRITES, Destination, OutputSpec, TensorOptions, UnifyOptions, output_format, shard_bytes
+from reshard.ops.pending import PendingCheck, its_error_first
 from reshard.ops.run import Report, Target, run_plan
 from reshard.ops.tensors import Inputs, TensorPipeline, check_copies, plan_tensors, training_state_note
 from reshard.ops.transform import transform  # the one planner of DCP outputs
@@ -115,12 +116,13 @@ def unify(
         from reshard.ops import chunked  # the DCP readers load for a chunked source only
 
         chunked.check_run(run)
-        plan = _chunked_plan(src, strategy, dst, how, shard_size, pipeline, read, notes)
+        plan, pending = _chunked_plan(src, strategy, dst, how, shard_size, pipeline, read, notes), None
     else:
-        plan = _sharded_plan(src, strategy, dst, how, shard_size, pipeline, read, notes)
-    pipeline.check_config(plan_tensors(plan))
-    plan = pipeline.finish(plan, notes, read)
-    return run_plan(plan, Target(dst, [src]), destination, read, write, run, notes, pipeline.report)
+        plan, pending = _sharded_plan(src, strategy, dst, how, shard_size, pipeline, read, notes)
+    with its_error_first(pending):
+        pipeline.check_config(plan_tensors(plan))
+        plan = pipeline.finish(plan, notes, read)
+    return run_plan(plan, Target(dst, [src]), destination, read, write, run, notes, pipeline.report, pending)
 
 
 def _as_dcp(
@@ -157,8 +159,8 @@ def _sharded_plan(
     pipeline: TensorPipeline,
     read: ReadOptions | None,
     notes: list[str],
-) -> Plan:
-    """Rank folders or a Checkpoint 2.0 and their strategy, unified."""
+) -> tuple[Plan, PendingCheck | None]:
+    """Rank folders or a Checkpoint 2.0 and their strategy, unified; and the replica check, running."""
     sources, sf = _sources(src, strategy, how, read, notes)
     inputs = pipeline.apply(Inputs(sources, table=sf), notes)
     # each FP8 scale laid out as its weight (a StrategyFile stays one: dataclasses.replace)
@@ -172,8 +174,7 @@ def _sharded_plan(
         training_state_note(plan, notes)
     else:
         plan = mapped(plan_unify(sources, sf, dst, how.choice_func, how.split_dst_file))
-    check_copies(sources, sf, read)
-    return plan
+    return plan, check_copies(sources, sf, read)
 
 
 def _chunked_plan(
