@@ -29,7 +29,15 @@ def test_the_catch_all_is_gone() -> None:
 
 def test_each_concern_holds_its_own_fields() -> None:
     assert _fields(WriteOptions) == {"write_crc", "enc_key", "enc_mode", "chunk_bytes", "checksum"}
-    assert _fields(RunOptions) == {"workers", "max_memory", "progress", "on_start", "on_file_written", "hash_outputs"}
+    assert _fields(RunOptions) == {
+        "workers",
+        "max_memory",
+        "progress",
+        "on_start",
+        "on_file_written",
+        "hash_outputs",
+        "before_commit",
+    }
     assert issubclass(RayOptions, RunOptions)
     assert _fields(RayOptions) - _fields(RunOptions) == {
         "address",

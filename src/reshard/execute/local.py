@@ -478,6 +478,7 @@ def run_file(
         else:
             for name in work:
                 one(out, lay, name)
+        _before_commit(run)  # the file is renamed into place after fill (and finish)
 
     def fill(fd: int, lay: ByteLayout) -> None:
         nonlocal hasher
@@ -485,16 +486,12 @@ def run_file(
         interrupts.reached("file")  # a test-only pause point (reshard.interrupts): the temporary file exists
         if hasher_pool is None or encrypted:
             fill_tensors(fd, lay)
-            if run.before_commit is not None:
-                run.before_commit()
             return
         hasher = StreamingDigest(fd, hasher_pool, write.checksum)
         for offset, length in _final_framing(lay):  # written by write_file before fill (but what seal writes)
             hasher.finished(offset, length)
         try:
             fill_tensors(fd, lay)
-            if run.before_commit is not None:  # the file is renamed into place after fill (and finish)
-                run.before_commit()
         except BaseException:
             hasher.abandon()
             raise
@@ -519,6 +516,12 @@ def run_file(
     if run.on_file_written is not None:
         run.on_file_written(file, checksum)
     return checksum
+
+
+def _before_commit(run: RunOptions) -> None:
+    """Wait for what must pass before an output goes into place (a check running beside the copy)."""
+    if run.before_commit is not None:
+        run.before_commit()
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""Replicas hold the same bytes: a cheap sample of every redundant copy compared before writing.
+"""Replicas hold the same bytes: a cheap sample of every redundant copy compared before any output is in place.
 
 The layout says which ranks of a pipeline stage hold the same slice of a parameter (data-parallel
 copies, and every rank of a dimension the tensor map leaves unsplit); a transform reads one of
