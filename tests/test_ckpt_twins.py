@@ -189,3 +189,13 @@ def test_indexed_raises_the_first_error_in_file_order(tmp_path: Path, fresh: dic
     with pytest.raises(Exception) as raised:
         source_files.indexed([(str(p), rank) for rank, p in enumerate(paths)], None)
     assert str(paths[2]) in str(raised.value)
+
+
+def test_only_ckpt_files_wait_for_a_twin(tmp_path: Path) -> None:
+    paths = []
+    for name in ("a.safetensors", "b.safetensors", "c.ckpt", "d.ckpt", "missing.ckpt"):
+        path = tmp_path / name
+        if name != "missing.ckpt":
+            path.write_bytes(b"x" * 10)
+        paths.append(str(path))
+    assert source_files._first_of_each_size(paths) == ([0, 1, 2, 4], [3])

@@ -128,15 +128,18 @@ def indexed(files: Sequence[tuple[str, int]], options: ReadOptions | None) -> li
 
 
 def _first_of_each_size(paths: Sequence[str]) -> tuple[list[int], list[int]]:
-    """The positions of the first file of each size (and of files that cannot be sized), and the others'."""
+    """The positions of the first ``.ckpt`` file of each size (and of every other file: no twins there),
+    and the others'."""
     seen: set[int] = set()
     first: list[int] = []
     rest: list[int] = []
     for k, path in enumerate(paths):
         try:
-            size = os.path.getsize(path)
+            size = os.path.getsize(path) if path.endswith(".ckpt") else -1
         except OSError:
-            first.append(k)  # opening it reports the problem
+            size = -1  # opening it reports the problem
+        if size < 0:
+            first.append(k)
             continue
         (rest if size in seen else first).append(k)
         seen.add(size)
