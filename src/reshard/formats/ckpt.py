@@ -256,10 +256,8 @@ def _entries(
         end = _payload_end(buf, size, verify_crc, path, fd)
         identity = None if decrypted else _MEMO.identity(path)
         entries = _MEMO.recall(identity)
-        if entries is None:
-            # a decrypted file's bytes are in a temporary file: no twins there
-            plain = fd if identity is not None else None
-            entries = _TWINS.checked(plain, size, end) or _index_offered(path, buf, end, plain, verify_crc)
+        if entries is None:  # fd is None for decrypted bytes (a temporary file): no twins there
+            entries = _TWINS.checked(fd, size, end) or _index_offered(path, buf, size, end, fd, verify_crc)
             _MEMO.keep(identity, entries, path)
         drop_resident(buf)
         return entries
@@ -270,13 +268,15 @@ def _entries(
         raise CryptoError(f"decrypted bytes are not a checkpoint (wrong key or mode?): {exc.detail}", path) from None
 
 
-def _index_offered(path: str, buf: Any, end: int, fd: int | None, verify_crc: bool) -> dict[str, TensorEntry]:
+def _index_offered(
+    path: str, buf: Any, size: int, end: int, fd: int | None, verify_crc: bool
+) -> dict[str, TensorEntry]:
     """The file indexed record by record (a crc check has just read it whole: its heads parse from the map);
     a plain file's layout is offered to its twins."""
     recorder = Recorder() if fd is not None else None
     entries = _index(_Scanner(buf, path, None if verify_crc else fd), end, recorder)
     if recorder is not None:
-        _TWINS.offer(len(buf), end, recorder.layout(entries))
+        _TWINS.offer(size, end, recorder.layout(entries))
     return entries
 
 

@@ -56,10 +56,9 @@ class PendingCheck:
             self._error = exc
 
     def wait(self) -> None:
-        self.start()
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
+        error = self.failed()
+        if error is not None:
+            raise error
 
     def failed(self) -> BaseException | None:
         """What the check raised, once it is done (None: it passed)."""

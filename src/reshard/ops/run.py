@@ -78,15 +78,15 @@ def run_plan(
         UsageError: A refused destination (``reshard.destination``), and everything ``execute`` raises.
     """
     where = destination or Destination()
-    if where.dry_run or pending is None or not beside_the_copy(plan):
-        if pending is not None:
-            pending.wait()
-        if where.dry_run:
-            return Report(plan, notes, [], names)
-        return Report(plan, notes, kept_note(run_plans([plan], target, where, read, write, run), notes), names)
+    if pending is not None and (where.dry_run or not beside_the_copy(plan)):
+        pending.wait()  # before the copy, as a check always ran
+        pending = None
+    if where.dry_run:
+        return Report(plan, notes, [], names)
     with its_error_first(pending):
-        kept = run_plans([plan], target, where, read, write, pending.gated(run))
-    pending.wait()
+        kept = run_plans([plan], target, where, read, write, pending.gated(run) if pending is not None else run)
+    if pending is not None:
+        pending.wait()  # a run that renamed nothing into place (resumed, kept every output) still hears it
     return Report(plan, notes, kept_note(kept, notes), names)
 
 
