@@ -18,7 +18,6 @@ import pstats
 import re
 import shutil
 import subprocess
-import sys
 from collections import Counter
 from typing import Any
 
@@ -88,10 +87,10 @@ def summarize_collapsed(text: str) -> dict[str, Any]:
 
 
 def profile_reshard(
-    child: str, cli_args: list[str] | dict[str, Any], log_prefix: str, env: dict[str, str]
+    child: str, cli_args: list[str] | dict[str, Any], log_prefix: str, env: dict[str, str], python: str
 ) -> dict[str, Any]:
-    """Run ``rs_child.py`` with ``cli_args`` (or a drop-in call) once under a profiler; the caller
-    deletes the output."""
+    """Run ``rs_child.py`` with ``cli_args`` (or a drop-in call) once under a profiler, in the
+    interpreter ``python``; the caller deletes the output."""
     if shutil.which("py-spy"):
         raw = log_prefix + ".pyspy.txt"
         argv = [
@@ -106,7 +105,7 @@ def profile_reshard(
             "-o",
             raw,
             "--",
-            sys.executable,
+            python,
             child,
             json.dumps(cli_args),
         ]
@@ -120,7 +119,7 @@ def profile_reshard(
         f"run = rs_child.load(json.loads(sys.argv[1])); cProfile.run('run()', {stats_path!r})"
     )
     job = [*cli_args, "--workers", "1"] if isinstance(cli_args, list) else cli_args
-    subprocess.run([sys.executable, "-c", code, json.dumps(job)], capture_output=True, text=True, env=env, check=True)
+    subprocess.run([python, "-c", code, json.dumps(job)], capture_output=True, text=True, env=env, check=True)
     tool = "cProfile, --workers 1" if isinstance(cli_args, list) else "cProfile, main thread only"
     return {"tool": f"{tool} (py-spy not installed)", "text": cprofile_text(stats_path)}
 

@@ -51,6 +51,7 @@ sys.path.insert(0, BENCH_DIR)
 # The driver imports this checkout's reshard too (sizes, the synthetic model), as its children do.
 sys.path.insert(1, os.path.join(os.path.dirname(BENCH_DIR), "src"))
 
+import interpreter  # noqa: E402
 import measure  # noqa: E402
 import profiling  # noqa: E402
 import report  # noqa: E402
@@ -155,9 +156,10 @@ def prepare_workload(w: Workload, env: dict[str, str]) -> dict[str, Any]:
 class Runner:
     """Runs the contestants of every operation of one workload, interleaved, best of N."""
 
-    def __init__(self, args: argparse.Namespace, env: dict[str, str], ms_python: str | None) -> None:
+    def __init__(self, args: argparse.Namespace, env: dict[str, str], python: str, ms_python: str | None) -> None:
         self.args = args
         self.env = env
+        self.python = python
         self.ms_python = ms_python
 
     def _run(self, argv: list[str], log: str) -> measure.Measurement:
@@ -170,7 +172,7 @@ class Runner:
         return job if isinstance(job, dict) else job + list(op.extra_flags) + self.args.reshard_flags.split()
 
     def reshard_argv(self, op: Operation, out: str) -> list[str]:
-        return [sys.executable, os.path.join(BENCH_DIR, "rs_child.py"), json.dumps(self.reshard_args(op, out))]
+        return [self.python, os.path.join(BENCH_DIR, "rs_child.py"), json.dumps(self.reshard_args(op, out))]
 
     def ms_argv(self, op: Operation, out: str) -> list[str]:
         assert self.ms_python is not None and op.mindspore is not None
@@ -234,7 +236,7 @@ class Runner:
             measure.prepare_cache(self.args.cache, op.inputs, self.args.settle)
             child = os.path.join(BENCH_DIR, "rs_child.py")
             result["profile"] = profiling.profile_reshard(
-                child, self.reshard_args(op, out), f"{logs}/{op.key}-profile", self.env
+                child, self.reshard_args(op, out), f"{logs}/{op.key}-profile", self.env, self.python
             )
             measure.remove(out)
         return result
@@ -287,7 +289,7 @@ def _dirty_files() -> list[str]:
     return [line[3:] for line in _git("status", "--porcelain", "--", "src").splitlines() if len(line) > 3]
 
 
-def machine_facts(args: argparse.Namespace, ms_python: str | None) -> dict[str, Any]:
+def machine_facts(args: argparse.Namespace, python: str, ms_python: str | None) -> dict[str, Any]:
     import psutil
 
     facts: dict[str, Any] = {
@@ -305,19 +307,20 @@ def machine_facts(args: argparse.Namespace, ms_python: str | None) -> dict[str, 
         "repeat": args.repeat,
         "ms_procs": args.ms_procs,
         "poll_seconds": measure.POLL_SECONDS,
-        "versions": versions.dependency_versions(ms_python),
+        "reshard_python": {"asked": args.python, "path": python},
+        "versions": versions.dependency_versions(ms_python, python),
     }
     if ms_python:
         facts["mindspore_python"] = ms_python
     return facts
 
 
-def run_plan_bench(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any] | None:
+def run_plan_bench(args: argparse.Namespace, env: dict[str, str], python: str) -> dict[str, Any] | None:
     if args.no_plan:
         return None
     _log("planning micro-benchmark (1000 parameters x 1024 ranks) ...")
     proc = subprocess.run(
-        [sys.executable, os.path.join(BENCH_DIR, "plan_bench.py"), "--json"], capture_output=True, text=True, env=env
+        [python, os.path.join(BENCH_DIR, "plan_bench.py"), "--json"], capture_output=True, text=True, env=env
     )
     if proc.returncode != 0:
         _log(f"plan_bench failed: {proc.stderr.strip()[-500:]}")
@@ -401,6 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not profile operations slower than 1.25x cp (py-spy if installed, else cProfile)",
     )
     p.add_argument("--keep", action="store_true", help="keep the generated inputs (reused by the next run)")
+    p.add_argument("--python", default=interpreter.FRESH, help=interpreter.PYTHON_HELP)
     return p
 
 
@@ -417,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return _main(args, keys)
-    except (BenchError, measure.ContestantError, AssertionError) as exc:
+    except (BenchError, interpreter.InterpreterError, measure.ContestantError, AssertionError) as exc:
         _log(f"bench: error: {exc}")
         return 1
 
@@ -429,13 +433,14 @@ def _workload(args: argparse.Namespace, size: int) -> Workload:
 
 
 def _main(args: argparse.Namespace, keys: list[str]) -> int:
-    env = child_env()
-    ms_python = None if args.no_mindspore else oracle_python()
-    runner = Runner(args, env, ms_python)
-    results: dict[str, Any] = {"meta": machine_facts(args, ms_python)}
     started = time.perf_counter()
     for size in {args.size, *(parse_size(s) for s in args.scaling.split(",") if s.strip())}:
-        check_disk(_workload(args, size))  # refused before the host's memory is touched
+        check_disk(_workload(args, size))  # refused before a venv is made or the host's memory is touched
+    env = child_env()
+    python = interpreter.reshard_python(args.python)
+    ms_python = None if args.no_mindspore else oracle_python()
+    runner = Runner(args, env, python, ms_python)
+    results: dict[str, Any] = {"meta": machine_facts(args, python, ms_python)}
     with measure.steady_host_memory(args.settle) as host:
         results["meta"]["host_memory"] = host
         _bench_all(args, keys, runner, results, ms_python, env)
@@ -470,10 +475,12 @@ def _bench_all(
         measure.remove(main_w.root)
     if args.startup_repeat:
         _log(f"start-up rows (best of {args.startup_repeat}) ...")
-        results["startup"] = startup.measure_startup(args.startup_repeat, os.path.join(args.work, "startup"))
+        results["startup"] = startup.measure_startup(
+            args.startup_repeat, os.path.join(args.work, "startup"), runner.python
+        )
         if not args.keep:
             measure.remove(os.path.join(args.work, "startup"))
-    results["plan"] = run_plan_bench(args, env)
+    results["plan"] = run_plan_bench(args, env, runner.python)
 
 
 def _finish(args: argparse.Namespace, results: dict[str, Any], started: float) -> int:

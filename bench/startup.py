@@ -41,6 +41,7 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH_DIR)
 sys.path.insert(0, BENCH_DIR)
 
+import interpreter  # noqa: E402
 import versions  # noqa: E402
 
 POLL_SECONDS = 0.001
@@ -94,23 +95,24 @@ def _first_file(folder: str) -> bool:
     return False
 
 
-def _demo(work: str, env: dict[str, str]) -> str:
+def _demo(work: str, env: dict[str, str], py: str) -> str:
     demo = os.path.join(work, "demo")
     if not os.path.isdir(os.path.join(demo, "ckpt_8ranks")):
         shutil.rmtree(demo, ignore_errors=True)
-        subprocess.run([sys.executable, "-c", _ENTRY, "demo", "--dir", demo], env=env, check=True, capture_output=True)
+        subprocess.run([py, "-c", _ENTRY, "demo", "--dir", demo], env=env, check=True, capture_output=True)
     return demo
 
 
-def measure_startup(repeat: int = DEFAULT_REPEAT, work: str | None = None) -> dict[str, Any]:
-    """Every row's times (seconds), best and median, plus the dependency versions they ran with."""
+def measure_startup(repeat: int = DEFAULT_REPEAT, work: str | None = None, python: str | None = None) -> dict[str, Any]:
+    """Every row's times (seconds), best and median, plus the dependency versions they ran with; in
+    the interpreter ``python`` (default: this one)."""
     env = child_env()
     owned = work is None
     work = work or tempfile.mkdtemp(prefix="reshard-startup-")
+    py = python or sys.executable
     try:
-        demo = _demo(work, env)
+        demo = _demo(work, env, py)
         dst = os.path.join(work, "small_transform_out")
-        py = sys.executable
         transform = [
             py,
             "-c",
@@ -160,7 +162,7 @@ def measure_startup(repeat: int = DEFAULT_REPEAT, work: str | None = None) -> di
             "cli_import_minus_numpy_cpu": rows["import reshard.cli"]["cpu_best"] - numpy["cpu_best"],
             "dropin_import_minus_numpy_cpu": rows["import reshard.mindspore"]["cpu_best"] - numpy["cpu_best"],
         },
-        "versions": versions.dependency_versions(),
+        "versions": versions.dependency_versions(python=py),
     }
 
 
@@ -226,18 +228,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=DEFAULT_REPEAT, help=f"runs per row (default {DEFAULT_REPEAT})")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     p.add_argument("--out", help="also write them to this file, with the command, commit and dependency versions")
+    p.add_argument("--python", default=interpreter.FRESH, help=interpreter.PYTHON_HELP)
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
-    result = measure_startup(args.repeat)
+    try:
+        python = interpreter.reshard_python(args.python)
+    except interpreter.InterpreterError as exc:
+        print(f"bench/startup.py: error: {exc}", file=sys.stderr)
+        return 1
+    result = measure_startup(args.repeat, python=python)
     print(json.dumps(result, indent=1) if args.json else "\n".join(markdown(result)))
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:
-            json.dump({"meta": _meta(argv), "startup": result}, fh, indent=1)
+            json.dump({"meta": _meta(argv, python), "startup": result}, fh, indent=1)
     return 0
 
 
-def _meta(argv: Sequence[str] | None) -> dict[str, Any]:
+def _meta(argv: Sequence[str] | None, python: str) -> dict[str, Any]:
     """What produced the figures: the command, the commit (and package files changed since), the versions."""
 
     def git(*args: str) -> str:
@@ -251,7 +259,7 @@ def _meta(argv: Sequence[str] | None) -> dict[str, Any]:
         "git_commit": git("rev-parse", "HEAD").strip(),
         "git_dirty_files": dirty,
         "cpus": os.cpu_count(),
-        "versions": versions.dependency_versions(),
+        "versions": versions.dependency_versions(python=python),
     }
 
 

@@ -48,18 +48,25 @@ def _version(name: str) -> str | None:
         return None
 
 
-def dependency_versions(ms_python: str | None = None) -> dict[str, object]:
-    """``{"python": ..., "numpy": ..., ...}`` for this interpreter (None: not installed), and under
-    ``"mindspore_venv"`` the same for MindSpore's venv when ``ms_python`` is given."""
-    found: dict[str, object] = {"python": platform.python_version()}
-    found.update({name: _version(name) for name in DISTRIBUTIONS})
+def dependency_versions(ms_python: str | None = None, python: str | None = None) -> dict[str, object]:
+    """``{"python": ..., "numpy": ..., ...}`` for the interpreter that runs reshard (``python``, read by
+    that interpreter; None: this one; a dependency not installed is None), and under ``"mindspore_venv"``
+    the same for MindSpore's venv when ``ms_python`` is given."""
+    found: dict[str, object]
+    if python is None:
+        found = {"python": platform.python_version()}
+        found.update({name: _version(name) for name in DISTRIBUTIONS})
+    else:
+        found = {**_read_in(python, DISTRIBUTIONS), "interpreter": python}
     if ms_python:
-        proc = subprocess.run(
-            [ms_python, "-c", _READ_VERSIONS, *MINDSPORE_DISTRIBUTIONS], capture_output=True, text=True, timeout=120
-        )
-        found["mindspore_venv"] = (
-            json.loads(proc.stdout.strip().splitlines()[-1])
-            if proc.returncode == 0 and proc.stdout.strip()
-            else {"error": proc.stderr.strip()[-300:]}
-        )
+        found["mindspore_venv"] = _read_in(ms_python, MINDSPORE_DISTRIBUTIONS)
     return found
+
+
+def _read_in(python: str, names: tuple[str, ...]) -> dict[str, object]:
+    """The versions of ``names`` (and Python's) as the interpreter ``python`` sees them."""
+    proc = subprocess.run([python, "-c", _READ_VERSIONS, *names], capture_output=True, text=True, timeout=120)
+    if proc.returncode == 0 and proc.stdout.strip():
+        found: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+        return found
+    return {"error": proc.stderr.strip()[-300:]}

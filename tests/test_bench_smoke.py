@@ -69,6 +69,8 @@ def test_run_tiny_model_reshard_and_cp(tmp_path: Path) -> None:
             "4M,8M",
             "--startup-repeat",
             "1",
+            "--python",
+            sys.executable,
         ]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -89,6 +91,7 @@ def test_run_tiny_model_reshard_and_cp(tmp_path: Path) -> None:
         assert (out / "chart.png").stat().st_size > 0 and (out / "scaling.png").stat().st_size > 0
     assert "| transform 8→4 ranks (.ckpt) |" in proc.stdout
     assert not (tmp_path / "work" / "model-8M-fp32").exists()  # inputs removed without --keep
+    assert results["meta"]["reshard_python"] == {"asked": sys.executable, "path": sys.executable}
     versions = results["meta"]["versions"]  # every figure traceable to what produced it (issue 19)
     expected = {"python", "numpy", "ml_dtypes", "protobuf", "cryptography", "rich", "xxhash", "blake3", "pyyaml"}
     assert expected <= set(versions)
@@ -118,6 +121,35 @@ def test_run_refuses_without_disk(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "not enough free disk" in proc.stderr and proc.stderr.count("\n") == 1
     assert not [name for _, _, names in os.walk(tmp_path / "work") for name in names]  # nothing generated
+
+
+def test_unknown_python_is_one_line(tmp_path: Path) -> None:
+    args = ["--size", "8M", "--no-mindspore", "--no-plan", "--python", str(tmp_path / "no-such-python")]
+    proc = _run([str(BENCH / "run.py"), *args, "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")])
+    assert proc.returncode == 1
+    assert "no such interpreter" in proc.stderr and proc.stderr.count("\n") == 1
+    proc = _run([str(BENCH / "startup.py"), "--python", str(tmp_path / "no-such-python")])
+    assert proc.returncode == 1
+    assert "no such interpreter" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_bench_venv_is_a_fresh_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--python fresh`` (the default): ``scripts/bench_env.sh`` makes a venv of its own with reshard's
+    dependencies (not the base interpreter's site-packages), reused by the next call, and the
+    versions recorded are that venv's."""
+    sys.path.insert(0, str(BENCH))
+    import interpreter
+    import versions
+
+    monkeypatch.setenv("RESHARD_BENCH_VENV", str(tmp_path / "venv"))
+    python = interpreter.reshard_python()
+    assert python == str(tmp_path / "venv" / "bin" / "python")
+    probe = "import sys, numpy, google.protobuf; print(sys.prefix != sys.base_prefix)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    assert subprocess.run([python, "-c", probe], capture_output=True, text=True, env=env).stdout.strip() == "True"
+    found = versions.dependency_versions(python=python)
+    assert found["interpreter"] == python and found["numpy"] and found["protobuf"] and found["psutil"] is None
+    assert interpreter.reshard_python() == python  # the second call refreshes the same venv
 
 
 def test_plan_bench_small() -> None:
