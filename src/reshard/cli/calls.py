@@ -6,49 +6,23 @@ command's flags say more than one object can (convert's ``--to ckpt`` with ``--h
 here. A call the flags map one to one (``transform``, ``split``) is made as ``calls.api.transform``:
 the command's flag groups build exactly the objects the api takes.
 
-``reshard.api`` is loaded on its first use (``_loaded_on_first_use``): every module the command
-imports at start is numpy-free, so ``reshard --version`` and every ``--help`` never load numpy.
+``reshard.api`` imports each name from its module when it is first read, so a command loads only
+the operation it runs, and every module the command imports at start is numpy-free: ``reshard
+--version`` and every ``--help`` never load numpy.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Mapping
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from reshard import api
 from reshard.errors import UsageError
 from reshard.ops.options import Destination, OutputSpec, TensorOptions
 
 if TYPE_CHECKING:
-    from reshard import api
     from reshard.execute.options import RunOptions, WriteOptions
     from reshard.sources.options import ReadOptions
-
-
-def _loaded_on_first_use(name: str) -> ModuleType:
-    """Module ``name``, executed when one of its attributes is first read (``importlib.util.LazyLoader``).
-
-    The module is registered as a normal import would be, so ``import reshard.api`` elsewhere gets
-    the same object.
-    """
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"no module named {name!r}")
-    spec.loader = importlib.util.LazyLoader(spec.loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    parent, _, child = name.rpartition(".")
-    setattr(sys.modules[parent], child, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-if not TYPE_CHECKING:
-    api = _loaded_on_first_use("reshard.api")
 
 
 def plan_ranks(src: str, src_strategy: Any, dst_strategy: Any, rank: int, read: ReadOptions) -> api.Report:
