@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from reshard.errors import FormatError, LayoutError, ReshardError, UnsupportedError, UsageError
 from reshard.formats.base import write_whole
+from reshard.formats.strategy_proto import PACKAGE, SCHEMA, WIRE_LIMIT, WireError, decode
 from reshard.layout import STAGE_SEPARATOR, ParamLayout, TensorMapEntry
 from reshard.text import first_line
 
@@ -77,52 +78,8 @@ DEFAULT_OP_STRATEGY: tuple[tuple[int, ...], ...] = ((1,),)
 # never loads it. The schema names protobuf's label and type enums, resolved then.
 
 _PROTO_FILE = "node_strategy.proto"
-_PROTO_PACKAGE = "mindspore.straspb"
-_REQ = "LABEL_REQUIRED"
-_REP = "LABEL_REPEATED"
-# message -> [(field name, number, label, type, message type name or None)]
-_SCHEMA: dict[str, list[tuple[str, int, str, str, str | None]]] = {
-    "ParallelStrategy": [("dim", 1, _REP, "TYPE_UINT32", None)],
-    "ParallelStrategys": [
-        ("stage", 1, _REQ, "TYPE_UINT32", None),
-        ("parallel_strategy", 2, _REP, "TYPE_MESSAGE", "ParallelStrategy"),
-    ],
-    "ParallelStrategyItem": [
-        ("node_name", 1, _REQ, "TYPE_STRING", None),
-        ("parallel_strategys", 2, _REQ, "TYPE_MESSAGE", "ParallelStrategys"),
-    ],
-    "DevMatrix": [("dim", 1, _REP, "TYPE_UINT32", None)],
-    "TensorMap": [("dim", 1, _REP, "TYPE_INT32", None)],
-    "ParamSplitShape": [("dim", 1, _REP, "TYPE_INT64", None)],
-    "IndicesOffset": [("dim", 1, _REP, "TYPE_INT64", None)],
-    "ParallelLayouts": [
-        ("dev_matrix", 1, _REP, "TYPE_MESSAGE", "DevMatrix"),
-        ("tensor_map", 2, _REP, "TYPE_MESSAGE", "TensorMap"),
-        ("param_split_shape", 3, _REP, "TYPE_MESSAGE", "ParamSplitShape"),
-        ("indices_offset", 4, _REP, "TYPE_MESSAGE", "IndicesOffset"),
-        ("field", 5, _REQ, "TYPE_INT32", None),
-        ("opt_weight_shard_step", 6, _REQ, "TYPE_INT32", None),
-        ("opt_weight_shard_size", 7, _REQ, "TYPE_INT32", None),
-    ],
-    "ParallelLayoutItem": [
-        ("param_name", 1, _REQ, "TYPE_STRING", None),
-        ("parallel_layouts", 2, _REQ, "TYPE_MESSAGE", "ParallelLayouts"),
-    ],
-    "ParallelGroupRanks": [("dim", 1, _REP, "TYPE_UINT32", None)],
-    "ParallelGroupItem": [
-        ("group_name", 1, _REQ, "TYPE_STRING", None),
-        ("parallel_group_ranks", 2, _REQ, "TYPE_MESSAGE", "ParallelGroupRanks"),
-    ],
-    "ParallelGroupMap": [
-        ("parallel_group_item", 1, _REP, "TYPE_MESSAGE", "ParallelGroupItem"),
-        ("ckpt_restore_rank_list", 2, _REQ, "TYPE_MESSAGE", "ParallelGroupRanks"),
-    ],
-    "ParallelStrategyMap": [
-        ("current_stage", 1, _REQ, "TYPE_UINT32", None),
-        ("parallel_strategy_item", 2, _REP, "TYPE_MESSAGE", "ParallelStrategyItem"),
-        ("parallel_layout_item", 3, _REP, "TYPE_MESSAGE", "ParallelLayoutItem"),
-    ],
-}
+_PROTO_PACKAGE = PACKAGE
+_SCHEMA = SCHEMA
 
 
 def _file_descriptor() -> descriptor_pb2.FileDescriptorProto:
@@ -227,6 +184,11 @@ def read_strategy(path: str | os.PathLike[str]) -> StrategyFile:
     data = _read_bytes(path)
     if format_of(path) == JSON:
         return _from_json(_parse_json(data, path), path)
+    if len(data) <= WIRE_LIMIT:  # no protobuf import for a file this size (formats.strategy_proto)
+        try:
+            return _from_message(decode(data), path)
+        except WireError as exc:
+            raise FormatError(f"not a protobuf strategy file ({exc})", path) from None
     return _from_message(_parse_message(data, path), path)
 
 
