@@ -73,28 +73,27 @@ DEFAULT_OP_NAME = "reshard_stage_marker"
 DEFAULT_OP_STRATEGY: tuple[tuple[int, ...], ...] = ((1,),)
 
 # --------------------------------------------------------------------------------------------
-# Protobuf classes, built at runtime from a descriptor (docs/formats.md §2.1). protobuf is imported
-# when the first class is built: a run that reads no strategy file (a convert, a JSON strategy)
-# never loads it. The schema names protobuf's label and type enums, resolved then.
+# Protobuf classes, built at runtime from the schema in ``formats.strategy_proto`` (docs/formats.md §2.1).
+# protobuf is imported when the first class is built: reading a strategy file of up to ``WIRE_LIMIT``
+# bytes (``strategy_proto.decode``), a convert or a JSON strategy never loads it. The schema names
+# protobuf's label and type enums, resolved then.
 
 _PROTO_FILE = "node_strategy.proto"
-_PROTO_PACKAGE = PACKAGE
-_SCHEMA = SCHEMA
 
 
 def _file_descriptor() -> descriptor_pb2.FileDescriptorProto:
     from google.protobuf import descriptor_pb2
 
     field_proto = descriptor_pb2.FieldDescriptorProto
-    fdp = descriptor_pb2.FileDescriptorProto(name=_PROTO_FILE, package=_PROTO_PACKAGE, syntax="proto2")
-    for msg_name, fields in _SCHEMA.items():
+    fdp = descriptor_pb2.FileDescriptorProto(name=_PROTO_FILE, package=PACKAGE, syntax="proto2")
+    for msg_name, fields in SCHEMA.items():
         msg = fdp.message_type.add(name=msg_name)
         for name, number, label, ftype, type_name in fields:
             fd = msg.field.add(
                 name=name, number=number, label=getattr(field_proto, label), type=getattr(field_proto, ftype)
             )
             if type_name is not None:
-                fd.type_name = f".{_PROTO_PACKAGE}.{type_name}"
+                fd.type_name = f".{PACKAGE}.{type_name}"
     return fdp
 
 
@@ -105,10 +104,7 @@ def message_classes() -> dict[str, type[Message]]:
 
     pool = descriptor_pool.DescriptorPool()
     pool.Add(_file_descriptor())
-    return {
-        name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PROTO_PACKAGE}.{name}"))
-        for name in _SCHEMA
-    }
+    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{PACKAGE}.{name}")) for name in SCHEMA}
 
 
 def _new_map() -> Any:
