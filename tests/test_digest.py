@@ -72,7 +72,7 @@ def test_the_default_checksum_is_the_canonical_xxh128(tmp_path) -> None:
     empty = tmp_path / "empty"
     empty.write_bytes(b"")
     assert file_digest(str(empty)) == (0, "99aa06d3014798d86001c324468d497f")
-    data = bytes(range(256)) * (3 * digest_mod.HASH_BLOCK_BYTES // 256 + 7)
+    data = bytes(range(256)) * (3 * digest_mod.HASH_READ_BYTES // 256 + 7)
     path = tmp_path / "f.bin"
     path.write_bytes(data)
     assert file_digest(str(path)) == (len(data), xxhash.xxh3_128(data).hexdigest())
@@ -80,7 +80,7 @@ def test_the_default_checksum_is_the_canonical_xxh128(tmp_path) -> None:
 
 @pytest.mark.parametrize("algorithm", ["xxh128", "blake3", "sha256"])
 def test_streaming_hash_from_many_threads(tmp_path, monkeypatch, algorithm: str) -> None:
-    monkeypatch.setattr(digest_mod, "HASH_BLOCK_BYTES", 4096)
+    monkeypatch.setattr(digest_mod, "HASH_READ_BYTES", 4096)
     monkeypatch.setattr(digest_mod, "_THREAD", threading.local())
     size = 1 << 20
     data = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8).tobytes()
