@@ -210,3 +210,16 @@ def test_reading_a_strategy_file_does_not_import_protobuf(tmp_path: Path) -> Non
     env = {**os.environ, "PYTHONPATH": SRC}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert proc.stdout.strip() == "[]"
+
+
+def test_a_checkpoint_given_as_the_strategy_is_named(tmp_path: Path) -> None:
+    """A user passing a rank's weights for the strategy: one line that says what the file is (both readers)."""
+    from reshard.formats.ckpt import save_ckpt
+
+    weights = tmp_path / "weights.ckpt"
+    save_ckpt(str(weights), {"w": __import__("numpy").zeros((4, 4), "float32")})
+    for limit in (WIRE_LIMIT, 0):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(strategy, "WIRE_LIMIT", limit)
+            with pytest.raises(FormatError, match=r"looks like a checkpoint's weights \(\.ckpt\), not its strategy"):
+                strategy.read_strategy(weights)

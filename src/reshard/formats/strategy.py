@@ -79,6 +79,9 @@ DEFAULT_OP_STRATEGY: tuple[tuple[int, ...], ...] = ((1,),)
 # protobuf's label and type enums, resolved then.
 
 _PROTO_FILE = "node_strategy.proto"
+# A checkpoint's weights start with its first record (field 1, length-delimited): a strategy file never
+# does (its field 1 is a number), so a file that starts so and fails to parse gets a hint.
+_CHECKPOINT_START = b"\x0a"
 
 
 def _file_descriptor() -> descriptor_pb2.FileDescriptorProto:
@@ -180,12 +183,18 @@ def read_strategy(path: str | os.PathLike[str]) -> StrategyFile:
     data = _read_bytes(path)
     if format_of(path) == JSON:
         return _from_json(_parse_json(data, path), path)
-    if len(data) <= WIRE_LIMIT:  # no protobuf import for a file this size (formats.strategy_proto)
-        try:
-            return _from_message(decode(data), path)
-        except WireError as exc:
-            raise FormatError(f"not a protobuf strategy file ({exc})", path) from None
-    return _from_message(_parse_message(data, path), path)
+    try:
+        if len(data) <= WIRE_LIMIT:  # no protobuf import for a file this size (formats.strategy_proto)
+            try:
+                return _from_message(decode(data), path)
+            except WireError as exc:
+                raise FormatError(f"not a protobuf strategy file ({exc})", path) from None
+        return _from_message(_parse_message(data, path), path)
+    except FormatError as exc:
+        if not data.startswith(_CHECKPOINT_START):
+            raise
+        hint = "it looks like a checkpoint's weights (.ckpt), not its strategy"
+        raise FormatError(f"{exc.detail}; {hint}", path) from None
 
 
 def _read_bytes(path: str) -> bytes:
