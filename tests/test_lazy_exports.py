@@ -54,3 +54,18 @@ def test_names_come_from_the_type_checking_block(tmp_path) -> None:
     with pytest.raises(AttributeError, match="has no attribute 'plan_split'"):
         getattr_("plan_split")
     assert {"Plan", "Facts"} <= set(dir_())
+
+
+def test_the_api_module_exports_every_name_from_its_home() -> None:
+    """``reshard.api`` is a module, not a package: it exports names of modules anywhere under ``reshard``
+    (``lazy.exports(..., within="reshard")``), each imported on its first read."""
+    from reshard import api
+
+    where = lazy.homes(api.__file__, "reshard")
+    assert set(api.__all__) == set(where)  # no name listed in one place only
+    for exported in api.__all__:
+        home, original = where[exported]
+        assert getattr(api, exported) is getattr(importlib.import_module(f"reshard.{home}"), original), exported
+    assert set(api.__all__) <= set(dir(api))
+    with pytest.raises(AttributeError, match=r"module 'reshard\.api' has no attribute 'nothing'"):
+        api.nothing  # noqa: B018

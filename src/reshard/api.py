@@ -34,10 +34,11 @@ Example:
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
+from reshard import lazy
+
+if TYPE_CHECKING:  # where each name lives: a type checker imports them; at run time reshard.lazy reads this
     from reshard.destination import check_destination
     from reshard.execute.options import RunOptions, WriteOptions
     from reshard.ops.by_rank import needed_ranks, transform_by_rank
@@ -63,61 +64,11 @@ if TYPE_CHECKING:
         unified_index,
     )
 
-# Where each name lives. A name is imported from its module when first read (PEP 562), so a process
-# pays only for the operations it runs: ``reshard transform`` used to load every operation's
-# modules (by-rank, unify, split, convert, recrypt ...) through this façade, ~100 dataclasses and
-# 20-40 ms of a cold merge's critical path before its first planned read.
-_HOMES = {
-    "check_destination": "reshard.destination",  # the one place destinations are checked
-    "RunOptions": "reshard.execute.options",
-    "WriteOptions": "reshard.execute.options",
-    "needed_ranks": "reshard.ops.by_rank",
-    "transform_by_rank": "reshard.ops.by_rank",
-    "convert": "reshard.ops.convert",
-    "Destination": "reshard.ops.options",
-    "OutputSpec": "reshard.ops.options",
-    "TensorOptions": "reshard.ops.options",
-    "UnifyOptions": "reshard.ops.options",
-    "convert_targets": "reshard.ops.pairs",
-    "holds_only_ckpt": "reshard.ops.pairs",
-    "recrypt": "reshard.ops.recrypt",
-    "Report": "reshard.ops.run",
-    "execute": "reshard.ops.run",
-    "superseded": "reshard.ops.run",
-    "split": "reshard.ops.split",
-    "transform": "reshard.ops.transform",
-    "unify": "reshard.ops.unify",
-    **dict.fromkeys(
-        (
-            "HYPER_NAME",
-            "ReadOptions",
-            "full_model_file",
-            "has_crc_trailer",
-            "hf_model",
-            "is_hf_model",
-            "model_folder",
-            "open_checkpoint",
-            "rank_sources",
-            "source_file",
-            "unified_index",
-        ),
-        "reshard.sources",
-    ),
-}
-
-
-def __getattr__(name: str) -> object:
-    """``name`` from its module (``_HOMES``), imported now and kept here for the next read."""
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'reshard.api' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+# A name is imported from its module (the ``TYPE_CHECKING`` block above says which) when first read
+# (``reshard.lazy``), so a process pays only for the operations it runs: ``reshard transform`` used to
+# load every operation's modules (by-rank, unify, split, convert, recrypt ...) through this façade,
+# ~20 ms of a cold merge's critical path before its first planned read.
+__getattr__, __dir__ = lazy.exports(globals(), within="reshard")
 
 
 # The operations, their option values, and the source discovery names the README shows (defined in

@@ -41,8 +41,11 @@ def homes(path: str, package: str) -> dict[str, tuple[str, str]]:
     return where
 
 
-def exports(namespace: dict[str, Any]) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
-    """``(__getattr__, __dir__)`` for the package whose globals are ``namespace`` (``globals()``).
+def exports(
+    namespace: dict[str, Any], within: str | None = None
+) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
+    """``(__getattr__, __dir__)`` for the package whose globals are ``namespace`` (``globals()``); or
+    for a module (``reshard.api``) that exports names of modules ``within`` a package of its choice.
 
     Returns:
         The module-level ``__getattr__`` (a name's module, found by ``homes``, imported on its first use;
@@ -51,18 +54,19 @@ def exports(namespace: dict[str, Any]) -> tuple[Callable[[str], object], Callabl
     """
     package: str = namespace["__name__"]
     path: str = namespace["__file__"]
+    prefix = within or package
 
     def getattr_(name: str) -> object:
-        home = homes(path, package).get(name)
+        home = homes(path, prefix).get(name)
         if home is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         module, original = home
-        value = getattr(importlib.import_module(f"{package}.{module}"), original)
+        value = getattr(importlib.import_module(f"{prefix}.{module}"), original)
         namespace[name] = value
         return value
 
     def dir_() -> list[str]:
-        return sorted({*namespace, *homes(path, package)})
+        return sorted({*namespace, *homes(path, prefix)})
 
     return getattr_, dir_
 
