@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -217,7 +218,7 @@ def test_a_checkpoint_given_as_the_strategy_is_named(tmp_path: Path) -> None:
     from reshard.formats.ckpt import save_ckpt
 
     weights = tmp_path / "weights.ckpt"
-    save_ckpt(str(weights), {"w": __import__("numpy").zeros((4, 4), "float32")})
+    save_ckpt(str(weights), {"w": np.zeros((4, 4), "float32")})
     for limit in (WIRE_LIMIT, 0):
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(strategy, "WIRE_LIMIT", limit)

@@ -184,17 +184,23 @@ def read_strategy(path: str | os.PathLike[str]) -> StrategyFile:
     if format_of(path) == JSON:
         return _from_json(_parse_json(data, path), path)
     try:
-        if len(data) <= WIRE_LIMIT:  # no protobuf import for a file this size (formats.strategy_proto)
-            try:
-                return _from_message(decode(data), path)
-            except WireError as exc:
-                raise FormatError(f"not a protobuf strategy file ({exc})", path) from None
-        return _from_message(_parse_message(data, path), path)
+        return _from_message(_read_message(data, path), path)
     except FormatError as exc:
         if not data.startswith(_CHECKPOINT_START):
             raise
         hint = "it looks like a checkpoint's weights (.ckpt), not its strategy"
         raise FormatError(f"{exc.detail}; {hint}", path) from None
+
+
+def _read_message(data: bytes, path: str) -> Any:
+    """The strategy message to read from: decoded without the protobuf runtime up to ``WIRE_LIMIT``
+    bytes (``formats.strategy_proto``), by the runtime past it."""
+    if len(data) > WIRE_LIMIT:
+        return _parse_message(data, path)
+    try:
+        return decode(data)
+    except WireError as exc:
+        raise FormatError(f"not a protobuf strategy file ({exc})", path) from None
 
 
 def _read_bytes(path: str) -> bytes:

@@ -85,7 +85,10 @@ SCHEMA: dict[str, list[tuple[str, int, str, str, str | None]]] = {
 
 _VARINT, _FIXED64, _DELIMITED, _GROUP_START, _GROUP_END, _FIXED32 = 0, 1, 2, 3, 4, 5
 _MASK32, _MASK64 = (1 << 32) - 1, (1 << 64) - 1
-_SIGNED = {"TYPE_INT32": 32, "TYPE_INT64": 64}
+_SIGNED = {"TYPE_INT32": 32, "TYPE_INT64": 64}  # every other number of the schema is a uint32
+# How a tag is read (``_key_table``): one number, the next of a repeated number, packed numbers,
+# a string, the next of a repeated message, the one message of a singular field.
+_ONE_NUMBER, _NEXT_NUMBER, _PACKED, _STRING, _NEXT_MESSAGE, _ONE_MESSAGE = range(6)
 
 
 class WireError(ValueError):
@@ -124,7 +127,7 @@ def _message(data: bytes, pos: int, end: int, message: str) -> tuple[SimpleNames
         seen.add(name)
         if how in (_ONE_NUMBER, _NEXT_NUMBER):
             raw, pos = _varint(data, pos, end)
-            number = raw & _MASK32 if kind == _UINT32 else _number(raw, kind)
+            number = _number(raw, kind)
             if how == _ONE_NUMBER:
                 values[name] = number
             else:
@@ -177,8 +180,6 @@ def _key_table(fields: list[tuple[str, int, str, str, str | None]]) -> dict[int,
     return table
 
 
-_ONE_NUMBER, _NEXT_NUMBER, _PACKED, _STRING, _NEXT_MESSAGE, _ONE_MESSAGE = range(6)
-_UINT32 = "TYPE_UINT32"
 _KEYS = {name: _key_table(fields) for name, fields in SCHEMA.items()}
 _REPEATED = {name: [spec[0] for spec in fields if spec[2] == REPEATED] for name, fields in SCHEMA.items()}
 _SINGULAR = {
