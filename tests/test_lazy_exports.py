@@ -9,7 +9,7 @@ import pytest
 
 from reshard import lazy
 
-LAZY_PACKAGES = ("reshard.plan", "reshard.sources", "reshard.formats.dcp")
+LAZY_PACKAGES = ("reshard.plan", "reshard.sources", "reshard.formats.dcp", "reshard.naming")
 
 
 @pytest.mark.parametrize("name", LAZY_PACKAGES)

@@ -45,11 +45,11 @@ else:
 """
 
 
-def loaded(*argv: str, cwd: str | None = None, exit_code: int = 0) -> list[str]:
-    """The watched packages a fresh process loaded for ``argv`` (``import MODULE`` or ``cli ARGS...``)."""
+def loaded(*argv: str, cwd: str | None = None, exit_code: int = 0, watched: tuple[str, ...] = WATCHED) -> list[str]:
+    """The ``watched`` modules a fresh process loaded for ``argv`` (``import MODULE`` or ``cli ARGS...``)."""
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS",)}
     proc = subprocess.run(
-        [sys.executable, "-c", _PROBE.format(watched=WATCHED), *argv],
+        [sys.executable, "-c", _PROBE.format(watched=watched), *argv],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -279,6 +279,34 @@ def test_byte_view_of_bf16_is_its_bits(tmp_path: Path) -> None:
         assert np.array_equal(index.array("w"), values)
     finally:
         index.close()
+
+
+# What a merge of plain tensors needs none of: the tensor-surgery vocabulary (no filter, map or preset),
+# OpenSSL (the manifest's XXH128 and the replica check's samples), the modules of a lock's host name and
+# time stamp, and of an encrypted file's temporary copy. Each cost 1-4 ms of every run's start.
+SPARED = (
+    "reshard.naming.ops",
+    "reshard.naming.presets",
+    "reshard.naming.megatron",
+    "reshard.naming.shapes",
+    "hashlib",
+    "hmac",
+    "secrets",
+    "socket",
+    "datetime",
+    "tempfile",
+    "pathlib",
+)
+
+
+def test_a_merge_loads_no_surgery_and_no_openssl(demo: Path) -> None:
+    """Structural: the CLI's merge to one file loads none of ``SPARED`` that numpy alone does not (the
+    demo's merge assembles one tensor with numpy, which loads ``datetime``; a site hook of the
+    machine's may load ``pathlib`` or ``tempfile`` before any reshard code runs)."""
+    before = set(loaded("import", "numpy", watched=SPARED))
+    merge = ["transform", "--src", "ckpt_8ranks", "--dst", str(demo / "spared_full")]
+    merge += ["--src-strategy", "merged/src_strategy.ckpt", "-q"]
+    assert set(loaded("cli", *merge, cwd=str(demo / "demo"), watched=SPARED)) <= before
 
 
 def test_a_run_of_byte_copies_loads_no_numpy(demo: Path) -> None:

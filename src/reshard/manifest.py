@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import glob
-import hashlib
 import json
 import os
 import threading
@@ -55,7 +54,7 @@ from typing import Any
 from reshard import __version__, interrupts
 from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
-from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM, check_algorithm, file_digest
+from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM, check_algorithm, file_digest, new_hash
 from reshard.execute.options import KEEP_FINISHED, RunOptions, WriteOptions
 from reshard.formats import crypto, rank_dirs, registry
 from reshard.formats.base import TEMP_SUFFIX, atomic_path
@@ -117,7 +116,9 @@ class OutputRecord:
 
 
 def key_id(key: bytes) -> str:
-    """A short id of a key for fingerprints (a hash; reveals nothing usable about the key)."""
+    """A short id of a key for fingerprints (SHA-256: reveals nothing usable about the key)."""
+    import hashlib  # OpenSSL, loaded only by runs that encrypt
+
     return hashlib.sha256(_KEY_ID_CONTEXT + bytes(key)).hexdigest()[:16]
 
 
@@ -143,7 +144,8 @@ def _stat(path: str, cache: dict[str, Any]) -> Any:
 
 
 def file_fingerprint(file: FilePlan, plan: Plan, facts: dict[str, Any], stats: dict[str, Any]) -> str:
-    """SHA-256 of everything that decides the bytes of ``file``."""
+    """XXH128 of everything that decides the bytes of ``file`` (a fingerprint, not a secret: the
+    checksum's own hash, already loaded, where SHA-256 would load OpenSSL for a few kilobytes)."""
     tensors = []
     used: set[str] = set()
     for t in file.tensors:
@@ -154,7 +156,7 @@ def file_fingerprint(file: FilePlan, plan: Plan, facts: dict[str, Any], stats: d
             for c in t.copies
         ]
         used.update(plan.sources[c.source] for c in t.copies)
-        literal = hashlib.sha256(t.literal).hexdigest() if t.literal is not None else None
+        literal = _xxh128(t.literal) if t.literal is not None else None
         tensors.append([t.name, t.dtype.ms_name, t.shape, t.nbytes, literal, copies])
     doc = {
         "format": file.format,
@@ -163,7 +165,13 @@ def file_fingerprint(file: FilePlan, plan: Plan, facts: dict[str, Any], stats: d
         "sources": {p: _stat(p, stats) for p in sorted(used)},
         "write": facts,
     }
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+    return _xxh128(json.dumps(doc, sort_keys=True).encode())
+
+
+def _xxh128(data: bytes) -> str:
+    digest = new_hash("xxh128")
+    digest.update(data)
+    return str(digest.hexdigest())
 
 
 def common_root(plan: Plan) -> str:

@@ -9,24 +9,58 @@ a bad rules file or config is one line and nothing written (``docs/naming.md``, 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from reshard.cli.flags import flag, section
 from reshard.errors import UsageError
-from reshard.naming import EXCLUDE, INCLUDE, ModelMap, NameFilter, NameOptions, load_rules, name_filter, presets
-from reshard.naming.config import load_config
-from reshard.naming.filters import HF_WEIGHTS_ONLY, WEIGHTS_ONLY
-from reshard.naming.megatron import HF, MEGATRON, MINDFORMERS, WORLDS, world_map
-from reshard.naming.presets import PRESETS
+from reshard.naming.filters import EXCLUDE, HF_WEIGHTS_ONLY, INCLUDE, WEIGHTS_ONLY, NameFilter, name_filter
+from reshard.naming.options import NameOptions
 from reshard.ops.options import TensorOptions
 
 if TYPE_CHECKING:
+    from reshard.naming import ModelMap
     from reshard.plan.quantized import Precision
 
 NAME_REPORT_LINES = 10  # names listed per kind on stderr; --names-report FILE keeps every one
+
+
+class LazyChoices:
+    """An argparse ``choices`` whose values are computed on first use: the presets and the name worlds
+    live with the tensor-surgery modules, which only a run with ``--preset`` (or ``--help``) loads.
+    Its flag needs a ``metavar``: every parse formats the usage line (intermixed parsing does), and
+    a flag without one would list its choices there."""
+
+    def __init__(self, values: Callable[[], Iterable[str]]) -> None:
+        self._compute = values
+
+    @functools.cached_property
+    def _values(self) -> tuple[str, ...]:
+        return tuple(self._compute())
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._values
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+def _preset_names() -> Iterable[str]:
+    from reshard.naming.presets import PRESETS
+
+    return PRESETS
+
+
+def _name_worlds() -> Iterable[str]:
+    from reshard.naming.megatron import WORLDS
+
+    return WORLDS
 
 
 class _NameRule(argparse.Action):
@@ -115,9 +149,10 @@ class TensorFlags:
         flag(
             g,
             "--preset",
-            choices=list(PRESETS),
+            choices=LazyChoices(_preset_names),
+            metavar="NAME",
             help="MindFormers <-> Hugging Face names of a model family, with its tensor surgery (docs/presets.md); "
-            "with --hf: to Hugging Face names",
+            "with --hf: to Hugging Face names; one of %(choices)s",
         )
         flag(
             g,
@@ -130,7 +165,8 @@ class TensorFlags:
             flag(
                 g,
                 f"--{side}-names",
-                choices=list(WORLDS),
+                choices=LazyChoices(_name_worlds),
+                metavar="WORLD",
                 help=f"with --preset: whose names {what} tensors have, megatron (Megatron-core), hf or mindformers "
                 "(docs/megatron-names.md)",
             )
@@ -249,6 +285,8 @@ class TensorFlags:
             raise UsageError("--hf-config needs --hf (to copy it) or --preset (to take sizes from it)")
         raw, config = None, None
         if path:
+            from reshard.naming.config import load_config
+
             config = load_config(path)  # names what is wrong with the file, before any checkpoint is read
             try:
                 with open(path, "rb") as f:
@@ -262,7 +300,11 @@ class TensorFlags:
         preset = _preset(args, name, config, hf) if name is not None else None
         if name is None and (args.src_names or args.dst_names):
             raise UsageError("--src-names and --dst-names need --preset (the model family whose names they are)")
-        return raw, config, load_rules(rename) if rename else preset
+        if rename:
+            from reshard.naming.rules import load_rules
+
+            return raw, config, load_rules(rename)
+        return raw, config, preset
 
     def _precision(self, args: argparse.Namespace, config_bytes: bytes | None) -> Precision | None:
         from reshard.plan.quantized import Precision, parse_block
@@ -280,6 +322,9 @@ class TensorFlags:
 
 def _preset(args: argparse.Namespace, name: str, config: Any, hf: bool) -> ModelMap:
     """``--preset NAME``'s map: MindFormers <-> Hugging Face, or between the ``--src-names``/``--dst-names`` worlds."""
+    from reshard.naming import presets
+    from reshard.naming.megatron import HF, MEGATRON, MINDFORMERS, world_map
+
     src, dst = args.src_names, args.dst_names
     if hf and dst not in (None, HF):
         raise UsageError(f"--hf writes Hugging Face names: --dst-names {dst} contradicts it")
@@ -328,4 +373,4 @@ def check_side_file(path: str, what: str, inputs: Sequence[str], overwrite: bool
     destination.check_output_file(path, list(inputs), overwrite, what, make_folder)
 
 
-__all__ = ["NAME_REPORT_LINES", "TensorFlags", "Tensors", "check_side_file", "input_paths"]
+__all__ = ["NAME_REPORT_LINES", "LazyChoices", "TensorFlags", "Tensors", "check_side_file", "input_paths"]

@@ -20,7 +20,6 @@ import math
 import mmap
 import os
 import re
-import secrets
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -246,11 +245,12 @@ def _create_temp(directory: str, name: str) -> str:
 
     Unlike ``tempfile.mkstemp`` (mode 0o600) it is created with the mode ``open()`` gives a new file:
     0o666 less the process's umask, applied by the kernel, so nothing has to read or change the
-    umask (changing it would race with every other thread creating files).
+    umask (changing it would race with every other thread creating files). The random part comes
+    from ``os.urandom``, as ``secrets.token_hex`` takes it (``secrets`` loads OpenSSL through ``hmac``).
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     for _ in range(_TEMP_ATTEMPTS):
-        tmp = os.path.join(directory, f".{name}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
+        tmp = os.path.join(directory, f".{name}.{os.urandom(4).hex()}{TEMP_SUFFIX}")
         try:
             os.close(os.open(tmp, flags, _NEW_FILE_MODE))
         except FileExistsError:

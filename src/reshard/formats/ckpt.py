@@ -40,7 +40,6 @@ import itertools
 import math
 import mmap
 import os
-import tempfile
 import threading
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -353,6 +352,8 @@ def _decrypt(buf: Any, key: bytes, mode: str, path: str) -> tuple[Any, Callable[
         upto = end - end % mmap.PAGESIZE
         drop_resident(buf, dropped, upto - dropped)
         dropped = upto
+
+    import tempfile  # only an encrypted source or output needs it (``random`` and more: 2 ms of every start)
 
     try:
         with tempfile.TemporaryFile() as tmp, _DECRYPTING:
@@ -711,6 +712,8 @@ def write_encrypted(
     path: str, layout: ByteLayout, fill: Callable[[int, ByteLayout], None], key: bytes, mode: str
 ) -> None:
     """Plaintext into an anonymous temp file beside the output, then encrypted into place."""
+    import tempfile
+
     crypto.check_key(key, mode, path)
     with atomic_path(path) as tmp:
         try:

@@ -31,7 +31,6 @@ Why it is built this way:
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import re
@@ -602,6 +601,8 @@ def _merge_format(files: Sequence[str]) -> str:
 
 
 def _merge_messages(files: Sequence[str]) -> Any:
+    import hashlib  # OpenSSL: only a merge of per-stage files pays for it
+
     merged = _new_map()
     merged.current_stage = MERGED_CURRENT_STAGE
     seen_bytes: set[bytes] = set()

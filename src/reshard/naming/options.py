@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from reshard.naming.filters import NameFilter
-from reshard.naming.ops import ModelMap
+
+if TYPE_CHECKING:  # a run without a map never loads the surgery vocabulary
+    from reshard.naming.ops import ModelMap
 
 
 @dataclass(frozen=True)

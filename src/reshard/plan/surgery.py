@@ -23,29 +23,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Container, Hashable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from reshard import dtypes
 from reshard.errors import UnsupportedError
-from reshard.naming import (
-    Derived,
-    ModelMap,
-    NameOptions,
-    NameReport,
-    Piece,
-    Rename,
-    TensorInfo,
-    apply,
-    check_family,
-    check_strict,
-)
-from reshard.naming.shapes import check_config_shapes
+from reshard.naming.options import NameOptions
+from reshard.naming.report import NameReport, check_family, check_strict
 from reshard.plan.model import Copy, FilePlan, Plan, SourceFile, SourcePaths, SourceTensor, TensorPlan, TextOutput
 
 Shape = tuple[int, ...]
 SourceShape = Callable[[int, str], Shape]  # (plan source index, tensor) -> the stored tensor's shape
 
 K = TypeVar("K", bound=Hashable)
+
+if TYPE_CHECKING:  # the surgery vocabulary loads with the first map (a run without one needs none of it)
+    from reshard.naming.ops import Derived, ModelMap, Piece, TensorInfo
 
 MAPPED_SOURCE = "<model map>"  # the virtual source file's path (never a real path: angle brackets)
 
@@ -61,6 +53,8 @@ def narrowed(sf: SourceFile, keep: Container[str]) -> SourceFile:
 
 
 def only_renames(model_map: ModelMap) -> bool:
+    from reshard.naming.ops import Rename
+
     return all(isinstance(op, Rename) for op in model_map.all_ops())
 
 
@@ -204,6 +198,8 @@ def compose_after(plan: Plan, model_map: ModelMap, source_shape: SourceShape) ->
 
 
 def _info(t: TensorPlan) -> TensorInfo:
+    from reshard.naming.ops import TensorInfo
+
     return TensorInfo(t.shape, t.dtype.ms_name)
 
 
@@ -216,6 +212,8 @@ def _map_files(
         for t in f.tensors:
             by_name[t.name] = t
             home[t.name] = k
+    from reshard.naming.stages import apply
+
     applied = apply(model_map, {n: _info(t) for n, t in by_name.items()})
     placed: list[list[TensorPlan]] = [[] for _ in files]
     for d in applied.outputs:
@@ -302,6 +300,9 @@ class MappedModel:
     """
 
     def __init__(self, files: Mapping[str, SourceFile], name_to_file: Mapping[str, str], model_map: ModelMap) -> None:
+        from reshard.naming.ops import TensorInfo
+        from reshard.naming.stages import apply
+
         self.real = {n: files[name_to_file[n]] for n in name_to_file}
         catalogue = {n: TensorInfo(sf.tensors[n].shape, sf.tensors[n].dtype.ms_name) for n, sf in self.real.items()}
         applied = apply(model_map, catalogue)
@@ -474,6 +475,8 @@ class NameRun:
         if also is not None:
             configs.append(also)
         if configs:
+            from reshard.naming.shapes import check_config_shapes
+
             listed = list(tensors)
             for config, where in configs:
                 check_config_shapes(listed, config, where)

@@ -27,7 +27,6 @@ reads 17 MiB, where planning takes 0.1-0.2 s and the transform to a full model a
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -229,10 +228,12 @@ def _sample(index: TensorIndex, fd: int | None, name: str, rank: int) -> _First:
     entry = index.entries.get(name)
     if entry is None:  # the header read while planning had it: the file changed since
         raise IntegrityError(f"{name}: no longer in the file (it changed while reshard read it)", index.path)
+    import xxhash  # the manifest's checksum library (hashlib would load OpenSSL for these few KiB)
+
     view = memoryview(index.buffer)
     out = []
     for block in sample_blocks(entry.nbytes):
-        digest = hashlib.blake2b(digest_size=16)
+        digest = xxhash.xxh3_128()
         for offset, length in _pieces(entry.segments, block):
             digest.update(uncached.read(fd, length, offset) if fd is not None else view[offset : offset + length])
         out.append((block, digest.digest()))
