@@ -307,13 +307,13 @@ class TensorFlags:
         return raw, config, preset
 
     def _precision(self, args: argparse.Namespace, config_bytes: bytes | None) -> Precision | None:
-        from reshard.plan.quantized import Precision, parse_block
-
         block = args.block_size
         include, exclude = tuple(args.quantize_include or ()), tuple(args.quantize_exclude or ())
         quantize = args.quantize
         if args.dequantize is None and quantize is None and block is None and not include + exclude:
             return None
+        from reshard.plan.quantized import Precision, parse_block
+
         size = (
             parse_block(block) if block is not None else None if quantize is not None else _config_block(config_bytes)
         )
