@@ -31,6 +31,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Any
 
 from reshard import layout, readahead
 from reshard.errors import IntegrityError, ReshardError
@@ -112,9 +113,13 @@ def check_replicas(
     layouts = stage_tables(strategy)
     paths = list(by_path)
 
+    import xxhash  # the manifest's checksum library (hashlib would load OpenSSL for these few KiB)
+
+    new_digest = xxhash.xxh3_128  # imported here, on the calling thread, not first on the pool's
+
     def sampled(path: str) -> list[tuple[_Slice, _First]]:
         given = options_for(path) if options_for is not None else options
-        return _file_samples(path, by_path[path], given)
+        return _file_samples(path, by_path[path], given, new_digest)
 
     # the start-up read-ahead's bulk waits: these small reads go first (a cold bf16 merge's check: 72 -> 9-16 ms)
     with readahead.paused(), ThreadPoolExecutor(INDEX_THREADS, thread_name_prefix="reshard-replicas") as pool:
@@ -186,7 +191,7 @@ _UNSEEN = _Groups((), (), [])
 
 
 def _file_samples(
-    path: str, items: list[tuple[_Slice, int]], options: ReadOptions | None
+    path: str, items: list[tuple[_Slice, int]], options: ReadOptions | None, new_digest: Callable[[], Any]
 ) -> list[tuple[_Slice, _First]]:
     """The samples of one file's copies (opened without checking its crc trailer: planning did)."""
     with open_checkpoint(path, replace(options or ReadOptions(), verify_crc=False)) as index:
@@ -196,7 +201,7 @@ def _file_samples(
                 uncached.read_nothing_ahead(fd)
             elif fd is not None:
                 _hint(fd, index, items)
-            return [(key, _sample(index, fd, key.name, rank)) for key, rank in items]
+            return [(key, _sample(index, fd, key.name, rank, new_digest)) for key, rank in items]
         finally:
             if fd is not None:
                 os.close(fd)
@@ -219,8 +224,8 @@ def _hint(fd: int, index: TensorIndex, items: list[tuple[_Slice, int]]) -> None:
                 return
 
 
-def _sample(index: TensorIndex, fd: int | None, name: str, rank: int) -> _First:
-    """Rank ``rank``'s copy of tensor ``name``: its size and the digest of each sampled block.
+def _sample(index: TensorIndex, fd: int | None, name: str, rank: int, new_digest: Callable[[], Any]) -> _First:
+    """Rank ``rank``'s copy of tensor ``name``: its size and the digest (``new_digest``) of each sampled block.
 
     A file-backed index is read with ``pread`` (a memory map's fault would read ahead far more
     than the 4 KiB wanted); decrypted bytes from their buffer.
@@ -228,12 +233,10 @@ def _sample(index: TensorIndex, fd: int | None, name: str, rank: int) -> _First:
     entry = index.entries.get(name)
     if entry is None:  # the header read while planning had it: the file changed since
         raise IntegrityError(f"{name}: no longer in the file (it changed while reshard read it)", index.path)
-    import xxhash  # the manifest's checksum library (hashlib would load OpenSSL for these few KiB)
-
     view = memoryview(index.buffer)
     out = []
     for block in sample_blocks(entry.nbytes):
-        digest = xxhash.xxh3_128()
+        digest = new_digest()
         for offset, length in _pieces(entry.segments, block):
             digest.update(uncached.read(fd, length, offset) if fd is not None else view[offset : offset + length])
         out.append((block, digest.digest()))
