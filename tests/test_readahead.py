@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from reshard import readahead
 from reshard.cli import _read_ahead, early
@@ -41,6 +43,25 @@ def test_checkpoint_files_are_the_checkpoints_in_natural_rank_order(tmp_path: Pa
     one = _write(tmp_path / "model.safetensors", 1)
     assert readahead.checkpoint_files(one) == [one]
     assert readahead.checkpoint_files(str(tmp_path / "missing")) == []
+
+
+def _split_key(path: str) -> list[object]:
+    """The naive natural key: ``re.split`` at runs of ASCII digits, numbers as numbers, trailing "" dropped."""
+    import re
+
+    key: list[object] = [int(part) if part.isdigit() else part for part in re.split(r"([0-9]+)", path)]
+    return key[:-1] if len(key) > 1 and key[-1] == "" else key
+
+
+@given(st.lists(st.text(alphabet="ab_/.0129", max_size=12), max_size=8), st.text(alphabet="a٣7_", max_size=6))
+def test_natural_order_is_the_naive_split(paths: list[str], other_digits: str) -> None:
+    """Numbers compare by value, as the naive split gives them, and any names sort: a key starts with
+    text and alternates text and numbers, so it never compares a number with text (decimal digits of
+    other scripts, which ``int`` reads, included)."""
+    assert [readahead._natural(p) for p in paths] == [_split_key(p) for p in paths]
+    for key in map(readahead._natural, [*paths, other_digits]):
+        assert all(isinstance(k, str) for k in key[::2]) and all(isinstance(k, int) for k in key[1::2])
+    sorted([*paths, other_digits], key=readahead._natural)
 
 
 def test_reads_stop_at_the_budget_in_file_order_and_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,11 +18,14 @@ import contextlib
 import os
 import sys
 import threading
-from collections.abc import Sequence
-from types import ModuleType
-from typing import NoReturn
 
 from reshard import interrupts
+
+TYPE_CHECKING = False  # not ``typing.TYPE_CHECKING``: importing ``typing`` would delay the read-ahead
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from types import ModuleType
+    from typing import NoReturn
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:

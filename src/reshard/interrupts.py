@@ -38,8 +38,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from types import FrameType, ModuleType
-from typing import Any
+
+TYPE_CHECKING = False  # not ``typing.TYPE_CHECKING``: this module loads before the read-ahead starts
+if TYPE_CHECKING:
+    from types import FrameType, ModuleType
+    from typing import Any
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
     s for s in (signal.SIGINT, getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None

@@ -53,8 +53,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
-import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
@@ -68,7 +68,6 @@ FALLBACK_HINT_BYTES = 1024**2  # one call where sysfs does not give the device's
 SYSFS_BLOCK = "/sys/dev/block"  # <major>:<minor> -> the device (a partition's queue is its disk's)
 SUFFIXES = (".ckpt", ".safetensors", ".distcp")
 MAX_DEPTH = 3  # a source folder's files: rank_<r>/x.ckpt, a Checkpoint 2.0's iteration/rank_<r>/x
-_DIGITS = re.compile(r"(\d+)")
 _BULK_MAY_READ = threading.Event()  # cleared while an index runs (``paused``)
 _BULK_MAY_READ.set()
 _pausers = 0  # indexes running now
@@ -290,7 +289,15 @@ def _walk(folder: str, depth: int) -> Iterator[str]:
 
 
 def _natural(path: str) -> list[object]:
-    return [int(part) if part.isdigit() else part for part in _DIGITS.split(path)]
+    """Sort key: runs of decimal digits compare as numbers (``rank_2`` before ``rank_10``); it starts
+    with text (empty when the path starts with a digit), so two keys never compare a number with text."""
+    key: list[object] = []
+    for digits, run in itertools.groupby(path, str.isdecimal):
+        text = "".join(run)
+        if digits and not key:
+            key.append("")
+        key.append(int(text) if digits else text)
+    return key or [""]
 
 
 __all__ = [

@@ -24,7 +24,6 @@ it are imported by ``main``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -40,7 +39,10 @@ from reshard.cli import early
 from reshard.cli.exits import EXIT_BROKEN_PIPE, EXIT_BUG, EXIT_CODES, EXIT_USAGE
 from reshard.errors import ReshardError
 from reshard.interrupts import Signalled
-from reshard.text import one_line
+
+TYPE_CHECKING = False  # not ``typing.TYPE_CHECKING``: this module loads before the read-ahead starts
+if TYPE_CHECKING:
+    import argparse
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -86,6 +88,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except Exception as exc:  # a bug: still one line, unless debugging
         if os.environ.get("RESHARD_DEBUG"):
             raise
+        from reshard.text import one_line
+
         print(
             f"reshard: internal error: {type(exc).__name__}: {one_line(str(exc))} "
             "(RESHARD_DEBUG=1 shows the traceback)",
@@ -185,6 +189,7 @@ def _join_dash_values(argv: Sequence[str]) -> list[str]:
 def _error_line(exc: ReshardError) -> str:
     from reshard.cli.flags import assumed_keys
     from reshard.errors import CryptoError
+    from reshard.text import one_line
 
     text = one_line(str(exc))
     if isinstance(exc, CryptoError) and assumed_keys():
