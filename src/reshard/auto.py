@@ -35,7 +35,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -156,7 +155,7 @@ def _now() -> str:
 
 
 def _write_atomically(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}"
+    tmp = f"{path}.tmp-{_lock.host_name()}-{os.getpid()}"
     with open(tmp, "wb") as fh:
         fh.write(data)
         fh.flush()
@@ -256,7 +255,7 @@ class Conversion:
         os.rename(produced, final)
         size = os.path.getsize(os.path.join(final, names[0]))
         os.makedirs(os.path.join(self.entry, _DONE), exist_ok=True)
-        facts = {"file": names[0], "bytes": size, "host": socket.gethostname(), "pid": os.getpid(), "at": _now()}
+        facts = {"file": names[0], "bytes": size, "host": _lock.host_name(), "pid": os.getpid(), "at": _now()}
         _write_atomically(_marker(self.entry, rank), json.dumps(facts).encode() + b"\n")
         _log_conversion(self.entry, {"rank": rank, **facts})
         shutil.rmtree(work, ignore_errors=True)
@@ -403,7 +402,7 @@ def _remove_entry(cache_dir: str, entry: str) -> bool:
     except OSError:  # held (or no flock here: then nothing is ever evicted)
         os.close(fd)
         return False
-    graveyard = os.path.join(cache_dir, f".evicted-{os.path.basename(entry)}-{socket.gethostname()}-{os.getpid()}")
+    graveyard = os.path.join(cache_dir, f".evicted-{os.path.basename(entry)}-{_lock.host_name()}-{os.getpid()}")
     try:
         os.rename(entry, graveyard)
     except OSError:

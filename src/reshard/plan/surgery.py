@@ -197,7 +197,8 @@ def compose_after(plan: Plan, model_map: ModelMap, source_shape: SourceShape) ->
     return Plan(plan.operation, plan.sources, tuple(files), texts), _merged(reports)
 
 
-def _info(t: TensorPlan) -> TensorInfo:
+def _info(t: TensorPlan | SourceTensor) -> TensorInfo:
+    """What the map sees of a tensor: its shape and dtype name."""
     from reshard.naming.ops import TensorInfo
 
     return TensorInfo(t.shape, t.dtype.ms_name)
@@ -300,11 +301,10 @@ class MappedModel:
     """
 
     def __init__(self, files: Mapping[str, SourceFile], name_to_file: Mapping[str, str], model_map: ModelMap) -> None:
-        from reshard.naming.ops import TensorInfo
         from reshard.naming.stages import apply
 
         self.real = {n: files[name_to_file[n]] for n in name_to_file}
-        catalogue = {n: TensorInfo(sf.tensors[n].shape, sf.tensors[n].dtype.ms_name) for n, sf in self.real.items()}
+        catalogue = {n: _info(sf.tensors[n]) for n, sf in self.real.items()}
         applied = apply(model_map, catalogue)
         self.report = replace(applied.report, mapped=True)
         self.outputs = {d.name: d for d in applied.outputs}
