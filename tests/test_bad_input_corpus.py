@@ -748,6 +748,13 @@ def quantize_a_quantized_model(tmp: Path, job: dict[str, str]) -> tuple[list[str
     return args, "already block-quantized"
 
 
+def quantize_an_mxfp4_model(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    """Its expert pairs stay MXFP4 while the floats would become FP8 under one quantization_config: refused."""
+    t = {k: v for k, v in fp8_tensors().items() if k not in (Q, K, Q + "_scale_inv", K + "_scale_inv")}
+    args = ["transform", "--src", str(fp8_model(tmp / "m", t)), "--dst", OUT, "--hf", "--quantize", "fp8-block"]
+    return args, f"{EXPERTS}_blocks: already block-quantized"
+
+
 def quantize_unknown_scheme(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     args = ["transform", "--src", str(fp8_model(tmp / "m")), "--dst", OUT, "--hf", "--quantize", "int4"]
     return args, "unknown --quantize 'int4'"
@@ -778,6 +785,7 @@ CASES += [
     quantize_nan_weight,
     quantize_infinite_bf16_weight,
     quantize_a_quantized_model,
+    quantize_an_mxfp4_model,
     quantize_unknown_scheme,
     quantize_and_dequantize,
     fp8_weight_without_scale,

@@ -430,8 +430,7 @@ class Quantizer(Dequantizer):
         b0, b1 = self.block or DEFAULT_BLOCK
         for name, sf in catalogue.items():
             t = sf.tensors[name]
-            if name.endswith(SCALE_INV) or t.dtype in dtypes.FP8_WEIGHTS:
-                raise UsageError(f"{name}: already block-quantized (--quantize takes a checkpoint of floats)")
+            _refuse_quantized(name, t.dtype)
             if not self.eligible(name, t):
                 continue
             scale = name + SCALE_INV
@@ -463,12 +462,11 @@ def _quantized_outputs(quantizer: Quantizer, plan: Plan) -> Plan:
     for f in plan.files:
         tensors: list[TensorPlan] = []
         for t in f.tensors:
+            _refuse_quantized(t.name, t.dtype)
             facts = SourceTensor(t.dtype, t.shape, t.nbytes)
             if not t.copies or t.literal is not None or not quantizer.eligible(t.name, facts):
                 tensors.append(t)
                 continue
-            if t.name.endswith(SCALE_INV) or t.dtype in dtypes.FP8_WEIGHTS:
-                raise UsageError(f"{t.name}: already block-quantized (--quantize takes a checkpoint of floats)")
             first = t.copies[0].source
             path, scale = sources[first], t.name + SCALE_INV
             grid = (math.ceil(t.shape[0] / b0), math.ceil(t.shape[1] / b1))
@@ -481,6 +479,13 @@ def _quantized_outputs(quantizer: Quantizer, plan: Plan) -> Plan:
             quantizer.pairs[QUANTIZE] += 1
         files.append(replace(f, tensors=tuple(tensors)))
     return replace(plan, files=tuple(files))
+
+
+def _refuse_quantized(name: str, dtype: DType) -> None:
+    """``--quantize`` takes floats: an FP8 pair's or an MXFP4 pair's tensor is refused (mixing two block
+    formats in one model, under one ``quantization_config``, is a model no loader reads)."""
+    if name.endswith((SCALE_INV, SCALES, BLOCKS)) or dtype in dtypes.FP8_WEIGHTS:
+        raise UsageError(f"{name}: already block-quantized (--quantize takes a checkpoint of floats)")
 
 
 def quantization_config(block: tuple[int, int]) -> dict[str, object]:
