@@ -18,7 +18,7 @@ import pytest
 
 from reshard import api
 from reshard.formats.safetensors import read_safetensors
-from reshard.plan.quantized import quantization_config
+from reshard.plan.output_config import quantization_config
 from reshard.plan.quantized_dcp import config_for_dcp
 from tests.lowprec_fixtures import bf16_model, fp8_model
 from tests.trust_helpers import run_cli

@@ -132,19 +132,25 @@ def _copy_hf_config(report: Report, how: Printing) -> None:
     from reshard.formats.base import write_whole
 
     folder = os.path.dirname(report.plan.files[0].path)
-    if how.tensors.dequantize is not None:  # the weights are no longer quantized
-        doc = json.loads(raw)
-        if doc.pop("quantization_config", None) is not None:
-            raw = (json.dumps(doc, indent=2) + "\n").encode()
-    elif how.tensors.quantize is not None:  # the config says how the weights are stored now
-        from reshard.plan.quantized import DEFAULT_BLOCK, parse_block, quantization_config
+    write_whole(os.path.join(folder, "config.json"), _config_for_output(raw, report, how))
 
-        given = how.tensors.block_size
-        block = parse_block(given) if given is not None else DEFAULT_BLOCK
-        doc = json.loads(raw)
-        doc["quantization_config"] = quantization_config(block)
-        raw = (json.dumps(doc, indent=2) + "\n").encode()
-    write_whole(os.path.join(folder, "config.json"), raw)
+
+def _config_for_output(raw: bytes, report: Report, how: Printing) -> bytes:
+    """The ``--hf-config`` bytes as the output needs them: how its weights are stored now (``output_config``)."""
+    tensors = how.tensors
+    if tensors.dequantize is None and tensors.quantize is None and tensors.options.dtype is None:
+        return raw  # nothing the run did changes what the config says
+    from reshard.plan.output_config import rewritten
+    from reshard.plan.quantized import DEFAULT_BLOCK, parse_block
+
+    block = parse_block(tensors.block_size) if tensors.block_size is not None else DEFAULT_BLOCK
+    return rewritten(
+        raw,
+        ((t.name, t.dtype, t.shape) for f in report.plan.files for t in f.tensors),
+        quantized=block if tensors.quantize is not None else None,
+        dequantized=tensors.dequantize is not None,
+        cast=tensors.options.dtype is not None,
+    )
 
 
 def _missing_config_note(report: Report, how: Printing) -> None:

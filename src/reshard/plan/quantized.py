@@ -488,11 +488,6 @@ def _refuse_quantized(name: str, dtype: DType) -> None:
         raise UsageError(f"{name}: already block-quantized (--quantize takes a checkpoint of floats)")
 
 
-def quantization_config(block: tuple[int, int]) -> dict[str, object]:
-    """The ``config.json`` ``quantization_config`` of a ``--quantize fp8-block`` output (DeepSeek-V3's keys)."""
-    return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(block)}
-
-
 def quantized_names(sources: Sequence[SourceFile]) -> bool:
     """Whether any source holds a block-scaled pair (a ``*_scale_inv`` or MXFP4 ``*_scales`` tensor)."""
     return any(n.endswith((SCALE_INV, SCALES)) for sf in sources for n in sf.tensors)
@@ -799,7 +794,6 @@ __all__ = [
     "full_pairs",
     "paired_layouts",
     "parse_block",
-    "quantization_config",
     "quantized_names",
     "sharded_pairs",
 ]

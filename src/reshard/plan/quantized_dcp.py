@@ -33,7 +33,8 @@ from reshard.errors import UsageError
 from reshard.layout import Box
 from reshard.plan.dcp import Chunking, EvenRows, placements
 from reshard.plan.model import Plan, TensorPlan
-from reshard.plan.quantized import SCALE_INV, Block, quantization_config
+from reshard.plan.output_config import quantization_config
+from reshard.plan.quantized import SCALE_INV, Block
 
 
 def block_grains(full: Plan, how: Chunking, block: Callable[[], Block | None]) -> Chunking:
