@@ -174,6 +174,8 @@ def test_help_command_prints_a_commands_help() -> None:
         (["help", "transfrom"], "reshard: error: help: unknown command 'transfrom' (did you mean transform?)"),
         (["--verison"], "reshard: error: unknown flag --verison (did you mean --version?)"),
         (["demo", "--zzz"], "reshard demo: unknown flag --zzz (see reshard demo --help)"),
+        (["transform", "a", "b", "-hf"], "reshard transform: unknown flag -hf (did you mean --hf?)"),  # not -h f
+        (["transform", "-src=a", "b"], "reshard transform: unknown flag -src (did you mean --src?)"),
     ],
 )
 def test_misspellings_are_one_line_with_a_suggestion(tmp_path: Path, argv: list[str], expected: str) -> None:

@@ -329,19 +329,28 @@ def _known_flag(token: str, parser: argparse.ArgumentParser) -> bool:
 
 
 def _unknown_flag(tokens: Sequence[str], parser: argparse.ArgumentParser) -> str | None:
-    """The first token of ``tokens`` that looks like a flag ``parser`` does not have."""
+    """The first token of ``tokens`` that looks like a flag ``parser`` does not have, or a long flag written
+    with one dash (``-hf``: argparse reads ``-h`` with ``f`` attached, and says so in its own words)."""
     for token in tokens:
         if token == "--":
             return None
-        if token.startswith("-") and token != "-" and not _known_flag(token, parser):
+        if token.startswith("-") and token != "-" and (_one_dash_long(token, parser) or not _known_flag(token, parser)):
             return token
     return None
+
+
+def _one_dash_long(token: str, parser: argparse.ArgumentParser) -> bool:
+    """Whether ``token`` is one of ``parser``'s long flags written with a single dash (``-hf``, ``-src=a``)."""
+    name = token.split("=", 1)[0]
+    return not name.startswith("--") and len(name) > 2 and "-" + name in parser._option_string_actions
 
 
 def _flag_error(parser: argparse.ArgumentParser, token: str, commands: dict[str, argparse.ArgumentParser]) -> None:
     """``unknown flag --resume (a flag of convert, split, transform, unify)`` when other commands have it,
     else the nearest flag of this command."""
     name = token.split("=", 1)[0]
+    if _one_dash_long(token, parser):
+        parser.error(f"unknown flag {name} (did you mean -{name}?)")
     owners = sorted(c for c, sub in commands.items() if sub is not parser and name in sub._option_string_actions)
     if owners:
         parser.error(f"unknown flag {name} (a flag of {', '.join(owners)})")
