@@ -833,7 +833,90 @@ def dcp_with_a_source_strategy(tmp: Path, job: dict[str, str]) -> tuple[list[str
     return ["transform", str(src), OUT, "--src-strategy", job["s4"]], "carries its layouts in .metadata"
 
 
-CASES += [dcp_truncated_distcp, dcp_metadata_names_a_missing_file, dcp_with_a_source_strategy]
+def dcp_dst_iteration_for_dcp(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    args = ["transform", str(_dcp(tmp, job)), OUT, "--output-format", "dcp", "--dst-iteration", "5"]
+    return args, "--dst-iteration applies to --output-format checkpoint2 or torch_dist only, not to dcp"
+
+
+def dcp_dst_iteration_for_safetensors(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    args = ["transform", str(_dcp(tmp, job)), OUT, "--output-format", "safetensors", "--dst-iteration", "5"]
+    return args, "--dst-iteration applies to --output-format checkpoint2 or torch_dist only, not to safetensors"
+
+
+def dst_iteration_not_a_number(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    args = ["transform", job["full"], OUT, "--output-format", "torch_dist", "--dst-iteration", "abc"]
+    return args, "argument --dst-iteration: not an iteration number: 'abc'"
+
+
+def src_iteration_not_a_number(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    return ["inspect", job["full"], "--src-iteration", "x1"], "argument --src-iteration: not an iteration number: 'x1'"
+
+
+_NO_METADATA = "the folder holds .distcp data files but no .metadata: an unfinished or partial PyTorch DCP save"
+
+
+def dcp_without_metadata_transform(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _dcp(tmp, job)
+    os.remove(src / ".metadata")  # torch writes it last: a save that never finished
+    return ["transform", str(src), OUT, "--output-format", "safetensors"], f"{src}: {_NO_METADATA}"
+
+
+def dcp_without_metadata_inspect(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _dcp(tmp, job)
+    os.remove(src / ".metadata")
+    return ["inspect", str(src)], _NO_METADATA
+
+
+def dcp_without_metadata_verify(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _dcp(tmp, job)
+    os.remove(src / ".metadata")
+    return ["verify", job["full"], str(src)], _NO_METADATA
+
+
+def dcp_one_data_file_without_metadata(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _dcp(tmp, job)
+    for path in [src / ".metadata", *src.glob("__*.distcp")]:  # one data file left: not "several checkpoints"
+        if path.name != "__0_0.distcp":
+            os.remove(path)
+    return ["unify", str(src), OUT], _NO_METADATA
+
+
+def dcp_data_file_without_metadata(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _dcp(tmp, job)
+    os.remove(src / ".metadata")
+    args = ["transform", str(src / "__0_0.distcp"), OUT, "--output-format", "safetensors"]
+    return args, "__0_0.distcp: no .metadata beside it: an unfinished or partial PyTorch DCP save"
+
+
+def dcp_given_to_convert(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    args = ["convert", str(_dcp(tmp, job)), OUT, "--to", "torch_dist"]
+    pointer = "use reshard transform SRC DST --output-format torch_dist"
+    return args, f"is a PyTorch DCP checkpoint, which convert does not read: {pointer}"
+
+
+def hf_model_given_to_convert(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    hf = api.OutputSpec(format="hf", max_shard_size="1KB")  # sharded: an index and several files
+    api.transform(job["full"], str(tmp / "hf"), output=hf, destination=api.Destination(manifest=False))
+    args = ["convert", str(tmp / "hf"), OUT, "--to", "safetensors", "--hf"]
+    return args, "is a Hugging Face model, which convert does not read: use reshard transform SRC DST --hf"
+
+
+CASES += [
+    dcp_truncated_distcp,
+    dcp_metadata_names_a_missing_file,
+    dcp_with_a_source_strategy,
+    dcp_dst_iteration_for_dcp,
+    dcp_dst_iteration_for_safetensors,
+    dst_iteration_not_a_number,
+    src_iteration_not_a_number,
+    dcp_without_metadata_transform,
+    dcp_without_metadata_inspect,
+    dcp_without_metadata_verify,
+    dcp_one_data_file_without_metadata,
+    dcp_data_file_without_metadata,
+    dcp_given_to_convert,
+    hf_model_given_to_convert,
+]
 
 # ------------------------------------------------------------------------------------ Megatron torch_dist sources
 
@@ -875,6 +958,20 @@ def megatron_iteration_missing(tmp: Path, job: dict[str, str]) -> tuple[list[str
     return ["verify", str(tmp / "run"), job["full"], "--src-iteration", "20"], "no iteration 20"
 
 
+def megatron_without_metadata(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    src = _torch_dist(tmp, job)
+    os.remove(src / ".metadata")
+    return ["transform", str(src), OUT, "--output-format", "dcp"], f"{src}: {_NO_METADATA}"
+
+
+def megatron_run_given_to_convert(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    _torch_dist(tmp, job, "run/iter_0000010")
+    (tmp / "run" / "latest_checkpointed_iteration.txt").write_text("10")
+    args = ["convert", str(tmp / "run"), OUT, "--to", "ckpt"]
+    pointer = "use reshard transform SRC DST --output-format ckpt"
+    return args, f"is a Megatron-core torch_dist checkpoint, which convert does not read: {pointer}"
+
+
 def megatron_tracker_names_a_missing_folder(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
     _torch_dist(tmp, job, "run/iter_0000010")
     (tmp / "run" / "latest_checkpointed_iteration.txt").write_text("20")
@@ -888,6 +985,8 @@ CASES += [
     megatron_missing_metadata_json,
     megatron_iteration_missing,
     megatron_tracker_names_a_missing_folder,
+    megatron_without_metadata,
+    megatron_run_given_to_convert,
 ]
 
 try:

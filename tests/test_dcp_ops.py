@@ -182,6 +182,7 @@ def test_plan_and_rank_list_files(job: dict[str, str], tmp_path: Path) -> None:
     out = _ok("plan", job["dcp"], str(tmp_path / "p"), "--dst-strategy", job["s4"])
     assert "rank_0" in out and not (tmp_path / "p").exists()
     proc = run_cli("rank-list", "0", "--src", job["dcp"], "--dst-strategy", job["s4"], "--files", "--json")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr  # it writes nothing: no "values not carried"
     listed = json.loads(proc.stdout)
     assert listed and all(p.endswith(".distcp") for p in listed)
     everything = json.loads(run_cli("rank-list", "0", "--src", job["dcp"], "--files", "--json").stdout)

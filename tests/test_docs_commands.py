@@ -127,6 +127,37 @@ def test_pytorch_writing(demo_root: Path, tmp_path: Path) -> None:
     assert "Megatron-core torch_dist checkpoint (2 data files)" in out and out.count("SAME: 119 match") == 2
 
 
+def test_pytorch_reading_hand_made_dcp_loads_in_torch(demo_root: Path, tmp_path: Path) -> None:
+    """The DCP folder "Reading with the commands" makes without torch: the block's commands run (its first
+    line aside: the demo is there), and torch loads the folder as dcp_to_torch_save does, its step too
+    (torch.save's bytes, handed to torch.load), every tensor equal to the demo's."""
+    import json
+
+    import numpy as np
+
+    from reshard.sources import open_checkpoint
+    from tests.torch_oracle import run_torch_script
+
+    text = (DOCS / "pytorch.md").read_text(encoding="utf-8").split("\n## Reading with the commands\n", 1)[1]
+    ((language, block),) = BLOCK.findall(text.split("\n## ", 1)[0])
+    first, script, commands = re.fullmatch(r"(.*?)\npython - <<'PY'\n(.*?)\nPY\n(.*)", block, flags=re.S).groups()
+    assert (language, first) == ("bash", "reshard demo --dir demo")
+    (tmp_path / "demo").symlink_to(demo_root)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = run_block(commands, tmp_path).stdout
+    assert "SAME" in out and out.rstrip().endswith("__1_0.distcp")  # verify; rank-list --files last
+    loaded = tmp_path / "loaded"
+    run_torch_script("dcp_load.py", {"loads": [{"folder": str(tmp_path / "dcp_ckpt"), "out": str(loaded)}]})
+    assert json.loads(loaded.with_suffix(".json").read_text()) == {"step": 100}
+    tensors = np.load(loaded.with_suffix(".npz"))
+    with open_checkpoint(str(demo_root / "full" / "model.ckpt")) as index:
+        assert sorted(tensors.files) == sorted(index.entries)
+        for name in index.entries:
+            assert np.array_equal(tensors[name], np.array(index.array(name))), name
+
+
 def test_low_precision_try_it(demo_root: Path, tmp_path: Path) -> None:
     _run_page("low-precision.md", demo_root, tmp_path)
     assert (tmp_path / "fp8_again" / "model.safetensors").is_file()

@@ -26,7 +26,8 @@ def whole_number(text: str, minimum: int, what: str, too_small: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a {what}: {text!r}") from None
+        article = "an" if what[:1] in ("a", "e", "i", "o", "u") else "a"
+        raise argparse.ArgumentTypeError(f"not {article} {what}: {text!r}") from None
     if value < minimum:
         raise argparse.ArgumentTypeError(f"{text!r}: {too_small}")
     return value
@@ -42,12 +43,12 @@ def positive_int(text: str) -> int:
 
 def output_iteration(text: str) -> int:
     """``--dst-iteration``: a Checkpoint 2.0 output's iteration."""
-    return whole_number(text, 0, "iteration", "iterations count from 0")
+    return whole_number(text, 0, "iteration number", "iterations count from 0")
 
 
 def source_iteration(text: str) -> int:
     """``--src-iteration``: which iteration of a Checkpoint 2.0 source is read."""
-    return whole_number(text, 0, "iteration", "an iteration is 0 or more")
+    return whole_number(text, 0, "iteration number", "an iteration is 0 or more")
 
 
 def rank_list(text: str) -> list[int]:

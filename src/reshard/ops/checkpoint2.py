@@ -43,12 +43,16 @@ def check_options(output: OutputSpec) -> None:
     cp2_out = output.format == checkpoint2.CHECKPOINT2
     iteration, common, optimizer_prefixes = output.iteration, output.common, output.optimizer_prefixes
     if not cp2_out:
-        torch_dist = output.format == "torch_dist"  # its iteration: a Megatron-LM run folder (ops.dcp_output)
-        given = [n for n, v in (("iteration", iteration), ("common", common)) if v is not None]
-        given = [n for n in given if not (torch_dist and n == "iteration")]
-        given += ["optimizer prefixes"] if optimizer_prefixes else []
+        # torch_dist's iteration: a Megatron-LM run folder (ops.dcp_output)
+        if iteration is not None and output.format != "torch_dist":
+            raise UsageError(
+                "--dst-iteration applies to --output-format checkpoint2 or torch_dist only, not to "
+                f"{output.format or 'the default output format'}"
+            )
+        given = [n for n, v in (("--common-json", common is not None), ("--optimizer-prefix", optimizer_prefixes)) if v]
         if given:
-            raise UsageError(f"{' and '.join(given)} only apply to --output-format checkpoint2")
+            verb = "applies" if len(given) == 1 else "apply"
+            raise UsageError(f"{' and '.join(given)} {verb} to --output-format checkpoint2 only")
         return
     if output.max_shard_size is not None:
         raise UsageError("a Checkpoint 2.0 is not a Hugging Face model: give --hf or --output-format checkpoint2")

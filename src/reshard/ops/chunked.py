@@ -74,10 +74,13 @@ def virtual_model(opened: OpenedChunks) -> tuple[dict[str, SourceFile], dict[str
     return {VIRTUAL: SourceFile(path, 0, tensors)}, dict.fromkeys(tensors, VIRTUAL)
 
 
+VALUES_NOT_CARRIED = "non-tensor values not carried"  # the words of values_note (a face that writes nothing drops it)
+
+
 def values_note(opened: OpenedChunks, notes: list[str], output: str) -> None:
     """One note for the non-tensor values an output that holds tensors only does not carry."""
     if opened.values:
-        notes.append(f"{len(opened.values)} non-tensor values not carried: {output} holds tensors only")
+        notes.append(f"{len(opened.values)} {VALUES_NOT_CARRIED}: {output} holds tensors only")
 
 
 def resourced(plan: Plan, opened: OpenedChunks, computed: dict[tuple[str, str], QuantizedSource] | None = None) -> Plan:
@@ -372,6 +375,7 @@ def chunk_facts(opened: OpenedChunks) -> dict[str, Any]:
 
 
 __all__ = [
+    "VALUES_NOT_CARRIED",
     "VIRTUAL",
     "boxed_dcp",
     "check_run",

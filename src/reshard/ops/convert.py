@@ -32,6 +32,7 @@ from reshard.sources import (
     full_model_file,
     identify,
     indexed,
+    is_chunked,
     kind_of,
 )
 
@@ -85,7 +86,9 @@ def convert(
     Raises:
         UsageError: A bad ``to``, a missing source, an existing output or refused destination, a
             ``.ckpt`` to ``.ckpt`` conversion without a key, Hugging Face output from anything but
-            one ``.ckpt`` file, or write options that do not fit the outputs (see ``execute``).
+            one ``.ckpt`` file, a checkpoint only ``transform`` reads (a Checkpoint 2.0, a PyTorch DCP
+            or Megatron torch_dist folder, a sharded Hugging Face model: the line names the transform),
+            or write options that do not fit the outputs (see ``execute``).
         FormatError: A source file that cannot be read, is truncated or is not what it claims.
         CryptoError: An encrypted source does not decrypt with ``read.dec_key`` / ``dec_mode``.
         IntegrityError: A source's crc trailer does not match its content.
@@ -101,6 +104,7 @@ def convert(
     if output.format not in FORMATS:
         raise UsageError(f"--to must be ckpt, safetensors, dcp or torch_dist, not {output.format!r}")
     dcp_output.check_iteration(output, "--to")
+    _refuse_transform_sources(src, output.format)
     if output.format in dcp_output.FORMATS:
         return _to_dcp(src, dst, output, name_map, file_regex, destination, tensors, read, write, run)
     fmt = "safetensors" if output.format == "hf" else output.format
@@ -188,15 +192,25 @@ def _check_beside(src: str, plan: Plan, where: Destination) -> None:
             raise UsageError("output exists (use --overwrite to replace it)", existing[0])
 
 
+def _refuse_transform_sources(src: str, fmt: str | None) -> None:
+    """A checkpoint ``transform`` reads and convert does not (a Checkpoint 2.0, a PyTorch DCP or Megatron
+    torch_dist folder, a sharded Hugging Face model): one line naming the transform that writes ``fmt``."""
+    kind = kind_of(src) if os.path.exists(src) else None
+    if kind is CHECKPOINT2:
+        raise UsageError(
+            "this is a MindFormers Checkpoint 2.0 (safetensors, resharded by its metadata.json): get .ckpt or "
+            "rank folders with reshard transform SRC DST --output-format ckpt [--dst-strategy S]",
+            src,
+        )
+    if kind is None or not (is_chunked(kind) or (kind is HUGGING_FACE and full_model_file(src) is None)):
+        return
+    flags = "--hf [--max-shard-size SIZE]" if fmt == "hf" else f"--output-format {fmt}"
+    raise UsageError(f"this is {kind.name}, which convert does not read: use reshard transform SRC DST {flags}", src)
+
+
 def _convert_source(src: str) -> str:
     """What convert reads: ``rank*`` folders as they are, or the one checkpoint file ``src`` stands
     for (a file, or a folder holding just one: a ``rank_<r>`` folder, ``model.safetensors``'s folder)."""
-    if os.path.exists(src) and kind_of(src) is CHECKPOINT2:
-        raise UsageError(
-            "this is a MindFormers Checkpoint 2.0 (safetensors, resharded by its metadata.json): get .ckpt or "
-            "rank folders with reshard transform --src SRC --dst OUT --output-format ckpt [--dst-strategy S]",
-            src,
-        )
     single = full_model_file(src)
     kinds: tuple[Kind, ...] = (RANK_FOLDERS, ENCRYPTED_CKPT, FULL_FILE)
     if single is not None and os.path.isdir(src):

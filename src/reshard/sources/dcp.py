@@ -45,6 +45,14 @@ def is_dcp_folder(path: str) -> bool:
     return any(name.endswith(dcp.DATA_SUFFIX) for name in os.listdir(path))
 
 
+def is_unfinished_dcp(path: str) -> bool:
+    """A folder holding ``.distcp`` data files but no ``.metadata`` (names only): a save torch never
+    finished (it writes ``.metadata`` last) or a partial copy of one; no kind reads it."""
+    if not os.path.isdir(path) or os.path.exists(os.path.join(path, dcp.METADATA_NAME)):
+        return False
+    return any(name.endswith(dcp.DATA_SUFFIX) for name in os.listdir(path))
+
+
 @dataclass(frozen=True)
 class DcpSource:
     """What ``open_dcp`` read: the checked metadata, and the planning facts of its chunks."""
@@ -195,4 +203,14 @@ class DcpFolder:
 
 DCP = DcpFolder()
 
-__all__ = ["DCP", "ChunkNames", "DcpFolder", "DcpSource", "chunked_tensors", "is_dcp_folder", "open_dcp", "saving_rank"]
+__all__ = [
+    "DCP",
+    "ChunkNames",
+    "DcpFolder",
+    "DcpSource",
+    "chunked_tensors",
+    "is_dcp_folder",
+    "is_unfinished_dcp",
+    "open_dcp",
+    "saving_rank",
+]

@@ -8,9 +8,10 @@ Each kind (``reshard.sources.kind.Kind``) has a ``name``, what it ``looks_for``,
 read=...)`` does the same and then refuses, in one place, what the kind's traits rule out: a
 strategy for a kind that carries its layouts (or is one, or is a full model by construction) and an
 iteration for a kind without iterations. Every error about what a path is comes from this module:
-a path that does not exist, an empty folder, a folder several checkpoints could be meant in, a
-known kind the operation does not read (naming what it is and what was wanted), and an unknown
-path (naming what was looked for). Errors about a recognised source's content (a truncated file,
+a path that does not exist, an empty folder, a folder several checkpoints could be meant in, a folder
+of DCP data files whose ``.metadata`` never came (an unfinished save), a known kind the operation
+does not read (naming what it is and what was wanted), and an unknown path (naming what was looked
+for). Errors about a recognised source's content (a truncated file,
 an empty rank folder inside a tree) come from its kind's ``open`` and the format readers.
 
 Adding a kind (``checkpoint2.py`` is the latest built-in): write one module with a class that has
@@ -28,9 +29,10 @@ from collections.abc import Mapping, Sequence
 from typing import overload
 
 from reshard.errors import UsageError
+from reshard.formats import dcp
 from reshard.formats.strategy import StrategyFile
 from reshard.sources.checkpoint2 import CHECKPOINT2, check_iteration
-from reshard.sources.dcp import DCP
+from reshard.sources.dcp import DCP, is_unfinished_dcp
 from reshard.sources.full_model import ENCRYPTED_CKPT, FULL_FILE, HUGGING_FACE, UNIFIED, FullModel
 from reshard.sources.kind import SHARDED, AnyKind, Kind, Opened, OpenedModel, OpenedRanks, OpenedStrategy
 from reshard.sources.megatron import MEGATRON
@@ -113,6 +115,8 @@ def _identify(path: str, accept: Sequence[AnyKind] | None) -> AnyKind:
         held = f"holds only {', '.join(hidden[:3])}{' ...' if len(hidden) > 3 else ''}" if hidden else "is empty"
         raise UsageError(f"the folder {held} (looked for {_looked_for(accept)})", path)
     for kind in KINDS:
+        if kind is DCP and is_unfinished_dcp(path):  # no kind reads data files without their .metadata
+            raise UsageError(dcp.NO_METADATA, path)
         if kind.detect(path):
             if kind in accept:
                 return kind

@@ -90,9 +90,19 @@ def _print_rank_files(args: argparse.Namespace, dst_sf: Any, notes: list[str]) -
     if args.src is None:
         raise UsageError("--files needs the source (--src)")
     report = calls.plan_ranks(args.src, no_path(args.src_strategy), dst_sf, args.rank, READ.options(args))
-    say_notes([*notes, *report.notes], args.quiet)
+    say_notes([*notes, *_reading_notes(report.notes)], args.quiet)
     files = sorted(report.plan.sources)
     print(json.dumps(files) if args.json else "\n".join(files))
+
+
+def _reading_notes(notes: list[str]) -> list[str]:
+    """The plan's notes but what an output would not hold (a DCP source's non-tensor values): the plan
+    only names the files the rank reads, and nothing is written."""
+    if not notes:
+        return notes
+    from reshard.ops.chunked import VALUES_NOT_CARRIED
+
+    return [n for n in notes if VALUES_NOT_CARRIED not in n]
 
 
 __all__ = ["add", "run"]

@@ -63,6 +63,9 @@ def run(args: argparse.Namespace) -> None:
     split = args.split or ()
     strategy = source_strategy(args.src, args.strategy, "--src-strategy", args.quiet)
     if strategy is None and not carries_layouts(args.src):  # a Checkpoint 2.0's metadata.json, a DCP .metadata
+        from reshard.sources import CHECKPOINT2, CHUNKED, RANK_FOLDERS, identify
+
+        identify(args.src, (RANK_FOLDERS, CHECKPOINT2, *CHUNKED))  # what the path is first (api.unify's words)
         raise UsageError("unify needs the strategy of the rank folders: give --src-strategy", args.src)
     read, write = READ.options(args), WRITE.options(args)
     destination = DESTINATION.options(args)

@@ -56,7 +56,16 @@ from reshard import lazy
 if TYPE_CHECKING:  # where each name lives: a type checker imports them; at run time reshard.lazy reads this
     from reshard.formats.dcp.data import index_distcp, open_distcp, read_bytes_item, serialization_of
     from reshard.formats.dcp.metadata import check_chunks, read_dcp_metadata
-    from reshard.formats.dcp.names import DATA_SUFFIX, DCP_VERSION, FORMAT, METADATA_NAME, SAFETENSORS, TORCH_SAVE
+    from reshard.formats.dcp.names import (
+        DATA_SUFFIX,
+        DCP_VERSION,
+        FORMAT,
+        METADATA_NAME,
+        NO_METADATA,
+        SAFETENSORS,
+        TORCH_SAVE,
+        UNFINISHED,
+    )
     from reshard.formats.dcp.records import (
         BytesItem,
         Chunk,
@@ -89,8 +98,10 @@ __all__ = [
     "DCP_VERSION",
     "FORMAT",
     "METADATA_NAME",
+    "NO_METADATA",
     "SAFETENSORS",
     "TORCH_SAVE",
+    "UNFINISHED",
     "BytesItem",
     "Chunk",
     "ChunkSpec",

@@ -21,6 +21,7 @@ from reshard.formats.base import (
     map_file,
 )
 from reshard.formats.dcp.metadata import read_dcp_metadata
+from reshard.formats.dcp.names import UNFINISHED
 from reshard.formats.dcp.records import (
     _MAX_PICKLE_MEMBER,
     _ZIP_LOCAL,
@@ -111,6 +112,8 @@ def open_distcp(path: str | os.PathLike[str]) -> TensorIndex:
     folder, name = os.path.split(path)
     try:
         stat = os.stat(os.path.join(folder, METADATA_NAME))
+    except FileNotFoundError:
+        raise FormatError(f"no {METADATA_NAME} beside it: {UNFINISHED}", path) from None
     except OSError as exc:
         raise FormatError(f"no {METADATA_NAME} beside it ({exc.strerror})", path) from None
     meta = _cached_metadata(folder, stat.st_size, stat.st_mtime_ns)

@@ -15,6 +15,7 @@ import numpy as np
 from reshard import dtypes
 from reshard.errors import FormatError, UnsupportedError
 from reshard.formats.dcp import bulk, columns
+from reshard.formats.dcp.names import DATA_SUFFIX, NO_METADATA
 from reshard.formats.dcp.records import (
     _FILESYSTEM,
     _META,
@@ -59,6 +60,10 @@ def read_dcp_metadata(folder: str | os.PathLike[str]) -> DcpMetadata:
     try:
         with open(path, "rb") as fh:
             raw = fh.read()
+    except FileNotFoundError:
+        if _holds_data_files(folder):
+            raise FormatError(NO_METADATA, folder) from None
+        raise FormatError("cannot read: No such file or directory", path) from None
     except OSError as exc:
         raise FormatError(f"cannot read: {exc.strerror}", path) from None
     with collector_paused():
@@ -71,6 +76,14 @@ def read_dcp_metadata(folder: str | os.PathLike[str]) -> DcpMetadata:
         del top
     _check_files(meta, path)
     return meta
+
+
+def _holds_data_files(folder: str) -> bool:
+    """Whether ``folder`` holds ``.distcp`` data files (without ``.metadata``: an unfinished save)."""
+    try:
+        return any(name.endswith(DATA_SUFFIX) for name in os.listdir(folder))
+    except OSError:
+        return False
 
 
 BULK_MIN_BYTES = 4 << 20  # below this (some 30 000 chunks) the unpickler reads a .metadata in well under a second
