@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "reshard.lock",
         "reshard.manifest",
+        "reshard.resume",
         "reshard.destination",
         "reshard.ops",
         "reshard.api",

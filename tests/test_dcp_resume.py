@@ -22,7 +22,7 @@ from reshard.execute.digest import file_digest
 from reshard.execute.options import RunOptions
 from tests.test_dcp_write import full_tensors, read_back
 from tests.test_integrity_signals import run_paused
-from tests.trust_helpers import make_job, run_cli, temp_files
+from tests.trust_helpers import make_job, run_cli, snapshot, temp_files
 
 DCP = api.OutputSpec(format="dcp")
 
@@ -182,3 +182,77 @@ def test_a_half_finished_torch_dist_run_folder_resumes_only_the_missing_files(
     assert all(got[n].tobytes() == want[n].tobytes() for n in want)
     again = run_cli("verify", job["full"], str(dst))
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+# ------------------------------------------------------------------ --resume with other options, and what it wrote
+
+
+def _dcp_ranks(job: dict[str, str], dst: str, ranks: int) -> list[str]:
+    return ["transform", job["full"], dst, "--output-format", "dcp", "--dcp-ranks", str(ranks), "--workers", "1"]
+
+
+def _refused(proc: Any) -> str:
+    """The one line a refused ``--resume`` prints (exit 2, no traceback)."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("reshard: error: ") and "--resume refused" in lines[0], lines[0]
+    assert "without --resume into a new or emptied destination" in lines[0], lines[0]
+    return lines[0]
+
+
+def test_resume_with_fewer_dcp_ranks_is_refused_and_the_earlier_files_stay(job: dict[str, str], tmp_path: Path) -> None:
+    """Interrupted with its three data files in place (before ``.metadata``); ``--dcp-ranks 2 --resume``
+    once left ``__2_0.distcp`` beside a 2-rank checkpoint, listed nowhere."""
+    dst = str(tmp_path / "out")
+    proc = run_paused(_dcp_ranks(job, dst, 3), "texts", signal.SIGINT, str(tmp_path / "marker"))
+    assert proc.returncode == 130, proc.stderr
+    before = snapshot(dst)
+    assert sorted(n for n in os.listdir(dst) if n.endswith(".distcp")) == [f"__{r}_0.distcp" for r in range(3)]
+    line = _refused(run_cli(*_dcp_ranks(job, dst, 2), "--resume"))
+    assert "its output __2_0.distcp is not among this run's" in line, line
+    assert snapshot(dst) == before  # nothing removed, nothing written, no lock left
+    done = run_cli(*_dcp_ranks(job, dst, 3), "--resume")  # the run's own options continue it
+    assert done.returncode == 0 and "kept 3 finished file(s)" in done.stderr, done.stderr
+    assert_manifest_matches(dst)
+
+
+def test_resume_into_another_iteration_is_refused_and_the_half_written_one_stays(
+    job: dict[str, str], tmp_path: Path
+) -> None:
+    run = str(tmp_path / "run")
+    args = ["transform", job["full"], run, "--output-format", "torch_dist", "--dcp-ranks", "3", "--workers", "1"]
+    proc = run_paused([*args, "--dst-iteration", "500"], "file:3", signal.SIGINT, str(tmp_path / "marker"))
+    assert proc.returncode == 130, proc.stderr
+    before = snapshot(run)
+    line = _refused(run_cli(*args, "--dst-iteration", "600", "--resume"))
+    assert "iter_0000500/" in line and "not among this run's" in line, line
+    assert snapshot(run) == before and not os.path.exists(os.path.join(run, "iter_0000600"))
+
+
+def _resume_after_the_data_files(job: dict[str, str], tmp_path: Path) -> tuple[str, Any]:
+    """A 4-rank DCP run interrupted once its data files are in place, before ``.metadata``; then ``--resume``."""
+    dst = str(tmp_path / "out")
+    proc = run_paused(_dcp_ranks(job, dst, 4), "texts", signal.SIGTERM, str(tmp_path / "marker"))
+    assert proc.returncode == 143, proc.stderr
+    assert not os.path.exists(os.path.join(dst, ".metadata"))
+    resumed = run_cli(*_dcp_ranks(job, dst, 4), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    return dst, resumed
+
+
+def test_a_resume_that_wrote_only_the_metadata_says_so_and_the_next_has_nothing_to_do(
+    job: dict[str, str], tmp_path: Path
+) -> None:
+    dst, resumed = _resume_after_the_data_files(job, tmp_path)
+    assert "kept 4 finished file(s) of the earlier run (verified); finished it with .metadata" in resumed.stderr
+    assert_manifest_matches(dst)
+    before = {n: os.stat(os.path.join(dst, n)).st_mtime_ns for n in os.listdir(dst) if n != manifest.MANIFEST_NAME}
+    again = run_cli(*_dcp_ranks(job, dst, 4), "--resume")
+    assert again.returncode == 0 and again.stdout.startswith("nothing to do: the 5 files in "), again.stdout
+    after = {n: os.stat(os.path.join(dst, n)).st_mtime_ns for n in os.listdir(dst) if n != manifest.MANIFEST_NAME}
+    assert after == before  # .metadata included: nothing was written but the manifest
+
+
+def test_a_resume_that_wrote_only_the_metadata_does_not_say_nothing_to_do(job: dict[str, str], tmp_path: Path) -> None:
+    _, resumed = _resume_after_the_data_files(job, tmp_path)
+    assert "nothing to do" not in resumed.stdout and "wrote .metadata" in resumed.stdout, resumed.stdout

@@ -57,6 +57,7 @@ POINTS = {
     "parse": "the command's modules are imported; the arguments are about to be parsed",
     "planned": "the operation's plan is made; the destination is not touched yet",
     "file": "an output file is being written (its temporary file exists); file:N is the N-th to start",
+    "texts": "every output file is in place; the finishing files (indexes, .metadata, markers) are not written yet",
     "before-manifest": "every output file is in place and journaled; the manifest is not written yet",
     "manifest": "the manifest's temporary file is written, not yet renamed into place",
     "committed": "the manifest is in place and the journal removed: the run is complete",

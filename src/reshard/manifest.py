@@ -13,7 +13,11 @@ Why it is built this way:
   byte-identical to an uninterrupted run. The fingerprint covers the file's plan (tensors, boxes,
   source paths), the sources' sizes and modification times, and the write options (crc trailer,
   chunk size, encryption mode and a key id), so resuming with other inputs, options or key never
-  keeps a stale file. Temporary files of the killed run are removed.
+  keeps a stale file. Temporary files of the killed run are removed. A finishing file (``plan.texts``:
+  an index, ``.metadata``) already holding this plan's bytes is kept too, not rewritten. It continues
+  only a run planned the same way: the journal's first line (and the manifest) hold the plan's
+  fingerprint, compared before anything changes (``reshard.resume``), so the earlier run's other
+  files never stay beside a differently planned output.
 * The manifest ``DST/reshard-manifest.json`` is written last, atomically, as the completion
   marker: the operation, the sources, and each output's size and checksum (XXH128 by default, BLAKE3
   or SHA-256 on request: ``execute.digest`` says why; the JSON key names the algorithm). It holds no timestamp,
@@ -52,12 +56,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from reshard import __version__, interrupts
+from reshard import resume as resume_check
 from reshard.errors import ReshardError, UsageError
 from reshard.execute import local
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM, check_algorithm, file_digest, new_hash
 from reshard.execute.options import KEEP_FINISHED, RunOptions, WriteOptions
 from reshard.formats import crypto, rank_dirs, registry
-from reshard.formats.base import TEMP_SUFFIX, atomic_path
+from reshard.formats.base import TEMP_SUFFIX, atomic_path, holds
 from reshard.lock import DestinationLock
 from reshard.plan import FilePlan, Plan
 from reshard.plan.validate import validate_plan
@@ -146,7 +151,13 @@ def _stat(path: str, cache: dict[str, Any]) -> Any:
 def file_fingerprint(file: FilePlan, plan: Plan, facts: dict[str, Any], stats: dict[str, Any]) -> str:
     """XXH128 of everything that decides the bytes of ``file`` (a fingerprint, not a secret: the
     checksum's own hash, already loaded, where SHA-256 would load OpenSSL for a few kilobytes)."""
-    tensors = []
+    return _fingerprints(file, plan, facts, stats)[0]
+
+
+def _fingerprints(file: FilePlan, plan: Plan, facts: dict[str, Any], stats: dict[str, Any]) -> tuple[str, str]:
+    """``file_fingerprint``, and that of the file's layout alone (format, metadata, each tensor's name,
+    dtype, shape and size: what ``reshard.resume`` compares), from one walk of its tensors."""
+    tensors, layout = [], []
     used: set[str] = set()
     for t in file.tensors:
         copies = [
@@ -157,7 +168,9 @@ def file_fingerprint(file: FilePlan, plan: Plan, facts: dict[str, Any], stats: d
         ]
         used.update(plan.sources[c.source] for c in t.copies)
         literal = _xxh128(t.literal) if t.literal is not None else None
-        tensors.append([t.name, t.dtype.ms_name, t.shape, t.nbytes, literal, copies])
+        head = [t.name, t.dtype.ms_name, t.shape, t.nbytes]
+        layout.append(head)
+        tensors.append([*head, literal, copies])
     doc = {
         "format": file.format,
         "metadata": file.metadata,
@@ -165,7 +178,8 @@ def file_fingerprint(file: FilePlan, plan: Plan, facts: dict[str, Any], stats: d
         "sources": {p: _stat(p, stats) for p in sorted(used)},
         "write": facts,
     }
-    return _xxh128(json.dumps(doc, sort_keys=True).encode())
+    shape = {"format": file.format, "metadata": file.metadata, "tensors": layout}
+    return _xxh128(json.dumps(doc, sort_keys=True).encode()), _xxh128(json.dumps(shape, sort_keys=True).encode())
 
 
 def _xxh128(data: bytes) -> str:
@@ -193,18 +207,44 @@ def has_unfinished_run(root: str) -> bool:
     return os.path.isfile(journal_path(root))
 
 
+def relative(path: str, root: str) -> str:
+    """``path`` as the journal and the manifest name it: relative to ``root`` (absolute), ``/``
+    separated; unchanged when it lies outside ``root``."""
+    rel = os.path.relpath(os.path.abspath(path), root)
+    return path if rel.startswith(os.pardir) else rel.replace(os.sep, "/")
+
+
 def read_journal(root: str) -> dict[str, OutputRecord]:
     """Journal entries by relative path (the last entry of a path wins; torn lines are skipped).
 
     A finished run has no journal; its manifest's entries (which carry the same fingerprints)
     stand in, so resuming a finished run keeps everything.
     """
-    records: dict[str, OutputRecord] = {}
     try:
         with open(journal_path(root), "rb") as fh:
             lines = fh.read().splitlines()
     except OSError:
         return _manifest_records(root)
+    return _journal_records(lines)
+
+
+def earlier_run(root: str) -> resume_check.EarlierRun | None:
+    """What the run recorded in ``root`` planned: its journal's (unfinished), else its manifest's
+    (finished); None when ``root`` holds neither."""
+    try:
+        with open(journal_path(root), "rb") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        try:
+            return resume_check.from_manifest(read_manifest(root))
+        except UsageError:
+            return None
+    return resume_check.from_journal(lines, _journal_records(lines))
+
+
+def _journal_records(lines: list[bytes]) -> dict[str, OutputRecord]:
+    """The output records among a journal's lines (its first line and torn lines are none)."""
+    records: dict[str, OutputRecord] = {}
     for line in lines:
         try:
             record = OutputRecord.from_json(json.loads(line))
@@ -338,6 +378,8 @@ class RunRecorder:
         self._new_dirs: list[str] = []
         self._journal: Any = None
         self.kept: list[str] = []  # relative paths of outputs verified and kept from an earlier run
+        self.kept_texts: list[str] = []  # finishing files (plan.texts) a resume found holding their bytes
+        self._plan_fingerprint = ""  # what the plan writes (reshard.resume), journaled and in the manifest
         self._written = 0  # outputs renamed into place by this run
         self.remove = tuple(remove)  # an earlier run's outputs this one supersedes (superseded_outputs)
         self._dest_lock = DestinationLock(self.root)
@@ -348,8 +390,7 @@ class RunRecorder:
     # ------------------------------------------------------------------ paths
 
     def rel(self, path: str) -> str:
-        rel = os.path.relpath(os.path.abspath(path), self.root)
-        return path if rel.startswith(os.pardir) else rel.replace(os.sep, "/")
+        return relative(path, self.root)
 
     def _own_files(self) -> list[str]:
         outputs = [f.path for f in self.plan.files] + [t.path for t in self.plan.texts]
@@ -377,6 +418,14 @@ class RunRecorder:
         except OSError as exc:
             raise UsageError(f"cannot create the destination folder: {exc.strerror or exc}", self.root) from None
         self._dest_lock.acquire()  # another run writing here: UsageError naming it, nothing touched
+        try:
+            if self.manifest:
+                self._fingerprint_plan()
+            if self.resume:
+                self._check_same_plan()  # before anything here changes: a refusal leaves it all as it was
+        except BaseException:
+            self._dest_lock.release()
+            raise
         self._locked = True
         self._existed = {p for p in self._own_files() if os.path.lexists(p)}  # as the lock found them
         self._remove_superseded()
@@ -385,8 +434,6 @@ class RunRecorder:
                 os.unlink(tmp)
         if not self.manifest:
             return self.plan
-        facts, stats = write_facts(self.write), dict[str, Any]()
-        self._fingerprints = {f.path: file_fingerprint(f, self.plan, facts, stats) for f in self.plan.files}
         kept = self._kept_files() if self.resume else {}
         self._remove(manifest_path(self.root))
         self._open_journal(kept)
@@ -396,7 +443,28 @@ class RunRecorder:
         self._hasher = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="reshard-hash")
         self.kept = sorted(kept)
         todo = tuple(f for f in self.plan.files if self.rel(f.path) not in kept)
-        return replace(self.plan, files=todo)
+        whole = [self.resume and holds(t.path, t.text) for t in self.plan.texts]  # left as they are
+        self.kept_texts = [self.rel(t.path) for t, same in zip(self.plan.texts, whole, strict=True) if same]
+        texts = tuple(t for t, same in zip(self.plan.texts, whole, strict=True) if not same)
+        return replace(self.plan, files=todo, texts=texts)
+
+    def _fingerprint_plan(self) -> None:
+        """Each output's fingerprint (its journal line's), and the plan's (``reshard.resume``)."""
+        facts, stats, layouts = write_facts(self.write), dict[str, Any](), dict[str, str]()
+        for f in self.plan.files:
+            self._fingerprints[f.path], layouts[self.rel(f.path)] = _fingerprints(f, self.plan, facts, stats)
+        texts = {self.rel(t.path): t.text for t in self.plan.texts}
+        self._plan_fingerprint = resume_check.plan_fingerprint(layouts, texts)
+
+    def _outputs(self) -> list[str]:
+        return [self.rel(p) for p in [f.path for f in self.plan.files] + [t.path for t in self.plan.texts]]
+
+    def _check_same_plan(self) -> None:
+        """A resume continues only a run planned as this one (``reshard.resume``): UsageError otherwise."""
+        earlier = earlier_run(self.root)
+        why = resume_check.refusal(earlier, self._plan_fingerprint, self._outputs()) if earlier else None
+        if why is not None:
+            raise UsageError(why, self.root)
 
     def _remove_superseded(self) -> None:
         """Remove an earlier run's outputs that this run replaces with fewer, and their emptied folders."""
@@ -430,6 +498,7 @@ class RunRecorder:
         path = journal_path(self.root)
         try:
             with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(resume_check.journal_header(self._plan_fingerprint, self._outputs()))
                 for record in kept.values():
                     fh.write(self._line(record))
             self._journal = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole run
@@ -524,6 +593,7 @@ class RunRecorder:
             "crc": self.write.write_crc,
             "encryption": self.write.enc_mode if self.write.enc_key is not None else None,
             "checksum": self.algorithm,
+            "plan": self._plan_fingerprint,
             "sources": sources,
             "outputs": [self.records[k].to_json() for k in sorted(self.records)],
         }
@@ -656,7 +726,8 @@ def run_recorded(
     ``runner(plan, write, run)`` executes the outputs still to write (default: the local executor
     with ``opener``; the Ray executor passes its own). ``remove``: an earlier run's outputs to delete
     once the destination is locked (``superseded_outputs``). Returns the relative paths of the
-    outputs kept from an earlier run (``resume``).
+    outputs kept from an earlier run (``resume``): its finished files, then the finishing files
+    (``plan.texts``) that already held this plan's bytes and were left as they are.
     """
     write, run = write or WriteOptions(), run or RunOptions()
     check_write_options(plan, write)
@@ -695,7 +766,7 @@ def run_recorded(
             with contextlib.suppress(AttributeError, TypeError):
                 setattr(exc, PROGRESS_ATTRIBUTE, progress)
         raise
-    return recorder.kept
+    return recorder.kept + recorder.kept_texts
 
 
 __all__ = [
@@ -708,6 +779,7 @@ __all__ = [
     "RunRecorder",
     "check_write_options",
     "common_root",
+    "earlier_run",
     "file_fingerprint",
     "has_unfinished_run",
     "journal_path",
@@ -716,6 +788,7 @@ __all__ = [
     "previous_outputs",
     "read_journal",
     "read_manifest",
+    "relative",
     "run_recorded",
     "stale_temp_files",
     "superseded_outputs",

@@ -211,12 +211,17 @@ def count(n: int, word: str) -> str:
 
 def summary(report: Report, dst: str | None, seconds: float) -> str:
     """``wrote 8 files (1.13 GiB) to out/ in 2.1 s, 540.00 MiB/s; kept 3 from the interrupted run``, or
-    ``nothing to do: ...`` when a ``--resume`` found every file complete."""
+    ``nothing to do: ...`` when a ``--resume`` found every file complete (its finishing files too), or
+    ``the 4 files in out/ were complete already (verified, kept); wrote .metadata`` when it wrote only those."""
     files = _written(report, dst)
     nbytes = sum(f.nbytes for f in files)
     where = f" to {dst.rstrip(os.sep) + os.sep}" if dst else ""
     if report.kept and not files:
         inside = f" in {dst.rstrip(os.sep) + os.sep}" if dst else ""
+        if report.finished:
+            were = "was" if len(report.kept) == 1 else "were"
+            done = f"the {count(len(report.kept), 'file')}{inside} {were} complete already (verified, kept)"
+            return f"{done}; wrote {', '.join(report.finished)}"
         verb = "is" if len(report.kept) == 1 else "are"
         return f"nothing to do: the {count(len(report.kept), 'file')}{inside} {verb} complete already (verified, kept)"
     rate = f", {format_size(int(nbytes / seconds))}/s" if seconds > 0 and nbytes else ""

@@ -774,6 +774,7 @@ def tensor_threads(file_bytes: int, total_bytes: int, workers: int) -> int:
 
 def write_texts(plan: Plan) -> None:
     """The plan's text outputs (index JSON), once every file they describe is written."""
+    interrupts.reached("texts")  # a test-only pause point (reshard.interrupts)
     for text in plan.texts:
         base.write_whole(text.path, text.text)
 

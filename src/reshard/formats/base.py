@@ -300,6 +300,19 @@ def write_whole(path: str | os.PathLike[str], data: bytes | memoryview | str) ->
         fh.write(data.encode("utf-8") if isinstance(data, str) else data)
 
 
+def holds(path: str | os.PathLike[str], data: bytes | str) -> bool:
+    """Whether ``path`` is a file holding exactly ``data`` (text as UTF-8): ``write_whole`` would change
+    nothing there (a resumed run leaves such a finishing file as it is)."""
+    want = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        if os.path.getsize(path) != len(want):
+            return False
+        with open(path, "rb") as fh:
+            return fh.read() == want
+    except OSError:
+        return False
+
+
 def write_file(
     path: str | os.PathLike[str],
     layout: ByteLayout,
@@ -393,6 +406,7 @@ __all__ = [
     "drop_resident",
     "encode_string",
     "fill_from_values",
+    "holds",
     "map_file",
     "preallocate",
     "pwrite_all",

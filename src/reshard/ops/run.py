@@ -36,6 +36,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # outputs of an interrupted run that resume kept
     names: NameReport | None = None  # what filters and maps did to names (None: no filter, no map)
+    finished: list[str] = field(default_factory=list)  # finishing files a resume wrote itself (finished_with)
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,8 @@ def run_plan(
         kept = run_plans([plan], target, where, read, write, pending.gated(run) if pending is not None else run)
     if pending is not None:
         pending.wait()  # a run that renamed nothing into place (resumed, kept every output) still hears it
-    return Report(plan, notes, kept_note(kept, notes), names)
+    finished = finished_with(plan, target.root, kept)
+    return Report(plan, notes, kept_note(kept, notes, finished), names, finished)
 
 
 def run_plans(
@@ -122,11 +124,22 @@ def run_plans(
     return kept
 
 
-def kept_note(kept: list[str], notes: list[str]) -> list[str]:
-    """``kept``, with a note when a resumed run kept finished files."""
+def kept_note(kept: list[str], notes: list[str], finished: Sequence[str] = ()) -> list[str]:
+    """``kept``, with a note when a resumed run kept finished files, naming the finishing files it
+    wrote itself (``finished_with``): a resume that wrote only those did not have nothing to do."""
     if kept:
-        notes.append(f"resume: kept {len(kept)} finished file(s) of the earlier run (verified against its journal)")
+        wrote = f"; finished it with {', '.join(finished)}" if finished else ""
+        notes.append(f"resume: kept {len(kept)} finished file(s) of the earlier run (verified){wrote}")
     return kept
+
+
+def finished_with(plan: Plan, root: str | None, kept: Sequence[str]) -> list[str]:
+    """The finishing files (``plan.texts``: indexes, ``.metadata``, markers) a resumed run wrote: those
+    it did not keep (``manifest.run_recorded``), relative to ``root``; none when it kept nothing."""
+    if not kept:
+        return []
+    base, done = os.path.abspath(root or _manifest.common_root(plan)), set(kept)
+    return [rel for rel in (_manifest.relative(t.path, base) for t in plan.texts) if rel not in done]
 
 
 def execute(
@@ -272,6 +285,7 @@ __all__ = [
     "Report",
     "Target",
     "execute",
+    "finished_with",
     "folder_superseded",
     "kept_note",
     "run_plan",
