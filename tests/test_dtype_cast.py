@@ -193,6 +193,24 @@ def test_cast_files_keeps_shared_tables_and_notes() -> None:
     assert cast_files(files, None) == files
 
 
+def test_an_fp8_pairs_scale_is_not_cast() -> None:
+    """A BF16 scale would round every dequantized value of its block: the pair stays as it is; a float
+    named like a scale beside no FP8 weight is an ordinary float."""
+    table = {
+        "q.weight": SourceTensor(dtypes.FLOAT8_E4M3, (256, 256), 65536),
+        "q.weight_scale_inv": SourceTensor(dtypes.FLOAT32, (2, 2), 16),
+        "k.weight_scale_inv": SourceTensor(dtypes.FLOAT32, (2, 2), 16),
+        "norm.weight": SourceTensor(dtypes.FLOAT32, (256,), 1024),
+    }
+    notes: list[str] = []
+    out = cast_files({0: SourceFile("m.safetensors", 0, table)}, cast_rule("bf16"), notes)[0].tensors
+    assert out["q.weight"] is table["q.weight"] and out["q.weight_scale_inv"] is table["q.weight_scale_inv"]
+    assert out["k.weight_scale_inv"].dtype is dtypes.BFLOAT16 and out["norm.weight"].dtype is dtypes.BFLOAT16
+    assert notes == [
+        "--dtype: 2 tensor(s) cast to BFloat16; kept 1 float8 weight(s) and their block scales as they are (not cast)"
+    ]
+
+
 @pytest.mark.parametrize(
     ("name", "expected"),
     [

@@ -12,7 +12,9 @@ while planning.
 
 What is cast (``Cast.dtype_of``): floating tensors (``dtypes.CASTABLE``: Float16, Float32, Float64,
 BFloat16) of at least one dimension. Never: integers, bools, strings, complex values, float8
-(quantized weights need their scales), and 0-d scalars. Training state (``reshard.statenames``:
+(quantized weights need their scales), an FP8 weight's block scale (``X_scale_inv`` beside an FP8
+``X``: a BF16 scale would round every value of its block; ``--quantize --dtype bf16`` keeps its F32
+scales so), and 0-d scalars. Training state (``reshard.statenames``:
 optimizer moments, ``global_step``, ...) is cast only with ``training_state=True`` (``--dtype-all``).
 """
 
@@ -26,7 +28,7 @@ from typing import TypeVar
 from reshard import dtypes, statenames
 from reshard.dtypes import DType
 from reshard.errors import UsageError
-from reshard.plan.model import SourceFile, SourceTensor
+from reshard.plan.model import SCALE_INV, SourceFile, SourceTensor
 from reshard.statenames import StateNames
 
 K = TypeVar("K")
@@ -85,8 +87,8 @@ class _Caster:
         out = {}
         for name, t in tensors.items():
             out[name] = t
-            if id(t.dtype) not in self.castable or not t.shape:
-                if t.dtype.ms_name.startswith(("Float8", "F8_")):
+            if id(t.dtype) not in self.castable or not t.shape or _fp8_scale(name, tensors):
+                if t.dtype in dtypes.FP8_WEIGHTS:
                     self.float8.add(name)
                 continue
             kept = self.kept.get(name)
@@ -106,8 +108,17 @@ class _Caster:
         if state:
             parts.append(f"kept {state} training-state tensor(s) as they are (--dtype-all casts them too)")
         if self.float8:
-            parts.append(f"kept {len(self.float8)} float8 tensor(s) (their scales are not applied by a cast)")
+            parts.append(f"kept {len(self.float8)} float8 weight(s) and their block scales as they are (not cast)")
         return "; ".join(parts)
+
+
+def _fp8_scale(name: str, tensors: Mapping[str, SourceTensor]) -> bool:
+    """Whether ``name`` is an FP8 weight's block scale (``X_scale_inv`` beside an FP8 ``X``): part of a pair,
+    which a cast leaves whole (a BF16 scale rounds every dequantized value of its block)."""
+    if not name.endswith(SCALE_INV):
+        return False
+    weight = tensors.get(name[: -len(SCALE_INV)])
+    return weight is not None and weight.dtype in dtypes.FP8_WEIGHTS
 
 
 def cast_files(files: Mapping[K, SourceFile], cast: Cast | None, notes: list[str] | None = None) -> dict[K, SourceFile]:

@@ -27,6 +27,8 @@ from reshard.dtypes import DType
 from reshard.errors import UsageError
 from reshard.layout import Box
 
+SCALE_INV = "_scale_inv"  # an FP8 weight's block scale beside it: X -> X_scale_inv (X.weight -> X.weight_scale_inv)
+
 
 @dataclass(frozen=True)
 class Copy:
@@ -451,6 +453,7 @@ def rank_ranges(ranks: Sequence[int]) -> str:
 
 
 __all__ = [
+    "SCALE_INV",
     "Copy",
     "FilePlan",
     "FileStats",

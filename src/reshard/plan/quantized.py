@@ -41,7 +41,7 @@ from reshard import dtypes
 from reshard.dtypes import DType
 from reshard.errors import LayoutError, UnsupportedError, UsageError
 from reshard.layout import Box, LayoutTable, ParamLayout, full_shape, layout_map, rank_boxes, split_stage_name
-from reshard.plan.model import Copy, Plan, QuantizedSource, SourceFile, SourceTensor, TensorPlan
+from reshard.plan.model import SCALE_INV, Copy, Plan, QuantizedSource, SourceFile, SourceTensor, TensorPlan
 
 K = TypeVar("K")
 
@@ -49,7 +49,6 @@ FP8_BLOCK = "fp8-block"
 MXFP4 = "mxfp4"
 QUANTIZE = "fp8-block-quantize"  # the F8_E4M3 values of a weight --quantize writes
 QUANTIZE_SCALE = "fp8-block-quantize-scale"  # the F32 weight_scale_inv beside them
-SCALE_INV = "_scale_inv"  # X -> X_scale_inv (X.weight -> X.weight_scale_inv)
 BLOCKS, SCALES = "_blocks", "_scales"  # P_blocks + P_scales -> P
 DEFAULT_BLOCK = (128, 128)  # --quantize fp8-block: DeepSeek-V3's block
 
