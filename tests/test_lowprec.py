@@ -355,6 +355,17 @@ def test_quantize_rule_and_its_overrides(bf16: Path, tmp_path: Path) -> None:
     assert written[BF16_Q].dtype == ml_dtypes.bfloat16 and BF16_Q + "_scale_inv" not in written
 
 
+def test_an_include_naming_what_cannot_be_quantized_is_said(bf16: Path, tmp_path: Path) -> None:
+    """A 1-D norm named by --quantize-include stays as it is, and the note says so (it was silent)."""
+    proc = run_cli(
+        "transform", "--src", str(bf16), "--dst", str(tmp_path / "out"), "--hf", "--quantize", "fp8-block",
+        "--quantize-include", "model.norm.weight",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "--quantize-include matched 1 tensor(s) not 2-D floats, left as they are" in proc.stderr
+    assert "model.norm.weight_scale_inv" not in _arrays(tmp_path / "out" / "model.safetensors")
+
+
 def test_quantize_then_dequantize_round_trips_within_fp8(bf16: Path, tmp_path: Path) -> None:
     q, back = tmp_path / "q", tmp_path / "back"
     api.transform(

@@ -24,7 +24,7 @@ from reshard.ops.run import Report, Target, run_plan, strategy_paths
 from reshard.ops.tensors import Inputs, TensorPipeline, check_copies
 from reshard.plan import plan_transform_by_rank
 from reshard.plan.model import SourceFile
-from reshard.plan.quantized import quantized_names
+from reshard.plan.quantized_view import quantized_names
 from reshard.sources import ReadOptions, open_strategy, source_files
 
 

@@ -392,16 +392,20 @@ class Quantizer(Dequantizer):
         super().__init__(Dequantize(dtypes.FLOAT8_E4M3, block))
         self.include, self.exclude = tuple(include), tuple(exclude)
         self.pairs = {QUANTIZE: 0}
+        self.not_2d: set[str] = set()  # names ``include`` matched that are no 2-D float (left as they are)
 
     def eligible(self, name: str, t: SourceTensor) -> bool:
         """Whether ``name`` (of ``t``) is quantized: the documented rule, then the user's globs."""
         import fnmatch
 
+        included = any(fnmatch.fnmatchcase(name, g) for g in self.include)
         if t.dtype not in dtypes.CASTABLE or len(t.shape) != 2 or 0 in t.shape:
+            if included:
+                self.not_2d.add(name)
             return False
         if any(fnmatch.fnmatchcase(name, g) for g in self.exclude):
             return False
-        if any(fnmatch.fnmatchcase(name, g) for g in self.include):
+        if included:
             return True
         lower = name.lower()
         return name.endswith(".weight") and not any(part in lower for part in NOT_QUANTIZED)
@@ -419,10 +423,13 @@ class Quantizer(Dequantizer):
         return _quantized_outputs(self, plan)
 
     def note(self) -> str | None:
+        left = f"; --quantize-include matched {len(self.not_2d)} tensor(s) not 2-D floats, left as they are"
+        left = left if self.not_2d else ""
         if not self.pairs[QUANTIZE]:
-            return "--quantize: no tensor the rule quantizes (2-D linear weights, --include/--exclude): none changed"
+            none = "--quantize: no tensor the rule quantizes (2-D linear weights, --include/--exclude): none changed"
+            return none + left
         b0, b1 = self.block or DEFAULT_BLOCK
-        return f"--quantize: {self.pairs[QUANTIZE]} weight(s) -> F8_E4M3 with F32 {b0}x{b1} block scales"
+        return f"--quantize: {self.pairs[QUANTIZE]} weight(s) -> F8_E4M3 with F32 {b0}x{b1} block scales{left}"
 
     def _changes(self, catalogue: Mapping[str, SourceFile]) -> _Changes:
         changes = _Changes()
@@ -485,11 +492,6 @@ def _refuse_quantized(name: str, dtype: DType) -> None:
     formats in one model, under one ``quantization_config``, is a model no loader reads)."""
     if name.endswith((SCALE_INV, SCALES, BLOCKS)) or dtype in dtypes.FP8_WEIGHTS:
         raise UsageError(f"{name}: already block-quantized (--quantize takes a checkpoint of floats)")
-
-
-def quantized_names(sources: Sequence[SourceFile]) -> bool:
-    """Whether any source holds a block-scaled pair (a ``*_scale_inv`` or MXFP4 ``*_scales`` tensor)."""
-    return any(n.endswith((SCALE_INV, SCALES)) for sf in sources for n in sf.tensors)
 
 
 # --------------------------------------------------------------------------------------------
@@ -793,6 +795,5 @@ __all__ = [
     "full_pairs",
     "paired_layouts",
     "parse_block",
-    "quantized_names",
     "sharded_pairs",
 ]

@@ -13,7 +13,13 @@ from typing import Any
 
 from reshard import dtypes
 from reshard.errors import UsageError
+from reshard.plan.model import SourceFile
 from reshard.plan.quantized import BLOCKS, FP8_BLOCK, MXFP4, SCALE_INV, SCALES, block_from_config
+
+
+def quantized_names(sources: Sequence[SourceFile]) -> bool:
+    """Whether any source holds a block-scaled pair (a ``*_scale_inv`` or MXFP4 ``*_scales`` tensor)."""
+    return any(n.endswith((SCALE_INV, SCALES)) for sf in sources for n in sf.tensors)
 
 
 def quantized_view(rows: Sequence[Mapping[str, Any]], block: tuple[int, int] | None) -> dict[str, dict[str, object]]:
@@ -114,4 +120,4 @@ def config_block(path: str) -> tuple[int, int] | None:
         return None
 
 
-__all__ = ["config_block", "counted_once", "quantized_dtype", "quantized_lines", "quantized_view"]
+__all__ = ["config_block", "counted_once", "quantized_dtype", "quantized_lines", "quantized_names", "quantized_view"]
