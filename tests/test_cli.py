@@ -149,6 +149,36 @@ def test_plan_prints_and_writes_nothing(job: dict[str, str], tmp_path) -> None:
     assert proc.returncode == 0 and "4 files" in proc.stdout
 
 
+@pytest.mark.parametrize(
+    ("placement", "error"),
+    [
+        (None, "cannot read the placement file"),
+        ("{not json", "not JSON"),
+        ('{"node_a": []}', "not a placement"),
+        ('{"nodes": {"node_a": ["RANK0"]}}', "no node holds this source file"),  # a partial placement
+        ("auto", "takes a placement file"),
+    ],
+    ids=["missing", "malformed", "misshapen", "partial", "auto"],
+)
+def test_plan_refuses_a_bad_placement_before_printing(
+    job: dict[str, str], tmp_path, capsys: pytest.CaptureFixture[str], placement: str | None, error: str
+) -> None:
+    from reshard import cli
+
+    path = "auto" if placement == "auto" else str(tmp_path / "nodes.json")
+    if placement not in (None, "auto"):
+        (tmp_path / "nodes.json").write_text(placement.replace("RANK0", os.path.join(job["r8"], "rank_0")))
+    args = ["plan", job["r8"], str(tmp_path / "never"), "--src-strategy", job["s8"], "--dst-strategy", job["s4"]]
+    assert cli.main([*args, "--placement", path]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("reshard: error: ") and error in err
+    (tmp_path / "nodes.json").write_text(json.dumps({"nodes": {"node_a": [job["r8"]]}}))  # whole: plan, then bytes
+    assert cli.main([*args, "--placement", str(tmp_path / "nodes.json")]) == 0
+    out, _ = capsys.readouterr()
+    assert "4 files" in out and out.rstrip().splitlines()[-1].startswith("bytes across nodes: 0 ")
+    assert not (tmp_path / "never").exists()
+
+
 def test_inspect_file_folder_strategy(job: dict[str, str]) -> None:
     for target in (job["full"], job["r8"], job["s8"]):
         proc = run("inspect", target, "--json")

@@ -362,3 +362,24 @@ def test_rank_0_run_needs_every_source_rank_for_metadata(job: dict[str, str], tm
     with pytest.raises(UsageError, match=r"metadata\.json"):
         api.transform(ranks8, dst, job["strategy"], job["strategy"], ranks=[0], **kw)
     assert not os.path.exists(dst)
+
+
+def test_default_iteration_is_said_with_how_to_choose_another(
+    job: dict[str, str], tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A source without an iteration is written as iteration 0, and a note says so and names the option."""
+    dst = str(tmp_path / "out")
+    output = api.OutputSpec(format="checkpoint2")
+    report = api.transform(job["full"], dst, None, job["strategy"], output=output)
+    said = [n for n in report.notes if "iteration 0 (iteration_00000000)" in n]
+    assert len(said) == 1 and "--dst-iteration N" in said[0] and "OutputSpec(iteration=N)" in said[0]
+    assert os.path.isdir(os.path.join(dst, "iteration_00000000"))
+    # given, or carried over from a Checkpoint 2.0 source: nothing to say
+    assert not [n for n in _cp2(job, str(tmp_path / "four"), dry_run=True).notes if "--dst-iteration" in n]
+    again = api.transform(dst, str(tmp_path / "again"), None, job["strategy"], output=output)
+    assert not [n for n in again.notes if "--dst-iteration" in n]
+    from reshard import cli
+
+    args = ["transform", job["full"], str(tmp_path / "cli"), "--dst-strategy", job["strategy"]]
+    assert cli.main([*args, "--output-format", "checkpoint2"]) == 0
+    assert "note: the Checkpoint 2.0 is iteration 0 (iteration_00000000)" in capsys.readouterr().err

@@ -132,10 +132,44 @@ def test_functions_that_need_a_running_job_raise_unsupported() -> None:
             call()
 
 
-def test_not_mirrored_names_fail_at_import() -> None:
-    for name in ("shard", "Layout", "parameter_broadcast", "set_algo_parameters"):
-        with pytest.raises(ImportError):
-            exec(f"from reshard.mindspore.parallel import {name}", {})
+# MindSpore 2.10's public names of mindspore.parallel (dir()) that reshard does not provide
+# (tests/test_ms_parallel_oracle.py checks the list against MindSpore), and a word of what each message offers.
+NOT_PROVIDED = {
+    "shard": "build_searched_strategy",
+    "Layout": "strategy files",
+    "parameter_broadcast": "transform_checkpoints",
+    "set_algo_parameters": "no parallel context",
+    "get_algo_parameters": "no parallel context",
+    "reset_algo_parameters": "no parallel context",
+    "algo_parameter_config": "no parallel context",
+    "nn": "no networks",
+    "function": "transform_checkpoints",
+    "data_access_adapter": "reads files itself",
+    "checkpoint_transform": "import its checkpoint functions from it directly",
+    "checkpoint_convert": "import its checkpoint functions from it directly",
+    "transform_safetensors": "import its checkpoint functions from it directly",
+}
+
+
+@pytest.mark.parametrize("name", sorted(NOT_PROVIDED))
+def test_not_mirrored_names_say_they_are_not_supported(name: str) -> None:
+    """``from reshard.mindspore.parallel import shard`` raises reshard's error, not a bare ImportError."""
+    with pytest.raises(UnsupportedError) as info:
+        exec(f"from reshard.mindspore.parallel import {name}", {})
+    message = str(info.value)
+    assert message.startswith(f"mindspore.parallel.{name} is not supported by reshard: ") and "\n" not in message
+    assert NOT_PROVIDED[name] in message
+    with pytest.raises(UnsupportedError, match=f"mindspore.parallel.{name} is not supported"):
+        getattr(rmp, name)
+    assert name not in dir(rmp) and name not in rmp.__all__
+
+
+def test_unknown_names_still_raise_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'transform_chekpoints'"):
+        rmp.transform_chekpoints  # noqa: B018
+    with pytest.raises(ImportError, match="cannot import name 'absolute_import'"):
+        exec("from reshard.mindspore.parallel import absolute_import", {})  # MindSpore's __future__ leftover
+    assert not hasattr(rmp, "__path__") and not hasattr(rmp, "nope")
 
 
 def test_load_segmented_checkpoints_refuses_a_network(tmp_path: Path) -> None:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import ray
 
-from reshard import api, cli
+from reshard import api, cli, manifest
 from reshard.errors import ReshardError, UsageError
 from reshard.execute.ray import RayOptions, run_plan_ray
-from tests.trust_helpers import make_job, run_cli, tree
+from tests.trust_helpers import make_job, run_cli, temp_files, tree
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +106,34 @@ def test_cli_joins_cluster_by_address(cluster: None, job: dict[str, str], tmp_pa
     assert proc.returncode == 0, proc.stderr
     api.transform(job["r8"], str(tmp_path / "local"), job["s8"], job["s4"])
     assert _tensor_files(str(tmp_path / "ray")) == _tensor_files(str(tmp_path / "local"))
+
+
+@pytest.mark.parametrize("shared_disk", [True, False])
+def test_file_written_hook_is_called_on_the_driver(
+    cluster: None, job: dict[str, str], tmp_path: Any, shared_disk: bool
+) -> None:
+    """The caller's ``on_file_written`` sees every output once (after its journal line); one that
+    raises after the first output stops the run with the finished files kept for ``resume``."""
+    api.transform(job["r8"], str(tmp_path / "local"), job["s8"], job["s4"])
+    dst = str(tmp_path / "ray")
+    seen: list[str] = []
+    run = RayOptions(shared_disk=shared_disk, on_file_written=lambda f, digest: seen.append(f.path))
+    report = api.transform(job["r8"], dst, job["s8"], job["s4"], run=run)
+    assert sorted(seen) == sorted(f.path for f in report.plan.files)
+    stopped = str(tmp_path / "stopped")
+
+    def stop(file: Any, digest: str | None) -> None:
+        assert os.path.relpath(file.path, stopped) in manifest.read_journal(stopped)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        api.transform(job["r8"], stopped, job["s8"], job["s4"], run=replace(run, on_file_written=stop))
+    progress = getattr(info.value, manifest.PROGRESS_ATTRIBUTE)
+    assert progress.resumable and progress.completed == len(manifest.read_journal(stopped)) >= 1
+    assert temp_files(stopped) == []
+    resumed = api.transform(job["r8"], stopped, job["s8"], job["s4"], run=run, destination=api.Destination(resume=True))
+    assert len(resumed.kept) == progress.completed
+    assert _tensor_files(stopped) == _tensor_files(str(tmp_path / "local"))
 
 
 def test_task_error_keeps_class_and_message() -> None:

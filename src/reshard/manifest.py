@@ -58,7 +58,7 @@ from typing import Any
 from reshard import __version__, interrupts
 from reshard import resume as resume_check
 from reshard.errors import ReshardError, UsageError
-from reshard.execute import local
+from reshard.execute import hooks, local
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM, check_algorithm, file_digest, new_hash
 from reshard.execute.options import KEEP_FINISHED, RunOptions, WriteOptions
 from reshard.formats import crypto, rank_dirs, registry
@@ -683,30 +683,11 @@ def _disk_full(exc: BaseException) -> bool:
     return isinstance(cause, OSError) and cause.errno == errno.ENOSPC
 
 
-ENOSPC_AFTER_ENV = "RESHARD_TEST_ENOSPC_AFTER"  # test-only: outputs written before the disk "fills"
-
-
-def _full_disk_hook(written: Callable[[FilePlan, str | None], None]) -> Callable[[FilePlan, str | None], None]:
-    """``written`` as it is, or (test hook ``RESHARD_TEST_ENOSPC_AFTER=N``) failing the output after
-    the N-th with ENOSPC, as a disk another writer fills would; no user sets it."""
-    limit = os.environ.get(ENOSPC_AFTER_ENV)
-    if limit is None:
-        return written
-    count = 0
-    counting = threading.Lock()
-
-    def hooked(file: FilePlan, digest: str | None = None) -> None:
-        nonlocal count
-        with counting:
-            count += 1
-            full = count > int(limit)
-        if full:
-            with contextlib.suppress(OSError):
-                os.unlink(file.path)  # as if its last bytes never fit
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), file.path)
-        written(file, digest)
-
-    return hooked
+def _mark(exc: BaseException, progress: RunProgress | None) -> None:
+    """Attach how far a stopped run got to what stopped it (``PROGRESS_ATTRIBUTE``)."""
+    if progress is not None:
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(exc, PROGRESS_ATTRIBUTE, progress)
 
 
 def run_recorded(
@@ -734,10 +715,11 @@ def run_recorded(
     validate_plan(plan)  # a planner bug is an internal error before the destination is touched
     recorder = RunRecorder(plan, root or common_root(plan), write, resume=resume, manifest=manifest, remove=remove)
     execute = runner or (lambda todo, todo_write, todo_run: local.run_plan(todo, opener, todo_write, todo_run))
+    written = hooks.FileWritten(hooks.full_disk(recorder.written), run.on_file_written)  # ours, then the caller's
     try:
         interrupts.reached("planned")
         todo = recorder.start()
-        execute(todo, write, replace(run, on_file_written=_full_disk_hook(recorder.written), hash_outputs=manifest))
+        execute(todo, write, replace(run, on_file_written=written, hash_outputs=manifest or run.hash_outputs))
         interrupts.reached("before-manifest")
         with interrupts.deferred():  # waits for hash threads: no signal inside their locking
             recorder.finish()
@@ -746,8 +728,8 @@ def run_recorded(
         recorder.release()
         interrupts.reached("committed")
     except Exception as exc:
-        if getattr(exc, KEEP_FINISHED, False):  # a lost node: finished outputs stay for --resume
-            recorder.interrupted()
+        if getattr(exc, KEEP_FINISHED, False) or written.stopped_by_user(exc):  # a lost node, the caller's hook:
+            _mark(exc, recorder.interrupted())  # finished outputs stay for --resume
             raise
         progress = recorder.interrupted() if manifest and _disk_full(exc) and recorder.finished_any() else None
         if progress is not None:  # the finished files are journaled: --resume goes on from them
@@ -761,10 +743,7 @@ def run_recorded(
             raise ReshardError(f"write failed: {exc.strerror or exc}", exc.filename) from None
         raise
     except BaseException as exc:  # Ctrl-C, SIGTERM, SIGHUP (the CLI raises KeyboardInterrupt for them)
-        progress = recorder.interrupted()
-        if progress is not None:
-            with contextlib.suppress(AttributeError, TypeError):
-                setattr(exc, PROGRESS_ATTRIBUTE, progress)
+        _mark(exc, recorder.interrupted())
         raise
     return recorder.kept + recorder.kept_texts
 

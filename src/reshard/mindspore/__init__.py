@@ -95,8 +95,11 @@ otherwise give MindSpore's names and bytes):
   layerwise_parallel=False)``; any object with ``.name`` and ``.data`` is accepted), ``load_segmented_checkpoints``
   returns ``load_checkpoint``'s ``{name: numpy array | str}``, ``sync_pipeline_shared_parameters`` and
   ``set_op_strategy_config`` raise ``UnsupportedError``, and ``mindspore.parallel``'s ``shard``,
-  ``Layout``, ``parameter_broadcast`` and ``set_algo_parameters`` / ``get_algo_parameters`` /
-  ``reset_algo_parameters`` are not provided (they configure a running job, with no file to work on).
+  ``Layout``, ``parameter_broadcast``, ``set_algo_parameters`` / ``get_algo_parameters`` /
+  ``reset_algo_parameters`` and its submodules (``nn``, ``function``, ...) are not provided (they
+  configure or run a parallel job, with no file to work on): reading one, ``from
+  reshard.mindspore.parallel import shard`` included, raises ``UnsupportedError`` saying what reshard
+  offers instead, where MindSpore's name would otherwise be a bare ``ImportError``.
 """
 
 from __future__ import annotations

@@ -26,8 +26,14 @@ checkpoint modules (``mindspore.parallel.checkpoint_transform``, ``checkpoint_co
   ``set_op_strategy_config`` (the auto-parallel context of a running job) raise ``UnsupportedError``.
 
 The rest of ``mindspore.parallel`` (``shard``, ``Layout``, ``parameter_broadcast``,
-``set_algo_parameters`` / ``get_algo_parameters`` / ``reset_algo_parameters``) configures a running
-job and has no file to work on; it is not provided, so importing it fails at once.
+``set_algo_parameters`` / ``get_algo_parameters`` / ``reset_algo_parameters``, the submodules
+``nn``, ``function``, ...) configures or runs a parallel job and has no file to work on; it is not
+provided. Reading one of those names, ``from reshard.mindspore.parallel import shard`` included,
+raises ``UnsupportedError`` saying so and what reshard offers instead (``_NOT_PROVIDED``, through the
+module's ``__getattr__``, PEP 562): Python passes an exception other than ``AttributeError`` from
+it through a from-import as it is, where a missing name would give a bare ``ImportError``. A name
+MindSpore does not have either still raises ``AttributeError``. The price: ``hasattr(module,
+"shard")`` raises too rather than answer False; ``dir()`` does not list these names.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import inspect
 import os
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -489,6 +495,61 @@ def set_op_strategy_config(mode: str = "SAVE", path: str = "") -> None:
         "set_op_strategy_config sets the sharding-propagation context of a running MindSpore job; "
         "reshard has no parallel context"
     )
+
+
+# --------------------------------------------------------------------------------------------
+# the rest of mindspore.parallel (MindSpore 2.10's dir(mindspore.parallel)): not provided
+
+_NO_JOB = "configures a running MindSpore parallel job"
+_CHECKPOINT_FUNCTIONS = (
+    "reshard.mindspore.parallel has no submodules: import its checkpoint functions from it directly "
+    "(from reshard.mindspore.parallel import transform_checkpoints)"
+)
+# name -> (what it is in MindSpore, what reshard offers instead or why there is nothing)
+_NOT_PROVIDED: dict[str, tuple[str, str]] = {
+    "shard": (
+        "sets the sharding strategy of a Cell or function in a running MindSpore job",
+        "reshard reads the layouts a job saved in its strategy file (build_searched_strategy; "
+        "`reshard show CKPT PARAM --strategy FILE` draws one)",
+    ),
+    "Layout": (
+        "describes a device matrix for shard() in a running MindSpore job",
+        "reshard reads layouts from strategy files (build_searched_strategy) and Checkpoint 2.0 metadata",
+    ),
+    "parameter_broadcast": (
+        "broadcasts a network's parameters between data-parallel ranks of a running job",
+        "reshard writes every rank's checkpoint offline instead (transform_checkpoints, load_distributed_checkpoint)",
+    ),
+    "set_algo_parameters": (_NO_JOB + " (the sharding-propagation search)", "reshard has no parallel context"),
+    "get_algo_parameters": (_NO_JOB + " (the sharding-propagation search)", "reshard has no parallel context"),
+    "reset_algo_parameters": (_NO_JOB + " (the sharding-propagation search)", "reshard has no parallel context"),
+    "algo_parameter_config": (
+        "is the module of set_algo_parameters, which " + _NO_JOB,
+        "reshard has no parallel context",
+    ),
+    "nn": ("wraps networks for parallel training (PipelineCell, GradAccumulation, ...)", "reshard has no networks"),
+    "function": (
+        "redistributes tensors inside a running network (mindspore.parallel.function.reshard)",
+        "reshard transforms checkpoint files offline (transform_checkpoints)",
+    ),
+    "data_access_adapter": ("holds MindSpore's internal file-access adapters", "reshard reads files itself"),
+    "checkpoint_transform": ("is the module of the checkpoint functions", _CHECKPOINT_FUNCTIONS),
+    "checkpoint_convert": ("is the module of convert_checkpoints", _CHECKPOINT_FUNCTIONS),
+    "transform_safetensors": ("is the module of unified_safetensors", _CHECKPOINT_FUNCTIONS),
+}
+
+
+def __getattr__(name: str) -> NoReturn:
+    """A name of ``mindspore.parallel`` reshard does not provide: ``UnsupportedError`` saying what instead.
+
+    Raises:
+        UnsupportedError: ``name`` is one of MindSpore's (``_NOT_PROVIDED``).
+        AttributeError: Any other name.
+    """
+    if name in _NOT_PROVIDED:
+        what, instead = _NOT_PROVIDED[name]
+        raise UnsupportedError(f"mindspore.parallel.{name} is not supported by reshard: it {what}; {instead}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

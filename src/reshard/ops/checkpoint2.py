@@ -142,6 +142,12 @@ def checkpoint2_plan(
     out = plan_checkpoint2(
         plan, src_sf, dst, dst_dir, iteration=number, common=common, prefix=prefix, state_names=rule, everyone=everyone
     )
+    if iteration is None:  # neither given nor carried over from a Checkpoint 2.0 source: say which, and how to choose
+        notes.append(
+            f"the Checkpoint 2.0 is iteration {number} ({os.path.basename(checkpoint2.iteration_dir(dst_dir, number))}"
+            f"), the default for a source that has no iteration; --dst-iteration N (OutputSpec(iteration=N) in "
+            "Python) chooses another"
+        )
     tracker = os.path.join(dst_dir, checkpoint2.TRACKER_NAME)
     if tracker not in {t.path for t in out.texts}:
         notes.append(

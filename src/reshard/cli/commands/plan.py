@@ -14,6 +14,7 @@ from reshard.cli.commands.transform import add_plan_flags, call_transform, place
 from reshard.cli.flags import DestinationFlags, KeyFlags, ReadFlags, add_placement, flag, section
 from reshard.cli.report import Printing, finish
 from reshard.cli.tensor_flags import check_side_file, input_paths
+from reshard.errors import UsageError
 
 NAME = "plan"
 KEYS = KeyFlags(write=False)
@@ -43,14 +44,16 @@ def run(args: argparse.Namespace) -> None:
 
         picture.check_output(args.picture)  # a bad picture name fails before planning
         check_side_file(args.picture, "picture (--picture)", inputs, args.overwrite)
+    placement = _load_placement(args.placement) if args.placement else None  # a bad file fails before planning
     read = READ.options(args)
     destination = DESTINATION.options(args, dry_run=True)
     report, tensors, hf = call_transform(args, src, src, read=read, destination=destination, write=None, run=None)
+    crossing = _planned_nodes(report, placement, read) if placement is not None else None  # before any output
     finish(report, Printing(args.quiet, args.json, True, hf, tensors, args.started), dst)
     if args.picture:
         _plan_picture(report, args.picture)
-    if args.placement:
-        _print_planned_nodes(report, args.placement, read)
+    if crossing is not None:
+        print(crossing)
 
 
 def _plan_picture(report: Any, path: str) -> None:
@@ -64,12 +67,24 @@ def _plan_picture(report: Any, path: str) -> None:
     print(f"wrote {path}")
 
 
-def _print_planned_nodes(report: Any, placement: str, read: Any) -> None:
-    """``reshard plan --placement FILE``: the bytes that would cross nodes, from the placement file."""
-    from reshard.execute.nodes import load_placement, planned_schedule
+def _load_placement(path: str) -> Any:
+    """``--placement FILE`` read and checked (a missing, non-JSON or misshapen file: one line, nothing printed)."""
+    from reshard.execute.nodes import load_placement
 
-    sched = planned_schedule(report.plan, load_placement(placement), read)
-    print(sched.summary())
+    if path == "auto":  # execute.ray_nodes.AUTO (that module loads numpy)
+        raise UsageError(
+            "reshard plan --placement takes a placement file: auto asks the nodes of a running cluster, "
+            "which plan does not use (transform --executor ray --placement auto does)"
+        )
+    return load_placement(path)
+
+
+def _planned_nodes(report: Any, placement: Any, read: Any) -> str:
+    """``reshard plan --placement FILE``: the bytes that would cross nodes (a source no node of the
+    placement holds is refused here, before the plan is printed)."""
+    from reshard.execute.nodes import planned_schedule
+
+    return str(planned_schedule(report.plan, placement, read).summary())
 
 
 __all__ = ["add", "run"]
