@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "reshard",
         "reshard.errors",
+        "reshard.arguments",
         "reshard.dtypes",
         "reshard.text",
         "reshard.statenames",

@@ -195,7 +195,8 @@ def _refused(proc: Any) -> str:
     """The one line a refused ``--resume`` prints (exit 2, no traceback)."""
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert lines[0].startswith("reshard: error: ") and "--resume refused" in lines[0], lines[0]
+    assert lines[0].startswith("reshard: error: "), lines[0]
+    assert "--resume (Destination(resume=True) in Python) refused" in lines[0], lines[0]
     assert "without --resume into a new or emptied destination" in lines[0], lines[0]
     return lines[0]
 

@@ -128,7 +128,8 @@ def test_resume_with_fewer_ranks_is_refused_and_changes_nothing(
     dst = tmp_path / "out"
     _interrupted(job, dst, 3, 3, monkeypatch)  # three data files, no .metadata
     before = snapshot(str(dst))
-    with pytest.raises(UsageError, match=r"--resume refused: .*its output __2_0\.distcp is not among this run's"):
+    refused = r"--resume \(Destination\(resume=True\) in Python\) refused: "
+    with pytest.raises(UsageError, match=refused + r".*its output __2_0\.distcp is not among this run's"):
         _dcp(job, dst, 2, resume=True)
     assert snapshot(str(dst)) == before  # the journal, every data file, no lock, nothing new
     assert not (dst / lock.LOCK_NAME).exists()

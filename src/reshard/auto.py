@@ -39,8 +39,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from reshard import __version__, api, destination
+from reshard import __version__, api, arguments, destination
 from reshard import lock as _lock
+from reshard.arguments import StrPath
 from reshard.errors import LayoutError, ReshardError, UnsupportedError, UsageError
 from reshard.formats import registry
 from reshard.formats.strategy import (
@@ -484,12 +485,12 @@ def _check_source(checkpoint: str, src: StrategyFile | None) -> None:
 
 
 def auto_transform(
-    checkpoint: str,
-    dst_strategy: str,
+    checkpoint: StrPath,
+    dst_strategy: StrPath,
     rank_id: int,
     *,
-    src_strategy: str | None = None,
-    cache_dir: str | None = None,
+    src_strategy: StrPath | None = None,
+    cache_dir: StrPath | None = None,
     world_size: int | None = None,
     output_format: str | None = None,
     timeout: float | None = None,
@@ -508,7 +509,8 @@ def auto_transform(
 
     Args:
         checkpoint: Any source ``transform`` reads: a full model file or a folder holding one,
-            ``rank_<r>`` folders, a ``unify`` output, a Hugging Face folder, a Checkpoint 2.0.
+            ``rank_<r>`` folders, a ``unify`` output, a Hugging Face folder, a Checkpoint 2.0 (every path
+            argument: a ``str`` or an ``os.PathLike`` such as ``pathlib.Path``).
         dst_strategy: The job's strategy file, or folder of ``ckpt_strategy_rank_<r>.ckpt`` files
             (waited for while its ranks write them; merged in memory, nothing is written there).
         rank_id: The destination rank of this caller.
@@ -549,6 +551,11 @@ def auto_transform(
         path = auto_transform("demo/ckpt_8ranks", "demo/strategy_4", 0, src_strategy="demo/strategy_8",
                               cache_dir="cache")
     """
+    checkpoint, dst_strategy = arguments.path(checkpoint, "checkpoint"), arguments.path(dst_strategy, "dst_strategy")
+    src_strategy, cache_dir = (
+        arguments.optional_path(src_strategy, "src_strategy"),
+        arguments.optional_path(cache_dir, "cache_dir"),
+    )
     say = on_note or (lambda _note: None)
     cache = os.path.abspath(os.path.expanduser(cache_dir)) if cache_dir else default_cache_dir()
     ranks = _check_arguments(checkpoint, dst_strategy, rank_id, world_size, output_format, timeout, local_ranks, cache)

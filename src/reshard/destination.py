@@ -29,11 +29,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 
+from reshard import arguments
 from reshard import lock as _lock
 from reshard import manifest as _manifest
+from reshard.arguments import StrPath
 from reshard.errors import UsageError
 from reshard.plan import FilePlan, Plan
-from reshard.text import format_size
+from reshard.text import OVERWRITE, RESUME, format_size
 
 FREE_BYTES_ENV = "RESHARD_TEST_FREE_BYTES"  # test-only: the free space every filesystem reports
 # A plan counts tensor bytes; a file adds its header (a .ckpt's per-tensor protobuf framing, a
@@ -74,7 +76,7 @@ def overlap(path: str, sources: Iterable[str]) -> str | None:
     return None
 
 
-def check_destination(dst: str, sources: Sequence[str], overwrite: bool, resume: bool = False) -> None:
+def check_destination(dst: StrPath, sources: Sequence[StrPath], overwrite: bool, resume: bool = False) -> None:
     """Refuse a destination folder a run must not write into.
 
     Refused: a destination equal to, inside, or holding a source; a file; a read-only folder; a
@@ -96,7 +98,8 @@ def check_destination(dst: str, sources: Sequence[str], overwrite: bool, resume:
         from reshard import destination
         destination.check_destination("out_4ranks", ["demo/ckpt_8ranks"], overwrite=False)
     """
-    src = overlap(dst, sources)
+    dst = arguments.path(dst, "dst")
+    src = overlap(dst, [arguments.path(s, "a source") for s in sources])
     if src is not None:
         raise UsageError(f"destination {_relation(dst, src)} the source {src}: choose a folder outside it", dst)
     if os.path.isfile(dst):
@@ -111,8 +114,8 @@ def check_destination(dst: str, sources: Sequence[str], overwrite: bool, resume:
         )
     if os.path.isdir(dst) and _entries(dst) and not (overwrite or resume):
         if _manifest.has_unfinished_run(dst):
-            raise UsageError("destination holds an unfinished run (use --resume to continue it)", dst)
-        raise UsageError("destination is not empty (use --overwrite to replace the files this run writes)", dst)
+            raise UsageError(f"destination holds an unfinished run (use {RESUME} to continue it)", dst)
+        raise UsageError(f"destination is not empty (use {OVERWRITE} to replace the files this run writes)", dst)
 
 
 def _relation(path: str, src: str) -> str:
@@ -172,7 +175,7 @@ def check_output_file(path: str, sources: Sequence[str], overwrite: bool, what: 
     if not os.access(folder, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write the {what}: its folder is read-only", path)
     if os.path.lexists(path) and not overwrite:
-        raise UsageError(f"the {what} file exists (use --overwrite to replace it)", path)
+        raise UsageError(f"the {what} file exists (use {OVERWRITE} to replace it)", path)
 
 
 def check_not_source(path: str, sources: Iterable[str], what: str) -> None:

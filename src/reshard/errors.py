@@ -16,9 +16,19 @@ class ReshardError(Exception):
     exit_code = 2
 
     def __init__(self, message: str, path: str | os.PathLike[str] | None = None) -> None:
-        self.path = os.fspath(path) if path is not None else None
+        self.path = _path_text(path)
         self.detail = message
         super().__init__(f"{self.path}: {message}" if self.path else message)
+
+
+def _path_text(path: object) -> str | None:
+    """The path a message names: a ``str`` or ``os.PathLike`` (bytes decoded), anything else as ``str()``,
+    so that building the error for a wrong argument (``api.transform(123, ...)``) never raises instead."""
+    if path is None:
+        return None
+    if isinstance(path, (str, bytes, os.PathLike)):
+        return os.fsdecode(path)
+    return str(path)
 
 
 class FormatError(ReshardError):
@@ -37,6 +47,17 @@ class UsageError(ReshardError):
     """Wrong arguments: missing paths, conflicting options, refused destinations."""
 
 
+class MissingTensorError(UsageError, KeyError):
+    """A tensor name a checkpoint does not hold (``TensorIndex.array("no.such")``).
+
+    Also a ``KeyError``, as a mapping's missing key is, so ``except KeyError`` around a lookup keeps
+    working; its text is the one line (``KeyError`` alone would print the message quoted).
+    """
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)
+
+
 class IntegrityError(ReshardError):
     """A checksum (crc trailer, manifest hash) does not match."""
 
@@ -50,6 +71,7 @@ __all__ = [
     "FormatError",
     "IntegrityError",
     "LayoutError",
+    "MissingTensorError",
     "ReshardError",
     "UnsupportedError",
     "UsageError",

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reshard.execute.digest import new_hash
+from reshard.text import RESUME
 
 JOURNAL_HEADER = "reshard_journal"  # the key of the journal's first line; its value is the version
 JOURNAL_VERSION = 1
@@ -108,7 +109,7 @@ def refusal(earlier: EarlierRun, fingerprint: str, outputs: Collection[str]) -> 
         what = "this run writes the same files with other contents: other tensors, dtypes or shapes"
     run = "finished" if earlier.finished else "unfinished"
     return (
-        f"--resume refused: the {run} run here was planned with other options ({what}); nothing was changed: "
+        f"{RESUME} refused: the {run} run here was planned with other options ({what}); nothing was changed: "
         "repeat that run's options to continue it, or run without --resume into a new or emptied destination"
     )
 

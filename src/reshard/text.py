@@ -12,6 +12,9 @@ layer may use it.
 no suffix is a byte count. Units are case-insensitive, a fractional value is truncated to whole
 bytes (``1.5GB``), and zero or a negative size is refused. Sizes are printed in binary units
 (``format_size``: ``1.13 GiB``).
+
+**Both faces' spellings.** A message that tells the user to overwrite or resume is raised for the
+command and the Python API alike, so it names both: ``OVERWRITE`` and ``RESUME``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ SIZE_UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+OVERWRITE = "--overwrite (Destination(overwrite=True) in Python)"
+RESUME = "--resume (Destination(resume=True) in Python)"
 SIZE_HINT = "e.g. 512M, 2GiB, 5GB or a byte count; KB/MB/GB are decimal, K/M/G and KiB/MiB/GiB binary"
 _SIZE = re.compile(r"^\s*([+-]?)(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE | re.ASCII)
 _PRINTED_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
@@ -91,4 +96,4 @@ def first_line(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-__all__ = ["SIZE_HINT", "SIZE_UNITS", "first_line", "format_size", "one_line", "parse_size"]
+__all__ = ["OVERWRITE", "RESUME", "SIZE_HINT", "SIZE_UNITS", "first_line", "format_size", "one_line", "parse_size"]

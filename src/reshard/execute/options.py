@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from reshard import arguments
+from reshard.errors import UsageError
 from reshard.execute.digest import DEFAULT_ALGORITHM
 
 if TYPE_CHECKING:
@@ -58,6 +60,17 @@ class WriteOptions:
     chunk_bytes: int = field(default_factory=_mindspore_chunk_bytes)
     checksum: str = DEFAULT_ALGORITHM  # of the manifest: "xxh128", "blake3" or "sha256" (execute.digest says why)
 
+    def __post_init__(self) -> None:
+        """Each field's type (a wrong one failed deep inside a run); the key and mode are checked against
+        each other by ``formats.crypto`` once an output is known to be encrypted."""
+        arguments.flag(self.write_crc, "WriteOptions.write_crc")
+        if self.enc_key is not None and not isinstance(self.enc_key, bytes):
+            what = arguments.describe(self.enc_key, show=False)  # never the key itself
+            raise UsageError(f"WriteOptions.enc_key must be bytes or None, not {what}")
+        arguments.optional_text(self.enc_mode, "WriteOptions.enc_mode")
+        arguments.whole(self.chunk_bytes, "WriteOptions.chunk_bytes", 1)
+        arguments.optional_text(self.checksum, "WriteOptions.checksum")
+
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -74,6 +87,15 @@ class RunOptions:
     # Called once an output's bytes are written, before it is renamed into place (from worker threads):
     # what it raises fails the run, which then leaves no output (a check running beside the copy).
     before_commit: Callable[[], None] | None = None
+
+    def __post_init__(self) -> None:
+        """``workers`` and ``max_memory`` whole numbers of at least 1 (as ``--workers`` and ``--max-memory``
+        take), the hooks functions."""
+        arguments.whole(self.workers, f"{type(self).__name__}.workers", 1)
+        arguments.whole(self.max_memory, f"{type(self).__name__}.max_memory", 1)
+        arguments.flag(self.hash_outputs, f"{type(self).__name__}.hash_outputs")
+        for name in ("progress", "on_start", "on_file_written", "before_commit"):
+            arguments.hook(getattr(self, name), f"{type(self).__name__}.{name}")
 
 
 # Bytes fetched from other nodes per writer node and not yet written (execute.ray_nodes), by default.
@@ -94,6 +116,24 @@ class RayOptions(RunOptions):
     on_nodes: Callable[[Any], None] | None = None
     # (header-only copy, real source): the plan was made from ``source_from_nodes``' copy
     sources_from: tuple[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        """``RunOptions``' checks, then Ray's fields: ``max_tasks`` and ``in_flight`` at least 1, a placement
+        ``"auto"`` or a file path (``os.PathLike`` taken), and the two modes without a shared disk kept apart."""
+        super().__post_init__()
+        arguments.optional_text(self.address, "RayOptions.address")
+        arguments.flag(self.shared_disk, "RayOptions.shared_disk")
+        arguments.optional_whole(self.max_tasks, "RayOptions.max_tasks", 1)
+        arguments.whole(self.in_flight, "RayOptions.in_flight", 1)
+        arguments.hook(self.on_nodes, "RayOptions.on_nodes")
+        if self.placement is not None:
+            object.__setattr__(self, "placement", arguments.path(self.placement, "RayOptions.placement"))
+            if not self.shared_disk:
+                raise UsageError(
+                    "RayOptions: placement (sources on the nodes' own disks, outputs written there) and "
+                    "shared_disk=False (the driver ships whole files) are two ways to run without a shared disk: "
+                    "give one (--placement or --no-shared-disk)"
+                )
 
 
 __all__ = [

@@ -28,7 +28,10 @@ Why this shape:
 
 Every node needs reshard (same version) and its dependencies installed; keys for encrypted
 inputs/outputs travel inside the task arguments (Ray's object store), like the plan. An address
-where no cluster listens is not refused quickly: Ray keeps retrying the connection for minutes.
+where no cluster listens is refused after a plain TCP connect (``probe_address``): Ray itself keeps
+retrying the connection for minutes. A process whose Ray is already initialized runs on that cluster
+(``ray.init`` holds for the process); an address naming another one is refused rather than ignored
+(``check_running``).
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ def _cluster(address: str | None) -> Iterator[Any]:
     """The running Ray session, or one started (and shut down) for this run."""
     ray = _ray()
     if ray.is_initialized():
+        check_running(ray, address)
         yield ray
         return
     probe_address(address if address is not None else os.environ.get("RAY_ADDRESS"))
@@ -100,19 +104,85 @@ def probe_address(address: str | None, timeout: float = PROBE_SECONDS) -> None:
     """
     if not address or address in ("auto", "local"):
         return
-    target = address.split("://", 1)[-1].rstrip("/")
-    host, _, port_text = target.rpartition(":") if ":" in target else (target, "", str(RAY_DEFAULT_PORT))
+    host, port = _host_port(address)
     try:
-        port = int(port_text)
-    except ValueError:
-        raise UsageError("not a Ray address: expected HOST:PORT", address) from None
-    try:
-        with socket.create_connection((host.strip("[]"), port), timeout=timeout):
+        with socket.create_connection((host, port), timeout=timeout):
             pass
     except TimeoutError:
         raise UsageError(f"no Ray cluster answers there (no reply within {timeout:.0f} s)", address) from None
     except OSError as exc:
         raise UsageError(f"no Ray cluster answers there ({exc.strerror or exc})", address) from None
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (a scheme such as ``ray://`` and brackets around an IPv6 host dropped; no port: Ray's)."""
+    target = address.split("://", 1)[-1].rstrip("/")
+    host, _, port_text = target.rpartition(":") if ":" in target else (target, "", str(RAY_DEFAULT_PORT))
+    try:
+        return host.strip("[]"), int(port_text)
+    except ValueError:
+        raise UsageError("not a Ray address: expected HOST:PORT", address) from None
+
+
+def check_running(ray: Any, address: str | None) -> None:
+    """Refuse ``address`` when this process's Ray is already initialized to another cluster.
+
+    ``ray.init`` holds for the whole process, so the run goes to the running cluster whatever the
+    address says; a user who names one expects that one. No address and ``auto`` take the running
+    cluster; a ``ray://`` address is taken while a Ray client session is connected (its server is not
+    the cluster's own address, so the two cannot be compared); any other address must be the running
+    cluster's (a loopback host stands for this machine's address).
+
+    Raises:
+        UsageError: Another cluster named, saying which one the process is on and the two ways out.
+    """
+    if not address or address == "auto":
+        return
+    if address.startswith("ray://") and _client_connected(ray):
+        return
+    running = _running_address(ray)
+    if running is not None and _same_cluster(ray, address, running):
+        return
+    on = f" (to the cluster at {running})" if running else ""
+    raise UsageError(
+        f"Ray is already initialized in this process{on}, so the run cannot go to {address}: give no address "
+        "(RayOptions(address=None)) to run there, or call ray.shutdown() first"
+    )
+
+
+def _running_address(ray: Any) -> str | None:
+    try:
+        return str(ray.get_runtime_context().gcs_address)
+    except Exception:  # a client session or an older Ray: unknown
+        return None
+
+
+def _client_connected(ray: Any) -> bool:
+    try:
+        return bool(ray.util.client.ray.is_connected())
+    except Exception:
+        return False
+
+
+def _same_cluster(ray: Any, address: str, running: str) -> bool:
+    (host, port), (running_host, running_port) = _host_port(address), _host_port(running)
+    if port != running_port:
+        return False
+    given, there = _resolved(host), _resolved(running_host)
+    if given == there:
+        return True
+    try:
+        here = str(ray.util.get_node_ip_address())
+    except Exception:
+        return False
+    return given.startswith("127.") and there == here
+
+
+def _resolved(host: str) -> str:
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host
 
 
 def _groups(files: Sequence[FilePlan], max_tasks: int | None) -> list[list[FilePlan]]:
@@ -406,4 +476,13 @@ def runner(read: ReadOptions | None, run: RunOptions) -> Callable[[Plan, WriteOp
     return run_on_ray
 
 
-__all__ = ["NO_OPENER", "PROBE_SECONDS", "RayOptions", "probe_address", "run_plan_ray", "runner", "source_from_nodes"]
+__all__ = [
+    "NO_OPENER",
+    "PROBE_SECONDS",
+    "RayOptions",
+    "check_running",
+    "probe_address",
+    "run_plan_ray",
+    "runner",
+    "source_from_nodes",
+]

@@ -63,7 +63,7 @@ from reshard.formats.base import TensorEntry, TensorIndex, stale_temps
 from reshard.plan import FilePlan, Plan
 from reshard.plan.validate import PlanError
 from reshard.sources import ReadOptions, open_checkpoint
-from reshard.text import first_line
+from reshard.text import RESUME, first_line
 
 TASK_RETRIES = 3  # a killed worker's task is run again this many times
 TEMP_PREFIX = "reshard-ray-node-"  # node-local folder of one writer task (sparse replicas)
@@ -575,7 +575,7 @@ def _node_error(ray: Any, exc: BaseException, node: str, names: Mapping[str, str
     alive = {n["NodeID"] for n in alive_nodes(ray)}
     label = names.get(node, node)
     if node not in alive:
-        lost = ReshardError(f"node {label} was lost during the run; finished outputs are kept: --resume completes it")
+        lost = ReshardError(f"node {label} was lost during the run; finished outputs are kept: {RESUME} completes it")
         setattr(lost, KEEP_FINISHED, True)
         return lost
     return ReshardError(f"the task on node {label} failed: {type(exc).__name__}: {first_line(exc)}")

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from reshard import dtypes
 from reshard.dtypes import DType
-from reshard.errors import FormatError, ReshardError, UsageError
+from reshard.errors import FormatError, MissingTensorError, ReshardError, UsageError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -87,9 +87,30 @@ class TensorIndex:
     def __len__(self) -> int:
         return len(self.entries)
 
+    def entry(self, name: str) -> TensorEntry:
+        """The entry of tensor ``name``.
+
+        Raises:
+            MissingTensorError: The file holds no tensor of that name (a ``UsageError`` and a ``KeyError``),
+                naming the closest names it does hold.
+        """
+        try:
+            return self.entries[name]
+        except (KeyError, TypeError):  # TypeError: an unhashable name
+            pass
+        import difflib
+
+        close = difflib.get_close_matches(name, list(self.entries), n=3) if isinstance(name, str) else []
+        hint = (
+            f" (did you mean {', '.join(map(repr, close))}?)"
+            if close
+            else f" (its {len(self.entries)} names are in .entries)"
+        )
+        raise MissingTensorError(f"no tensor named {name!r} in this checkpoint{hint}", self.path) from None
+
     def raw(self, name: str) -> memoryview | bytes:
         """The raw bytes of a tensor: a zero-copy memoryview when it is one segment."""
-        entry = self.entries[name]
+        entry = self.entry(name)
         view = memoryview(self.buffer)
         if len(entry.segments) == 1:
             offset, length = entry.segments[0]
@@ -98,7 +119,7 @@ class TensorIndex:
 
     def array(self, name: str) -> np.ndarray:
         """A read-only numpy array of the tensor (zero-copy unless chunked)."""
-        entry = self.entries[name]
+        entry = self.entry(name)
         if entry.is_string:
             raise UsageError(f"{name!r} is a string, not a tensor", self.path)
         import numpy as np  # numpy loads with the first array: a byte move never needs one
@@ -111,7 +132,7 @@ class TensorIndex:
 
         Identical to ``array`` for numpy's builtin dtypes; bf16/fp8 come as unsigned integers of their size.
         """
-        entry = self.entries[name]
+        entry = self.entry(name)
         if entry.is_string:
             raise UsageError(f"{name!r} is a string, not a tensor", self.path)
         import numpy as np
@@ -120,7 +141,7 @@ class TensorIndex:
 
     def value(self, name: str) -> np.ndarray | str:
         """A tensor as numpy, or a string entry as ``str``."""
-        entry = self.entries[name]
+        entry = self.entry(name)
         if entry.is_string:
             return decode_string(bytes(self.raw(name)), self.path)
         return self.array(name)

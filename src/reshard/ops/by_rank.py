@@ -17,8 +17,12 @@ import os
 from collections.abc import Mapping
 from typing import cast
 
+from reshard import arguments
+from reshard.arguments import StrPath
+from reshard.errors import UsageError
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats.strategy import StrategyFile
+from reshard.ops.arguments import check_options, strategy_argument
 from reshard.ops.options import Destination
 from reshard.ops.run import Report, Target, run_plan, strategy_paths
 from reshard.ops.tensors import Inputs, TensorPipeline, check_copies
@@ -30,10 +34,10 @@ from reshard.sources import ReadOptions, open_strategy, source_files
 
 def transform_by_rank(
     rank: int,
-    files_map: Mapping[int, str],
-    out_file: str,
-    src_strategy: str | StrategyFile | None = None,
-    dst_strategy: str | StrategyFile | None = None,
+    files_map: Mapping[int, StrPath],
+    out_file: StrPath,
+    src_strategy: StrPath | StrategyFile | None = None,
+    dst_strategy: StrPath | StrategyFile | None = None,
     *,
     destination: Destination | None = None,
     read: ReadOptions | None = None,
@@ -47,7 +51,7 @@ def transform_by_rank(
 
     Args:
         rank: The destination rank to write.
-        files_map: Source rank -> its checkpoint file.
+        files_map: Source rank -> its checkpoint file (a ``str`` or ``os.PathLike``, as every path here).
         out_file: The output file; its extension (``.ckpt`` / ``.safetensors``) is the format.
         src_strategy: The source strategy, a path or a ``StrategyFile`` (None: the source is a full
             model).
@@ -78,15 +82,32 @@ def transform_by_rank(
         files = {r: f"demo/ckpt_8ranks/rank_{r}/checkpoint_{r}.ckpt" for r in needed}
         api.transform_by_rank(0, files, "out/checkpoint_0.ckpt", "demo/strategy_8", "demo/strategy_4")
     """
-    sources = source_files({int(r): p for r, p in files_map.items()}, read)
+    rank, files, out_file = arguments.whole(rank, "rank"), _files_map(files_map), arguments.path(out_file, "out_file")
+    src_strategy = strategy_argument(src_strategy, "src_strategy")
+    dst_strategy = strategy_argument(dst_strategy, "dst_strategy")
+    check_options(destination=destination, read=read, write=write, run=run)
+    sources = source_files(files, read)
     src_sf, dst_sf = open_strategy(src_strategy), open_strategy(dst_strategy)
     if quantized_names(list(sources.values())):
-        src_sf, dst_sf = _paired(sources, src_sf, dst_sf, next(iter(files_map.values())))
+        src_sf, dst_sf = _paired(sources, src_sf, dst_sf, next(iter(files.values())))
     plan = plan_transform_by_rank(rank, sources, out_file, src_sf, dst_sf)
     pending = check_copies(sources, src_sf, read)
-    reads = [*files_map.values(), *strategy_paths(src_strategy, dst_strategy)]
+    reads = [*files.values(), *strategy_paths(src_strategy, dst_strategy)]
     target = Target(None, reads, output_file=out_file)
     return run_plan(plan, target, destination, read, write, run, [], pending=pending)
+
+
+def _files_map(files_map: object) -> dict[int, str]:
+    """``{source rank: file}`` with ranks as ints and files as ``str`` paths.
+
+    Raises:
+        UsageError: Not a mapping, a rank that is no whole number >= 0, or a file that is no path.
+    """
+    if not isinstance(files_map, Mapping):
+        raise UsageError(f"files_map must be a dict of source rank -> file, not {arguments.describe(files_map)}")
+    return {
+        arguments.whole(r, "a files_map rank"): arguments.path(p, f"files_map[{r!r}]") for r, p in files_map.items()
+    }
 
 
 def _paired(
@@ -106,8 +127,8 @@ def _paired(
 
 def needed_ranks(
     rank_id: int,
-    src_strategy: str | StrategyFile | None,
-    dst_strategy: str | StrategyFile | None = None,
+    src_strategy: StrPath | StrategyFile | None,
+    dst_strategy: StrPath | StrategyFile | None = None,
     notes: list[str] | None = None,
 ) -> list[int]:
     """Source ranks whose files destination ``rank_id`` needs (MindSpore's ``rank_list_for_transform``).
@@ -134,7 +155,9 @@ def needed_ranks(
     from reshard import layout
     from reshard.layout import layout_map
 
-    src_sf, dst_sf = open_strategy(src_strategy, notes), open_strategy(dst_strategy, notes)
+    rank_id = arguments.whole(rank_id, "rank_id")
+    src_sf = open_strategy(strategy_argument(src_strategy, "src_strategy"), notes)
+    dst_sf = open_strategy(strategy_argument(dst_strategy, "dst_strategy"), notes)
     if src_sf is None:
         return [0]
     dst_map = layout_map(dst_sf, rank_id) if dst_sf is not None else None

@@ -11,9 +11,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from reshard import arguments
+from reshard.arguments import StrPath
 from reshard.errors import UsageError
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.ops import dcp_output
+from reshard.ops.arguments import check_options
 from reshard.ops.options import WRITES, Destination, OutputSpec, TensorOptions, shard_bytes
 from reshard.ops.pairs import convert_targets, holds_only_ckpt
 from reshard.ops.recrypt import recrypt
@@ -35,13 +38,14 @@ from reshard.sources import (
     is_chunked,
     kind_of,
 )
+from reshard.text import OVERWRITE
 
 FORMATS = WRITES["convert"]
 
 
 def convert(
-    src: str,
-    dst: str | None,
+    src: StrPath,
+    dst: StrPath | None,
     to: str | OutputSpec,
     *,
     name_map: Mapping[str, str] | None = None,
@@ -64,7 +68,8 @@ def convert(
     ``read.dec_key``). A folder without ``rank*`` folders holding one checkpoint file stands for it.
 
     Args:
-        src: A checkpoint file, or a folder of ``rank*`` folders.
+        src: A checkpoint file, or a folder of ``rank*`` folders (``src`` and ``dst``: a ``str`` or an
+            ``os.PathLike`` such as ``pathlib.Path``).
         dst: The output folder (None: next to the inputs; rank folders only without a manifest).
         to: The output format, ``"ckpt"``, ``"safetensors"``, ``"dcp"`` or ``"torch_dist"`` (one full checkpoint
             as a one-file PyTorch DCP or Megatron-core checkpoint), or an ``OutputSpec`` (``format="hf"`` with
@@ -100,6 +105,12 @@ def convert(
         api.convert("demo/ckpt_8ranks", "st_8ranks", "safetensors")
         api.convert("demo/full/model.ckpt", "hf", api.OutputSpec(format="hf", max_shard_size="4MB"))
     """
+    src, dst = arguments.path(src, "src"), arguments.optional_path(dst, "dst")
+    check_options(destination=destination, tensors=tensors, read=read, write=write, run=run)
+    if not isinstance(to, (str, OutputSpec)):
+        raise UsageError(
+            f"to must be ckpt, safetensors, dcp or torch_dist, or an OutputSpec, not {arguments.describe(to)}"
+        )
     output = to if isinstance(to, OutputSpec) else OutputSpec(format=to)
     if output.format not in FORMATS:
         raise UsageError(f"--to must be ckpt, safetensors, dcp or torch_dist, not {output.format!r}")
@@ -189,7 +200,7 @@ def _check_beside(src: str, plan: Plan, where: Destination) -> None:
     if not (where.overwrite or where.resume):
         existing = [p for p in [f.path for f in plan.files] + [t.path for t in plan.texts] if os.path.exists(p)]
         if existing:
-            raise UsageError("output exists (use --overwrite to replace it)", existing[0])
+            raise UsageError(f"output exists (use {OVERWRITE} to replace it)", existing[0])
 
 
 def _refuse_transform_sources(src: str, fmt: str | None) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from reshard import arguments
 from reshard.errors import UsageError
 
 if TYPE_CHECKING:
@@ -68,6 +69,29 @@ class OutputSpec:
     optimizer_prefixes: Sequence[str] = ()
     dcp_ranks: int | None = None
 
+    def __post_init__(self) -> None:
+        """Each field's type; the values (a format's name, an iteration's range) are checked by the
+        operation that writes them, against what it writes."""
+        arguments.optional_text(self.format, "OutputSpec.format")
+        arguments.optional_text(self.prefix, "OutputSpec.prefix")
+        size = self.max_shard_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, (int, str))):
+            raise UsageError(
+                "OutputSpec.max_shard_size must be bytes (an int) or a size such as '5GB', "
+                f"not {arguments.describe(size)}"
+            )
+        arguments.optional_whole(self.iteration, "OutputSpec.iteration", None)
+        arguments.optional_whole(self.dcp_ranks, "OutputSpec.dcp_ranks", None)
+        if self.common is not None and not isinstance(self.common, Mapping):
+            raise UsageError(
+                f"OutputSpec.common must be a dict of common.json values, not {arguments.describe(self.common)}"
+            )
+        if isinstance(self.optimizer_prefixes, str) or not isinstance(self.optimizer_prefixes, Sequence):
+            raise UsageError(
+                "OutputSpec.optimizer_prefixes must be a sequence of name prefixes such as ('adam_m.',), "
+                f"not {arguments.describe(self.optimizer_prefixes)}"
+            )
+
 
 @dataclass(frozen=True)
 class Destination:
@@ -77,6 +101,11 @@ class Destination:
     resume: bool = False
     dry_run: bool = False
     manifest: bool = True
+
+    def __post_init__(self) -> None:
+        """Each field a bool: a truthy string (``overwrite="no"``) would replace files unasked."""
+        for name in ("overwrite", "resume", "dry_run", "manifest"):
+            arguments.flag(getattr(self, name), f"Destination.{name}")
 
 
 @dataclass(frozen=True)
@@ -91,6 +120,28 @@ class TensorOptions:
     dtype: str | None = None
     dtype_all: bool = False
     precision: Precision | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        """Each field's type (a dict for ``names`` failed deep inside planning). The types of ``names`` and
+        ``precision`` are imported only when given: the caller has imported them already."""
+        if self.names is not None:
+            from reshard.naming.options import NameOptions
+
+            if not isinstance(self.names, NameOptions):
+                raise UsageError(
+                    "TensorOptions.names must be a NameOptions (from reshard.naming.options: filters and a model "
+                    f"map, docs/naming.md), not {arguments.describe(self.names)}"
+                )
+        arguments.optional_text(self.dtype, "TensorOptions.dtype")
+        arguments.flag(self.dtype_all, "TensorOptions.dtype_all")
+        if self.precision is not None:
+            from reshard.plan.quantized import Precision
+
+            if not isinstance(self.precision, Precision):
+                raise UsageError(
+                    "TensorOptions.precision must be a Precision (from reshard.plan.quantized), "
+                    f"not {arguments.describe(self.precision)}"
+                )
 
 
 @dataclass(frozen=True)
@@ -108,6 +159,12 @@ class UnifyOptions:
     choice_func: Callable[[str], bool | str] | None = None
     split_dst_file: tuple[int, int] | tuple[()] = ()
     mindspore_order: bool = False
+
+    def __post_init__(self) -> None:
+        """The fields' types; ``split_dst_file``'s values are checked where the parts are packed."""
+        arguments.optional_text(self.file_suffix, "UnifyOptions.file_suffix")
+        arguments.hook(self.choice_func, "UnifyOptions.choice_func")
+        arguments.flag(self.mindspore_order, "UnifyOptions.mindspore_order")
 
 
 def _choices(names: Sequence[str]) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from reshard import arguments
+from reshard.arguments import StrPath
 from reshard.errors import UsageError
 from reshard.formats import rank_dirs
 from reshard.sources import (
@@ -23,8 +25,8 @@ from reshard.sources import (
 
 
 def convert_targets(
-    src: str,
-    dst: str | None,
+    src: StrPath,
+    dst: StrPath | None,
     to: str,
     file_regex: str | None = None,
     choose: ReadOptions | None = None,
@@ -54,6 +56,7 @@ def convert_targets(
     """
     import re
 
+    src, dst = arguments.path(src, "src"), arguments.optional_path(dst, "dst")
     src_ext = ".ckpt" if to == "safetensors" else ".safetensors"
     dst_ext = "." + to
     pattern = re.compile(file_regex) if file_regex else None
@@ -76,7 +79,7 @@ def convert_targets(
     return pairs
 
 
-def holds_only_ckpt(src: str) -> bool:
+def holds_only_ckpt(src: StrPath) -> bool:
     """Whether ``src`` is a ``.ckpt`` file, or ``rank*`` folders holding ``.ckpt`` files and no ``.safetensors``.
 
     Args:
@@ -92,6 +95,7 @@ def holds_only_ckpt(src: str) -> bool:
         from reshard import api
         assert api.holds_only_ckpt("demo/ckpt_8ranks") and not api.holds_only_ckpt("demo/st_8ranks")
     """
+    src = arguments.path(src, "src")
     if os.path.isfile(src):
         return src.endswith(".ckpt")
     if not os.path.isdir(src):

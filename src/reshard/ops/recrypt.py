@@ -9,8 +9,11 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from reshard import arguments
+from reshard.arguments import StrPath
 from reshard.errors import UsageError
 from reshard.execute.options import RunOptions, WriteOptions
+from reshard.ops.arguments import check_options
 from reshard.ops.options import Destination
 from reshard.ops.pairs import convert_targets
 from reshard.ops.run import Report, Target, run_plan
@@ -19,8 +22,8 @@ from reshard.sources import ReadOptions, indexed
 
 
 def recrypt(
-    src: str,
-    dst: str | None,
+    src: StrPath,
+    dst: StrPath | None,
     *,
     file_regex: str | None = None,
     destination: Destination | None = None,
@@ -35,7 +38,8 @@ def recrypt(
     decrypted when only ``read.dec_key`` is given. The inputs are never replaced.
 
     Args:
-        src: A ``.ckpt`` file, or a folder of ``rank*`` folders of ``.ckpt`` files.
+        src: A ``.ckpt`` file, or a folder of ``rank*`` folders of ``.ckpt`` files (``src`` and ``dst``: a
+            ``str`` or an ``os.PathLike`` such as ``pathlib.Path``).
         dst: The output folder (required: the inputs are never replaced).
         file_regex: Only inputs whose name matches (None: all).
         destination: How ``dst`` is treated (``Destination``: overwrite, resume, dry run, manifest).
@@ -63,6 +67,8 @@ def recrypt(
         api.recrypt("demo/full/model.ckpt", "enc", write=WriteOptions(enc_key=key, enc_mode="AES-GCM"))
         api.recrypt("enc/model.ckpt", "plain", read=api.ReadOptions(dec_key=key))
     """
+    src, dst = arguments.path(src, "src"), arguments.optional_path(dst, "dst")
+    check_options(destination=destination, read=read, write=write, run=run)
     out_dir = _recrypt_destination(src, dst, read, write)
     # the .ckpt inputs a conversion to safetensors would read, each written under its own name
     pairs = [

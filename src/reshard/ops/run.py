@@ -16,12 +16,15 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from reshard import arguments
 from reshard import destination as _destination
 from reshard import manifest as _manifest
+from reshard.arguments import StrPath
 from reshard.errors import UsageError
 from reshard.execute.options import RayOptions, RunOptions, WriteOptions
 from reshard.formats.strategy import StrategyFile
 from reshard.naming import NameReport
+from reshard.ops.arguments import check_options
 from reshard.ops.options import Destination
 from reshard.ops.pending import PendingCheck, beside_the_copy, its_error_first
 from reshard.plan import Plan
@@ -148,7 +151,7 @@ def execute(
     read: ReadOptions | None = None,
     write: WriteOptions | None = None,
     run: RunOptions | None = None,
-    root: str | None = None,
+    root: StrPath | None = None,
     resume: bool = False,
     manifest: bool = True,
     executor: str = "local",
@@ -198,6 +201,8 @@ def execute(
                                destination=api.Destination(dry_run=True))
         api.execute(report.plan, root="out_4ranks")
     """
+    root = arguments.optional_path(root, "root")
+    check_options(read=read, write=write, run=run)
     opened = replace(read, verify_crc=False) if read is not None else None
     if executor not in ("local", "ray"):
         raise UsageError(f"unknown executor {executor!r} (choose local or ray)")
@@ -232,7 +237,9 @@ def execute(
     )
 
 
-def superseded(dst: str, plan: Plan, dst_strategy: StrategyFile | None, overwrite: bool, manifest: bool) -> list[str]:
+def superseded(
+    dst: StrPath, plan: Plan, dst_strategy: StrategyFile | None, overwrite: bool, manifest: bool
+) -> list[str]:
     """An earlier run's outputs in ``dst`` that this plan's layout no longer has.
 
     With ``overwrite``: an earlier run's rank outputs that the new layout does not write (for
@@ -261,6 +268,7 @@ def superseded(dst: str, plan: Plan, dst_strategy: StrategyFile | None, overwrit
                                destination=api.Destination(dry_run=True))
         stale = api.superseded("demo/ckpt_4ranks", report.plan, load_strategy("demo/strategy_4"), True, True)
     """
+    dst = arguments.path(dst, "dst")
     if not (overwrite and manifest) or not any(f.rank is not None for f in plan.files):
         return []
     from reshard.layout import device_num, stage_count

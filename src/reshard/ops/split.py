@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from reshard import arguments
+from reshard.arguments import StrPath
 from reshard.errors import UsageError
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats.strategy import StrategyFile
 from reshard.ops import dcp_output
+from reshard.ops.arguments import check_options, strategy_argument
 from reshard.ops.options import WRITES, Destination, OutputSpec, TensorOptions, output_format
 from reshard.ops.run import Report, Target, folder_superseded, run_plan
 from reshard.ops.tensors import Inputs, TensorPipeline
@@ -23,9 +26,9 @@ FORMATS = WRITES["split"]  # the first is its default
 
 
 def split(
-    unified_dir: str,
-    dst_strategy: str | StrategyFile,
-    dst_dir: str,
+    unified_dir: StrPath,
+    dst_strategy: StrPath | StrategyFile,
+    dst_dir: StrPath,
     *,
     ranks: Sequence[int] | None = None,
     output: OutputSpec | None = None,
@@ -42,10 +45,10 @@ def split(
 
     Args:
         unified_dir: The unified folder (``part<j>.safetensors`` + ``param_name_map.json``), a
-            Hugging Face model or a full checkpoint.
+            Hugging Face model or a full checkpoint; every path argument is a ``str`` or an ``os.PathLike``.
         dst_strategy: The destination strategy, a path or a ``StrategyFile``.
         dst_dir: The output folder.
-        ranks: Only these destination ranks (None: all).
+        ranks: Only these destination ranks, an iterable of ints >= 0 (None: all).
         output: ``OutputSpec(format="safetensors")`` (the default, None), ``format="ckpt"``, ``format="dcp"``
             or ``"torch_dist"`` (a PyTorch DCP / Megatron-core checkpoint of the strategy's distinct rank boxes,
             ``.metadata`` last).
@@ -72,13 +75,16 @@ def split(
         api.unify("demo/st_8ranks", "demo/strategy_8", "unified")
         api.split("unified", "demo/strategy_4", "st_4ranks", ranks=[0, 1])
     """
+    unified_dir, dst_dir = arguments.path(unified_dir, "unified_dir"), arguments.path(dst_dir, "dst_dir")
+    strategy, ranks = strategy_argument(dst_strategy, "dst_strategy"), arguments.ranks(ranks)
+    check_options(output=output, destination=destination, tensors=tensors, write=write, run=run)
     fmt = output_format(output, FORMATS, "split") or FORMATS[0]
     dcp_output.check_iteration(output, "--output-format")
     dcp_output.check_options(output, write, strategy_given=True)
     pipeline = TensorPipeline(tensors, unified_dir)
     files, mapping, hyper = unified_index(unified_dir, name_map)
     notes: list[str] = []
-    sf = open_strategy(dst_strategy, notes)
+    sf = open_strategy(strategy, notes)
     if sf is None:
         raise UsageError("split needs the destination strategy")
     inputs = pipeline.apply(Inputs(files, mapping, hyper), notes, whole=True)

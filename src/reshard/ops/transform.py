@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from reshard import statenames
+from reshard import arguments, statenames
+from reshard.arguments import StrPath
 from reshard.errors import UsageError
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats import checkpoint2, rank_dirs
@@ -23,6 +24,7 @@ from reshard.formats.strategy import StrategyFile
 from reshard.layout import LayoutTable
 from reshard.ops import checkpoint2 as _cp2
 from reshard.ops import dcp_output
+from reshard.ops.arguments import check_options, strategy_argument
 from reshard.ops.options import WRITES, Destination, OutputSpec, TensorOptions, output_format, shard_bytes
 from reshard.ops.pending import PendingCheck, its_error_first
 from reshard.ops.run import Report, Target, folder_superseded, run_plan, strategy_paths
@@ -79,10 +81,10 @@ class _Job:
 
 
 def transform(
-    src: str,
-    dst: str,
-    src_strategy: str | StrategyFile | None = None,
-    dst_strategy: str | StrategyFile | None = None,
+    src: StrPath,
+    dst: StrPath,
+    src_strategy: StrPath | StrategyFile | None = None,
+    dst_strategy: StrPath | StrategyFile | None = None,
     *,
     ranks: Sequence[int] | None = None,
     output: OutputSpec | None = None,
@@ -110,11 +112,12 @@ def transform(
     ``metadata.json``; ``OutputSpec.iteration``: a Megatron-LM run folder, ``iter_{n:07d}/`` and its tracker).
 
     Args:
-        src: The source checkpoint (rank folders, a full file, a Hugging Face model, a Checkpoint 2.0).
+        src: The source checkpoint (rank folders, a full file, a Hugging Face model, a Checkpoint 2.0); every
+            path argument is a ``str`` or an ``os.PathLike`` (``pathlib.Path``).
         dst: The destination folder: ``rank_<r>/{prefix}<r>.<fmt>`` per destination rank.
         src_strategy: The source's strategy, a path or a loaded ``StrategyFile`` (None: a full model).
         dst_strategy: The destination strategy (None: one full model in ``rank_0``).
-        ranks: Only these destination ranks (None: all; multi-node runs).
+        ranks: Only these destination ranks, an iterable of ints >= 0 (None: all; multi-node runs).
         output: What to write (``OutputSpec``: ``ckpt``, ``safetensors``, ``hf``, ``checkpoint2`` or ``dcp``; None:
             the source's format, safetensors from a Hugging Face model; prefix, default ``"checkpoint_"``;
             shard size; a Checkpoint 2.0's iteration, ``common.json`` values and optimizer prefixes).
@@ -153,6 +156,10 @@ def transform(
         hf_bf16 = api.transform("demo/ckpt_8ranks", "hf_bf16", "demo/strategy_8", None,
                                 output=api.OutputSpec(format="hf"), tensors=api.TensorOptions(dtype="bf16"))
     """
+    src, dst, ranks = arguments.path(src, "src"), arguments.path(dst, "dst"), arguments.ranks(ranks)
+    src_strategy = strategy_argument(src_strategy, "src_strategy")
+    dst_strategy = strategy_argument(dst_strategy, "dst_strategy")
+    check_options(output=output, destination=destination, tensors=tensors, read=read, write=write, run=run)
     out, where = output or OutputSpec(), destination or Destination()
     dcp_output.check_options(out, write, strategy_given=dst_strategy is not None)
     job = _job(src, dst, src_strategy, dst_strategy, ranks, out, tensors, read)

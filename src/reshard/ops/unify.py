@@ -14,12 +14,15 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import cast
 
+from reshard import arguments
+from reshard.arguments import StrPath
 from reshard.errors import LayoutError, UsageError
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats import rank_dirs
 from reshard.formats.strategy import StrategyFile
 from reshard.ops import checkpoint2 as _cp2
 from reshard.ops import dcp_output
+from reshard.ops.arguments import check_options, strategy_argument
 from reshard.ops.options import WRITES, Destination, OutputSpec, TensorOptions, UnifyOptions, output_format, shard_bytes
 from reshard.ops.pending import PendingCheck, its_error_first
 from reshard.ops.run import Report, Target, run_plan
@@ -43,9 +46,9 @@ FORMATS = WRITES["unify"]
 
 
 def unify(
-    src: str,
-    strategy: str | StrategyFile | None,
-    dst: str,
+    src: StrPath,
+    strategy: StrPath | StrategyFile | None,
+    dst: StrPath,
     *,
     parts: UnifyOptions | None = None,
     output: OutputSpec | None = None,
@@ -66,7 +69,8 @@ def unify(
     Args:
         src: The folder of ``rank_<r>`` folders holding ``.safetensors`` files, a MindFormers
             Checkpoint 2.0 (its root or an ``iteration_*`` folder; ``read.iteration`` picks one), a
-            PyTorch DCP folder or a Megatron-core torch_dist one (its layouts are its chunks: ``strategy`` None).
+            PyTorch DCP folder or a Megatron-core torch_dist one (its layouts are its chunks: ``strategy`` None);
+            every path argument is a ``str`` or an ``os.PathLike`` (``pathlib.Path``).
         strategy: Their strategy, a path (file or folder of per-stage files) or a ``StrategyFile``
             (None for a Checkpoint 2.0: its layouts are in its ``metadata.json``).
         dst: The output folder.
@@ -100,6 +104,8 @@ def unify(
         from reshard import api
         api.unify("demo/st_8ranks", "demo/strategy_8", "unified")
     """
+    src, dst, strategy = arguments.path(src, "src"), arguments.path(dst, "dst"), strategy_argument(strategy, "strategy")
+    check_options(parts=parts, output=output, destination=destination, tensors=tensors, read=read, write=write, run=run)
     how = parts or UnifyOptions()
     fmt = output_format(output, FORMATS, "unify")
     dcp_output.check_iteration(output, "--output-format")  # --dcp-ranks, --dst-iteration: DCP outputs only

@@ -11,7 +11,8 @@ import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 
-from reshard import readahead
+from reshard import arguments, readahead
+from reshard.arguments import StrPath
 from reshard.errors import UsageError
 from reshard.formats import registry
 from reshard.formats.base import TensorIndex
@@ -22,14 +23,14 @@ from reshard.sources.options import ReadOptions
 INDEX_THREADS = 8  # source files indexed at once while planning (the scans wait on the disk)
 
 
-def open_checkpoint(path: str, options: ReadOptions | None = None) -> TensorIndex:
+def open_checkpoint(path: StrPath, options: ReadOptions | None = None) -> TensorIndex:
     """Index a checkpoint file of any registered format (zero-copy views over a memory map).
 
     Only the header is read; tensor data is read when an array is used. Close the index (or use it
     as a context manager) to release the map.
 
     Args:
-        path: The checkpoint file; its extension says the format (``formats.registry``).
+        path: The checkpoint file, a ``str`` or ``os.PathLike``; its extension says the format (``formats.registry``).
         options: Decryption key and mode, and ``verify_crc`` (None: ``ReadOptions()``: no key, a crc
             trailer checked when the file has one).
 
@@ -38,7 +39,8 @@ def open_checkpoint(path: str, options: ReadOptions | None = None) -> TensorInde
         ``array(name)`` (a numpy view) and ``value(name)`` (an array or a str).
 
     Raises:
-        UsageError: No such file, or a name no format's suffix ends (``.ckpt``, ``.safetensors``, ...).
+        UsageError: No such file, a name no format's suffix ends (``.ckpt``, ``.safetensors``, ...), or
+            ``array(name)`` of a tensor the file does not hold (a ``MissingTensorError``, also a ``KeyError``).
         FormatError: The file is truncated, corrupted or not what its extension says.
         CryptoError: An encrypted ``.ckpt`` does not decrypt with ``options.dec_key`` / ``dec_mode``.
         IntegrityError: The ``.ckpt`` crc trailer does not match (checked when ``options.verify_crc``).
@@ -50,6 +52,7 @@ def open_checkpoint(path: str, options: ReadOptions | None = None) -> TensorInde
             name = next(iter(index.entries))
             w = index.array(name).copy()
     """
+    path = arguments.path(path, "path")
     options = options or ReadOptions()
     fmt = registry.get(registry.detect(path))
     if not os.path.isfile(path):
@@ -57,15 +60,16 @@ def open_checkpoint(path: str, options: ReadOptions | None = None) -> TensorInde
     return fmt.read(path, verify_crc=options.verify_crc, dec_key=options.dec_key, dec_mode=options.dec_mode)
 
 
-def has_crc_trailer(path: str) -> bool:
+def has_crc_trailer(path: StrPath) -> bool:
     """True when a plain (unencrypted) ``.ckpt`` ends with MindSpore's crc trailer (docs/formats.md §1.6)."""
+    path = arguments.path(path, "path")
     try:
         return probe_ckpt(path).crc_trailer
     except OSError:
         return False  # the reader reports the problem
 
 
-def source_file(path: str, rank: int = 0, options: ReadOptions | None = None) -> SourceFile:
+def source_file(path: StrPath, rank: int = 0, options: ReadOptions | None = None) -> SourceFile:
     """Header facts of one checkpoint (dtypes, shapes, metadata) for planning.
 
     Args:
@@ -90,6 +94,7 @@ def source_file(path: str, rank: int = 0, options: ReadOptions | None = None) ->
         facts = api.source_file("demo/ckpt_8ranks/rank_3/checkpoint_3.ckpt", rank=3)
         shapes = {name: t.shape for name, t in facts.tensors.items()}
     """
+    path = arguments.path(path, "path")
     with open_checkpoint(path, options) as index:
         tensors = {name: SourceTensor(e.dtype, e.shape, e.nbytes) for name, e in index.entries.items()}
         strings = {name: str(index.value(name)) for name, e in index.entries.items() if e.is_string}

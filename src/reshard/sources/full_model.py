@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from reshard import arguments
+from reshard.arguments import StrPath
 from reshard.errors import FormatError, UsageError
 from reshard.formats import hf_index, megatron, rank_dirs, registry
 from reshard.formats.ckpt import probe_ckpt
@@ -26,10 +28,11 @@ HYPER_NAME = "hyper_param.safetensors"  # unify's file of the parameters outside
 FullModel = tuple[dict[str, SourceFile], dict[str, str], SourceFile | None]  # files, weight map, hyper
 
 
-def full_model_file(path: str) -> str | None:
+def full_model_file(path: StrPath) -> str | None:
     """The one checkpoint file ``path`` stands for: the file itself, or the only ``.ckpt`` /
     ``.safetensors`` file of a folder without ``rank_<r>`` folders (``full/model.ckpt``'s folder);
     None otherwise."""
+    path = arguments.path(path, "path")
     if os.path.isfile(path):
         return path if registry.format_of(path) is not None else None
     if not os.path.isdir(path) or rank_subfolders(path):
@@ -48,8 +51,9 @@ def is_encrypted(path: str) -> bool:
         return False  # the reader reports it
 
 
-def model_folder(path: str) -> str:
+def model_folder(path: StrPath) -> str:
     """The folder a full-model input stands for (an index file stands for its folder)."""
+    path = arguments.path(path, "path")
     index = hf_index.is_index_file(path) or os.path.basename(path) == NAME_MAP
     return os.path.dirname(os.path.abspath(path)) if index else path
 
@@ -173,13 +177,14 @@ def _with_hyper(folder: str, only: str, options: ReadOptions | None, kind: str) 
     return OpenedModel(kind, folder, "safetensors", {only: facts}, weight_map, hyper=hyper, keyed=True)
 
 
-def hf_model(index_path: str, options: ReadOptions | None = None) -> FullModel:
+def hf_model(index_path: StrPath, options: ReadOptions | None = None) -> FullModel:
     """A Hugging Face index's shards (by file name), its weight map, and a ``hyper_param.safetensors``
     beside it that the index does not name (``unify --hf`` writes one).
 
     Refused, each with one line naming the file: a shard the index names but the folder lacks, a
     name the weight map assigns to a shard that does not hold it, a tensor held by two shards.
     """
+    index_path = arguments.path(index_path, "index_path")
     mapping = hf_index.read_weight_map(index_path)
     folder = os.path.dirname(os.path.abspath(index_path))
     index_name = os.path.basename(index_path)

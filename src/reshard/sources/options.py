@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from reshard import arguments
 from reshard.errors import UsageError
 from reshard.formats import rank_dirs, registry
 
@@ -34,6 +35,17 @@ class ReadOptions:
     pick: str | None = None
     src_format: str | None = None
     iteration: int | None = None  # a Checkpoint 2.0 root's iteration (None: the one its tracker names)
+
+    def __post_init__(self) -> None:
+        """Each field's type (the values are checked by what reads them: a mode by ``formats.crypto``, a
+        pick rule and a format by ``source_choice``, an iteration against the checkpoint's)."""
+        if self.dec_key is not None and not isinstance(self.dec_key, bytes):
+            what = arguments.describe(self.dec_key, show=False)  # never the key itself
+            raise UsageError(f"ReadOptions.dec_key must be bytes or None, not {what}")
+        for name in ("dec_mode", "file_suffix", "pick", "src_format"):
+            arguments.optional_text(getattr(self, name), f"ReadOptions.{name}")
+        arguments.flag(self.verify_crc, "ReadOptions.verify_crc")
+        arguments.optional_whole(self.iteration, "ReadOptions.iteration", None)
 
 
 def source_choice(

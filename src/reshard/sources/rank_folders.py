@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import re
 
+from reshard import arguments
+from reshard.arguments import StrPath
 from reshard.errors import UsageError
 from reshard.formats import rank_dirs, registry
 from reshard.plan import SourceFile
@@ -21,7 +23,7 @@ _ONE_RANK = re.compile(r"rank_\d+")
 
 
 def rank_sources(
-    model_dir: str,
+    model_dir: StrPath,
     fmt: str | None = None,
     rule: str | None = None,
     file_suffix: str | None = None,
@@ -34,6 +36,7 @@ def rank_sources(
     ``fmt``, ``rule`` and ``file_suffix`` default to ``options``' ``src_format``, ``pick`` and
     ``file_suffix``; a note names the file used, the rule that chose it and the files passed over.
     """
+    model_dir = arguments.path(model_dir, "model_dir")
     # ``auto`` is a ReadOptions (CLI) choice; an explicit file_suffix argument is MindSpore's literal suffix
     auto = file_suffix is None and options is not None and options.file_suffix == rank_dirs.AUTO_SUFFIX
     fmt, rule, file_suffix = source_choice(fmt, rule, file_suffix, options)

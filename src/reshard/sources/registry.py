@@ -28,6 +28,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import overload
 
+from reshard import arguments
+from reshard.arguments import StrPath
 from reshard.errors import UsageError
 from reshard.formats import dcp
 from reshard.formats.strategy import StrategyFile
@@ -226,7 +228,7 @@ def is_sharded(kind: AnyKind) -> bool:
 
 
 def unified_index(
-    path: str, name_map: Mapping[str, str] | None = None, options: ReadOptions | None = None
+    path: StrPath, name_map: Mapping[str, str] | None = None, options: ReadOptions | None = None
 ) -> FullModel:
     """The files of a full model, the name -> file map, and ``hyper_param.safetensors``.
 
@@ -258,6 +260,7 @@ def unified_index(
         api.unify("demo/st_8ranks", "demo/strategy_8", "unified")
         files, mapping, hyper = api.unified_index("unified")
     """
+    path = arguments.path(path, "path")
     opened = open_source(path, (*FULL_MODELS, CHECKPOINT2), options)
     if isinstance(opened, OpenedRanks):  # a Checkpoint 2.0 of several ranks (one card is a full model)
         way = "unify it first (reshard unify SRC UNIFIED), or reshard it directly (reshard transform)"
@@ -270,10 +273,10 @@ def unified_index(
     return opened.files, mapping, opened.hyper
 
 
-def is_hf_model(path: str) -> bool:
+def is_hf_model(path: StrPath) -> bool:
     """A Hugging Face model: an index file, a folder holding one, or a folder (without rank
     folders) holding ``model.safetensors``, the single-shard form."""
-    return kind_of(path) is HUGGING_FACE
+    return kind_of(arguments.path(path, "path")) is HUGGING_FACE
 
 
 def open_strategy(value: str | StrategyFile | None, notes: list[str] | None = None) -> StrategyFile | None:
