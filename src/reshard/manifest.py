@@ -66,6 +66,7 @@ from reshard.formats.base import TEMP_SUFFIX, atomic_path, holds
 from reshard.lock import DestinationLock
 from reshard.plan import FilePlan, Plan
 from reshard.plan.validate import validate_plan
+from reshard.text import RESUME
 
 MANIFEST_NAME = "reshard-manifest.json"
 JOURNAL_NAME = ".reshard-journal"
@@ -735,7 +736,7 @@ def run_recorded(
         if progress is not None:  # the finished files are journaled: --resume goes on from them
             raise ReshardError(
                 f"no space left on the device: {progress.completed} of {progress.total} files are finished and kept; "
-                "free some space, then run the same command again with --resume",
+                f"free some space, then run the same command again with {RESUME}",
                 exc.filename if isinstance(exc, OSError) else getattr(exc, "path", None),
             ) from None
         recorder.rollback()

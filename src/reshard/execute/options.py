@@ -80,8 +80,9 @@ class RunOptions:
     max_memory: int = DEFAULT_MAX_MEMORY
     progress: Callable[[int], None] | None = None  # called with bytes written (from worker threads)
     on_start: Callable[[int], None] | None = None  # called once with the bytes the run will write
-    # After each output is renamed into place, with its checksum when ``hash_outputs`` had it computed
-    # while writing.
+    # After each output is renamed into place (and journaled), with its checksum when ``hash_outputs`` had it
+    # computed while writing; one call at a time. What it raises stops the run, its finished files kept for
+    # a resume (``execute.hooks``).
     on_file_written: Callable[[FilePlan, str | None], None] | None = None
     hash_outputs: bool = False  # checksum each plain output while writing it (encrypted ones: None)
     # Called once an output's bytes are written, before it is renamed into place (from worker threads):
