@@ -25,6 +25,8 @@ import pytest
 from reshard import api
 from reshard.auto import (
     CachePolicy,
+    Conversion,
+    _interrupted,
     auto_transform,
     cache_entries,
     entry_in_use,
@@ -236,10 +238,12 @@ def test_killed_converter_is_taken_over(job: dict[str, Path], tmp_path: Path) ->
     assert not (entry / ".work" / "rank_2").exists()
 
 
-def test_timeout_names_the_missing_ranks(job: dict[str, Path], tmp_path: Path) -> None:
+def test_timeout_names_the_missing_stage(job: dict[str, Path], tmp_path: Path) -> None:
+    """Stage 1 has no complete file (rank 7's is cut short): the line names the stage, its ranks, the
+    file being written; ranks 1-3, which need no file of their own beside rank 0's, are not named."""
     strategy = tmp_path / "strategy"
     strategy.mkdir()
-    for rank in (0, 1, 2, 3, 5):
+    for rank in (0, 2):
         shutil.copy(job["template"] / f"ckpt_strategy_rank_{rank}.ckpt", strategy)
     (strategy / "ckpt_strategy_rank_7.ckpt").write_bytes(
         (job["template"] / "ckpt_strategy_rank_7.ckpt").read_bytes()[:7]  # never finished
@@ -263,9 +267,82 @@ def test_timeout_names_the_missing_ranks(job: dict[str, Path], tmp_path: Path) -
     assert done.returncode == 2
     assert done.stdout == ""
     (line,) = done.stderr.splitlines()
-    assert "timed out after 1 s" in line and "missing ranks 4, 6" in line and "still being written: ranks 7" in line
+    assert "timed out after 1 s" in line and "no strategy file yet of pipeline stage 1 of 2" in line, line
+    assert "any one of its ranks 4-7" in line and "still being written: rank 7" in line, line
+    assert "ranks 1" not in line and "missing ranks" not in line, line
     assert time.monotonic() - started < 15
     assert not (tmp_path / "cache").exists()
+
+
+def _auto(job: dict[str, Path], strategy: Path, cache: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    return _cli("auto-transform", str(job["src"]), "--dst-strategy", str(strategy), "--cache-dir", str(cache), *flags)
+
+
+def test_a_folder_of_one_file_per_stage_is_complete_at_once(job: dict[str, Path], tmp_path: Path) -> None:
+    """As ``reshard demo`` and a training job leave it: ranks 0 and 4 wrote the stages' files; every
+    other command merges such a folder, and with --world-size 8 it describes all 8 ranks."""
+    strategy = tmp_path / "strategy_8"
+    strategy.mkdir()
+    for rank in (0, 4):
+        shutil.copy(job["template"] / f"ckpt_strategy_rank_{rank}.ckpt", strategy)
+    old = time.time() - 60  # written by an earlier start, not being written now
+    for path in strategy.iterdir():
+        os.utime(path, (old, old))
+    started = time.monotonic()
+    done = _auto(job, strategy, tmp_path / "cache", "--rank-id", "5", "--world-size", "8", "--timeout", "5")
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started < 4 and "waiting" not in done.stderr, done.stderr
+    reference = (job["reference"] / "rank_5" / "checkpoint_5.ckpt").read_bytes()
+    assert Path(done.stdout.strip()).read_bytes() == reference
+    named = tmp_path / "named"  # per-stage files not named by rank: the folder's strategy files
+    named.mkdir()
+    for stage, rank in enumerate((0, 4)):
+        shutil.copy(job["template"] / f"ckpt_strategy_rank_{rank}.ckpt", named / f"stage_{stage}.ckpt")
+        os.utime(named / f"stage_{stage}.ckpt", (old, old))
+    done = _auto(job, named, tmp_path / "cache", "--rank-id", "5", "--world-size", "8", "--timeout", "0")
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()).read_bytes() == reference
+
+
+def test_a_refused_conversion_is_one_line_and_leaves_no_entry(job: dict[str, Path], tmp_path: Path) -> None:
+    """The 8-rank job's strategy given as the 4-rank source's: refused when planned, after the entry is
+    open. One line, no "converting" note before it; no entry left (nor the cache folder it made)."""
+    for cache, existed in ((tmp_path / "new_cache", False), (tmp_path / "old_cache", True)):
+        if existed:
+            cache.mkdir()
+        done = _auto(
+            job, job["template"], cache, "--rank-id", "0", "--src-strategy", str(job["template"]), "--timeout", "5"
+        )
+        assert done.returncode == 2 and done.stdout == ""
+        (line,) = done.stderr.splitlines()
+        assert line.startswith("reshard: error: "), line
+        assert cache.is_dir() == existed and (not existed or list(cache.iterdir()) == [])
+
+
+def test_an_interrupted_start_says_to_start_it_again(job: dict[str, Path], tmp_path: Path) -> None:
+    """SIGTERM while rank 0 of ``--local-ranks 0-1`` converts: the line says what a restart does (it
+    takes the unfinished conversion over), not --resume / --no-manifest, which auto-transform has not."""
+    cache = tmp_path / "cache"
+    args = ("auto-transform", str(job["src"]), "--dst-strategy", str(job["template"]), "--rank-id", "0")
+    more = ("--local-ranks", "0-1", "--cache-dir", str(cache))
+    slow = _popen(*args, *more, cwd=tmp_path, env={**os.environ, "RESHARD_AUTO_TEST_PAUSE": "60"})
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not list(cache.glob("*/.work/rank_0/rank_0/checkpoint_0.ckpt")):
+        time.sleep(0.05)
+    slow.send_signal(signal.SIGTERM)
+    _, err = slow.communicate(timeout=60)
+    assert slow.returncode == 128 + signal.SIGTERM, err
+    line = err.splitlines()[-1]
+    assert line.startswith("reshard: interrupted (SIGTERM): none of ranks 0-1 ready yet in the cache entry "), line
+    assert line.endswith("; start it again: it takes over the unfinished conversion"), line
+    assert "--resume" not in err and "manifest" not in err
+    (path,) = _finish([_popen(*args, *more, cwd=tmp_path)])
+    assert Path(path).read_bytes() == (job["reference"] / "rank_0" / "checkpoint_0.ckpt").read_bytes()
+    entry = Path(path).parent.parent
+    assert (entry / "rank_1" / "checkpoint_1.ckpt").read_bytes() == (
+        job["reference"] / "rank_1" / "checkpoint_1.ckpt"
+    ).read_bytes()
+    assert not (entry / ".work" / "rank_0").exists()
 
 
 def test_without_world_size_the_stages_found_count(job: dict[str, Path], tmp_path: Path) -> None:
@@ -345,6 +422,10 @@ def _bad_cases(job: dict[str, Path], tmp: Path) -> list[tuple[list[str], str]]:
         (
             ["auto-transform", src, "--dst-strategy", dst, "--rank-id", "0", "--cache-dir", str(tmp / "a_file")],
             "not a folder",
+        ),
+        (  # mkdir there fails with ENOENT: the place, not an eviction
+            ["auto-transform", src, "--dst-strategy", dst, "--rank-id", "0", "--cache-dir", "/proc/nope"],
+            "cannot write into the cache",
         ),
         (
             [
@@ -487,3 +568,13 @@ def test_cache_key_follows_the_inputs_not_the_mount_path(job: dict[str, Path], t
     shutil.copytree(job["src"], copy, copy_function=shutil.copy)  # new mtimes: another entry
     other = Path(auto_transform(str(copy), str(job["template"]), 0, cache_dir=cache, src_strategy=strategy))
     assert other.parent.parent != first.parent.parent and other.read_bytes() == first.read_bytes()
+
+
+def test_the_interrupt_line_says_what_starting_again_does() -> None:
+    conversion = Conversion("ckpt", None, None, None, "/cache/e", lambda _note: None)  # type: ignore[arg-type]
+    assert _interrupted(conversion, [3]) == (
+        "rank 3 not ready yet in the cache entry /cache/e; start it again: it takes over the unfinished conversion"
+    )
+    conversion.ready.update({0: "a", 1: "b"})
+    assert _interrupted(conversion, [0, 1, 2, 3]).startswith("ranks 0-1 of ranks 0-3 ready in the cache entry")
+    assert _interrupted(conversion, [0, 1]).endswith("start it again: it converts nothing and prints the file")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -326,11 +327,12 @@ def test_json_of_a_run_is_one_record_of_what_was_written(job: dict[str, str], tm
 # ------------------------------------------------------------------ 9: auto-transform waits aloud
 
 
-def test_auto_transform_says_it_is_waiting_and_which_ranks_are_missing(job: dict[str, str], tmp_path: Path) -> None:
+def test_auto_transform_says_it_is_waiting_and_which_stage_is_missing(job: dict[str, str], tmp_path: Path) -> None:
     strategies = tmp_path / "strategies"
     strategies.mkdir()
     first = sorted(os.listdir(job["s4dir"]))[0]
     (strategies / first).write_bytes(Path(job["s4dir"], first).read_bytes())
+    os.utime(strategies / first, (time.time() - 60, time.time() - 60))  # stage 0's file, settled
     proc = run_cli(
         "auto-transform", job["full"], "--dst-strategy", str(strategies), "--rank-id", "0", "--world-size", "4",
         "--cache-dir", str(tmp_path / "cache"), "--timeout", "1.2",
@@ -340,7 +342,9 @@ def test_auto_transform_says_it_is_waiting_and_which_ranks_are_missing(job: dict
     lines = proc.stderr.splitlines()
     assert lines[0].startswith("reshard: note: waiting for the destination strategy")
     still = [line for line in lines if "still waiting" in line]
-    assert len(still) >= 2 and all("missing ranks" in line for line in still), proc.stderr
+    assert len(still) >= 2 and all("no strategy file yet of pipeline stage 1 of 2" in line for line in still), (
+        proc.stderr
+    )
     assert "timed out" in lines[-1]
 
 

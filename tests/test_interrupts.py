@@ -107,3 +107,16 @@ def test_every_pause_point_is_documented() -> None:
     for path in src.rglob("*.py"):
         used.update(re.findall(r'interrupts\.reached\("([a-z-]+)"\)', path.read_text(encoding="utf-8")))
     assert used == set(interrupts.POINTS) - {"import:MODULE"}
+
+
+def test_an_operation_may_say_what_its_interrupt_leaves(capsys: pytest.CaptureFixture[str]) -> None:
+    """``interrupts.explain`` (auto-transform: "start it again") wins over the last run's --resume advice."""
+    exc = interrupts.Signalled(signal.SIGTERM)
+    setattr(exc, manifest.PROGRESS_ATTRIBUTE, manifest.RunProgress(1, 1, resumable=False))
+    interrupts.explain(exc, "rank 0 not ready yet; start it again")
+    assert cli.interrupted(exc) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err == "reshard: interrupted (SIGTERM): rank 0 not ready yet; start it again\n"
+    plain = interrupts.Signalled(signal.SIGTERM)
+    setattr(plain, manifest.PROGRESS_ATTRIBUTE, manifest.RunProgress(1, 1, resumable=False))
+    cli.interrupted(plain)
+    assert "--no-manifest" in capsys.readouterr().err  # a transform's own line is unchanged

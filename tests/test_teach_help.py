@@ -176,6 +176,16 @@ def test_help_command_prints_a_commands_help() -> None:
         (["demo", "--zzz"], "reshard demo: unknown flag --zzz (see reshard demo --help)"),
         (["transform", "a", "b", "-hf"], "reshard transform: unknown flag -hf (did you mean --hf?)"),  # not -h f
         (["transform", "-src=a", "b"], "reshard transform: unknown flag -src (did you mean --src?)"),
+        # the command's own flag with `_` for `-` comes before "a flag of transform"
+        (["auto-transform", "c", "--rank_id", "0"], "unknown flag --rank_id (did you mean --rank-id?)"),
+        (["auto-transform", "c", "--world_size", "4"], "unknown flag --world_size (did you mean --world-size?)"),
+        (["auto-transform", "c", "--rank-idd", "0"], "unknown flag --rank-idd (did you mean --rank-id?)"),
+        (["split", "a", "b", "--rank_id", "0"], "reshard split: unknown flag --rank_id (a flag of transform)"),
+        # a typo in MindFormers' `_` style is matched against the hidden `_` spellings too
+        (
+            ["transform", "--dst_ckpt_stratgy", "s"],
+            "unknown flag --dst_ckpt_stratgy (did you mean --dst_ckpt_strategy?)",
+        ),
     ],
 )
 def test_misspellings_are_one_line_with_a_suggestion(tmp_path: Path, argv: list[str], expected: str) -> None:
@@ -205,3 +215,19 @@ def test_what_argparse_accepts_is_not_called_unknown() -> None:
         ["verify", "a", "b", "-q"],
     ):
         cli_help.check_argv(parser, argv)  # raises SystemExit on a false alarm
+
+
+def test_own_spellings_come_first_and_underscore_typos_see_the_hidden_underscore_flags() -> None:
+    parser = argparse.ArgumentParser(prog="reshard x")
+    parser.add_argument("--rank-id", help="shown")
+    parser.add_argument("--dst-strategy", help="shown")
+    parser.add_argument("--dst_ckpt_strategy", help=argparse.SUPPRESS)  # MindFormers' spelling, hidden
+    parser.add_argument("--dst-ckpt-strategy", help=argparse.SUPPRESS)
+    own = cli_help._own_spelling
+    assert own("--rank_id", parser) == "--rank-id"  # `_` for `-`: the shown spelling
+    assert own("--rank-idd", parser) == "--rank-id"  # one slip
+    assert own("--ranks", parser) is None  # not that near: another command's --ranks is named instead
+    assert own("--dst_ckpt_stratgy", parser) == "--dst_ckpt_strategy"  # in the style it was typed
+    assert own("--dst-ckpt-stratgy", parser) == "--dst-ckpt-strategy"
+    assert "--dst_ckpt_strategy" in cli_help._suggestable("--dst_x", parser)
+    assert "--dst_ckpt_strategy" not in cli_help._suggestable("--dst-x", parser)

@@ -7,8 +7,9 @@ moment instead, and gets the path of the one file it must load from a cache that
 share (docs/formats.md §14 says it all in one place):
 
 * **Waiting.** The destination strategy may be the job's ``strategy`` folder its ranks are still
-  writing: the call waits (sleeping with backoff) until the files of every rank are there, parse,
-  and have kept their size for a moment, then merges them in memory.
+  writing: the call waits (sleeping with backoff) until its files describe every rank — one file of
+  each pipeline stage that parses and has kept its size for a moment (a folder of per-stage files
+  is complete at once) — then merges them in memory (``reshard.strategy_wait``).
 * **Cache key.** ``<cache_dir>/<key>/`` where the key hashes the source files' identity (path,
   size, ``mtime_ns`` and a hash of their first and last bytes, never the whole data), the content
   of both merged strategies, the output format and reshard's version. Same inputs, same entry: a
@@ -37,9 +38,9 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from reshard import __version__, api, arguments, destination
+from reshard import __version__, api, arguments, destination, interrupts
 from reshard import lock as _lock
 from reshard.arguments import StrPath
 from reshard.errors import LayoutError, ReshardError, UnsupportedError, UsageError
@@ -177,8 +178,11 @@ def entry_in_use(entry: str) -> Iterator[None]:
 def _open_in_use(entry: str) -> int:
     path = os.path.join(entry, IN_USE)
     for _ in range(10):
-        try:
+        try:  # an error here is the cache's place (/proc, a read-only disk), never an eviction
             os.makedirs(entry, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot write into the cache: {exc.strerror or exc}", entry) from None
+        try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except FileNotFoundError:  # an evictor renamed the entry away between the two calls
             continue
@@ -229,6 +233,7 @@ class Conversion:
     entry: str
     say: Callable[[str], None]
     names: NameOptions | None = None
+    ready: dict[int, str] = field(default_factory=dict)  # the ranks done so far: {rank: file}
 
     def rank(self, rank: int) -> str:
         """Convert ``rank`` into the entry (the caller holds its lock) and return its file."""
@@ -237,7 +242,6 @@ class Conversion:
         for leftover in (work, final):  # a holder that died left them: they are this entry's own
             shutil.rmtree(leftover, ignore_errors=True)
         os.makedirs(os.path.dirname(work), exist_ok=True)
-        self.say(f"converting rank {rank} into {self.entry}")
         api.transform(
             self.checkpoint,
             work,
@@ -247,6 +251,8 @@ class Conversion:
             output=api.OutputSpec(prefix=PREFIX, format=self.output_format),
             destination=api.Destination(manifest=False),
             tensors=api.TensorOptions(names=self.names),
+            # said once the plan is made and checked: a refused conversion is its error line alone
+            run=api.RunOptions(on_start=lambda _bytes: self.say(f"converting rank {rank} into {self.entry}")),
         )
         produced = os.path.join(work, f"rank_{rank}")
         names = sorted(os.listdir(produced))
@@ -302,8 +308,9 @@ def _try_rank(conversion: Conversion, rank: int) -> str | None:
 
 
 def ensure_ranks(conversion: Conversion, ranks: Sequence[int]) -> dict[int, str]:
-    """Every rank of ``ranks`` done in the entry: converted here when free, else waited for."""
-    files: dict[int, str] = {}
+    """Every rank of ``ranks`` done in the entry: converted here when free, else waited for
+    (``conversion.ready`` holds the ranks done so far)."""
+    files = conversion.ready
     pending = list(ranks)
     delays = backoff()
     waiting_said = False
@@ -392,8 +399,9 @@ def evict(cache_dir: str, policy: CachePolicy, keep: Sequence[str] = ()) -> list
     return removed
 
 
-def _remove_entry(cache_dir: str, entry: str) -> bool:
-    """Rename an unused entry away under its exclusive lock, then delete it (False: in use)."""
+def _remove_entry(cache_dir: str, entry: str, keep_done: bool = False) -> bool:
+    """Rename an unused entry away under its exclusive lock, then delete it (False: in use, or with
+    ``keep_done`` a rank of it done)."""
     try:
         fd = os.open(os.path.join(entry, IN_USE), os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:
@@ -401,6 +409,9 @@ def _remove_entry(cache_dir: str, entry: str) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:  # held (or no flock here: then nothing is ever evicted)
+        os.close(fd)
+        return False
+    if keep_done and _has_done(entry):  # looked at under the lock: no caller can add one now
         os.close(fd)
         return False
     graveyard = os.path.join(cache_dir, f".evicted-{os.path.basename(entry)}-{_lock.host_name()}-{os.getpid()}")
@@ -519,8 +530,10 @@ def auto_transform(
             full model).
         cache_dir: The cache folder shared by all callers (None: ``$RESHARD_CACHE``, else
             ``~/.cache/reshard/transformed``).
-        world_size: The job's rank count: wait for the strategy files of ranks ``0 … world_size-1``
-            (None: of every stage the files found describe; a rank beyond them is refused).
+        world_size: The job's rank count: wait until the strategy folder describes ranks
+            ``0 … world_size-1``, a complete file of each pipeline stage (any one of its ranks'; a
+            folder of one file per stage is complete at once). None: the stages the files found
+            describe; a rank beyond them is refused.
         output_format: ``"ckpt"`` or ``"safetensors"`` (None: the source's).
         timeout: Seconds to wait for the destination strategy (None: 3600).
         local_ranks: The ranks of this node, all converted by this caller when free (None: only
@@ -540,7 +553,7 @@ def auto_transform(
     Raises:
         UsageError: A missing checkpoint, bad numbers, a cache folder inside an input, rank folders
             without a source strategy, or a destination strategy still incomplete after ``timeout``
-            (the line names the missing ranks).
+            (the line names the pipeline stages whose file is missing).
         UnsupportedError: ``output_format="checkpoint2"`` (one tree for all ranks, not a file each).
         LayoutError: A strategy does not fit the tensors, ``world_size``, or ``rank_id``.
         FormatError: A source or strategy file that is truncated, corrupted or not what it claims.
@@ -573,13 +586,67 @@ def auto_transform(
             f"rank {ranks[-1]} is outside the {total} ranks of the destination strategy{hint}", dst_strategy
         )
     key, facts = cache_key(checkpoint, src, dst, output_format, names)
-    entry = os.path.join(cache, key)
-    with entry_in_use(entry):
-        _describe_entry(entry, facts)
-        files = ensure_ranks(Conversion(checkpoint, src, dst, output_format, entry, say, names), ranks)
-        _touch(os.path.join(entry, LAST_USED))
-        evict(cache, policy, keep=[entry])
-    return files[rank_id]
+    conversion = Conversion(checkpoint, src, dst, output_format, os.path.join(cache, key), say, names)
+    return _convert(conversion, ranks, facts, policy)[rank_id]
+
+
+def _convert(
+    conversion: Conversion, ranks: Sequence[int], facts: dict[str, object], policy: CachePolicy
+) -> dict[int, str]:
+    """``ranks`` done in the conversion's entry, then the cache trimmed.
+
+    A refused conversion (a ``ReshardError``: the source and strategies do not fit, say) leaves no
+    entry of its own behind: one with no rank done is removed, as eviction removes one, unless
+    another caller uses it (the last one out removes it), and the cache folder this call made, if
+    empty. An interrupt keeps the entry (a restart takes its unfinished ranks over) and says so.
+    """
+    entry = conversion.entry
+    cache = os.path.dirname(entry)
+    made_cache = not os.path.isdir(cache)
+    try:
+        with entry_in_use(entry):
+            _describe_entry(entry, facts)
+            files = ensure_ranks(conversion, ranks)
+            _touch(os.path.join(entry, LAST_USED))
+            evict(cache, policy, keep=[entry])
+    except KeyboardInterrupt as exc:
+        interrupts.explain(exc, _interrupted(conversion, ranks))
+        raise
+    except ReshardError:
+        _drop_unused(cache, entry, made_cache)
+        raise
+    return files
+
+
+def _interrupted(conversion: Conversion, ranks: Sequence[int]) -> str:
+    """What an interrupted start leaves: the ranks ready in the entry, and what starting again does."""
+    ready = sorted(r for r in ranks if r in conversion.ready)
+    if len(ranks) == 1:
+        have = f"rank {ranks[0]} {'ready' if ready else 'not ready yet'}"
+    elif ready:
+        have = f"rank{'s' if len(ready) > 1 else ''} {ranges(ready)} of ranks {ranges(ranks)} ready"
+    else:
+        have = f"none of ranks {ranges(ranks)} ready yet"
+    then = (
+        "converts nothing and prints the file" if len(ready) == len(ranks) else "takes over the unfinished conversion"
+    )
+    return f"{have} in the cache entry {conversion.entry}; start it again: it {then}"
+
+
+def _has_done(entry: str) -> bool:
+    try:
+        return bool(os.listdir(os.path.join(entry, _DONE)))
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # cannot tell: keep it
+
+
+def _drop_unused(cache: str, entry: str, made_cache: bool) -> None:
+    """Remove an entry no rank of which is done and no caller uses (and the cache folder made for it)."""
+    if _remove_entry(cache, entry, keep_done=True) and made_cache:
+        with contextlib.suppress(OSError):
+            os.rmdir(cache)  # only when empty: another caller's entry keeps it
 
 
 def _describe_entry(entry: str, facts: dict[str, object]) -> None:

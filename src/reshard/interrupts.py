@@ -79,6 +79,23 @@ def signal_of(exc: KeyboardInterrupt) -> int:
     return exc.signum if isinstance(exc, Signalled) else int(signal.SIGINT)
 
 
+DETAIL_ATTRIBUTE = "reshard_interrupted_detail"
+
+
+def explain(exc: BaseException, detail: str) -> None:
+    """Attach to an interrupt what the interrupted operation leaves and how to go on: the detail ``line``
+    prints, in place of the count of the run it was in (``auto_transform`` runs one transform per rank,
+    and its restart, not ``--resume``, goes on)."""
+    with contextlib.suppress(AttributeError, TypeError):
+        setattr(exc, DETAIL_ATTRIBUTE, detail)
+
+
+def explained(exc: BaseException) -> str | None:
+    """The detail ``explain`` attached, or None."""
+    detail = getattr(exc, DETAIL_ATTRIBUTE, None)
+    return detail if isinstance(detail, str) else None
+
+
 def line(signum: int, detail: str) -> str:
     """The one line every interruption prints."""
     return f"reshard: interrupted ({signal.Signals(signum).name}): {detail}"
@@ -266,6 +283,7 @@ if _PAUSE is not None and _PAUSE[0].startswith("import:"):
 
 
 __all__ = [
+    "DETAIL_ATTRIBUTE",
     "MARKER_ENV",
     "PAUSE_ENV",
     "PAUSE_LIMIT_SECONDS",
@@ -276,6 +294,8 @@ __all__ = [
     "check",
     "completed_run",
     "deferred",
+    "explain",
+    "explained",
     "handling",
     "line",
     "note_completed",

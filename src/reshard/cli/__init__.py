@@ -136,7 +136,9 @@ def interrupted(exc: KeyboardInterrupt, finished: bool = False) -> int:
     progress = getattr(exc, PROGRESS_ATTRIBUTE, None)
     if progress is None:
         progress = interrupts.completed_run()  # a signal after the run committed, while reporting or exiting
-    if progress is None:
+    if (said := interrupts.explained(exc)) is not None and not finished:
+        detail = said  # the operation knows better than its last run's count (auto-transform)
+    elif progress is None:
         detail = "the command had finished" if finished else "no output file was written"
     elif progress.complete:
         detail = (

@@ -351,12 +351,51 @@ def _flag_error(parser: argparse.ArgumentParser, token: str, commands: dict[str,
     name = token.split("=", 1)[0]
     if _one_dash_long(token, parser):
         parser.error(f"unknown flag {name} (did you mean -{name}?)")
+    own = _own_spelling(name, parser)
+    if own is not None:  # this command's flag, one slip away: said before what other commands have
+        parser.error(f"unknown flag {name} (did you mean {own}?)")
     owners = sorted(c for c, sub in commands.items() if sub is not parser and name in sub._option_string_actions)
     if owners:
         parser.error(f"unknown flag {name} (a flag of {', '.join(owners)})")
-    shown = {f: a for f, a in parser._option_string_actions.items() if a.help is not argparse.SUPPRESS}
-    flags = [f for f in shown if f.startswith("--")] or list(shown)  # the documented spellings, not aliases
-    parser.error(f"unknown flag {name}{_nearest(name, flags)}")
+    parser.error(f"unknown flag {name}{_nearest(name, _suggestable(name, parser))}")
+
+
+_VERY_CLOSE = 0.85  # difflib ratio of a one-letter slip in a flag of 8 letters or more
+
+
+def _unified(flag: str) -> str:
+    """A long flag with ``_`` read as ``-`` (``--rank_id`` and ``--rank-id`` are one spelling here)."""
+    return flag.replace("_", "-")
+
+
+def _own_spelling(name: str, parser: argparse.ArgumentParser) -> str | None:
+    """The flag of ``parser`` that ``name`` differs from only by ``_`` for ``-`` or by a slip (a ratio of at
+    least ``_VERY_CLOSE``, ``_`` and ``-`` read alike): its documented spelling, else its hidden one in the
+    style ``name`` is written in; None when none is that near."""
+    import difflib
+
+    if not name.startswith("--"):
+        return None
+    underscored = "_" in name
+    by_unified: dict[str, str] = {}
+    for flag in _suggestable(name, parser) + sorted(
+        parser._option_string_actions, key=lambda f: ("_" in f) != underscored
+    ):
+        if flag.startswith("--"):
+            by_unified.setdefault(_unified(flag), flag)  # the first spelling of each flag wins
+    close = difflib.get_close_matches(_unified(name), list(by_unified), n=1, cutoff=_VERY_CLOSE)
+    return by_unified[close[0]] if close else None
+
+
+def _suggestable(name: str, parser: argparse.ArgumentParser) -> list[str]:
+    """The flags a suggestion for ``name`` may name: the documented long spellings, and, for a name written
+    with ``_`` (MindFormers' style), the hidden ``_`` spellings the command also takes (``--dst_ckpt_strategy``)."""
+    actions = parser._option_string_actions
+    shown = [f for f, a in actions.items() if a.help is not argparse.SUPPRESS]
+    flags = [f for f in shown if f.startswith("--")] or shown  # the documented spellings, not aliases
+    if "_" in name:
+        flags += [f for f, a in actions.items() if a.help is argparse.SUPPRESS and f.startswith("--") and "_" in f]
+    return flags
 
 
 def _print_help(

@@ -28,7 +28,12 @@ def add(sub: Any) -> None:
     add_strategy(p, "--src-strategy", help="source strategy (default: MindFormers' strategy folder, for rank folders)")
     g = section(p, "layout")
     flag(g, "--rank-id", required=True, type=rank_number, help="this caller's destination rank")
-    flag(g, "--world-size", type=positive_int, help="wait for the strategy files of this many ranks")
+    flag(
+        g,
+        "--world-size",
+        type=positive_int,
+        help="the job's rank count: wait until the strategy files describe this many ranks",
+    )
     flag(g, "--local-ranks", type=rank_list, help="this node's ranks (e.g. 0-7), converted together")
     g = section(p, "output")
     flag(
