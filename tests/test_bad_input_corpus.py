@@ -637,10 +637,38 @@ def checkpoint2_iteration_of_rank_folders(tmp: Path, job: dict[str, str]) -> tup
     ], "applies to a MindFormers Checkpoint 2.0 or a Megatron-LM run folder only"  # fmt: skip
 
 
+def checkpoint2_ranks_read_a_file_not_copied(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    root = _checkpoint2(tmp)  # a node holding rank 0's files only; a full model reads every rank's
+    for path in (root / CHECKPOINT2_ITERATION).glob("*-000000[1-7]-0000008.safetensors"):
+        path.unlink()
+    args = ["transform", "--src", str(root), "--dst", OUT, "--ranks", "0"]
+    return args, ", named in metadata.json storage_data, is missing, and destination rank 0 reads"
+
+
+def checkpoint2_common_json_with_an_unknown_key(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    bad = tmp / "bad_common.json"
+    bad.write_text('{"bogus": 1, "global_step": 3}')
+    return [
+        "transform", "--src", job["r8"], "--src-strategy", job["s8"], "--dst", OUT, "--dst-strategy", job["s4"],
+        "--output-format", "checkpoint2", "--common-json", str(bad),
+    ], f"{bad}: holds key(s) bogus, which common.json does not have"  # fmt: skip
+
+
+def checkpoint2_unfinished_reshard_output(tmp: Path, job: dict[str, str]) -> tuple[list[str], str]:
+    root = _checkpoint2(tmp)  # what a reshard run stopped before metadata.json leaves: its journal
+    os.remove(root / CHECKPOINT2_ITERATION / "metadata.json")
+    os.remove(root / "latest_checkpointed_iteration.txt")
+    (root / manifest.JOURNAL_NAME).write_text("")
+    return ["inspect", str(root)], "an unfinished reshard run"
+
+
 CASES += [
     _spoiled_checkpoint2(name) for name in sorted(__import__("tests.test_cp2_read_format").test_cp2_read_format.BAD)
 ]
 CASES += [
+    checkpoint2_ranks_read_a_file_not_copied,
+    checkpoint2_common_json_with_an_unknown_key,
+    checkpoint2_unfinished_reshard_output,
     checkpoint2_tracker_names_a_missing_iteration,
     checkpoint2_with_a_source_strategy,
     checkpoint2_output_with_hf,

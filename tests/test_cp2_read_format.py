@@ -185,6 +185,39 @@ def _chunk_off_the_layout(f: Path) -> None:
     _put_meta(f, m)
 
 
+EMB = "embedding.word_embeddings.weight"  # 4 chunks: rows cut in 4 by its layout
+
+
+def _layout_dropped(f: Path) -> None:
+    m = _meta(f)
+    m["state_dict_metadata"][EMB]["layout"] = None  # its chunks still cut it in 4
+    _put_meta(f, m)
+
+
+def _chunk_dropped(f: Path) -> None:
+    m = _meta(f)
+    emb = m["state_dict_metadata"][EMB]
+    emb["chunk"] = [c for c in emb["chunk"] if c["global_offset"] != [2]]  # a gap, and no record of it
+    m["storage_data"] = {k: v for k, v in m["storage_data"].items() if k != str((EMB, (2,)))}
+    _put_meta(f, m)
+
+
+def _two_slices_in_one_file(f: Path) -> None:
+    m = _meta(f)
+    m["storage_data"][str((EMB, (1,)))] = m["storage_data"][str((EMB, (0,)))]  # slice 1 "in" slice 0's files
+    _put_meta(f, m)
+
+
+def _no_storage_data(f: Path) -> None:
+    m = _meta(f)
+    del m["storage_data"]
+    _put_meta(f, m)
+
+
+def _metadata_missing(f: Path) -> None:
+    os.remove(f / cp2.METADATA_NAME)
+
+
 BAD: dict[str, tuple[Callable[[Path], None], str]] = {
     "not-json": (_not_json, "metadata.json: not valid JSON"),
     "missing-key": (_missing_key, "missing 'global_shape'"),
@@ -196,7 +229,15 @@ BAD: dict[str, tuple[Callable[[Path], None], str]] = {
     "other-shape": (_other_shape, "model-0000001-0000008.safetensors: 'embedding.word_embeddings.weight' has shape"),
     "other-dtype": (_other_dtype, "model-0000002-0000008.safetensors: 'embedding.word_embeddings.weight' is Float16"),
     "two-worlds": (_two_worlds, "model-0000000-0000004.safetensors (of 4 files) and model-0000000-0000008"),
-    "layout-vs-chunks": (_chunk_off_the_layout, "which is none of its chunks"),
+    "layout-vs-chunks": (_chunk_off_the_layout, "axis_fragmentations are [4, 1], but its layout"),
+    "layout-null-chunks-cut": (_layout_dropped, "axis_fragmentations are [4, 1], but it has no layout"),
+    "chunk-gap": (
+        _chunk_dropped,
+        "chunk(s) leave a gap in global_shape [16, 12]: none is slice 2 (elements [[8, 12], [0, 12]])",
+    ),
+    "two-slices-one-file": (_two_slices_in_one_file, f"holds one {EMB!r}, but storage_data stores slices 0 and 1"),
+    "no-storage-data": (_no_storage_data, "metadata.json: missing 'storage_data'"),
+    "metadata-missing": (_metadata_missing, "metadata.json is missing (the files are of an 8-rank job)"),
 }
 
 

@@ -96,6 +96,11 @@ def test_interrupted_run_has_no_tracker_and_resume_completes_it(
     assert not os.path.exists(os.path.join(dst, TRACKER))
     assert not os.path.exists(os.path.join(dst, IT, "metadata.json"))
     assert len(manifest.read_journal(dst)) == 5
+    for argv in (["inspect", dst], ["transform", dst, str(tmp_path / "again")]):  # not a save missing its metadata
+        proc = run_cli(*argv)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "metadata.json is not written yet: these are the files of an unfinished reshard run" in proc.stderr
+        assert manifest.JOURNAL_NAME in proc.stderr and "again with --resume" in proc.stderr
     monkeypatch.setattr(local, "run_file", real)
     report = _cp2(job, dst, resume=True)
     assert any("kept 5 finished file" in n for n in report.notes)
@@ -257,7 +262,7 @@ BAD = [
     (["--crc"], "crc"),
     (["--enc-key-file", "{key}"], "encrypted"),
     (["--common-json", "{bad}"], "common"),
-    (["--common-json", "{unknown}"], "no key"),
+    (["--common-json", "{unknown}"], "c.json: holds key(s) wall_clock, which common.json does not have"),
     (["--common-json", "{string}"], "integer"),
     (["--prefix", "../x"], "prefix"),
 ]

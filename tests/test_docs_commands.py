@@ -22,6 +22,7 @@ from tests.test_teach_readme import check_links, run_block
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 RUN = {  # page -> the part of it whose blocks run (None: all of it)
+    "checkpoint2.md": "## Some ranks on a node without a shared disk",
     "hugging-face.md": None,
     "megatron-names.md": "## Try it",
     "ray.md": None,
@@ -83,6 +84,19 @@ def test_every_page_with_commands_is_run() -> None:
 @pytest.mark.parametrize("page", sorted(p.name for p in DOCS.glob("*.md")))
 def test_links_land(page: str) -> None:
     check_links(DOCS / page)
+
+
+def test_checkpoint2_some_ranks_on_a_node(demo_root: Path, tmp_path: Path) -> None:
+    """The copy of what rank-list --files names (tensor files and the texts) is enough for --ranks 0."""
+    _run_page("checkpoint2.md", demo_root, tmp_path)
+    copied = sorted(p.name for p in (tmp_path / "node1" / "demo" / "mf2_8ranks").rglob("*") if p.is_file())
+    assert "metadata.json" in copied and "latest_checkpointed_iteration.txt" in copied and len(copied) < 19
+    out = tmp_path / "node1" / "out" / "iteration_00001000"
+    assert sorted(p.name for p in out.iterdir())[:3] == [
+        "common.json",
+        "metadata.json",
+        "model-0000000-0000004.safetensors",
+    ]
 
 
 def test_hugging_face(demo_root: Path, tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from reshard.errors import UsageError
-from reshard.text import first_line, format_size, one_line, parse_size
+from reshard.text import first_line, format_size, indefinite, one_line, parse_size
 
 
 @pytest.mark.parametrize(
@@ -140,3 +140,12 @@ def test_cli_refuses_a_negative_memory_bound_in_one_line() -> None:
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "the memory bound must be more than 0" in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [(8, "an 8"), (4, "a 4"), (11, "an 11"), (18, "an 18"), (80, "an 80"), (110, "a 110"), (1100, "a 1100"),
+     (8192, "an 8192"), (18000, "an 18000"), (16, "a 16"), ([8, 128], "an [8, 128]"), ([4, 4], "a [4, 4]")],
+)  # fmt: skip
+def test_indefinite_article_as_the_number_is_read(value: object, said: str) -> None:
+    assert indefinite(value) == said

@@ -62,14 +62,13 @@ from reshard.execute import hooks, local
 from reshard.execute.digest import ALGORITHMS, DEFAULT_ALGORITHM, check_algorithm, file_digest, new_hash
 from reshard.execute.options import KEEP_FINISHED, RunOptions, WriteOptions
 from reshard.formats import crypto, rank_dirs, registry
-from reshard.formats.base import TEMP_SUFFIX, atomic_path, holds
+from reshard.formats.base import JOURNAL_NAME, TEMP_SUFFIX, atomic_path, holds
 from reshard.lock import DestinationLock
 from reshard.plan import FilePlan, Plan
 from reshard.plan.validate import validate_plan
-from reshard.text import RESUME
+from reshard.text import RESUME, indefinite
 
 MANIFEST_NAME = "reshard-manifest.json"
-JOURNAL_NAME = ".reshard-journal"
 MANIFEST_VERSION = 1
 _KEY_ID_CONTEXT = b"reshard key id\x00"  # the key id is a hash of this and the key, never the key
 
@@ -333,7 +332,7 @@ def superseded_outputs(root: str, plan: Plan, rank_total: int) -> list[str]:
                 )
             elif rank >= rank_total:
                 raise UsageError(
-                    f"reshard did not write this, so rank_{rank}/ would stay beside a {rank_total}-rank "
+                    f"reshard did not write this, so rank_{rank}/ would stay beside {indefinite(rank_total)}-rank "
                     "output and the next read would take it for a rank folder; move it away or choose "
                     "another destination",
                     path,

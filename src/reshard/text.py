@@ -86,6 +86,25 @@ def one_line(text: str) -> str:
     return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
+def indefinite(value: object) -> str:
+    """``value`` after its indefinite article as it is read aloud: ``an 8``, ``an 11``, ``an 18``, ``an 80``,
+    ``an 8192``, ``an [8, 128]``; ``a 4``, ``a 16``, ``a 128``, ``a [4, 4]`` (a message counts ranks,
+    dimensions, bytes: "an 8-rank job"). The number read is the first in ``str(value)``.
+
+    Example:
+        from reshard.text import indefinite
+        assert f"{indefinite(8)}-rank job" == "an 8-rank job"
+    """
+    text = str(value)
+    digits = re.match(r"[\[(]*(\d+)", text)
+    if digits is None:
+        return f"a {text}"
+    number = digits.group(1).lstrip("0") or "0"
+    head = number[: len(number) % 3 or 3]  # the leading group of three: 18 of 18 000, 8 of 8 192
+    vowel = head.startswith("8") or head in ("11", "18")
+    return f"{'an' if vowel else 'a'} {text}"
+
+
 def first_line(exc: BaseException) -> str:
     """The first non-blank line of an exception's message, white space folded (libraries such as
     Ray and protobuf raise multi-line messages); the exception's class name when it has none."""
@@ -96,4 +115,14 @@ def first_line(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-__all__ = ["OVERWRITE", "RESUME", "SIZE_HINT", "SIZE_UNITS", "first_line", "format_size", "one_line", "parse_size"]
+__all__ = [
+    "OVERWRITE",
+    "RESUME",
+    "SIZE_HINT",
+    "SIZE_UNITS",
+    "first_line",
+    "format_size",
+    "indefinite",
+    "one_line",
+    "parse_size",
+]

@@ -467,6 +467,9 @@ def _load_common(path: str) -> dict[str, object]:
         raise UsageError(f"--common-json: cannot read JSON: {exc}", path) from None
     if not isinstance(data, dict):
         raise UsageError('--common-json: expected a JSON object such as {"global_step": 100}', path)
+    from reshard.formats.checkpoint2 import check_common
+
+    check_common(data, path)  # its refusals name this file
     return data
 
 

@@ -257,6 +257,7 @@ def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
 
 
 TEMP_SUFFIX = ".reshard-tmp"  # temporary outputs are named .<name>.<random>.reshard-tmp
+JOURNAL_NAME = ".reshard-journal"  # a run's record of its finished outputs, in its destination (reshard.manifest)
 _TEMP_ATTEMPTS = 100  # random names tried before giving up (a clash is already a 1 in 2**32 event)
 _NEW_FILE_MODE = 0o666  # what open() asks for: the kernel takes the umask away, as for any new file
 
@@ -416,6 +417,7 @@ def map_file(path: str | os.PathLike[str]) -> tuple[Any, Callable[[], None], int
 
 
 __all__ = [
+    "JOURNAL_NAME",
     "TEMP_SUFFIX",
     "ByteLayout",
     "Segment",

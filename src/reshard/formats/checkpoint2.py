@@ -29,11 +29,12 @@ from typing import Any
 
 from reshard import dtypes
 from reshard.dtypes import DType
-from reshard.errors import FormatError, UnsupportedError, UsageError
+from reshard.errors import FormatError, ReshardError, UnsupportedError, UsageError
 from reshard.formats.tracker import read_tracker_text
 from reshard.layout import Box, ParamLayout
 from reshard.layout.slices import alias_names, axis_fragmentations, replica_ids, slice_ids
 from reshard.layout.types import TensorMapEntry
+from reshard.text import indefinite
 
 CHECKPOINT2 = "checkpoint2"  # the output format's name (``--output-format checkpoint2``)
 TRACKER_NAME = "latest_checkpointed_iteration.txt"
@@ -79,12 +80,13 @@ def tracker_text(iteration: int) -> str:
     return str(iteration)
 
 
-def check_common(common: Mapping[str, object] | None) -> dict[str, object]:
+def check_common(common: Mapping[str, object] | None, source: str | None = None) -> dict[str, object]:
     """``common.json``'s values: the seven keys in MindFormers' order, None where not given.
 
     Args:
         common: Given values (None: all unknown). Keys outside the seven are refused (MindFormers'
             loader would fail on them); integers for the counters, a number for ``loss_scale``.
+        source: The file the values were read from (``--common-json FILE``): the refusal names it.
 
     Returns:
         The complete mapping, in order.
@@ -97,16 +99,22 @@ def check_common(common: Mapping[str, object] | None) -> dict[str, object]:
         assert check_common({"global_step": 10})["global_step"] == 10
     """
     given = dict(common or {})
-    unknown = sorted(set(given) - set(COMMON_KEYS))
+    unknown = ", ".join(sorted(set(given) - set(COMMON_KEYS)))
     if unknown:
-        raise UsageError(f"common.json has no key(s) {', '.join(unknown)} (MindFormers knows {', '.join(COMMON_KEYS)})")
+        what = (
+            f"common.json has no key(s) {unknown}"
+            if source is None
+            else f"holds key(s) {unknown}, which common.json does not have"
+        )
+        raise UsageError(f"{what} (MindFormers knows {', '.join(COMMON_KEYS)})", source)
     for key, value in given.items():
         if value is None:
             continue
         number = (int, float) if key in _FLOAT_KEYS else (int,)
         if isinstance(value, bool) or not isinstance(value, number):
             kind = "a number" if key in _FLOAT_KEYS else "an integer"
-            raise UsageError(f"common.json's {key} must be {kind} or null, not {value!r}")
+            whose = "common.json's " if source is None else ""
+            raise UsageError(f"{whose}{key} must be {kind} or null, not {value!r}", source)
     return {key: given.get(key) for key in COMMON_KEYS}
 
 
@@ -434,8 +442,10 @@ def read_metadata(path: str) -> Metadata:
 
     Raises:
         FormatError: Not JSON, a missing key, a value of the wrong type, or facts that contradict
-            each other (a chunk outside the grid, a shape the fragmentation does not divide, a slice
-            with no storage record); the message names the file and the tensor.
+            each other (a chunk outside the grid, a shape the fragmentation does not divide, chunks
+            that are not the blocks the layout gives its ranks or leave a gap (``_check_tiling``), a
+            slice with no storage record, one file holding two slices of a tensor); the message
+            names the file and the tensor.
         UnsupportedError: A layout with ``interleaved_parallel: true``.
     """
     try:
@@ -445,9 +455,9 @@ def read_metadata(path: str) -> Metadata:
         raise FormatError(f"cannot read: {exc.strerror}", path) from None
     except (ValueError, RecursionError) as exc:
         raise FormatError(f"not valid JSON ({str(exc).splitlines()[0]})", path) from None
-    top = _obj(raw, "the file", path)
-    tensors_raw = _obj(_key(top, "state_dict_metadata", "the file", path), "state_dict_metadata", path)
-    storage_raw = _obj(_key(top, "storage_data", "the file", path), "storage_data", path)
+    top = _obj(raw, METADATA_NAME, path)
+    tensors_raw = _obj(_key(top, "state_dict_metadata", METADATA_NAME, path), "state_dict_metadata", path)
+    storage_raw = _obj(_key(top, "storage_data", METADATA_NAME, path), "storage_data", path)
     tensors = {name: _tensor(name, value, path) for name, value in tensors_raw.items()}
     storage = _storage(storage_raw, tensors, path)
     return Metadata(path, tensors, storage)
@@ -476,9 +486,62 @@ def _tensor(name: str, raw: Any, path: str) -> TensorMeta:
     chunks = tuple(_chunk(c, shape, frags, where, path) for c in chunk_list)
     if len({c.slice_id for c in chunks}) != len(chunks):
         raise FormatError(f"{where}: two chunks with the same slice id", path)
+    _check_tiling(layout, shape, frags, chunks, where, path)
     if layout is not None and replica and len(replica) != len(layout.rank_list):
         raise FormatError(f"{where}: replica_id has {len(replica)} entries for {len(layout.rank_list)} ranks", path)
     return TensorMeta(name, dtype, replica, shape, frags, layout, chunks)
+
+
+def _check_tiling(
+    layout: Layout | None,
+    shape: tuple[int, ...],
+    frags: tuple[int, ...],
+    chunks: Sequence[Chunk],
+    where: str,
+    path: str,
+) -> None:
+    """A tensor's chunks are exactly the blocks its layout gives its ranks (docs/formats.md §13.4).
+
+    Each chunk is one cell of the ``axis_fragmentations`` grid (``_chunk``) and no two share a cell;
+    so the chunks tile the global shape exactly (no gap, no overlap) when every cell is one, and
+    they are the layout's blocks when the grid is the layout's: ``axis_fragmentations`` as the
+    layout splits each dimension, all ones for a tensor without a layout (whole on every rank).
+    Anything else would be planned from blocks that are not the tensor's.
+    """
+    if layout is None:
+        expected, whose = (1,) * len(shape), "it has no layout (whole on every rank), so"
+    else:
+        expected, whose = _layout_fragmentations(layout, where, path), f"its layout {_describe(layout)} gives"
+    if frags != expected:
+        raise FormatError(f"{where}: axis_fragmentations are {list(frags)}, but {whose} {list(expected)}", path)
+    cells = math.prod(frags)
+    if len(chunks) != cells:
+        ids = {c.slice_id for c in chunks}
+        gap = next(i for i in range(cells) if i not in ids)
+        box = [list(b) for b in chunk_box(Chunk(gap, chunks[0].local_shape), frags)]
+        raise FormatError(
+            f"{where}: its {len(chunks)} chunk(s) leave a gap in global_shape {list(shape)}: none is slice {gap} "
+            f"(elements {box}) of the {cells} that axis_fragmentations {list(frags)} make",
+            path,
+        )
+
+
+@functools.lru_cache(maxsize=4096)
+def _fragmentations(layout: ParamLayout) -> tuple[int, ...]:
+    return axis_fragmentations(layout)
+
+
+def _layout_fragmentations(layout: Layout, where: str, path: str) -> tuple[int, ...]:
+    """The blocks per dimension ``layout`` splits a tensor into; a layout MindSpore would refuse is a FormatError."""
+    try:
+        return _fragmentations(layout.param_layout())
+    except ReshardError as exc:
+        raise FormatError(f"{where}: layout {_describe(layout)}: {exc.detail}", path) from None
+
+
+def _describe(layout: Layout) -> str:
+    tensor_map = [list(e) if isinstance(e, tuple) else e for e in layout.tensor_map]
+    return f"(device_matrix {list(layout.device_matrix)}, tensor_map {tensor_map})"
 
 
 def _layout(raw: Any, ndim: int, where: str, path: str) -> Layout:
@@ -489,7 +552,7 @@ def _layout(raw: Any, ndim: int, where: str, path: str) -> Layout:
         raise FormatError(f"{where}: tensor_map is not a list", path)
     tmap = tuple(_map_entry(e, len(dev), where, path) for e in tmap_raw)
     if len(tmap) != ndim:
-        raise FormatError(f"{where}: tensor_map has {len(tmap)} entries for a {ndim}-D tensor", path)
+        raise FormatError(f"{where}: tensor_map has {len(tmap)} entries for {indefinite(ndim)}-D tensor", path)
     alias = obj.get("alias_name", [])
     if not isinstance(alias, list) or not all(isinstance(a, str) for a in alias):
         raise FormatError(f"{where}: alias_name is not a list of strings", path)
@@ -535,6 +598,7 @@ def _storage(
     raw: Mapping[str, Any], tensors: Mapping[str, TensorMeta], path: str
 ) -> dict[tuple[str, int], tuple[StorageRecord, ...]]:
     out: dict[tuple[str, int], tuple[StorageRecord, ...]] = {}
+    held: dict[tuple[str, str], int] = {}  # (tensor, file) -> the slice stored there
     for key, value in raw.items():
         name, slice_id = parse_shard_key(key, path)
         where = f"storage_data[{key}]"
@@ -544,7 +608,15 @@ def _storage(
             raise FormatError(f"{where}: tensor {name!r} has no chunk {slice_id}", path)
         if not isinstance(value, list) or not value:
             raise FormatError(f"{where} is not a non-empty list", path)
-        out[(name, slice_id)] = tuple(_record(r, where, path) for r in value)
+        records = out[(name, slice_id)] = tuple(_record(r, where, path) for r in value)
+        for r in records:  # a file holds one tensor of a name: one slice of it
+            other = held.setdefault((name, r.file_name), slice_id)
+            if other != slice_id:
+                raise FormatError(
+                    f"{where}: {r.file_name} holds one {name!r}, but storage_data stores slices {other} and "
+                    f"{slice_id} of it there",
+                    path,
+                )
     for meta in tensors.values():
         missing = [c.slice_id for c in meta.chunks if (meta.name, c.slice_id) not in out]
         if missing:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from reshard.errors import UnsupportedError, UsageError
 from reshard.formats import dcp
 from reshard.formats.base import ByteLayout, Segment, TensorIndex, TensorSpec
+from reshard.text import indefinite
 
 NAME = "distcp"
 
@@ -76,7 +77,7 @@ def chunk_spec(spec: TensorSpec) -> dcp.ChunkSpec:
     """The chunk a planned tensor is: its fqn and offsets from its name, its sizes from its shape."""
     fqn, offsets = parse_chunk_name(spec.name)
     if len(offsets) != len(spec.shape):
-        raise UsageError(f"chunk {spec.name!r}: {len(offsets)} offsets for a {len(spec.shape)}-dim shape")
+        raise UsageError(f"chunk {spec.name!r}: {len(offsets)} offsets for {indefinite(len(spec.shape))}-dim shape")
     reach = tuple(o + s for o, s in zip(offsets, spec.shape, strict=True))  # the global shape is the metadata's
     return dcp.ChunkSpec(fqn, spec.dtype, reach, offsets, tuple(spec.shape))
 

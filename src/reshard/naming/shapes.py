@@ -33,6 +33,7 @@ from reshard.errors import UsageError
 from reshard.naming.expr import Size, evaluate
 from reshard.naming.ops import Rename
 from reshard.naming.presets import OPTIMIZER_PREFIXES, PRESETS, TO_HF, model_config
+from reshard.text import indefinite
 
 _LAYER = r"model\.layers\.(?P<layer>\d+)\."
 _Q = "num_attention_heads*head_dim"
@@ -139,7 +140,7 @@ def _compare(
     if len(shape) != len(expected):
         known = [e for e in expected if e is not None]
         raise UsageError(
-            f"{name} is {list(shape)}, but the model config describes a {len(expected)}-D tensor "
+            f"{name} is {list(shape)}, but the model config describes {indefinite(len(expected))}-D tensor "
             f"({_says(sizes, known, values)}): is it this model's config?",
             where,
         )

@@ -26,7 +26,7 @@ from reshard.naming import NameOptions
 from reshard.ops.options import OutputSpec
 from reshard.plan import Plan, SourceFile
 from reshard.plan.checkpoint2 import plan_checkpoint2
-from reshard.sources import CHECKPOINT2, Opened, ReadOptions
+from reshard.sources import CHECKPOINT2, Kind, Opened, ReadOptions
 from reshard.sources.checkpoint2 import iteration_folder
 
 
@@ -191,6 +191,39 @@ def superseded(dst: str, plan: Plan, overwrite: bool, resume: bool) -> list[str]
     return doomed
 
 
+def open_source(kind: Kind, src: str, read: ReadOptions | None, notes: list[str], ranks: object) -> Opened:
+    """``kind.open``, but a Checkpoint 2.0 written for some destination ranks (``ranks`` not None) needs
+    only the files those read: others ``metadata.json`` names may be absent (``OpenedRanks.absent``;
+    ``check_present`` refuses a plan that reads one), as rank folders need only the ranks read."""
+    if kind is CHECKPOINT2 and ranks is not None:
+        return CHECKPOINT2.open(src, read, notes, partial=True)
+    return kind.open(src, read, notes)
+
+
+def check_present(plan: Plan, absent: Sequence[str]) -> None:
+    """Refuse a plan that reads a file that is not here (``open_source``), naming the file and the first
+    destination rank that reads it, before anything is written."""
+    gone = set(absent)
+    missing = {i for i, p in enumerate(plan.sources) if p in gone}
+    if not missing:
+        return
+    for f in plan.files:
+        for t in f.tensors:
+            hit = next((c.source for c in t.copies if c.source in missing), None)
+            if hit is not None:
+                rank = f.rank if f.rank is not None else 0
+                raise UsageError(
+                    f"{os.path.basename(plan.sources[hit])}, named in metadata.json storage_data, is missing, and "
+                    f"destination rank {rank} reads {t.name!r} from it: copy it too (`reshard rank-list {rank} "
+                    "--files` on the whole checkpoint lists every file the rank reads)",
+                    os.path.dirname(plan.sources[hit]),
+                )
+    first = plan.sources[min(missing)]
+    raise UsageError(
+        f"{os.path.basename(first)}, named in metadata.json storage_data, is missing", os.path.dirname(first)
+    )
+
+
 def strategy_of(opened: Opened | None) -> StrategyFile | None:
     """A Checkpoint 2.0's layouts come from its metadata.json (docs/formats.md §13); a strategy given
     with it was refused by ``sources.resolve``."""
@@ -213,10 +246,12 @@ def virtual_ranks(src: str, read: ReadOptions | None, notes: list[str]) -> tuple
 __all__ = [
     "carried_over",
     "check_options",
+    "check_present",
     "check_write",
     "checkpoint2_plan",
     "destination_table",
     "everyone",
+    "open_source",
     "refuse_map",
     "strategy_of",
     "superseded",

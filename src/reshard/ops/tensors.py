@@ -291,16 +291,17 @@ def training_state_note(plan: Plan, notes: list[str]) -> None:
 
 
 def check_copies(
-    sources: Mapping[int, SourceFile], sf: LayoutTable | None, read: ReadOptions | None
+    sources: Mapping[int, SourceFile], sf: LayoutTable | None, read: ReadOptions | None, absent: Sequence[str] = ()
 ) -> PendingCheck | None:
     """The copies of a slice the source strategy calls replicas hold the same bytes (sampled:
     ``reshard.sources.replicas``), checked once a plan is made from them, beside the copy: no output
-    is renamed into place before it passed (``ops.pending``). None: no strategy, nothing to check."""
+    is renamed into place before it passed (``ops.pending``). None: no strategy, nothing to check.
+    ``absent``: files not here (a Checkpoint 2.0 opened for some ranks), whose copies are passed over."""
     if sf is None:
         return None
     from reshard.sources.replicas import check_replicas
 
-    return PendingCheck(lambda: check_replicas(sources, sf, read), name="reshard-replicas")
+    return PendingCheck(lambda: check_replicas(sources, sf, read, absent=absent), name="reshard-replicas")
 
 
 __all__ = [

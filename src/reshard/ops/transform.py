@@ -41,6 +41,7 @@ from reshard.sources import (
     UNIFIED,
     Kind,
     OpenedChunks,
+    OpenedRanks,
     ReadOptions,
     full_model_file,
     model_folder,
@@ -298,7 +299,7 @@ def _pair_destination(job: _Job, inputs: Inputs) -> None:
 
 def _plan_sharded(job: _Job, src_strategy: str | StrategyFile | None) -> tuple[Plan, StrategyFile | None, Plan | None]:
     """The plan from rank sources (rank folders, one full file, a Checkpoint 2.0) and their strategy."""
-    opened = job.kind.open(job.src, job.read, job.notes)
+    opened = _cp2.open_source(job.kind, job.src, job.read, job.notes, job.ranks)  # --ranks: only the files read
     assert not isinstance(opened, OpenedChunks)  # a chunked source is planned by _plan_chunked
     src_sf = opened.strategy if job.kind.traits.owns_layouts else open_strategy(src_strategy, job.notes)
     if src_sf is None and len(opened.ranks) > 1:
@@ -315,9 +316,11 @@ def _plan_sharded(job: _Job, src_strategy: str | StrategyFile | None) -> tuple[P
     _pair_destination(job, inputs)
     fmt = job.fmt or opened.fmt or "ckpt"
     plan = plan_transform(sources, src_sf, job.plan_dst, job.dst, job.prefix, fmt, job.ranks)
-    job.copies = check_copies(inputs.read or {}, src_sf, job.read)
+    absent = opened.absent if isinstance(opened, OpenedRanks) else ()
+    job.copies = check_copies(inputs.read or {}, src_sf, job.read, absent)
     with its_error_first(job.copies):
         plan = job.pipeline.after(inputs.resolve(plan), inputs, full=job.plan_dst is None)
+        _cp2.check_present(plan, absent)
         everyone = None
         if job.cp2_out:
             everyone = _cp2.everyone(

@@ -34,6 +34,7 @@ from reshard.errors import LayoutError
 from reshard.layout import LayoutTable, ParamLayout, split_stage_name
 from reshard.plan.model import SourceFile, SourceTensor
 from reshard.statenames import CLONE_PREFIXES
+from reshard.text import indefinite
 
 
 @dataclass
@@ -137,8 +138,8 @@ def _global_shapes(stages: Mapping[int, _Stage], strategy: LayoutTable) -> dict[
                 s0, seen0, p0 = before
                 raise LayoutError(
                     f"{name}: stage {s0}'s layout ({describe(p0)}) and rank {seen0.rank}'s slice "
-                    f"{list(seen0.tensor.shape)} give a {list(shapes[name])} tensor, but stage {index}'s layout "
-                    f"({describe(p)}) and rank {seen.rank}'s slice {list(seen.tensor.shape)} give {list(full)}; "
+                    f"{list(seen0.tensor.shape)} give {indefinite(list(shapes[name]))} tensor, but stage {index}'s "
+                    f"layout ({describe(p)}) and rank {seen.rank}'s slice {list(seen.tensor.shape)} give {list(full)}; "
                     "a parameter shared by pipeline stages has one shape: is it this checkpoint's strategy?",
                     strategy.path,
                 )
@@ -164,8 +165,9 @@ def _check_states(shapes: Mapping[str, tuple[int, ...]], stages: Mapping[int, _S
             continue
         state, weight = _holder(stages, name), _holder(stages, param)
         raise LayoutError(
-            f"{name}: rank {state.rank}'s slice {list(state.tensor.shape)} and the strategy give a {list(full)} "
-            f"tensor, but its parameter {param} (rank {weight.rank}'s slice {list(weight.tensor.shape)}) is "
+            f"{name}: rank {state.rank}'s slice {list(state.tensor.shape)} and the strategy give "
+            f"{indefinite(list(full))} tensor, but its parameter {param} (rank {weight.rank}'s slice "
+            f"{list(weight.tensor.shape)}) is "
             f"{list(shapes[param])}: is it this checkpoint's strategy?",
             strategy.path,
         )

@@ -35,6 +35,7 @@ from reshard.plan.dcp import Chunking, EvenRows, placements
 from reshard.plan.model import Plan, TensorPlan
 from reshard.plan.output_config import quantization_config
 from reshard.plan.quantized import SCALE_INV, Block
+from reshard.text import indefinite
 
 
 def block_grains(full: Plan, how: Chunking, block: Callable[[], Block | None]) -> Chunking:
@@ -105,9 +106,9 @@ def _blocks_of(name: str, edge: int, scale: TensorPlan, box: Box, rows: int, how
     for at in (a, b):
         if at % rows and at != edge:
             raise UsageError(
-                f"{name}: --dcp-ranks {how.parts} cuts it at row {at} (rank {rank}), not on a {rows}-row block "
-                f"boundary of its scale {scale.name}: give --dequantize (exact at any cut), a --dcp-ranks whose "
-                f"parts are multiples of {rows} rows, or a --dst-strategy"
+                f"{name}: --dcp-ranks {how.parts} cuts it at row {at} (rank {rank}), not on "
+                f"{indefinite(rows)}-row block boundary of its scale {scale.name}: give --dequantize (exact at any "
+                f"cut), a --dcp-ranks whose parts are multiples of {rows} rows, or a --dst-strategy"
             )
     return (a // rows, -(-b // rows)), (0, scale.shape[1])
 

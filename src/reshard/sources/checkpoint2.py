@@ -9,11 +9,12 @@ holds it (``model-…`` or ``opt-…``, and in redundancy-removed saves another 
 unchanged. A folder without ``metadata.json`` (a single-card job) is one full model.
 
 Everything is cross-checked before a plan exists (docs/formats.md §13): every file ``storage_data``
-names is present, every stored slice has the local shape and dtype ``metadata.json`` gives it,
-and every rank's box under its layout is one of the tensor's chunks. Optimizer states are in
-``metadata.json`` as MindFormers saves them (``complete_optimizer_layout_index``); a state found
-in a rank's own file but missing from it is given its parameter's layout, as MindFormers'
-loader does (``complete_optimizer_sharded_tensor``), when its shape is the parameter's slice.
+names is present (opened for some destination ranks, ``partial``: every file a plan of them reads),
+every stored slice has the local shape and dtype ``metadata.json`` gives it, and every rank's box
+under its layout is one of the tensor's chunks. Optimizer states are in ``metadata.json`` as
+MindFormers saves them (``complete_optimizer_layout_index``); a state found in a rank's own file
+but missing from it is given its parameter's layout, as MindFormers' loader does
+(``complete_optimizer_sharded_tensor``), when its shape is the parameter's slice.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 from reshard.errors import FormatError, ReshardError, UnsupportedError, UsageError
 from reshard.formats import checkpoint2 as cp2
+from reshard.formats.base import JOURNAL_NAME
 from reshard.formats.strategy import StrategyFile, make_strategy
 from reshard.layout import ParamLayout
 from reshard.layout.algebra import rank_boxes
@@ -34,6 +36,7 @@ from reshard.plan import SourceFile, SourceTensor
 from reshard.sources.files import source_files
 from reshard.sources.kind import SHARDED, OpenedModel, OpenedRanks, Traits
 from reshard.sources.options import ReadOptions
+from reshard.text import indefinite
 
 FMT = "safetensors"
 
@@ -46,6 +49,7 @@ class Iteration:
     metadata: cp2.Metadata | None
     headers: Mapping[str, SourceFile]  # file name -> header facts
     common: dict[str, Any] | None
+    absent: frozenset[str] = frozenset()  # files metadata.json names that are not here (``partial``)
 
 
 def iteration_folder(path: str, options: ReadOptions | None, notes: list[str] | None = None) -> str:
@@ -61,6 +65,19 @@ def iteration_folder(path: str, options: ReadOptions | None, notes: list[str] | 
             why = f"the only iteration; no {cp2.TRACKER_NAME} (MindFormers writes it last): the save may be unfinished"
         notes.append(f"using {os.path.basename(folder)} ({why})")
     return folder
+
+
+def text_files(path: str, options: ReadOptions | None) -> list[str]:
+    """The text files a read of the Checkpoint 2.0 ``path`` opens beside its tensor files: the tracker
+    (``path`` a root that has one, no iteration asked for), and the iteration folder's ``metadata.json``
+    and ``common.json`` when present (``rank-list --files``: a copy for some destination ranks needs them too)."""
+    iteration = options.iteration if options is not None else None
+    folder = cp2.resolve_iteration(path, iteration)
+    tracker = os.path.join(path, cp2.TRACKER_NAME)
+    followed = iteration is None and os.path.normpath(folder) != os.path.normpath(path)
+    found = [tracker] if followed and os.path.isfile(tracker) else []
+    texts = (os.path.join(folder, n) for n in (cp2.METADATA_NAME, cp2.COMMON_NAME))
+    return found + [t for t in texts if os.path.isfile(t)]
 
 
 def tensor_files(folder: str) -> list[str]:
@@ -83,8 +100,16 @@ def tensor_files(folder: str) -> list[str]:
     return names
 
 
-def read_iteration(path: str, options: ReadOptions | None, notes: list[str] | None = None) -> Iteration:
-    """The iteration's metadata and the headers of every tensor file, cross-checked."""
+def read_iteration(
+    path: str, options: ReadOptions | None, notes: list[str] | None = None, *, partial: bool = False
+) -> Iteration:
+    """The iteration's metadata and the headers of every tensor file, cross-checked.
+
+    ``partial``: a file ``metadata.json`` names may be absent (a node holding the files some
+    destination ranks read: ``transform --ranks``); it is listed in ``Iteration.absent``, and a plan
+    that reads it is refused (``ops.checkpoint2.check_present``). Otherwise an absent file is a
+    ``FormatError``.
+    """
     folder = iteration_folder(path, options, notes)
     names = tensor_files(folder)
     meta_path = os.path.join(folder, cp2.METADATA_NAME)
@@ -93,22 +118,47 @@ def read_iteration(path: str, options: ReadOptions | None, notes: list[str] | No
     status = common.get("ckpt_status") if common is not None else None
     if notes is not None and status not in (None, 0):
         notes.append(f"{os.path.join(folder, cp2.COMMON_NAME)}: ckpt_status is {status!r} (0 is a healthy checkpoint)")
+    absent: frozenset[str] = frozenset()
     if md is None:
         if not names:
             raise FormatError("no metadata.json and no model-/opt- .safetensors files", folder)
         world = cp2.parse_file_name(names[0])
         if world is not None and world.world > 1:
-            raise FormatError(f"metadata.json is missing (the files are of a {world.world}-rank job)", folder)
+            raise FormatError(_no_metadata(folder, world.world), folder)
     else:
-        missing = [n for n in md.file_names() if not os.path.isfile(os.path.join(folder, n))]
-        if missing:
-            raise FormatError(f"{missing[0]}, named in metadata.json storage_data, is missing", folder)
-        names = sorted(set(names) | set(md.file_names()))
+        named = md.file_names()
+        absent = frozenset(n for n in named if not os.path.isfile(os.path.join(folder, n)))
+        if absent and not partial:
+            raise _missing(absent, folder)
+        names = sorted((set(names) | set(named)) - absent)
     facts = source_files({i: os.path.join(folder, n) for i, n in enumerate(names)}, options)
     headers = {names[i]: f for i, f in facts.items()}
     if md is not None:
         _cross_check(md, headers, folder)
-    return Iteration(folder, md, headers, common)
+    return Iteration(folder, md, headers, common, absent)
+
+
+def _missing(absent: frozenset[str], folder: str) -> FormatError:
+    """The refusal of files ``metadata.json`` names that are not here, when every file is read."""
+    more = f" (and {len(absent) - 1} more)" if len(absent) > 1 else ""
+    return FormatError(
+        f"{min(absent)}, named in metadata.json storage_data, is missing{more} (with --ranks, only the files "
+        "those destination ranks read are needed)",
+        folder,
+    )
+
+
+def _no_metadata(folder: str, world: int) -> str:
+    """Why a folder of several ranks' files has no ``metadata.json``: a reshard run not finished yet
+    (its journal is in the destination, the root or the folder itself), or a save that lacks it."""
+    for where in (folder, os.path.dirname(os.path.normpath(folder))):
+        journal = os.path.join(where, JOURNAL_NAME)
+        if os.path.isfile(journal):
+            return (
+                f"metadata.json is not written yet: these are the files of an unfinished reshard run ({journal} "
+                "is its journal); finish it by running the command that wrote them again with --resume"
+            )
+    return f"metadata.json is missing (the files are of {indefinite(world)}-rank job)"
 
 
 def _cross_check(md: cp2.Metadata, headers: Mapping[str, SourceFile], folder: str) -> None:
@@ -118,6 +168,8 @@ def _cross_check(md: cp2.Metadata, headers: Mapping[str, SourceFile], folder: st
         chunk = meta.chunk(slice_id)
         assert chunk is not None
         for record in records:
+            if record.file_name not in headers:  # absent: read for some ranks only (read_iteration)
+                continue
             t = headers[record.file_name].tensors.get(name)
             if t is not None and t.shape == chunk.local_shape and t.dtype is meta.dtype:
                 continue
@@ -181,8 +233,12 @@ def _short(ranks: Sequence[int]) -> str:
     return str(list(ranks)) if len(ranks) <= 8 else f"[{', '.join(map(str, ranks[:8]))}, ...]"
 
 
-def _pick(records: Sequence[cp2.StorageRecord], rank: int) -> cp2.StorageRecord:
-    """MindFormers' choice: the record this rank wrote, else one whose group holds it, else any (same slice)."""
+def _pick(records: Sequence[cp2.StorageRecord], rank: int, absent: frozenset[str]) -> cp2.StorageRecord:
+    """MindFormers' choice: the record this rank wrote, else one whose group holds it, else any (same slice);
+    among the records whose file is here, when some are ``absent``."""
+    if absent:
+        here = [r for r in records if r.file_name not in absent]
+        records = here or records
     for r in records:
         if r.storage_rank == rank:
             return r
@@ -228,7 +284,7 @@ def _virtual_ranks(
         tensors = shared.get(names)
         if tensors is None:
             tensors = shared[names] = {n: held[n] for n in names}
-        homes = _Homes(r, tensors, slices, md, folder)
+        homes = _Homes(r, tensors, slices, md, folder, it.absent)
         ranks[r] = SourceFile(os.path.join(folder, f"rank {r}"), r, tensors, {"format": "ms"}, homes=homes)
     return ranks
 
@@ -243,8 +299,10 @@ class _Homes(Mapping[str, str]):
         slices: Mapping[str, tuple[Mapping[int, int] | None, Sequence[int]]],
         md: cp2.Metadata,
         folder: str,
+        absent: frozenset[str],
     ) -> None:
         self.rank, self.names, self.slices, self.md, self.folder = rank, names, slices, md, folder
+        self.absent = absent
         self.extra: dict[str, str] = {}  # tensors of the rank's own files that metadata.json does not list
         self.resolved: dict[str, str] = {}
 
@@ -256,7 +314,7 @@ class _Homes(Mapping[str, str]):
             raise KeyError(name)
         inner, sids = self.slices[name]
         sid = sids[inner[self.rank]] if inner is not None else sids[0]
-        record = _pick(self.md.storage[(name, sid)], self.rank)
+        record = _pick(self.md.storage[(name, sid)], self.rank, self.absent)
         path = self.resolved[name] = os.path.join(self.folder, record.file_name)
         return path
 
@@ -347,16 +405,25 @@ def _single_card(it: Iteration, path: str, kind: str) -> OpenedModel:
 
 
 def open_checkpoint2(
-    path: str, options: ReadOptions | None, notes: list[str], kind: str, it: Iteration | None = None
+    path: str,
+    options: ReadOptions | None,
+    notes: list[str],
+    kind: str,
+    it: Iteration | None = None,
+    *,
+    partial: bool = False,
 ) -> OpenedRanks | OpenedModel:
     """The planning facts of a Checkpoint 2.0 root or iteration folder (module docstring); ``it``:
-    what ``read_iteration`` already read of it (None: read now)."""
-    it = it if it is not None else read_iteration(path, options, notes)
+    what ``read_iteration`` already read of it (None: read now); ``partial``: files ``metadata.json``
+    names may be absent (``read_iteration``), listed in ``OpenedRanks.absent`` as paths."""
+    it = it if it is not None else read_iteration(path, options, notes, partial=partial)
     md = it.metadata
     if md is None:
         return _single_card(it, path, kind)
     placed, per_stage = _place(md)
     if not placed:
+        if it.absent:  # one full model: every file is read
+            raise _missing(it.absent, it.folder)
         return _single_card(it, path, kind)
     stages = max(p.stage for p in placed.values()) + 1
     present = {p.stage for p in placed.values()}
@@ -371,9 +438,16 @@ def open_checkpoint2(
             raise
         raise FormatError(exc.detail, md.path) from None
     extras = _own_extras(it, md, placed, ranks, world)
+    if extras and it.absent:
+        raise UsageError(
+            f"{len(extras)} tensor(s) of the rank files are not listed in metadata.json (e.g. {extras[0]!r}), so what "
+            f"the {len(it.absent)} file(s) not here hold (e.g. {min(it.absent)}) cannot be known: copy them too",
+            md.path,
+        )
     if extras:
         notes.append(f"{md.path}: {len(extras)} tensor(s) of the rank files are not listed, e.g. {extras[0]!r}")
-    return OpenedRanks(kind, path, FMT, ranks, _strategy(placed, stages, md.path))
+    absent = tuple(os.path.join(it.folder, n) for n in sorted(it.absent))
+    return OpenedRanks(kind, path, FMT, ranks, _strategy(placed, stages, md.path), absent)
 
 
 def check_iteration(src: str, kind: Any, read: ReadOptions | None) -> None:
@@ -401,8 +475,11 @@ class Checkpoint2:
     def detect(self, path: str) -> bool:
         return cp2.is_iteration_folder(path) or cp2.is_root(path)
 
-    def open(self, path: str, options: ReadOptions | None, notes: list[str]) -> OpenedRanks | OpenedModel:
-        return open_checkpoint2(path, options, notes, self.name)
+    def open(
+        self, path: str, options: ReadOptions | None, notes: list[str], *, partial: bool = False
+    ) -> OpenedRanks | OpenedModel:
+        """``partial``: for some destination ranks only, files they do not read may be absent (``read_iteration``)."""
+        return open_checkpoint2(path, options, notes, self.name, partial=partial)
 
 
 CHECKPOINT2 = Checkpoint2()
@@ -415,4 +492,5 @@ __all__ = [
     "open_checkpoint2",
     "read_iteration",
     "tensor_files",
+    "text_files",
 ]

@@ -55,7 +55,9 @@ class Traits:
 class OpenedRanks:
     """A job's ranks: ``ranks`` (rank -> header facts) and, when the kind carries its layouts, ``strategy``.
 
-    ``fmt`` is the byte format of the files (``formats.registry``).
+    ``fmt`` is the byte format of the files (``formats.registry``). ``absent``: files the kind names
+    that are not there, opened for some destination ranks only (a Checkpoint 2.0's ``partial``): a
+    plan reading one of them is refused.
     """
 
     kind: str
@@ -63,6 +65,7 @@ class OpenedRanks:
     fmt: str
     ranks: dict[int, SourceFile]
     strategy: StrategyFile | None = None
+    absent: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ reads 17 MiB, where planning takes 0.1-0.2 s and the transform to a full model a
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -93,21 +93,26 @@ def check_replicas(
     options: ReadOptions | None = None,
     *,
     options_for: Callable[[str], ReadOptions | None] | None = None,
+    absent: Collection[str] = (),
 ) -> Sampled:
     """Refuse rank files whose copies of one slice hold different bytes (an ``IntegrityError``).
 
     ``files`` are the rank files a plan reads from ``strategy`` (narrowed by filters: only kept
     tensors are compared); ranks beyond the strategy's stages, tensors the strategy does not lay
     out and slices held by one rank are passed over. ``options`` opens every file
-    (``options_for``, when given, says per file).
+    (``options_for``, when given, says per file). Copies in ``absent`` files (a Checkpoint 2.0 opened
+    for some destination ranks: files not here) are passed over.
     """
     copies = sorted(
         ((rank, key) for key, ranks in _holders(files, strategy).items() if len(ranks) > 1 for rank in ranks),
         key=lambda item: item[0],
     )
     by_path: dict[str, list[tuple[_Slice, int]]] = {}  # each file once, in rank order
+    gone = set(absent)
     for rank, key in copies:
-        by_path.setdefault(files[rank].path_of(key.name), []).append((key, rank))
+        path = files[rank].path_of(key.name)
+        if path not in gone:
+            by_path.setdefault(path, []).append((key, rank))
     first: dict[_Slice, _First] = {}
     tensors = read = 0
     layouts = stage_tables(strategy)

@@ -76,23 +76,36 @@ def _source_layouts(args: argparse.Namespace, notes: list[str]) -> Any:
         if args.read_iteration is not None:
             raise UsageError("--src-iteration applies to a MindFormers Checkpoint 2.0 given with --src")
         return source_strategy(None, args.src_strategy, "--src-strategy", args.quiet)
-    from reshard.sources import resolve
+    from reshard.sources import CHECKPOINT2, resolve
 
     read = READ.options(args)
     kind = resolve(args.src, strategy=args.src_strategy, read=read, full_takes_strategy=True)
     if kind.traits.owns_layouts is None:
         return source_strategy(args.src, args.src_strategy, "--src-strategy", args.quiet)
+    if kind is CHECKPOINT2:  # the layouts are metadata.json's: a copy for some ranks will do
+        return CHECKPOINT2.open(args.src, read, notes, partial=True).strategy
     return kind.open(args.src, read, notes).strategy
 
 
 def _print_rank_files(args: argparse.Namespace, dst_sf: Any, notes: list[str]) -> None:
-    """The files destination ``args.rank`` reads: the sources of its plan (nothing is written)."""
+    """The files destination ``args.rank`` reads: the sources of its plan and, for a Checkpoint 2.0,
+    the texts a transform reads beside them (nothing is written)."""
     if args.src is None:
         raise UsageError("--files needs the source (--src)")
-    report = calls.plan_ranks(args.src, no_path(args.src_strategy), dst_sf, args.rank, READ.options(args))
+    read = READ.options(args)
+    report = calls.plan_ranks(args.src, no_path(args.src_strategy), dst_sf, args.rank, read)
     say_notes([*notes, *_reading_notes(report.notes)], args.quiet)
-    files = sorted(report.plan.sources)
+    files = sorted({*report.plan.sources, *_texts(args.src, read)})
     print(json.dumps(files) if args.json else "\n".join(files))
+
+
+def _texts(src: str, read: Any) -> list[str]:
+    """What a transform of a Checkpoint 2.0 reads beside the tensor files: its tracker (a root's),
+    ``metadata.json`` and ``common.json`` (carried over into a Checkpoint 2.0 output); none for other sources."""
+    from reshard.sources import CHECKPOINT2, resolve
+    from reshard.sources.checkpoint2 import text_files
+
+    return text_files(src, read) if resolve(src, read=read) is CHECKPOINT2 else []
 
 
 def _reading_notes(notes: list[str]) -> list[str]:
