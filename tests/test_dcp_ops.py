@@ -184,11 +184,12 @@ def test_plan_and_rank_list_files(job: dict[str, str], tmp_path: Path) -> None:
     proc = run_cli("rank-list", "0", "--src", job["dcp"], "--dst-strategy", job["s4"], "--files", "--json")
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr  # it writes nothing: no "values not carried"
     listed = json.loads(proc.stdout)
-    assert listed and all(p.endswith(".distcp") for p in listed)
+    assert listed and all(p.endswith((".distcp", ".metadata")) for p in listed)  # .metadata: a copy needs it
+    assert os.path.abspath(os.path.join(job["dcp"], ".metadata")) in listed
     everything = json.loads(run_cli("rank-list", "0", "--src", job["dcp"], "--files", "--json").stdout)
     assert set(listed) <= set(everything)
     assert sorted(os.path.basename(p) for p in everything) == sorted(
-        n for n in os.listdir(job["dcp"]) if n.endswith(".distcp")
+        n for n in os.listdir(job["dcp"]) if n.endswith((".distcp", ".metadata"))
     )
 
 

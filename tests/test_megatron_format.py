@@ -252,9 +252,13 @@ def test_iteration_folders_and_the_release_tracker(tmp_path: Path) -> None:
 def test_every_command_reads_a_run_folder(job: dict[str, str], tmp_path: Path) -> None:
     run = tmp_path / "run"
     api.transform(job["r8"], str(run), job["s8"], None, output=api.OutputSpec("torch_dist", iteration=3, dcp_ranks=2))
-    data = [str(run / "iter_0000003" / f"__{r}_0.distcp") for r in range(2)]
-    proc = run_cli("rank-list", "0", "--src", str(run), "--files")
-    assert proc.returncode == 0 and proc.stdout.split() == data, proc.stdout + proc.stderr
+    save = run / "iter_0000003"
+    data = [str(save / f"__{r}_0.distcp") for r in range(2)]
+    sides = [str(run / "latest_checkpointed_iteration.txt"), *(str(save / n) for n in ("metadata.json", "common.pt"))]
+    proc = run_cli("rank-list", "0", "--src", str(run), "--files")  # what a copy of the run must hold
+    assert proc.returncode == 0 and proc.stdout.split() == sorted([*data, *sides, str(save / ".metadata")]), (
+        proc.stdout + proc.stderr
+    )
     proc = run_cli("plan", str(run), str(tmp_path / "p"), "--dst-strategy", job["s4"])
     assert proc.returncode == 0 and "rank_3" in proc.stdout, proc.stderr
     proc = run_cli("show", str(run), "model.layers.0.attention.wq.weight", "-o", str(tmp_path / "wq.svg"))

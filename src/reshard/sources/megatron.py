@@ -102,4 +102,25 @@ class MegatronFolder(DcpFolder):
 
 MEGATRON = MegatronFolder()
 
-__all__ = ["MEGATRON", "MegatronFolder", "common_file", "is_run_folder", "is_save_folder", "save_folder"]
+
+def side_files(path: str, options: ReadOptions | None) -> list[str]:
+    """The files a read of the torch_dist checkpoint ``path`` opens beside its ``.distcp`` data: the run
+    folder's tracker (no iteration asked for), and the save folder's ``metadata.json``, ``common.pt`` and
+    ``.metadata`` (``rank-list --files``: a copy for some destination ranks needs them too)."""
+    folder = save_folder(path, options)
+    tracker = os.path.join(path, megatron.TRACKER_NAME)
+    followed = (options is None or options.iteration is None) and os.path.normpath(folder) != os.path.normpath(path)
+    found = [tracker] if followed and os.path.isfile(tracker) else []
+    names = (megatron.CONFIG_NAME, megatron.COMMON_NAME, dcp.METADATA_NAME)
+    return found + [p for p in (os.path.join(folder, n) for n in names) if os.path.isfile(p)]
+
+
+__all__ = [
+    "MEGATRON",
+    "MegatronFolder",
+    "common_file",
+    "is_run_folder",
+    "is_save_folder",
+    "save_folder",
+    "side_files",
+]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 from reshard.cli import calls
@@ -95,17 +96,35 @@ def _print_rank_files(args: argparse.Namespace, dst_sf: Any, notes: list[str]) -
     read = READ.options(args)
     report = calls.plan_ranks(args.src, no_path(args.src_strategy), dst_sf, args.rank, read)
     say_notes([*notes, *_reading_notes(report.notes)], args.quiet)
-    files = sorted({*report.plan.sources, *_texts(args.src, read)})
+    sources = report.plan.sources
+    texts = _texts(args.src, read)  # named as the sources are: absolute when they are
+    if sources and all(os.path.isabs(p) for p in sources):
+        texts = [os.path.abspath(t) for t in texts]
+    files = sorted({*sources, *texts})
     print(json.dumps(files) if args.json else "\n".join(files))
 
 
 def _texts(src: str, read: Any) -> list[str]:
-    """What a transform of a Checkpoint 2.0 reads beside the tensor files: its tracker (a root's),
-    ``metadata.json`` and ``common.json`` (carried over into a Checkpoint 2.0 output); none for other sources."""
-    from reshard.sources import CHECKPOINT2, resolve
-    from reshard.sources.checkpoint2 import text_files
+    """What a transform reads beside the tensor files: a Checkpoint 2.0's tracker (a root's),
+    ``metadata.json`` and ``common.json`` (carried over into a Checkpoint 2.0 output); a PyTorch DCP
+    folder's ``.metadata``; a torch_dist checkpoint's tracker, ``metadata.json``, ``common.pt`` and
+    ``.metadata``; none for other sources."""
+    from reshard.sources import CHECKPOINT2, DCP, MEGATRON, resolve
 
-    return text_files(src, read) if resolve(src, read=read) is CHECKPOINT2 else []
+    kind = resolve(src, read=read)
+    if kind is CHECKPOINT2:
+        from reshard.sources.checkpoint2 import text_files
+
+        return text_files(src, read)
+    if kind is MEGATRON:
+        from reshard.sources.megatron import side_files
+
+        return side_files(src, read)
+    if kind is DCP:
+        from reshard.formats.dcp import METADATA_NAME
+
+        return [os.path.join(src, METADATA_NAME)]
+    return []
 
 
 def _reading_notes(notes: list[str]) -> list[str]:
