@@ -4,7 +4,7 @@ Why: ``api.transform(..., write={"enc_key": key})``, ``destination=True`` or ``r
 to travel down to the manifest or the run path and fail there as an internal ``AttributeError`` or
 ``TypeError``. Each keyword takes exactly one type, the one the command's flag group builds (``output=``
 an ``OutputSpec``, never a format string: ``convert``'s positional ``to`` is the one place a format is
-a plain string), and ``check_options`` refuses anything else in one line naming the keyword, the type it
+a plain string), and ``check_option_types`` refuses anything else in one line naming the keyword, the type it
 takes and, for a value of another group, the keyword it belongs to. The values' own fields are checked
 where the option types live (their ``__post_init__``), paths and rank lists by ``reshard.arguments``.
 """
@@ -38,7 +38,7 @@ HOMES = {
 }
 
 
-def check_options(**given: object) -> None:
+def check_option_types(**given: object) -> None:
     """Refuse an option keyword given a value of another type; None (the default) is always fine.
 
     Raises:
@@ -83,4 +83,4 @@ def strategy_argument(value: object, name: str) -> str | StrategyFile | None:
     )
 
 
-__all__ = ["KEYWORDS", "check_options", "strategy_argument"]
+__all__ = ["KEYWORDS", "check_option_types", "strategy_argument"]

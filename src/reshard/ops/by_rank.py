@@ -22,7 +22,7 @@ from reshard.arguments import StrPath
 from reshard.errors import UsageError
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats.strategy import StrategyFile
-from reshard.ops.arguments import check_options, strategy_argument
+from reshard.ops.arguments import check_option_types, strategy_argument
 from reshard.ops.options import Destination
 from reshard.ops.run import Report, Target, run_plan, strategy_paths
 from reshard.ops.tensors import Inputs, TensorPipeline, check_copies
@@ -85,7 +85,7 @@ def transform_by_rank(
     rank, files, out_file = arguments.whole(rank, "rank"), _files_map(files_map), arguments.path(out_file, "out_file")
     src_strategy = strategy_argument(src_strategy, "src_strategy")
     dst_strategy = strategy_argument(dst_strategy, "dst_strategy")
-    check_options(destination=destination, read=read, write=write, run=run)
+    check_option_types(destination=destination, read=read, write=write, run=run)
     sources = source_files(files, read)
     src_sf, dst_sf = open_strategy(src_strategy), open_strategy(dst_strategy)
     if quantized_names(list(sources.values())):

@@ -16,7 +16,7 @@ from reshard.arguments import StrPath
 from reshard.errors import UsageError
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.ops import dcp_output
-from reshard.ops.arguments import check_options
+from reshard.ops.arguments import check_option_types
 from reshard.ops.options import WRITES, Destination, OutputSpec, TensorOptions, shard_bytes
 from reshard.ops.pairs import convert_targets, holds_only_ckpt
 from reshard.ops.recrypt import recrypt
@@ -106,7 +106,7 @@ def convert(
         api.convert("demo/full/model.ckpt", "hf", api.OutputSpec(format="hf", max_shard_size="4MB"))
     """
     src, dst = arguments.path(src, "src"), arguments.optional_path(dst, "dst")
-    check_options(destination=destination, tensors=tensors, read=read, write=write, run=run)
+    check_option_types(destination=destination, tensors=tensors, read=read, write=write, run=run)
     if not isinstance(to, (str, OutputSpec)):
         raise UsageError(
             f"to must be ckpt, safetensors, dcp or torch_dist, or an OutputSpec, not {arguments.describe(to)}"

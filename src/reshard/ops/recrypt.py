@@ -13,7 +13,7 @@ from reshard import arguments
 from reshard.arguments import StrPath
 from reshard.errors import UsageError
 from reshard.execute.options import RunOptions, WriteOptions
-from reshard.ops.arguments import check_options
+from reshard.ops.arguments import check_option_types
 from reshard.ops.options import Destination
 from reshard.ops.pairs import convert_targets
 from reshard.ops.run import Report, Target, run_plan
@@ -68,7 +68,7 @@ def recrypt(
         api.recrypt("enc/model.ckpt", "plain", read=api.ReadOptions(dec_key=key))
     """
     src, dst = arguments.path(src, "src"), arguments.optional_path(dst, "dst")
-    check_options(destination=destination, read=read, write=write, run=run)
+    check_option_types(destination=destination, read=read, write=write, run=run)
     out_dir = _recrypt_destination(src, dst, read, write)
     # the .ckpt inputs a conversion to safetensors would read, each written under its own name
     pairs = [

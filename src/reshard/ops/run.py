@@ -24,7 +24,7 @@ from reshard.errors import UsageError
 from reshard.execute.options import RayOptions, RunOptions, WriteOptions
 from reshard.formats.strategy import StrategyFile
 from reshard.naming import NameReport
-from reshard.ops.arguments import check_options
+from reshard.ops.arguments import check_option_types
 from reshard.ops.options import Destination
 from reshard.ops.pending import PendingCheck, beside_the_copy, its_error_first
 from reshard.plan import Plan
@@ -202,7 +202,7 @@ def execute(
         api.execute(report.plan, root="out_4ranks")
     """
     root = arguments.optional_path(root, "root")
-    check_options(read=read, write=write, run=run)
+    check_option_types(read=read, write=write, run=run)
     opened = replace(read, verify_crc=False) if read is not None else None
     if executor not in ("local", "ray"):
         raise UsageError(f"unknown executor {executor!r} (choose local or ray)")

@@ -14,7 +14,7 @@ from reshard.errors import UsageError
 from reshard.execute.options import RunOptions, WriteOptions
 from reshard.formats.strategy import StrategyFile
 from reshard.ops import dcp_output
-from reshard.ops.arguments import check_options, strategy_argument
+from reshard.ops.arguments import check_option_types, strategy_argument
 from reshard.ops.options import WRITES, Destination, OutputSpec, TensorOptions, output_format
 from reshard.ops.run import Report, Target, folder_superseded, run_plan
 from reshard.ops.tensors import Inputs, TensorPipeline
@@ -77,7 +77,7 @@ def split(
     """
     unified_dir, dst_dir = arguments.path(unified_dir, "unified_dir"), arguments.path(dst_dir, "dst_dir")
     strategy, ranks = strategy_argument(dst_strategy, "dst_strategy"), arguments.ranks(ranks)
-    check_options(output=output, destination=destination, tensors=tensors, write=write, run=run)
+    check_option_types(output=output, destination=destination, tensors=tensors, write=write, run=run)
     fmt = output_format(output, FORMATS, "split") or FORMATS[0]
     dcp_output.check_iteration(output, "--output-format")
     dcp_output.check_options(output, write, strategy_given=True)

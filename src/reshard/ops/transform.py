@@ -24,7 +24,7 @@ from reshard.formats.strategy import StrategyFile
 from reshard.layout import LayoutTable
 from reshard.ops import checkpoint2 as _cp2
 from reshard.ops import dcp_output
-from reshard.ops.arguments import check_options, strategy_argument
+from reshard.ops.arguments import check_option_types, strategy_argument
 from reshard.ops.options import WRITES, Destination, OutputSpec, TensorOptions, output_format, shard_bytes
 from reshard.ops.pending import PendingCheck, its_error_first
 from reshard.ops.run import Report, Target, folder_superseded, run_plan, strategy_paths
@@ -160,7 +160,7 @@ def transform(
     src, dst, ranks = arguments.path(src, "src"), arguments.path(dst, "dst"), arguments.ranks(ranks)
     src_strategy = strategy_argument(src_strategy, "src_strategy")
     dst_strategy = strategy_argument(dst_strategy, "dst_strategy")
-    check_options(output=output, destination=destination, tensors=tensors, read=read, write=write, run=run)
+    check_option_types(output=output, destination=destination, tensors=tensors, read=read, write=write, run=run)
     out, where = output or OutputSpec(), destination or Destination()
     dcp_output.check_options(out, write, strategy_given=dst_strategy is not None)
     job = _job(src, dst, src_strategy, dst_strategy, ranks, out, tensors, read)

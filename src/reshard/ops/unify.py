@@ -22,7 +22,7 @@ from reshard.formats import rank_dirs
 from reshard.formats.strategy import StrategyFile
 from reshard.ops import checkpoint2 as _cp2
 from reshard.ops import dcp_output
-from reshard.ops.arguments import check_options, strategy_argument
+from reshard.ops.arguments import check_option_types, strategy_argument
 from reshard.ops.options import WRITES, Destination, OutputSpec, TensorOptions, UnifyOptions, output_format, shard_bytes
 from reshard.ops.pending import PendingCheck, its_error_first
 from reshard.ops.run import Report, Target, run_plan
@@ -105,7 +105,9 @@ def unify(
         api.unify("demo/st_8ranks", "demo/strategy_8", "unified")
     """
     src, dst, strategy = arguments.path(src, "src"), arguments.path(dst, "dst"), strategy_argument(strategy, "strategy")
-    check_options(parts=parts, output=output, destination=destination, tensors=tensors, read=read, write=write, run=run)
+    check_option_types(
+        parts=parts, output=output, destination=destination, tensors=tensors, read=read, write=write, run=run
+    )
     how = parts or UnifyOptions()
     fmt = output_format(output, FORMATS, "unify")
     dcp_output.check_iteration(output, "--output-format")  # --dcp-ranks, --dst-iteration: DCP outputs only
